@@ -1,0 +1,52 @@
+# Every target bootstraps its own virtual environment from pyproject.toml.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP_RUN := $(VENV)/.installed-run
+STAMP_DEV := $(VENV)/.installed-dev
+
+.PHONY: demo test lint typecheck pytest format diagrams bench thorough clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(STAMP_DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(STAMP_RUN)
+
+demo: $(STAMP_RUN)
+	$(BIN)/agent-fsm demo
+
+test: $(STAMP_DEV) lint typecheck pytest
+
+lint: $(STAMP_DEV)
+	$(BIN)/ruff check agent_fsm tests examples benchmarks
+	$(BIN)/ruff format --check agent_fsm tests examples benchmarks
+
+typecheck: $(STAMP_DEV)
+	$(BIN)/mypy
+
+pytest: $(STAMP_DEV)
+	$(BIN)/pytest
+
+# The thorough hypothesis profile: many more examples; run by hand.
+thorough: $(STAMP_DEV)
+	HYPOTHESIS_PROFILE=thorough $(BIN)/pytest -q tests/test_properties.py
+
+format: $(STAMP_DEV)
+	$(BIN)/ruff format agent_fsm tests examples benchmarks
+	$(BIN)/ruff check --fix agent_fsm tests examples benchmarks
+
+diagrams: $(STAMP_RUN)
+	$(BIN)/agent-fsm diagram --format mermaid -o diagrams/agent.mmd
+
+bench: $(STAMP_RUN)
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

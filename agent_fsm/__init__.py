@@ -1,0 +1,78 @@
+"""agent_fsm: LLM tool-calling agents run as an explicit, verifiable finite-state machine.
+
+The public face, grouped. Adapters are imported by path (``agent_fsm.models``) and the test
+support from ``agent_fsm.testing``.
+"""
+
+from agent_fsm.agent import Agent
+from agent_fsm.engine import Run
+from agent_fsm.errors import AgentFSMError, CheckpointError, ConfigError, RunError
+from agent_fsm.events import (
+    Event,
+    GuardTripped,
+    MessageUpdated,
+    ModelFailed,
+    ModelRequested,
+    ModelResponded,
+    RunFinished,
+    RunStarted,
+    StateChanged,
+    ToolFinished,
+    ToolStarted,
+)
+from agent_fsm.limits import Limits
+from agent_fsm.machine import TerminationBound
+from agent_fsm.messages import (
+    AssistantMessage,
+    Message,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    Usage,
+    UserMessage,
+)
+from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry
+from agent_fsm.table import AgentState, StopReason
+from agent_fsm.tools import Tool, tool
+
+__all__ = [
+    # running agents
+    "Agent",
+    "Limits",
+    "Run",
+    "Tool",
+    "tool",
+    # results
+    "AgentState",
+    "RunResult",
+    "RunState",
+    "RunStatus",
+    "StopReason",
+    "TerminationBound",
+    "TraceEntry",
+    # transcript
+    "AssistantMessage",
+    "Message",
+    "SystemMessage",
+    "ToolCall",
+    "ToolMessage",
+    "Usage",
+    "UserMessage",
+    # events
+    "Event",
+    "GuardTripped",
+    "MessageUpdated",
+    "ModelFailed",
+    "ModelRequested",
+    "ModelResponded",
+    "RunFinished",
+    "RunStarted",
+    "StateChanged",
+    "ToolFinished",
+    "ToolStarted",
+    # errors
+    "AgentFSMError",
+    "CheckpointError",
+    "ConfigError",
+    "RunError",
+]

@@ -1,0 +1,182 @@
+"""Agent: frozen configuration, and the ways to run it.
+
+An ``Agent`` holds no per-run state: every ``run``/``stream``/``start`` creates a fresh
+``RunState`` and shares the agent's verified machine, tool registry and limits. All
+configuration errors surface here, at construction, as ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+
+from agent_fsm.context import estimate_tools_tokens
+from agent_fsm.diagrams import render
+from agent_fsm.engine import Reflector, Run, RunConfig, new_run_state
+from agent_fsm.errors import ConfigError, RunError
+from agent_fsm.events import Event, EventHandler, RunFinished
+from agent_fsm.limits import Limits
+from agent_fsm.machine import AgentMachine, TerminationBound
+from agent_fsm.models.base import Model
+from agent_fsm.state import RunResult
+from agent_fsm.table import TABLE, Row
+from agent_fsm.tools import ASK_USER, FINISH_TASK, Tool, ToolRegistry
+
+__all__ = ["Agent"]
+
+_CONTROL_TOOLS = {"ask_user": ASK_USER, "finish_task": FINISH_TASK}
+_DEFAULT_MACHINE: AgentMachine | None = None
+
+
+def _machine_for(table: tuple[Row, ...]) -> AgentMachine:
+    """The shared machine for the default table (built once per process), or a new one."""
+    global _DEFAULT_MACHINE
+    if table is TABLE:
+        if _DEFAULT_MACHINE is None:
+            _DEFAULT_MACHINE = AgentMachine(TABLE)
+        return _DEFAULT_MACHINE
+    return AgentMachine(table)
+
+
+class Agent:
+    """An LLM tool-calling agent run as a verified finite-state machine.
+
+    Args:
+        model: anything implementing the ``Model`` protocol.
+        tools: the tools the model may call (``@tool`` functions or ``Tool`` objects).
+        system_prompt: instructions sent first in every run.
+        limits: the run budgets; ``Limits()`` by default (all finite).
+        control_tools: built-in control-flow tools offered to the model: ``"ask_user"`` and
+            ``"finish_task"`` by default; pass ``()`` for none.
+        reflector: optional hook called in REFLECT; returning True ends the run as done.
+        parallel_tool_calls: run several calls of one reply concurrently (results stay in
+            call order); False runs them one after another.
+        table: the transition table (advanced: for testing alternative machines).
+        clock, sleep: time sources, replaceable for deterministic tests.
+
+    Raises:
+        ConfigError: for a model that is not a Model, invalid tools, duplicate tool names,
+            unknown control tools or a table that fails verification.
+    """
+
+    __slots__ = ("_config", "_handlers", "_system_prompt")
+
+    def __init__(
+        self,
+        *,
+        model: Model,
+        tools: Iterable[Tool] = (),
+        system_prompt: str = "",
+        limits: Limits | None = None,
+        control_tools: Sequence[str] = ("ask_user", "finish_task"),
+        reflector: Reflector | None = None,
+        parallel_tool_calls: bool = True,
+        table: tuple[Row, ...] = TABLE,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if not isinstance(model, Model):
+            raise ConfigError(
+                f"model must implement the Model protocol (a `name` and an async "
+                f"`request(ModelRequest)`), got {type(model).__name__}"
+            )
+        if limits is None:
+            limits = Limits()
+        elif not isinstance(limits, Limits):
+            raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
+        unknown = [name for name in control_tools if name not in _CONTROL_TOOLS]
+        if unknown:
+            raise ConfigError(
+                f"unknown control tool(s) {unknown}; available: {sorted(_CONTROL_TOOLS)}"
+            )
+        if isinstance(tools, Tool):
+            tools = [tools]
+        registry = ToolRegistry([*tools, *(_CONTROL_TOOLS[name] for name in control_tools)])
+        self._system_prompt = system_prompt
+        self._handlers: list[EventHandler] = []
+        self._config = RunConfig(
+            model=model,
+            tools=registry,
+            limits=limits,
+            machine=_machine_for(table),
+            tools_tokens=estimate_tools_tokens(registry.specs),
+            reflector=reflector,
+            parallel_tool_calls=parallel_tool_calls,
+            clock=clock,
+            sleep=sleep,
+        )
+
+    @property
+    def model(self) -> Model:
+        return self._config.model
+
+    @property
+    def limits(self) -> Limits:
+        return self._config.limits
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self._config.tools
+
+    @property
+    def machine(self) -> AgentMachine:
+        return self._config.machine
+
+    @property
+    def bound(self) -> TerminationBound:
+        """What every run of this agent is guaranteed to stay within."""
+        return self._config.machine.bound(self._config.limits)
+
+    def subscribe(self, handler: EventHandler) -> None:
+        """Deliver the events of every run started after this call to ``handler``."""
+        self._handlers.append(handler)
+
+    def start(self, user_input: str, *, run_id: str | None = None) -> Run:
+        """A new run, not yet stepped: drive it with ``step()``, ``iterate()`` or ``run()``."""
+        if not isinstance(user_input, str):
+            raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
+        run_id = run_id or uuid.uuid4().hex
+        state = new_run_state(run_id, self._system_prompt, user_input, self._config.tools_tokens)
+        run = Run(self._config, state)
+        for handler in self._handlers:
+            run.subscribe(handler)
+        return run
+
+    async def run(self, user_input: str, *, run_id: str | None = None) -> RunResult:
+        """Run to the end (or to a pause) and return the result. Never raises for model or
+        tool failures: they end the run with a stop reason."""
+        return await self.start(user_input, run_id=run_id).run()
+
+    def run_sync(self, user_input: str, *, run_id: str | None = None) -> RunResult:
+        """``run`` for synchronous code; not callable from inside a running event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.run(user_input, run_id=run_id))
+        raise RunError("run_sync() was called inside a running event loop: use `await run()`")
+
+    async def stream(self, user_input: str, *, run_id: str | None = None) -> AsyncIterator[Event]:
+        """Run and yield every event as it happens; the last one is ``RunFinished``."""
+        run = self.start(user_input, run_id=run_id)
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        run.subscribe(queue.put_nowait)
+        task = asyncio.create_task(run.run())
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+                if isinstance(event, RunFinished):
+                    break
+            await task  # re-raises a programming error from the run, if any
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def diagram(self, format: str = "mermaid") -> str:
+        """The agent's state machine as text (mermaid ``stateDiagram-v2`` by default)."""
+        return render(self._config.machine.rows, format)

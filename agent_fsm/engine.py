@@ -1,0 +1,471 @@
+"""One run: ``step()`` does the work of the current state, then fires exactly one trigger.
+
+``iterate()`` and ``run()`` are loops over ``step()``; nothing else moves the machine, and no
+trigger is ever fired from inside a callback. Model and tool work is awaited *between*
+triggers, here, so the synchronous ``transitions`` machine never waits on I/O.
+
+Per-turn work is O(1) amortised in the length of the run: the prompt-size estimate, error
+counts and loop-detector state are kept incrementally, and the model receives a zero-copy
+``TranscriptView`` of the transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from agent_fsm.acting import act
+from agent_fsm.context import estimate_message_tokens
+from agent_fsm.errors import RunError, ScriptExhaustedError
+from agent_fsm.events import (
+    Event,
+    EventHandler,
+    GuardTripped,
+    MessageUpdated,
+    ModelFailed,
+    ModelRequested,
+    ModelResponded,
+    RunFinished,
+    RunStarted,
+    StateChanged,
+)
+from agent_fsm.limits import Limits
+from agent_fsm.loops import record_reply_text
+from agent_fsm.machine import AgentMachine, RunHandle
+from agent_fsm.messages import (
+    AssistantMessage,
+    FinishReason,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ReplyDelta,
+    SystemMessage,
+    ToolCall,
+    TranscriptView,
+    Usage,
+    UserMessage,
+)
+from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.state import ModelFailure, RunResult, RunState, TraceEntry
+from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
+from agent_fsm.tools import ToolRegistry, skipped_result
+
+__all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
+
+_logger = structlog.get_logger("agent_fsm")
+
+Reflector = Callable[[RunState], bool | Awaitable[bool]]
+"""Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """What a run needs from its agent: frozen, shared by every run of the agent."""
+
+    model: Model
+    tools: ToolRegistry
+    limits: Limits
+    machine: AgentMachine
+    tools_tokens: int = 0
+    reflector: Reflector | None = None
+    parallel_tool_calls: bool = True
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    handlers: tuple[EventHandler, ...] = ()
+
+
+def _failure(exc: BaseException) -> ModelFailure:
+    """Classify an exception raised by a model call."""
+    if isinstance(exc, ModelCallError):
+        return ModelFailure(
+            message=str(exc), permanent=not exc.transient, retry_after_s=exc.retry_after_s
+        )
+    transient = isinstance(exc, TimeoutError | ConnectionError)
+    if isinstance(exc, ScriptExhaustedError):
+        transient = False
+    return ModelFailure(message=f"{type(exc).__name__}: {exc}", permanent=not transient)
+
+
+def _with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
+    """The message with every tool call given a non-empty id unique within the reply.
+
+    Each result must name its call; a model that omits or repeats ids would otherwise make
+    the transcript ambiguous. Ids the model chose are kept whenever they are usable.
+    """
+    seen: set[str] = set()
+    fixed: list[ToolCall] = []
+    changed = False
+    for index, tool_call in enumerate(message.tool_calls):
+        if not tool_call.id or tool_call.id in seen:
+            tool_call = tool_call.model_copy(update={"id": f"call_{turn}_{index}"})
+            changed = True
+        seen.add(tool_call.id)
+        fixed.append(tool_call)
+    return message.model_copy(update={"tool_calls": tuple(fixed)}) if changed else message
+
+
+class Run:
+    """One run of an agent. Create it with ``Agent.start``; drive it with ``step``/``run``."""
+
+    def __init__(self, config: RunConfig, state: RunState) -> None:
+        self._config = config
+        self._state = state
+        self._handlers: list[EventHandler] = list(config.handlers)
+        self._log = _logger.bind(run_id=state.run_id)
+        self._started_at = config.clock() - state.elapsed_s
+        self._handle: RunHandle | None = None
+        self._result: RunResult | None = None
+        self._announced = False
+
+    # -- public surface ---------------------------------------------------------------
+
+    @property
+    def run_id(self) -> str:
+        return self._state.run_id
+
+    @property
+    def state(self) -> RunState:
+        """The live RunState (read it, do not mutate it)."""
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        return self._state.state in TERMINAL_STATES
+
+    @property
+    def result(self) -> RunResult:
+        """The outcome; raises RunError if the run has not ended yet."""
+        if self._result is None:
+            raise RunError(f"run {self.run_id} has not ended (state {self._state.state})")
+        return self._result
+
+    def subscribe(self, handler: EventHandler) -> None:
+        """Deliver this run's events to ``handler`` from now on."""
+        self._handlers.append(handler)
+
+    def abort(self, reason: str = "aborted by the caller") -> None:
+        """Ask the run to stop; the abort guard ends it at its next transition."""
+        if self._state.abort_reason is None:
+            self._state.abort_reason = reason
+
+    async def step(self) -> TraceEntry:
+        """Do the current state's work, then fire exactly one trigger; return the transition.
+
+        Raises:
+            RunError: when the run has already ended.
+        """
+        state = self._state
+        if state.state in TERMINAL_STATES:
+            raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
+        if self._handle is None:
+            self._handle = self._config.machine.attach(state, self._config.limits)
+        if not self._announced:
+            self._announced = True
+            first = state.pending_input[0] if state.pending_input else ""
+            self._emit(RunStarted(run_id=state.run_id, input=first))
+        work = state.state
+        if work is AgentState.OBSERVE:
+            self._observe()
+        elif work is AgentState.THINK:
+            await self._think()
+        elif work is AgentState.ACT:
+            await self._act()
+        else:
+            await self._reflect()
+        state.elapsed_s = self._config.clock() - self._started_at
+        return self._after(self._config.machine.fire(self._handle))
+
+    async def iterate(self) -> AsyncIterator[TraceEntry]:
+        """Step until the run ends, yielding each transition."""
+        while not self.done:
+            yield await self.step()
+
+    async def run(self) -> RunResult:
+        """Step until the run ends; return its result."""
+        while self._state.state not in TERMINAL_STATES:
+            await self.step()
+        return self.result
+
+    # -- events -----------------------------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        for handler in self._handlers:
+            try:
+                handler(event)
+            except Exception:
+                self._log.exception("event_handler_failed", kind=event.kind)
+
+    @property
+    def _emitter(self) -> Callable[[Event], None] | None:
+        return self._emit if self._handlers else None
+
+    # -- the work of each state --------------------------------------------------------
+
+    def _append(self, message: Message) -> None:
+        self._state.messages.append(message)
+        self._state.prompt_tokens_estimate += estimate_message_tokens(message)
+
+    def _observe(self) -> None:
+        state = self._state
+        while state.pending_input:
+            self._append(UserMessage(content=state.pending_input.pop(0)))
+
+    async def _think(self) -> None:
+        state, config = self._state, self._config
+        previous = state.model_failure
+        if previous is not None:  # this is a retry: back off first
+            await config.sleep(self._backoff(previous))
+        state.turns += 1
+        state.model_failure = None
+        state.last_finish_reason = None
+        state.last_tool_calls = 0
+        emit = self._emitter
+        prompt_tokens = state.prompt_tokens_estimate + state.tools_tokens_estimate
+        if emit is not None:
+            emit(
+                ModelRequested(
+                    run_id=state.run_id,
+                    turn=state.turns,
+                    messages=len(state.messages),
+                    estimated_prompt_tokens=prompt_tokens,
+                )
+            )
+        request = ModelRequest(
+            messages=TranscriptView(state.messages),
+            tools=config.tools.specs,
+            run_id=state.run_id,
+            turn=state.turns,
+            on_delta=self._delta_handler(state.turns) if emit is not None else None,
+        )
+        try:
+            response = await config.model.request(request)
+        except Exception as exc:
+            self._model_failed(_failure(exc))
+            return
+        if not isinstance(response, ModelResponse):
+            self._model_failed(
+                ModelFailure(
+                    message=f"the model returned {type(response).__name__}, not a ModelResponse",
+                    permanent=False,
+                )
+            )
+            return
+        message = response.message
+        usage = response.usage
+        if usage is None:
+            usage = Usage(
+                input_tokens=prompt_tokens,
+                output_tokens=estimate_message_tokens(message),
+                requests=1,
+                estimated=True,
+            )
+        elif usage.requests != 1:
+            usage = usage.model_copy(update={"requests": 1})
+        state.usage = state.usage + usage
+        if emit is not None:
+            emit(
+                ModelResponded(
+                    run_id=state.run_id,
+                    turn=state.turns,
+                    text=message.content,
+                    tool_calls=message.tool_calls,
+                    finish_reason=response.finish_reason,
+                    usage=usage,
+                )
+            )
+        empty = not message.content and not message.tool_calls
+        if empty and response.finish_reason in (FinishReason.STOP, FinishReason.TOOL_CALLS):
+            self._model_failed(
+                ModelFailure(message="the model returned an empty reply", permanent=False)
+            )
+            return
+        if message.tool_calls:
+            message = _with_call_ids(message, state.turns)
+        else:
+            state.output = message.content
+        self._append(message)
+        state.last_finish_reason = response.finish_reason
+        state.last_tool_calls = len(message.tool_calls)
+        record_reply_text(state.loop, message.content, config.limits)
+
+    def _model_failed(self, failure: ModelFailure) -> None:
+        state = self._state
+        state.model_failure = failure
+        state.consecutive_errors += 1
+        self._log.warning(
+            "model_call_failed",
+            turn=state.turns,
+            error=failure.message,
+            permanent=failure.permanent,
+        )
+        emit = self._emitter
+        if emit is not None:
+            emit(
+                ModelFailed(
+                    run_id=state.run_id,
+                    turn=state.turns,
+                    message=failure.message,
+                    permanent=failure.permanent,
+                )
+            )
+
+    def _backoff(self, failure: ModelFailure) -> float:
+        """Exponential backoff with jitter, never shorter than the server's Retry-After."""
+        limits = self._config.limits
+        attempt = max(self._state.consecutive_errors, 1)
+        delay = min(limits.retry_backoff_max_s, limits.retry_backoff_s * 2.0 ** (attempt - 1))
+        delay *= 0.5 + random.random() / 2
+        return max(delay, failure.retry_after_s or 0.0)
+
+    def _delta_handler(self, turn: int) -> Callable[[ReplyDelta], None]:
+        def on_delta(delta: ReplyDelta) -> None:
+            self._emit(MessageUpdated(run_id=self._state.run_id, turn=turn, delta=delta))
+
+        return on_delta
+
+    async def _act(self) -> None:
+        state, config = self._state, self._config
+        last = state.messages[-1]
+        calls = last.tool_calls if isinstance(last, AssistantMessage) else ()
+        results = await act(
+            state,
+            calls,
+            config.tools,
+            config.limits,
+            parallel=config.parallel_tool_calls,
+            emit=self._emitter,
+            clock=config.clock,
+        )
+        for result in results:
+            self._append(result)
+
+    async def _reflect(self) -> None:
+        state, reflector = self._state, self._config.reflector
+        state.reflector_done = False
+        if reflector is not None and state.control is None:
+            verdict = reflector(state)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            state.reflector_done = bool(verdict)
+
+    # -- after a transition -----------------------------------------------------------
+
+    def _after(self, row: Row) -> TraceEntry:
+        state = self._state
+        index = self._handle.taken if self._handle is not None else -1
+        state.trace.append((index, state.turns))
+        entry = TraceEntry.from_row(row, state.turns)
+        self._log.debug(
+            "transition",
+            source=row.source.value,
+            dest=row.dest.value,
+            guards=row.guards,
+            label=row.label,
+            turn=state.turns,
+        )
+        if self._handlers:
+            self._emit(
+                StateChanged(
+                    run_id=state.run_id,
+                    source=row.source,
+                    dest=row.dest,
+                    trigger=row.trigger.value,
+                    guards=row.guards,
+                    label=row.label,
+                    turn=state.turns,
+                )
+            )
+        if row.dest in TERMINAL_STATES:
+            self._finish(row)
+        return entry
+
+    def _finish(self, row: Row) -> None:
+        state = self._state
+        stop_reason = row.stop_reason
+        assert stop_reason is not None
+        if row.dest is AgentState.ERROR:
+            state.error = self._describe_failure(stop_reason)
+            state.output = None
+        if row.source is AgentState.THINK and state.last_tool_calls:
+            self._skip_open_calls(f"the run ended ({stop_reason.value}) before it could run")
+        if self._handle is not None:
+            self._config.machine.detach(self._handle)
+            self._handle = None
+        result = RunResult.from_state(state, self._config.machine.rows)
+        self._result = result
+        self._log.info(
+            "run_finished",
+            status=result.status.value,
+            stop_reason=stop_reason.value,
+            turns=state.turns,
+            tokens=state.usage.total_tokens,
+        )
+        if self._handlers:
+            self._emit(
+                GuardTripped(
+                    run_id=state.run_id,
+                    state=row.source,
+                    guards=row.guards,
+                    stop_reason=stop_reason,
+                )
+            )
+            self._emit(
+                RunFinished(
+                    run_id=state.run_id,
+                    status=result.status,
+                    stop_reason=stop_reason,
+                    final_state=result.final_state,
+                    turns=state.turns,
+                    usage=state.usage,
+                    output=result.output,
+                )
+            )
+
+    def _skip_open_calls(self, reason: str) -> None:
+        """Answer the calls of a reply the run will not act on, so none is left orphaned."""
+        last = self._state.messages[-1]
+        if isinstance(last, AssistantMessage):
+            for tool_call in last.tool_calls:
+                self._append(skipped_result(tool_call, reason))
+        self._state.last_tool_calls = 0
+
+    def _describe_failure(self, reason: StopReason) -> str:
+        state, limits = self._state, self._config.limits
+        failure = state.model_failure
+        descriptions = {
+            StopReason.ABORTED: state.abort_reason or "aborted",
+            StopReason.MODEL_ERROR: failure.message if failure else "the model call failed",
+            StopReason.CONTENT_FILTER: "the provider's content filter withheld the reply",
+            StopReason.CONSECUTIVE_ERRORS: (
+                f"{state.consecutive_errors} consecutive errors "
+                f"(limit {limits.max_consecutive_errors})"
+            ),
+            StopReason.TOKEN_BUDGET: (
+                f"token budget of {limits.token_budget} exhausted: used "
+                f"{state.usage.total_tokens}, next prompt needs about "
+                f"{state.prompt_tokens_estimate + state.tools_tokens_estimate}"
+            ),
+            StopReason.MAX_TURNS: f"all {limits.max_turns} model calls used",
+            StopReason.TIMEOUT: (
+                f"timed out after {state.elapsed_s:.3g} s (limit {limits.timeout_s:g} s)"
+            ),
+            StopReason.LOOP_DETECTED: f"loop detected: {state.loop.detected}",
+        }
+        return descriptions.get(reason, reason.value)
+
+
+def new_run_state(run_id: str, system_prompt: str, user_input: str, tools_tokens: int) -> RunState:
+    """The state of a run that has not taken a step yet."""
+    state = RunState(run_id=run_id, tools_tokens_estimate=tools_tokens)
+    if system_prompt:
+        system = SystemMessage(content=system_prompt)
+        state.messages.append(system)
+        state.prompt_tokens_estimate += estimate_message_tokens(system)
+    state.pending_input.append(user_input)
+    return state

@@ -1,0 +1,64 @@
+"""The exceptions agent_fsm raises, and only those.
+
+Exceptions are for the developer's mistakes. The failures of models and tools are data: they
+become error tool results the model can correct from, or inputs to the guards that end a run
+with a stop reason. ``run()`` therefore never raises for them.
+
+::
+
+    AgentFSMError                 base of everything raised here
+     ├── ConfigError              bad configuration, raised at construction: invalid limits,
+     │                            duplicate or invalid tool definitions, a machine table that
+     │                            cannot be proved to terminate
+     ├── RunError                 a run cannot be driven further (for example stepping a run
+     │                            that already ended); carries the RunResult when there is one
+     ├── ScriptExhaustedError     a ScriptedModel was asked for more replies than it was given
+     └── CheckpointError          a checkpoint cannot be read, written or resumed
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent_fsm.state import RunResult
+
+__all__ = [
+    "AgentFSMError",
+    "CheckpointError",
+    "ConfigError",
+    "RunError",
+    "ScriptExhaustedError",
+]
+
+
+class AgentFSMError(Exception):
+    """Base class of every exception agent_fsm raises."""
+
+
+class ConfigError(AgentFSMError, ValueError):
+    """Invalid configuration, detected at construction time.
+
+    Subclasses ``ValueError`` so that generic validation handlers catch it too.
+    """
+
+
+class RunError(AgentFSMError):
+    """A run cannot be driven further; ``result`` holds what the run produced, if anything."""
+
+    def __init__(self, message: str, result: RunResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class ScriptExhaustedError(AgentFSMError):
+    """A ScriptedModel was called more times than its script has replies.
+
+    Raised inside the model call, so the engine records it as a permanent model error and the
+    run ends in ERROR ``model_error`` with this message: the test author sees exactly which
+    request found the script empty.
+    """
+
+
+class CheckpointError(AgentFSMError):
+    """A checkpoint cannot be read, written, migrated or resumed."""

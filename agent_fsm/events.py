@@ -1,0 +1,181 @@
+"""Typed events: what happened during a run, in the past tense.
+
+Every event is a frozen, slotted, keyword-only dataclass with a ``kind`` discriminator, and
+``Event`` is their union. They are dataclasses rather than pydantic models on purpose: several
+are built on every turn, and a dataclass costs a fraction of a validated model; pydantic still
+serialises them (``EVENT_ADAPTER.dump_json(event)``) and reads them back, for trace files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from agent_fsm.messages import FinishReason, ReplyDelta, ToolCall, ToolStatus, Usage
+from agent_fsm.state import RunStatus
+from agent_fsm.table import AgentState, StopReason
+
+__all__ = [
+    "EVENT_ADAPTER",
+    "Event",
+    "EventHandler",
+    "GuardTripped",
+    "MessageUpdated",
+    "ModelFailed",
+    "ModelRequested",
+    "ModelResponded",
+    "RunFinished",
+    "RunStarted",
+    "StateChanged",
+    "ToolFinished",
+    "ToolStarted",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted:
+    """A run began."""
+
+    kind: Literal["run_started"] = "run_started"
+    run_id: str
+    input: str
+    """The user's message that started the run."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChanged:
+    """The machine took one transition."""
+
+    kind: Literal["state_changed"] = "state_changed"
+    run_id: str
+    source: AgentState
+    dest: AgentState
+    trigger: str
+    guards: tuple[str, ...]
+    """Guards of the row that decided; empty for the "else" row."""
+    label: str
+    """The stop reason for a transition into DONE/ERROR, else a short verb."""
+    turn: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRequested:
+    """A model call is about to start."""
+
+    kind: Literal["model_requested"] = "model_requested"
+    run_id: str
+    turn: int
+    messages: int
+    """Messages in the prompt."""
+    estimated_prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageUpdated:
+    """A streaming model delivered a fragment of its reply."""
+
+    kind: Literal["message_updated"] = "message_updated"
+    run_id: str
+    turn: int
+    delta: ReplyDelta
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelResponded:
+    """A model call returned a reply."""
+
+    kind: Literal["model_responded"] = "model_responded"
+    run_id: str
+    turn: int
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: FinishReason
+    usage: Usage
+    """Usage of this call (estimated when the server reported none)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelFailed:
+    """A model call raised or returned something that is not a reply."""
+
+    kind: Literal["model_failed"] = "model_failed"
+    run_id: str
+    turn: int
+    message: str
+    permanent: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolStarted:
+    """A tool call is about to run."""
+
+    kind: Literal["tool_started"] = "tool_started"
+    run_id: str
+    turn: int
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolFinished:
+    """A tool call was answered (run, failed, or skipped)."""
+
+    kind: Literal["tool_finished"] = "tool_finished"
+    run_id: str
+    turn: int
+    call_id: str
+    name: str
+    status: ToolStatus
+    output: str
+    """The result text the model will see."""
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardTripped:
+    """A guard ended the run (any transition into DONE or ERROR)."""
+
+    kind: Literal["guard_tripped"] = "guard_tripped"
+    run_id: str
+    state: AgentState
+    """The state the run was in when the guard fired."""
+    guards: tuple[str, ...]
+    stop_reason: StopReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinished:
+    """A run ended or paused; the last event of every run."""
+
+    kind: Literal["run_finished"] = "run_finished"
+    run_id: str
+    status: RunStatus
+    stop_reason: StopReason
+    final_state: AgentState
+    turns: int
+    usage: Usage
+    output: str | None
+
+
+Event = Annotated[
+    RunStarted
+    | StateChanged
+    | ModelRequested
+    | MessageUpdated
+    | ModelResponded
+    | ModelFailed
+    | ToolStarted
+    | ToolFinished
+    | GuardTripped
+    | RunFinished,
+    Field(discriminator="kind"),
+]
+"""Any event, discriminated by ``kind``."""
+
+EventHandler = Callable[[Event], None]
+"""A subscriber. It must not raise: an exception is logged and the run goes on."""
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+"""Serialises and parses events (JSON), for trace files."""

@@ -1,0 +1,124 @@
+"""The guards: pure, named predicates over (RunState, Limits).
+
+Each guard reads a handful of fields and does O(1) work: everything that needs history (loop
+detection, the prompt-size estimate, error counts) is kept incrementally by the engine and
+``loops.py``, never recomputed here. Guards must have no side effects, because ``transitions``
+evaluates them whenever it decides a transition (including ``may_<trigger>`` checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agent_fsm.limits import Limits
+from agent_fsm.messages import FinishReason
+from agent_fsm.state import ControlKind, RunState
+
+__all__ = ["GUARDS", "Guard"]
+
+Guard = Callable[[RunState, Limits], bool]
+
+
+def abort_requested(state: RunState, limits: Limits) -> bool:
+    """Someone asked the run to stop."""
+    return state.abort_reason is not None
+
+
+def prompt_exceeds_budget(state: RunState, limits: Limits) -> bool:
+    """The next prompt (estimated) does not fit in the tokens left: do not start the call."""
+    prompt = state.prompt_tokens_estimate + state.tools_tokens_estimate
+    return state.usage.total_tokens + prompt > limits.token_budget
+
+
+def model_call_failed(state: RunState, limits: Limits) -> bool:
+    """The model call of this turn raised or returned garbage."""
+    return state.model_failure is not None
+
+
+def model_error_is_permanent(state: RunState, limits: Limits) -> bool:
+    """The model failure cannot be cured by retrying."""
+    return state.model_failure is not None and state.model_failure.permanent
+
+
+def too_many_errors(state: RunState, limits: Limits) -> bool:
+    """Consecutive failures (model calls, or turns whose tool calls all failed) hit the limit."""
+    return state.consecutive_errors >= limits.max_consecutive_errors
+
+
+def no_turns_left(state: RunState, limits: Limits) -> bool:
+    """Every allowed model call has been made."""
+    return state.turns >= limits.max_turns
+
+
+def reply_was_filtered(state: RunState, limits: Limits) -> bool:
+    """The provider withheld the reply (content filter)."""
+    return state.last_finish_reason is FinishReason.CONTENT_FILTER
+
+
+def reply_has_tool_calls(state: RunState, limits: Limits) -> bool:
+    """The reply asks for tool calls (whatever its finish reason says)."""
+    return state.last_tool_calls > 0
+
+
+def reply_was_truncated(state: RunState, limits: Limits) -> bool:
+    """The reply hit the model's output-token limit."""
+    return state.last_finish_reason is FinishReason.LENGTH
+
+
+def ask_user_called(state: RunState, limits: Limits) -> bool:
+    """ask_user was called anywhere in this turn's tool calls."""
+    return state.control is not None and state.control.kind is ControlKind.ASK_USER
+
+
+def finish_task_called(state: RunState, limits: Limits) -> bool:
+    """finish_task was called anywhere in this turn's tool calls."""
+    return state.control is not None and state.control.kind is ControlKind.FINISH_TASK
+
+
+def approval_pending(state: RunState, limits: Limits) -> bool:
+    """A tool call in this turn waits for a person's approval."""
+    return state.control is not None and state.control.kind is ControlKind.APPROVAL
+
+
+def budget_exhausted(state: RunState, limits: Limits) -> bool:
+    """Reported usage has reached the token budget."""
+    return state.usage.total_tokens >= limits.token_budget
+
+
+def time_is_up(state: RunState, limits: Limits) -> bool:
+    """The run has used its wall-clock time."""
+    return state.elapsed_s >= limits.timeout_s
+
+
+def is_looping(state: RunState, limits: Limits) -> bool:
+    """Loop detection found a repeat or a cycle."""
+    return state.loop.detected is not None
+
+
+def reflector_says_done(state: RunState, limits: Limits) -> bool:
+    """The agent's optional reflector hook judged the task done."""
+    return state.reflector_done
+
+
+GUARDS: dict[str, Guard] = {
+    guard.__name__: guard
+    for guard in (
+        abort_requested,
+        prompt_exceeds_budget,
+        model_call_failed,
+        model_error_is_permanent,
+        too_many_errors,
+        no_turns_left,
+        reply_was_filtered,
+        reply_has_tool_calls,
+        reply_was_truncated,
+        ask_user_called,
+        finish_task_called,
+        approval_pending,
+        budget_exhausted,
+        time_is_up,
+        is_looping,
+        reflector_says_done,
+    )
+}
+"""Every guard by name: the vocabulary the table may use."""

@@ -1,0 +1,63 @@
+"""Limits: every budget that bounds a run, validated once, with finite defaults.
+
+Every field has a finite default on purpose: a run with default limits still provably ends.
+Invalid values raise ``ConfigError`` at construction, naming each bad field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent_fsm.errors import ConfigError
+
+__all__ = ["Limits"]
+
+
+class Limits(BaseModel):
+    """The budgets of one run. Frozen; share one instance between agents freely."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_turns: int = Field(default=20, ge=1)
+    """Most model calls a run may make, retries included. Bounds every run."""
+    token_budget: int = Field(default=200_000, ge=1)
+    """Most tokens (input + output, summed over all model calls) a run may spend. Checked
+    before each call against an estimate of the prompt, and after it against reported usage,
+    so it is overshot by at most the one call in flight."""
+    max_consecutive_errors: int = Field(default=3, ge=1)
+    """Failed model calls, or turns whose tool calls all failed, in a row before the run
+    stops. A successful tool call resets the count."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Wall-clock seconds a run may take, checked at every REFLECT."""
+    tool_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds one tool call may take before it is answered with a timeout error."""
+    retry_backoff_s: float = Field(default=0.5, ge=0)
+    """First delay before retrying a failed model call; doubles on each retry, with jitter."""
+    retry_backoff_max_s: float = Field(default=8.0, ge=0)
+    """Upper bound of one retry delay."""
+    loop_threshold: int = Field(default=3, ge=2)
+    """k: the same call, the same turn results or the same text this many times in a row, or
+    a cycle of calls repeated this many times, is a loop."""
+    loop_max_period: int = Field(default=4, ge=0)
+    """p: the longest cycle of calls (A,B,A,B,… has period 2) that loop detection looks for;
+    0 or 1 turns cycle detection off (repeats of one call are still caught)."""
+    loop_detection: bool = True
+    """Turn loop detection off entirely (for example for polling tools)."""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'limits'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ConfigError(f"invalid Limits: {problems}") from None
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> Limits:
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise ValueError("retry_backoff_max_s must be >= retry_backoff_s")
+        return self

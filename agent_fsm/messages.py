@@ -1,0 +1,259 @@
+"""The provider-neutral transcript: messages, tool calls, tool results, usage, model replies.
+
+Every model adapter converts to and from these types, so the engine, the guards and the
+checkpoints never see a provider's wire format. All models are frozen: a transcript is an
+append-only list of immutable messages, which is what makes a zero-copy view of it a valid
+snapshot (see ``TranscriptView``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Literal, overload
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+__all__ = [
+    "AssistantMessage",
+    "FinishReason",
+    "Message",
+    "ModelRequest",
+    "ModelResponse",
+    "ReplyDelta",
+    "SystemMessage",
+    "ToolCall",
+    "ToolMessage",
+    "ToolSpec",
+    "ToolStatus",
+    "TranscriptView",
+    "Usage",
+    "UserMessage",
+]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class ToolCall(BaseModel):
+    """One tool call requested by the model."""
+
+    model_config = _FROZEN
+
+    id: str
+    """Provider-assigned call id; the matching ToolMessage carries it as ``tool_call_id``."""
+    name: str
+    """The tool name exactly as the model wrote it (it may name no registered tool)."""
+    arguments: str = "{}"
+    """The arguments as the raw JSON text the model produced. Kept raw on purpose: text that is
+    not JSON must reach the engine intact so it can be answered with an error result."""
+
+
+class SystemMessage(BaseModel):
+    """Instructions for the model."""
+
+    model_config = _FROZEN
+
+    role: Literal["system"] = "system"
+    content: str
+
+
+class UserMessage(BaseModel):
+    """Input from the user (the task, an answer to ask_user, a follow-up)."""
+
+    model_config = _FROZEN
+
+    role: Literal["user"] = "user"
+    content: str
+
+
+class AssistantMessage(BaseModel):
+    """One model reply: text, tool calls, or both."""
+
+    model_config = _FROZEN
+
+    role: Literal["assistant"] = "assistant"
+    content: str = ""
+    """Visible text of the reply; empty when the reply is only tool calls."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Calls to run, in the order the model gave them."""
+
+
+class ToolStatus(StrEnum):
+    """How a tool call was answered."""
+
+    OK = "ok"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
+class ToolMessage(BaseModel):
+    """The one result that answers one ToolCall."""
+
+    model_config = _FROZEN
+
+    role: Literal["tool"] = "tool"
+    tool_call_id: str
+    """The ``id`` of the ToolCall this answers."""
+    name: str
+    """The tool name of the call this answers."""
+    content: str
+    """What the model sees: the tool's output or an error it can act on."""
+    status: ToolStatus = ToolStatus.OK
+    """ok, error (the model should correct itself) or skipped (the call was never run)."""
+    details: JsonValue = None
+    """Structured data for people and events only; never sent to the model."""
+
+    @property
+    def is_error(self) -> bool:
+        """True when the call failed (skipped calls are not errors)."""
+        return self.status is ToolStatus.ERROR
+
+
+Message = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
+"""Any transcript message, discriminated by ``role``."""
+
+
+class Usage(BaseModel):
+    """Token counts of one or more model calls; adds up with ``+``."""
+
+    model_config = _FROZEN
+
+    input_tokens: int = Field(default=0, ge=0)
+    """Prompt tokens."""
+    output_tokens: int = Field(default=0, ge=0)
+    """Completion tokens, reasoning included."""
+    cached_tokens: int = Field(default=0, ge=0)
+    """Part of ``input_tokens`` served from a prompt cache, where reported."""
+    reasoning_tokens: int = Field(default=0, ge=0)
+    """Part of ``output_tokens`` spent on hidden reasoning, where reported."""
+    requests: int = Field(default=0, ge=0)
+    """Model calls that produced a reply."""
+    estimated: bool = False
+    """True when any part of these counts is agent_fsm's estimate, not the server's report."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens: what the token budget counts."""
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage.model_construct(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            requests=self.requests + other.requests,
+            estimated=self.estimated or other.estimated,
+        )
+
+
+class FinishReason(StrEnum):
+    """Why the model stopped producing its reply (provider-neutral)."""
+
+    STOP = "stop"
+    TOOL_CALLS = "tool_calls"
+    LENGTH = "length"
+    CONTENT_FILTER = "content_filter"
+
+
+class ModelResponse(BaseModel):
+    """What a Model returns for one request."""
+
+    model_config = _FROZEN
+
+    message: AssistantMessage
+    """The reply, appended to the transcript as is."""
+    finish_reason: FinishReason = FinishReason.STOP
+    """The provider's finish reason. Tool calls in ``message`` decide over a ``stop`` reason."""
+    usage: Usage | None = None
+    """Reported usage; None when the server reported none (the engine then estimates)."""
+    model_name: str | None = None
+    """The model that answered, where the server says."""
+
+
+class ToolSpec(BaseModel):
+    """A tool as the model sees it: name, description and JSON Schema of its arguments."""
+
+    model_config = _FROZEN
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class TranscriptView(Sequence[Message]):
+    """A read-only, zero-copy snapshot of the first ``length`` messages of a transcript.
+
+    The transcript is append-only and its messages are frozen, so the prefix never changes:
+    holding a view is as good as holding a copy, at O(1) cost per model call instead of O(n).
+    """
+
+    __slots__ = ("_length", "_messages")
+
+    def __init__(self, messages: list[Message], length: int | None = None) -> None:
+        self._messages = messages
+        self._length = len(messages) if length is None else length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        if isinstance(index, slice):
+            return self._messages[: self._length][index]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("transcript index out of range")
+        return self._messages[index]
+
+    def __iter__(self) -> Iterator[Message]:
+        messages = self._messages
+        for i in range(self._length):
+            yield messages[i]
+
+    def __repr__(self) -> str:
+        return f"TranscriptView({self._length} messages)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplyDelta:
+    """A fragment of a reply still being streamed.
+
+    Exactly one of ``text`` or a tool-call fragment is set. Fragments of one tool call share
+    ``tool_call_index``; ``tool_call_id`` and ``tool_name`` arrive with the call's first
+    fragment, ``arguments`` pieces concatenate to the call's raw argument text.
+    """
+
+    text: str = ""
+    tool_call_index: int | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRequest:
+    """One request to a Model.
+
+    A plain frozen dataclass rather than a pydantic model: ``messages`` is a zero-copy
+    ``TranscriptView`` and validating it would copy the whole history on every turn.
+    """
+
+    messages: Sequence[Message]
+    """The prompt, oldest first; a read-only snapshot."""
+    tools: tuple[ToolSpec, ...]
+    """Tools the model may call."""
+    run_id: str
+    """The run this request belongs to (for logs and correlation)."""
+    turn: int
+    """1-based number of this model call in the run, retries included."""
+    on_delta: Callable[[ReplyDelta], None] | None = None
+    """Where a streaming model reports fragments as they arrive; None when nobody listens.
+    Must not raise into the model; the assembled ModelResponse is still returned at the end."""

@@ -1,0 +1,212 @@
+"""RunState, the mutable and serialisable record of one run, and RunResult, its outcome.
+
+``Agent`` is frozen configuration; ``RunState`` is everything one run knows, and is what a
+checkpoint stores. Anything derivable from the transcript is derived rather than stored twice:
+tool results live only in ``messages``; the trace stores row numbers, not copies of rows.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
+from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
+
+__all__ = [
+    "ControlKind",
+    "ControlRequest",
+    "LoopState",
+    "ModelFailure",
+    "RunResult",
+    "RunState",
+    "RunStatus",
+    "TraceEntry",
+]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class ControlKind(StrEnum):
+    """A control-flow request that ends the loop in DONE."""
+
+    ASK_USER = "ask_user"
+    FINISH_TASK = "finish_task"
+    APPROVAL = "approval"
+
+
+class ControlRequest(BaseModel):
+    """What a control-flow tool asked for in this turn; read by the P0.5 guards."""
+
+    model_config = _FROZEN
+
+    kind: ControlKind
+    text: str = ""
+    """The question (ask_user) or the summary (finish_task)."""
+    tool_call_id: str = ""
+    """The call that made the request."""
+    pending_calls: tuple[ToolCall, ...] = ()
+    """Calls waiting for approval (kind APPROVAL)."""
+
+
+class ModelFailure(BaseModel):
+    """The last model call failed; read by the THINK guards, cleared by a successful call."""
+
+    model_config = _FROZEN
+
+    message: str
+    """What went wrong, fit for a log line and for RunResult.error."""
+    permanent: bool
+    """True when retrying cannot help (bad request, authentication, a broken script)."""
+    retry_after_s: float | None = None
+    """The server's requested delay before a retry, where it gave one."""
+
+
+class LoopState(BaseModel):
+    """Loop-detector memory: run lengths and a short ring of recent call signatures.
+
+    Bounded in size by ``Limits.loop_max_period``, whatever the length of the run, which is
+    what keeps loop detection O(1) amortised per turn. ``loops.py`` holds the logic.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    last_call: str | None = None
+    call_repeats: int = 0
+    """How many consecutive calls had signature ``last_call``."""
+    last_results: str | None = None
+    result_repeats: int = 0
+    """How many consecutive tool turns produced results with signature ``last_results``."""
+    last_text: str | None = None
+    text_repeats: int = 0
+    """How many consecutive replies carried the same non-empty text."""
+    recent_calls: list[str] = Field(default_factory=list)
+    """The last ``loop_max_period + 1`` call signatures, oldest first."""
+    period_matches: list[int] = Field(default_factory=list)
+    """``period_matches[q]``: consecutive calls equal to the call q positions earlier."""
+    detected: str | None = None
+    """A description of the loop found, once one is found."""
+
+
+class RunState(BaseModel):
+    """Everything one run knows. Mutated only by the engine, between triggers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    state: AgentState = AgentState.OBSERVE
+    turns: int = 0
+    """Model calls made so far, retries included."""
+    usage: Usage = Field(default_factory=Usage)
+    messages: list[Message] = Field(default_factory=list)
+    """The transcript, append-only."""
+    pending_input: list[str] = Field(default_factory=list)
+    """User messages not yet observed."""
+    prompt_tokens_estimate: int = 0
+    """Running estimate of the transcript's size in tokens (kept incrementally)."""
+    tools_tokens_estimate: int = 0
+    """Estimate of the tool definitions' size in tokens, sent with every request."""
+    consecutive_errors: int = 0
+    last_finish_reason: FinishReason | None = None
+    last_tool_calls: int = 0
+    """Tool calls in the last reply."""
+    model_failure: ModelFailure | None = None
+    control: ControlRequest | None = None
+    loop: LoopState = Field(default_factory=LoopState)
+    reflector_done: bool = False
+    elapsed_s: float = 0.0
+    """Wall-clock seconds since the run started, as of the last completed step."""
+    abort_reason: str | None = None
+    output: str | None = None
+    error: str | None = None
+    trace: list[tuple[int, int]] = Field(default_factory=list)
+    """(row index in the machine's table, turn) for every transition taken."""
+
+
+class RunStatus(StrEnum):
+    """The caller's view of how a run ended."""
+
+    COMPLETED = "completed"
+    NEEDS_INPUT = "needs_input"
+    FAILED = "failed"
+
+
+_NEEDS_INPUT = frozenset({StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED})
+
+
+def status_for(final_state: AgentState, stop_reason: StopReason) -> RunStatus:
+    """The status implied by a terminal state and stop reason."""
+    if final_state is AgentState.ERROR:
+        return RunStatus.FAILED
+    return RunStatus.NEEDS_INPUT if stop_reason in _NEEDS_INPUT else RunStatus.COMPLETED
+
+
+class TraceEntry(BaseModel):
+    """One transition taken, with the guards of the row that decided it."""
+
+    model_config = _FROZEN
+
+    trigger: Trigger
+    source: AgentState
+    dest: AgentState
+    guards: tuple[str, ...]
+    """The guards that all passed on the winning row; empty for the "else" row."""
+    label: str
+    turn: int
+    """Model calls made when the transition fired."""
+
+    @classmethod
+    def from_row(cls, row: Row, turn: int) -> TraceEntry:
+        return cls(
+            trigger=row.trigger,
+            source=row.source,
+            dest=row.dest,
+            guards=row.guards,
+            label=row.label,
+            turn=turn,
+        )
+
+
+class RunResult(BaseModel):
+    """The outcome of a run (or of a pause, when status is needs_input)."""
+
+    model_config = _FROZEN
+
+    run_id: str
+    status: RunStatus
+    stop_reason: StopReason
+    final_state: AgentState
+    output: str | None
+    """The final text, finish_task's summary, or ask_user's question."""
+    error: str | None = None
+    """For failed runs, what went wrong (for example the model's error message)."""
+    turns: int
+    usage: Usage
+    messages: tuple[Message, ...]
+    trace: tuple[TraceEntry, ...]
+    pending: ControlRequest | None = None
+    """The open ask_user question or approval request, when status is needs_input."""
+
+    @classmethod
+    def from_state(cls, state: RunState, table: tuple[Row, ...] = TABLE) -> RunResult:
+        """Build the result of a run whose state is terminal."""
+        if not state.trace or state.state not in (AgentState.DONE, AgentState.ERROR):
+            raise ValueError(f"run {state.run_id} has not ended (state {state.state})")
+        last_row = table[state.trace[-1][0]]
+        stop_reason = last_row.stop_reason
+        assert stop_reason is not None  # a row into a terminal state always has one
+        status = status_for(state.state, stop_reason)
+        return cls(
+            run_id=state.run_id,
+            status=status,
+            stop_reason=stop_reason,
+            final_state=state.state,
+            output=state.output,
+            error=state.error,
+            turns=state.turns,
+            usage=state.usage,
+            messages=tuple(state.messages),
+            trace=tuple(TraceEntry.from_row(table[i], turn) for i, turn in state.trace),
+            pending=state.control if status is RunStatus.NEEDS_INPUT else None,
+        )

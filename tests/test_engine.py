@@ -1,0 +1,246 @@
+"""The run engine: step(), events, stream(), results, fake models, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent_fsm import (
+    Agent,
+    AgentState,
+    ConfigError,
+    Limits,
+    RunError,
+    StopReason,
+    ToolMessage,
+    UserMessage,
+    tool,
+)
+from agent_fsm.events import EVENT_ADAPTER, RunFinished, StateChanged, ToolFinished
+from agent_fsm.messages import ToolCall, TranscriptView
+from agent_fsm.testing import ScriptedModel, call, raw_call, reply
+from agent_fsm.testing.invariants import check_invariants
+from tests.conftest import Recorder, echo, limits, make_agent
+
+
+async def test_step_fires_exactly_one_trigger() -> None:
+    agent, _ = make_agent([reply("", call("echo", text="x")), "done"])
+    run = agent.start("go")
+    seen = []
+    while not run.done:
+        before = run.state.state
+        entry = await run.step()
+        assert entry.source is before
+        assert run.state.state is entry.dest
+        seen.append((entry.source.value, entry.dest.value))
+    assert seen == [
+        ("OBSERVE", "THINK"),
+        ("THINK", "ACT"),
+        ("ACT", "REFLECT"),
+        ("REFLECT", "OBSERVE"),
+        ("OBSERVE", "THINK"),
+        ("THINK", "DONE"),
+    ]
+    with pytest.raises(RunError, match="already ended in DONE"):
+        await run.step()
+    assert run.result.output == "done"
+
+
+async def test_iterate_yields_the_trace() -> None:
+    agent, _ = make_agent(["hi"])
+    run = agent.start("go")
+    entries = [entry async for entry in run.iterate()]
+    assert entries == list(run.result.trace)
+
+
+def test_result_of_an_unfinished_run_is_an_error() -> None:
+    agent, _ = make_agent(["hi"])
+    with pytest.raises(RunError, match="has not ended"):
+        _ = agent.start("go").result
+
+
+def test_events_in_order(recorder: Recorder) -> None:
+    agent, _ = make_agent([reply("", call("echo", text="x")), "done"])
+    agent.subscribe(recorder)
+    result = agent.run_sync("go")
+    assert recorder.kinds() == [
+        "run_started",
+        "state_changed",
+        "model_requested",
+        "model_responded",
+        "state_changed",
+        "tool_started",
+        "tool_finished",
+        "state_changed",
+        "state_changed",
+        "state_changed",
+        "model_requested",
+        "model_responded",
+        "state_changed",
+        "guard_tripped",
+        "run_finished",
+    ]
+    finished = recorder[-1]
+    assert isinstance(finished, RunFinished)
+    assert finished.stop_reason is StopReason.FINAL_ANSWER
+    changes = [e for e in recorder if isinstance(e, StateChanged)]
+    assert [(c.source, c.dest) for c in changes] == [(t.source, t.dest) for t in result.trace]
+    for event in recorder:  # every event survives a JSON round trip (trace files)
+        assert EVENT_ADAPTER.validate_json(EVENT_ADAPTER.dump_json(event)) == event
+    check_invariants(result, limits=agent.limits, events=recorder)
+
+
+def test_a_failing_subscriber_does_not_break_the_run(recorder: Recorder) -> None:
+    def broken(event: object) -> None:
+        raise ValueError("subscriber bug")
+
+    agent, _ = make_agent(["hi"])
+    agent.subscribe(broken)
+    agent.subscribe(recorder)
+    assert agent.run_sync("go").output == "hi"
+    assert recorder.kinds()[-1] == "run_finished"
+
+
+async def test_stream_yields_every_event_and_ends_with_run_finished() -> None:
+    agent, _ = make_agent([reply("", call("echo", text="x")), "done"])
+    events = [event async for event in agent.stream("go")]
+    assert events[0].kind == "run_started"
+    assert isinstance(events[-1], RunFinished)
+    assert events[-1].output == "done"
+    tools = [e for e in events if isinstance(e, ToolFinished)]
+    assert [t.output for t in tools] == ["x"]
+
+
+async def test_run_sync_inside_an_event_loop_is_a_clear_error() -> None:
+    agent, _ = make_agent(["hi"])
+    with pytest.raises(RunError, match="inside a running event loop"):
+        agent.run_sync("go")
+
+
+def test_scripted_model_says_when_the_script_runs_out() -> None:
+    agent, model = make_agent([reply("", call("echo", text="x"))])
+    result = agent.run_sync("go")
+    assert result.stop_reason is StopReason.MODEL_ERROR
+    assert "has 1 replies but received request 2" in (result.error or "")
+    assert "last message: tool: x" in (result.error or "")
+    assert model.remaining == -1
+    assert len(model.requests) == 2
+
+
+def test_scripted_model_records_snapshots_of_each_request() -> None:
+    agent, model = make_agent([reply("", call("echo", text="x")), "done"])
+    agent.run_sync("go")
+    first, second = model.requests
+    assert [m.role for m in first.messages] == ["system", "user"]
+    assert [m.role for m in second.messages] == ["system", "user", "assistant", "tool"]
+    assert first.turn == 1
+    assert second.turn == 2
+    assert {t.name for t in first.tools} == {"echo", "add", "boom", "ask_user", "finish_task"}
+
+
+def test_transcript_view_is_a_stable_prefix() -> None:
+    messages: list[object] = [UserMessage(content="a")]
+    view = TranscriptView(messages, 1)  # type: ignore[arg-type]
+    messages.append(UserMessage(content="b"))
+    assert len(view) == 1
+    assert list(view) == [UserMessage(content="a")]
+    assert view[-1] == UserMessage(content="a")
+    with pytest.raises(IndexError):
+        view[1]
+
+
+def test_missing_and_duplicate_call_ids_are_made_unique() -> None:
+    agent, _ = make_agent(
+        [
+            reply(
+                "",
+                raw_call("echo", '{"text": "a"}', id="dup"),
+                raw_call("echo", '{"text": "b"}', id="dup"),
+                call("echo", text="c"),
+            ),
+            "done",
+        ]
+    )
+    result = agent.run_sync("go")
+    ids = [m.tool_call_id for m in result.messages if isinstance(m, ToolMessage)]
+    assert ids[0] == "dup"
+    assert len(set(ids)) == 3
+    check_invariants(result, limits=agent.limits)
+
+
+def test_parallel_calls_answer_in_call_order() -> None:
+    @tool
+    async def wait(ms: int) -> int:
+        """Sleep ms milliseconds."""
+        await asyncio.sleep(ms / 1000)
+        return ms
+
+    for parallel in (True, False):
+        agent = Agent(
+            model=ScriptedModel(
+                [reply("", call("wait", ms=30), call("wait", ms=1), call("wait", ms=10)), "ok"]
+            ),
+            tools=[wait],
+            limits=limits(),
+            parallel_tool_calls=parallel,
+        )
+        result = agent.run_sync("go")
+        outputs = [m.content for m in result.messages if isinstance(m, ToolMessage)]
+        assert outputs == ["30", "1", "10"]
+
+
+def test_usage_is_estimated_when_the_model_reports_none() -> None:
+    agent, _ = make_agent(["hi"])
+    result = agent.run_sync("go")
+    assert result.usage.estimated
+    assert result.usage.input_tokens > 0
+    assert result.usage.requests == 1
+    agent, _ = make_agent([reply("hi", usage=(10, 5))])
+    usage = agent.run_sync("go").usage
+    assert (usage.input_tokens, usage.output_tokens, usage.estimated) == (10, 5, False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_turns": -3}, "max_turns"),
+        ({"token_budget": 0}, "token_budget"),
+        ({"timeout_s": -1}, "timeout_s"),
+        ({"loop_threshold": 1}, "loop_threshold"),
+        ({"max_turns": "many"}, "max_turns"),
+        ({"max_turnz": 3}, "max_turnz"),
+        ({"retry_backoff_s": 5, "retry_backoff_max_s": 1}, "retry_backoff_max_s"),
+    ],
+)
+def test_invalid_limits_are_config_errors(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError, match=f"invalid Limits: .*{field}"):
+        Limits(**kwargs)  # type: ignore[arg-type]
+
+
+def test_agents_share_one_verified_machine_and_runs_do_not_interfere() -> None:
+    first, _ = make_agent([reply("", call("echo", text="1")), "one"])
+    second, _ = make_agent(["two"])
+    assert first.machine is second.machine
+
+    async def both() -> tuple[str | None, str | None]:
+        a, b = await asyncio.gather(first.run("x"), second.run("y"))
+        return a.output, b.output
+
+    assert asyncio.run(both()) == ("one", "two")
+
+
+def test_the_input_must_be_text() -> None:
+    agent, _ = make_agent([])
+    with pytest.raises(ConfigError, match="must be a str"):
+        agent.start(42)  # type: ignore[arg-type]
+
+
+def test_final_state_and_diagram() -> None:
+    agent, _ = make_agent(["hi"])
+    assert agent.run_sync("go").final_state is AgentState.DONE
+    text = agent.diagram()
+    assert text.startswith("stateDiagram-v2")
+    assert "REFLECT --> DONE : reflected #2 [ask_user_called] ask_user" in text
+    assert ToolCall(id="a", name="b").arguments == "{}"

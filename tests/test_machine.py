@@ -1,0 +1,139 @@
+"""The table, its verification, the termination bound and the guard priority order."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from agent_fsm import ConfigError, Limits
+from agent_fsm.guards import GUARDS
+from agent_fsm.machine import AgentMachine, verify_table
+from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
+
+S, T = AgentState, Trigger
+
+
+def _rows(state: AgentState) -> list[tuple[tuple[str, ...], str]]:
+    return [(row.guards, row.label) for row in TABLE if row.source is state]
+
+
+def test_reflect_priority_order_is_pinned() -> None:
+    assert _rows(S.REFLECT) == [
+        (("abort_requested",), "aborted"),
+        (("ask_user_called",), "ask_user"),
+        (("finish_task_called",), "finish_task"),
+        (("approval_pending",), "approval_required"),
+        (("too_many_errors",), "consecutive_errors"),
+        (("budget_exhausted",), "token_budget"),
+        (("no_turns_left",), "max_turns"),
+        (("time_is_up",), "timeout"),
+        (("is_looping",), "loop_detected"),
+        (("reflector_says_done",), "reflector_done"),
+        ((), "continue"),
+    ]
+
+
+def test_think_and_observe_priority_order_is_pinned() -> None:
+    assert _rows(S.OBSERVE) == [
+        (("abort_requested",), "aborted"),
+        (("prompt_exceeds_budget",), "token_budget"),
+        ((), "think"),
+    ]
+    assert _rows(S.THINK) == [
+        (("abort_requested",), "aborted"),
+        (("model_call_failed", "model_error_is_permanent"), "model_error"),
+        (("model_call_failed", "too_many_errors"), "model_error"),
+        (("model_call_failed", "no_turns_left"), "max_turns"),
+        (("model_call_failed", "prompt_exceeds_budget"), "token_budget"),
+        (("model_call_failed",), "retry"),
+        (("reply_was_filtered",), "content_filter"),
+        (("reply_has_tool_calls",), "act"),
+        (("reply_was_truncated",), "max_tokens"),
+        ((), "final_answer"),
+    ]
+    assert _rows(S.ACT) == [((), "reflect")]
+
+
+def test_abort_is_first_everywhere() -> None:
+    for state in (S.OBSERVE, S.THINK, S.REFLECT):
+        assert _rows(state)[0][0] == ("abort_requested",)
+
+
+def test_every_table_guard_is_a_named_pure_function() -> None:
+    for row in TABLE:
+        for name in row.guards:
+            assert GUARDS[name].__name__ == name
+
+
+def test_default_bound() -> None:
+    machine = AgentMachine()
+    bound = machine.bound(Limits(max_turns=10))
+    assert bound.model_calls == 10
+    assert bound.transitions == 41
+    assert bound.formula == "4·max_turns + 1"
+    assert machine.bound(Limits(max_turns=1)).transitions == 5
+
+
+def _replace(index: int, **changes: object) -> tuple[Row, ...]:
+    rows = list(TABLE)
+    rows[index] = dataclasses.replace(rows[index], **changes)  # type: ignore[arg-type]
+    return tuple(rows)
+
+
+def _index(source: AgentState, label: str) -> int:
+    return next(i for i, r in enumerate(TABLE) if r.source is source and r.label == label)
+
+
+def test_cycle_without_model_call_is_rejected() -> None:
+    # REFLECT's "continue" goes back to ACT: ACT -> REFLECT -> ACT never calls the model.
+    rows = _replace(_index(S.REFLECT, "continue"), dest=S.ACT)
+    with pytest.raises(ConfigError, match=r"cycle .*ACT.*REFLECT.* makes no model call"):
+        verify_table(rows)
+
+
+def test_ungated_model_call_is_rejected() -> None:
+    # Without REFLECT's max_turns row, OBSERVE -> THINK repeats with no turn budget check.
+    rows = tuple(r for r in TABLE if not (r.source is S.REFLECT and r.label == "max_turns"))
+    with pytest.raises(ConfigError, match="no_turns_left"):
+        verify_table(rows)
+
+
+def test_retry_without_turn_gate_is_rejected() -> None:
+    rows = tuple(r for r in TABLE if not (r.source is S.THINK and r.label == "max_turns"))
+    with pytest.raises(ConfigError, match=r"THINK --thought \[model_call_failed\]--> THINK"):
+        verify_table(rows)
+
+
+def test_state_that_cannot_terminate_is_rejected() -> None:
+    rows = tuple(
+        dataclasses.replace(r, dest=S.OBSERVE, label="continue")
+        if r.source is S.REFLECT and r.dest in (S.DONE, S.ERROR)
+        else r
+        for r in TABLE
+    )
+    with pytest.raises(ConfigError):
+        verify_table(rows)
+
+
+def test_unknown_guard_and_missing_else_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="unknown guard"):
+        verify_table(_replace(0, guards=("no_such_guard",)))
+    rows = tuple(r for r in TABLE if not (r.source is S.ACT))
+    with pytest.raises(ConfigError, match="state ACT has no way out"):
+        verify_table(rows)
+    with pytest.raises(ConfigError, match="no unguarded last row"):
+        verify_table(_replace(_index(S.ACT, "reflect"), guards=("is_looping",)))
+
+
+def test_control_flow_row_after_continue_is_rejected_as_dead() -> None:
+    rows = list(TABLE)
+    finish = rows.pop(_index(S.REFLECT, "finish_task"))
+    rows.append(finish)
+    with pytest.raises(ConfigError, match="can never fire"):
+        verify_table(tuple(rows))
+
+
+def test_terminal_rows_carry_stop_reasons() -> None:
+    reasons = {row.stop_reason for row in TABLE if row.stop_reason is not None}
+    assert reasons == set(StopReason)

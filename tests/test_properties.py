@@ -1,0 +1,75 @@
+"""Property tests: whatever the model does, under whatever limits, every run ends well.
+
+The default ``ci`` profile runs 2,000 examples per property; ``make thorough`` runs 20,000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent_fsm import Agent, Limits, RunStatus, StopReason
+from agent_fsm.testing.invariants import check_invariants
+from agent_fsm.testing.strategies import Behaviour, BehaviourModel, behaviours, limits
+from tests.conftest import Recorder, add, boom, echo
+
+TOOLS = [echo, add, boom]
+TOOL_NAMES = [t.name for t in TOOLS]
+
+
+def _run(behaviour: Behaviour, run_limits: Limits, tick: float) -> None:
+    model = BehaviourModel(behaviour)
+    clock = itertools.count(0.0, tick)
+    agent = Agent(
+        model=model,
+        tools=TOOLS,
+        system_prompt="property test",
+        limits=run_limits,
+        clock=lambda: float(next(clock)),
+    )
+    recorder = Recorder()
+    agent.subscribe(recorder)
+    run = agent.start("do the task")
+    model.on_abort = run.abort
+    result = asyncio.run(run.run())
+
+    check_invariants(result, limits=run_limits, bound=agent.bound, events=recorder)
+    assert len(model.requests) == result.turns <= run_limits.max_turns
+    assert result.usage.requests == sum(1 for e in recorder if e.kind == "model_responded")
+    assert recorder.kinds().count("run_finished") == 1
+    assert recorder[-1].kind == "run_finished"
+    if result.stop_reason is StopReason.ABORTED:
+        assert behaviour.abort_at_turn is not None
+    if result.status is RunStatus.FAILED:
+        assert result.error
+    if result.stop_reason is StopReason.MAX_TURNS:
+        assert result.turns == run_limits.max_turns
+
+
+@given(behaviour=behaviours(TOOL_NAMES), run_limits=limits(), tick=st.floats(0.0, 5.0))
+def test_every_run_terminates_within_its_bound_with_a_valid_transcript(
+    behaviour: Behaviour, run_limits: Limits, tick: float
+) -> None:
+    _run(behaviour, run_limits, tick)
+
+
+@given(behaviour=behaviours(TOOL_NAMES), turns=st.integers(1, 6))
+def test_endless_behaviour_stops_by_max_turns_at_the_latest(
+    behaviour: Behaviour, turns: int
+) -> None:
+    endless = Behaviour(steps=behaviour.steps, cycle=True, abort_at_turn=None)
+    _run(
+        endless,
+        Limits(
+            max_turns=turns,
+            token_budget=10**12,
+            loop_detection=False,
+            max_consecutive_errors=10,
+            retry_backoff_s=0,
+            retry_backoff_max_s=0,
+        ),
+        0.0,
+    )
