@@ -116,9 +116,10 @@ async def act(
             )
 
     if winner is None:
-        if any(r.status is ToolStatus.OK for r in results):
+        statuses = {r.status for r in results}
+        if ToolStatus.OK in statuses:
             state.consecutive_errors = 0
-        elif results and all(r.status is ToolStatus.ERROR for r in results):
+        elif statuses == {ToolStatus.ERROR}:
             state.consecutive_errors += 1
     record_calls(
         state.loop,

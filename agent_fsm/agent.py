@@ -155,8 +155,18 @@ class Agent:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.run(user_input, run_id=run_id))
+            return asyncio.run(self._run_and_release(user_input, run_id))
         raise RunError("run_sync() was called inside a running event loop: use `await run()`")
+
+    async def _run_and_release(self, user_input: str, run_id: str | None) -> RunResult:
+        """Run, then let the model release what it tied to this event loop (HTTP clients
+        bound to the loop that ``run_sync`` is about to close)."""
+        try:
+            return await self.run(user_input, run_id=run_id)
+        finally:
+            aclose = getattr(self._config.model, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def stream(self, user_input: str, *, run_id: str | None = None) -> AsyncIterator[Event]:
         """Run and yield every event as it happens; the last one is ``RunFinished``."""

@@ -1,7 +1,8 @@
 """``agent-fsm``: the command line.
 
 Commands: ``demo`` (an offline run of the weather/calculator agent, printing every
-transition, tool call and result) and ``diagram`` (the machine as mermaid or DOT text).
+transition, tool call and result), ``run`` (the same tools against a real OpenAI-compatible
+server) and ``diagram`` (the machine as mermaid or DOT text).
 Exit codes: 0 success, 1 the run failed, 2 bad usage. Errors go to stderr.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -17,6 +19,7 @@ import structlog
 
 from agent_fsm.agent import Agent
 from agent_fsm.diagrams import FORMATS, render
+from agent_fsm.errors import AgentFSMError
 from agent_fsm.events import Event, ModelResponded, StateChanged, ToolFinished, ToolStarted
 from agent_fsm.state import RunResult, RunStatus
 from agent_fsm.table import TABLE
@@ -93,6 +96,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _run_agent(demo_agent(), DEMO_QUESTION, sys.stdout)
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from agent_fsm.demo import calculator, get_weather
+    from agent_fsm.limits import Limits
+    from agent_fsm.models.openai_chat import OpenAIChatModel
+
+    api_key = os.environ.get("OPENAI_API_KEY")
+    if api_key is None and args.base_url:
+        api_key = "unused"  # local OpenAI-compatible servers usually need no key
+    model = OpenAIChatModel(args.model, base_url=args.base_url, api_key=api_key, stream=args.stream)
+    agent = Agent(
+        model=model,
+        tools=[get_weather, calculator],
+        system_prompt=args.system,
+        limits=Limits(max_turns=args.max_turns, token_budget=args.token_budget),
+    )
+    return _run_agent(agent, args.question, sys.stdout)
+
+
 def _cmd_diagram(args: argparse.Namespace) -> int:
     text = render(TABLE, args.format)
     if args.output:
@@ -113,6 +134,26 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser("demo", help="run the offline weather/calculator demo agent")
     demo.set_defaults(handler=_cmd_demo)
+    run = commands.add_parser(
+        "run",
+        help="run the example tools (weather, calculator) against a real model",
+        description="Ask a question with the demo's tools against any OpenAI-compatible "
+        "server. The API key is read from OPENAI_API_KEY, the server from --base-url or "
+        "OPENAI_BASE_URL.",
+    )
+    run.add_argument("question")
+    run.add_argument("--model", required=True, help="model name, e.g. gpt-4o-mini")
+    run.add_argument(
+        "--base-url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
+    )
+    run.add_argument("--stream", action="store_true", help="stream the model's replies")
+    run.add_argument("--max-turns", type=int, default=10)
+    run.add_argument("--token-budget", type=int, default=100_000)
+    run.add_argument(
+        "--system",
+        default="Answer the user's question. Use the tools; do arithmetic with the calculator.",
+    )
+    run.set_defaults(handler=_cmd_run)
     diagram = commands.add_parser("diagram", help="print the agent state machine diagram")
     diagram.add_argument("--format", choices=FORMATS, default="mermaid")
     diagram.add_argument("-o", "--output", help="write to this file instead of stdout")
@@ -126,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         code: int = args.handler(args)
-    except OSError as exc:
+    except (OSError, AgentFSMError) as exc:
         print(f"agent-fsm: {exc}", file=sys.stderr)
         return 2
     return code

@@ -7,9 +7,10 @@ tool results live only in ``messages``; the trace stores row numbers, not copies
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
@@ -23,6 +24,7 @@ __all__ = [
     "RunState",
     "RunStatus",
     "TraceEntry",
+    "RUN_STATE_ADAPTER",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -63,14 +65,13 @@ class ModelFailure(BaseModel):
     """The server's requested delay before a retry, where it gave one."""
 
 
-class LoopState(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class LoopState:
     """Loop-detector memory: run lengths and a short ring of recent call signatures.
 
     Bounded in size by ``Limits.loop_max_period``, whatever the length of the run, which is
     what keeps loop detection O(1) amortised per turn. ``loops.py`` holds the logic.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     last_call: str | None = None
     call_repeats: int = 0
@@ -81,27 +82,31 @@ class LoopState(BaseModel):
     last_text: str | None = None
     text_repeats: int = 0
     """How many consecutive replies carried the same non-empty text."""
-    recent_calls: list[str] = Field(default_factory=list)
+    recent_calls: list[str] = field(default_factory=list)
     """The last ``loop_max_period + 1`` call signatures, oldest first."""
-    period_matches: list[int] = Field(default_factory=list)
+    period_matches: list[int] = field(default_factory=list)
     """``period_matches[q]``: consecutive calls equal to the call q positions earlier."""
     detected: str | None = None
     """A description of the loop found, once one is found."""
 
 
-class RunState(BaseModel):
-    """Everything one run knows. Mutated only by the engine, between triggers."""
+@dataclass(slots=True, kw_only=True)
+class RunState:
+    """Everything one run knows. Mutated only by the engine, between triggers.
 
-    model_config = ConfigDict(extra="forbid")
+    A slotted dataclass rather than a pydantic model because the engine assigns a few dozen
+    fields per turn and pydantic's ``__setattr__`` made that a measurable share of the
+    per-turn cost. ``RUN_STATE_ADAPTER`` gives it the same validation and JSON form.
+    """
 
     run_id: str
     state: AgentState = AgentState.OBSERVE
     turns: int = 0
     """Model calls made so far, retries included."""
-    usage: Usage = Field(default_factory=Usage)
-    messages: list[Message] = Field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    messages: list[Message] = field(default_factory=list)
     """The transcript, append-only."""
-    pending_input: list[str] = Field(default_factory=list)
+    pending_input: list[str] = field(default_factory=list)
     """User messages not yet observed."""
     prompt_tokens_estimate: int = 0
     """Running estimate of the transcript's size in tokens (kept incrementally)."""
@@ -113,15 +118,19 @@ class RunState(BaseModel):
     """Tool calls in the last reply."""
     model_failure: ModelFailure | None = None
     control: ControlRequest | None = None
-    loop: LoopState = Field(default_factory=LoopState)
+    loop: LoopState = field(default_factory=LoopState)
     reflector_done: bool = False
     elapsed_s: float = 0.0
     """Wall-clock seconds since the run started, as of the last completed step."""
     abort_reason: str | None = None
     output: str | None = None
     error: str | None = None
-    trace: list[tuple[int, int]] = Field(default_factory=list)
+    trace: list[tuple[int, int]] = field(default_factory=list)
     """(row index in the machine's table, turn) for every transition taken."""
+
+
+RUN_STATE_ADAPTER: TypeAdapter[RunState] = TypeAdapter(RunState)
+"""Validates and serialises RunState (to JSON for checkpoints, and back)."""
 
 
 class RunStatus(StrEnum):
@@ -142,10 +151,14 @@ def status_for(final_state: AgentState, stop_reason: StopReason) -> RunStatus:
     return RunStatus.NEEDS_INPUT if stop_reason in _NEEDS_INPUT else RunStatus.COMPLETED
 
 
-class TraceEntry(BaseModel):
-    """One transition taken, with the guards of the row that decided it."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceEntry:
+    """One transition taken, with the guards of the row that decided it.
 
-    model_config = _FROZEN
+    A frozen dataclass rather than a pydantic model: one is built on every transition, and
+    a dataclass costs a fraction of even an unvalidated model (pydantic still serialises it
+    inside RunResult).
+    """
 
     trigger: Trigger
     source: AgentState
@@ -197,7 +210,9 @@ class RunResult(BaseModel):
         stop_reason = last_row.stop_reason
         assert stop_reason is not None  # a row into a terminal state always has one
         status = status_for(state.state, stop_reason)
-        return cls(
+        # Every part is already a validated model from the run itself; validating again would
+        # walk the whole transcript once more.
+        return cls.model_construct(
             run_id=state.run_id,
             status=status,
             stop_reason=stop_reason,

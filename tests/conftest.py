@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -15,12 +15,26 @@ from agent_fsm import Agent, Limits, Tool, tool
 from agent_fsm.events import Event
 from agent_fsm.testing import ScriptedModel, ScriptItem
 
-# The test suite is an application: it configures structlog (warnings and above, to stderr).
-structlog.configure(
-    wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-    logger_factory=structlog.PrintLoggerFactory(),
-    cache_logger_on_first_use=False,
-)
+
+def _configure_structlog() -> None:
+    """The test suite is an application: it configures structlog (warnings and above)."""
+    structlog.reset_defaults()
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        cache_logger_on_first_use=False,
+    )
+
+
+_configure_structlog()
+
+
+@pytest.fixture(autouse=True)
+def _restore_structlog() -> Iterator[None]:
+    """The CLI configures structlog for itself (to the stream pytest captured for that
+    test); put the suite's configuration back so later tests never log to a closed file."""
+    yield
+    _configure_structlog()
+
 
 settings.register_profile(
     "ci",

@@ -21,7 +21,7 @@ from agent_fsm.events import EVENT_ADAPTER, RunFinished, StateChanged, ToolFinis
 from agent_fsm.messages import ToolCall, TranscriptView
 from agent_fsm.testing import ScriptedModel, call, raw_call, reply
 from agent_fsm.testing.invariants import check_invariants
-from tests.conftest import Recorder, echo, limits, make_agent
+from tests.conftest import Recorder, limits, make_agent
 
 
 async def test_step_fires_exactly_one_trigger() -> None:

@@ -30,7 +30,9 @@ def test_final_answer() -> None:
 
 
 def test_max_turns_with_distinct_calls() -> None:
-    agent, model = make_agent([reply("", call("echo", text=str(i))) for i in range(10)], max_turns=4)
+    agent, model = make_agent(
+        [reply("", call("echo", text=str(i))) for i in range(10)], max_turns=4
+    )
     result = agent.run_sync("go")
     assert result.stop_reason is StopReason.MAX_TURNS
     assert result.final_state is AgentState.ERROR
@@ -118,7 +120,12 @@ def test_backoff_honours_retry_after_and_grows() -> None:
 
     agent = Agent(
         model=ScriptedModel(
-            [ModelCallError("429", retry_after_s=7.0), ModelCallError("503"), ModelCallError("503"), "ok"]
+            [
+                ModelCallError("429", retry_after_s=7.0),
+                ModelCallError("503"),
+                ModelCallError("503"),
+                "ok",
+            ]
         ),
         limits=Limits(retry_backoff_s=1.0, retry_backoff_max_s=3.0, max_consecutive_errors=5),
         sleep=sleep,
@@ -143,7 +150,9 @@ def test_content_filter_and_max_tokens() -> None:
 
 
 def test_tool_calls_with_a_stop_finish_reason_still_act() -> None:
-    agent, _ = make_agent([reply("", call("echo", text="x"), finish_reason=FinishReason.STOP), "ok"])
+    agent, _ = make_agent(
+        [reply("", call("echo", text="x"), finish_reason=FinishReason.STOP), "ok"]
+    )
     result = agent.run_sync("go")
     assert [t.label for t in result.trace][:2] == ["think", "act"]
 

@@ -119,7 +119,7 @@ def test_state_that_cannot_terminate_is_rejected() -> None:
 def test_unknown_guard_and_missing_else_are_rejected() -> None:
     with pytest.raises(ConfigError, match="unknown guard"):
         verify_table(_replace(0, guards=("no_such_guard",)))
-    rows = tuple(r for r in TABLE if not (r.source is S.ACT))
+    rows = tuple(r for r in TABLE if r.source is not S.ACT)
     with pytest.raises(ConfigError, match="state ACT has no way out"):
         verify_table(rows)
     with pytest.raises(ConfigError, match="no unguarded last row"):

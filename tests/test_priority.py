@@ -64,7 +64,11 @@ def test_finish_task_three_times_in_one_reply_runs_once_and_stops() -> None:
 
 def test_control_tool_buried_among_calls_still_stops_the_run() -> None:
     agent, _ = make_agent(
-        [reply("", call("echo", text="a"), call("finish_task", summary="s"), call("echo", text="b"))]
+        [
+            reply(
+                "", call("echo", text="a"), call("finish_task", summary="s"), call("echo", text="b")
+            )
+        ]
         * 5
     )
     result = agent.run_sync("go")

@@ -37,7 +37,9 @@ def tool_calls(tool_names: Sequence[str]) -> st.SearchStrategy[ToolCall]:
     """Valid, invalid and malformed calls to the given tools, to unknown tools, and to the
     control-flow tools (``ask_user``, ``finish_task``) with good or bad arguments."""
     known = st.sampled_from(list(tool_names)) if tool_names else st.just("missing")
-    arguments = st.dictionaries(st.sampled_from(["text", "a", "b", "x"]), _json_values(), max_size=3)
+    arguments = st.dictionaries(
+        st.sampled_from(["text", "a", "b", "x"]), _json_values(), max_size=3
+    )
     well_formed = st.builds(
         lambda name, args: ToolCall(id="", name=name, arguments=json.dumps(args)),
         known,

@@ -1,0 +1,375 @@
+"""The OpenAI Chat Completions adapter: the only module in agent_fsm that imports ``openai``.
+
+It works with OpenAI and with the many servers that speak the same API (vLLM, llama.cpp,
+Ollama, LiteLLM, ...) through ``base_url``. The wire conversion lives in ``openai_convert``;
+this module owns the SDK client, the request, streaming and the mapping of SDK errors to
+``ModelCallError``.
+
+Retrying is the engine's job (its THINK → THINK row, bounded by the consecutive-error guard,
+with backoff honouring ``retry_after_s``), so the SDK client is always used with
+``max_retries=0``: retries hidden in here would be invisible to the budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import urllib.parse
+from collections.abc import Callable, Mapping
+from types import MappingProxyType, TracebackType
+from typing import Any, Self
+
+import openai
+import structlog
+
+from agent_fsm.errors import ConfigError
+from agent_fsm.messages import ModelRequest, ModelResponse, ReplyDelta, ToolSpec
+from agent_fsm.models.base import ModelCallError
+from agent_fsm.models.openai_convert import (
+    ReplyAssembler,
+    parse_retry_after,
+    response_from_completion,
+    to_openai_messages,
+    to_openai_tools,
+)
+
+__all__ = ["OpenAIChatModel"]
+
+_log = structlog.get_logger(__name__)
+
+# Request fields the adapter sets itself; a setting may not override them.
+_RESERVED = frozenset({"messages", "model", "tools", "functions", "stream", "stream_options"})
+# Settings that only mean something when tools are sent (the API rejects them otherwise).
+_TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
+# Statuses worth retrying, as the SDK itself would: timeout, conflict, rate limit, 5xx.
+_TRANSIENT_STATUSES = frozenset({408, 409, 429})
+_MAX_MESSAGE_CHARS = 500
+_MIN_SECRET_CHARS = 8  # shorter "keys" are placeholders for local servers, not secrets
+
+
+@functools.cache
+def _create_parameters() -> frozenset[str] | None:
+    """Names ``chat.completions.create`` accepts, or None if they cannot be read."""
+    try:
+        create = openai.resources.chat.AsyncCompletions.create
+        return frozenset(inspect.signature(create).parameters) - {"self"}
+    except (AttributeError, TypeError, ValueError):  # pragma: no cover - unusual SDK builds
+        return None
+
+
+class OpenAIChatModel:
+    """A Model backed by the Chat Completions API (``POST /chat/completions``).
+
+    The SDK client is built on first use, from ``api_key`` and ``base_url`` or, when they are
+    None, from ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL`` exactly as the SDK reads them. A
+    client built here belongs to the event loop of its first request; a request from another
+    loop (successive ``asyncio.run`` calls) gets a fresh one, since pooled connections cannot
+    cross loops. Release it with ``await model.aclose()`` or ``async with model:``.
+
+    Failures are raised as ``ModelCallError``: transient for rate limits (with the server's
+    ``Retry-After``), 408/409/5xx, timeouts, dropped connections and malformed replies;
+    permanent for the other 4xx (bad request, authentication, permission, not found,
+    unprocessable) and for an exhausted quota. The API key never appears in an error, a
+    repr or a log line: the adapter writes it nowhere and scrubs it from server messages.
+
+    Args:
+        model: the model name sent to the server, e.g. ``"gpt-4o-mini"``.
+        base_url: the API root, e.g. ``"http://127.0.0.1:8000/v1"``; default: the SDK's.
+        api_key: the key; default: the SDK's (``OPENAI_API_KEY``).
+        client: a ready ``openai.AsyncOpenAI`` to use instead of building one (then
+            ``base_url`` and ``api_key`` must be None). It is used through a copy with
+            ``max_retries=0`` and is never closed by this adapter: its owner closes it.
+        stream: stream replies, reporting fragments to ``ModelRequest.on_delta``. The result
+            is the same ModelResponse either way.
+        strict: send tools in strict mode (see ``openai_convert.strict_schema``); optional
+            arguments then arrive as ``null``. The API does not guarantee strict schemas for
+            parallel calls; pass ``parallel_tool_calls=False`` to rule them out.
+        temperature: sampling temperature; None leaves it to the server.
+        max_tokens: cap on the reply's tokens; None leaves it to the server. (Reasoning models
+            want ``max_completion_tokens=...`` instead, passed as a setting.)
+        timeout: seconds allowed for one request; None keeps the SDK's default.
+        **settings: any other ``chat.completions.create`` argument (``top_p``, ``seed``,
+            ``tool_choice``, ``reasoning_effort``, ``extra_body``, ...), sent with every request.
+
+    Raises:
+        ConfigError: for an empty model name, ``client`` combined with ``base_url`` or
+            ``api_key``, a non-positive timeout, or a setting ``create`` does not accept.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        stream: bool = False,
+        strict: bool = False,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        **settings: Any,
+    ) -> None:
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError("OpenAIChatModel needs a model name, e.g. 'gpt-4o-mini'")
+        if client is not None and (base_url is not None or api_key is not None):
+            raise ConfigError("pass either client= or base_url=/api_key=, not both")
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        for key, value in (("temperature", temperature), ("max_tokens", max_tokens)):
+            if value is not None:
+                settings[key] = value
+        if timeout is not None:
+            settings["timeout"] = timeout
+        _check_settings(settings)
+        self._model = model
+        self._base_url = base_url
+        self._api_key = api_key
+        self._stream = stream
+        self._strict = strict
+        self._settings: Mapping[str, Any] = MappingProxyType(dict(settings))
+        self._given_client = client.with_options(max_retries=0) if client is not None else None
+        self._own_client: openai.AsyncOpenAI | None = None
+        self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._tools_cache: tuple[tuple[ToolSpec, ...], list[dict[str, Any]]] | None = None
+
+    @property
+    def name(self) -> str:
+        """The model name, as sent to the server."""
+        return self._model
+
+    def __repr__(self) -> str:
+        parts = [repr(self._model)]
+        if self._base_url is not None:
+            parts.append(f"base_url={_redact_url(self._base_url)!r}")
+        parts.append(f"stream={self._stream}")
+        parts.append(f"strict={self._strict}")
+        if self._settings:
+            parts.append(f"settings={sorted(self._settings)}")  # names only: values may be secret
+        return f"OpenAIChatModel({', '.join(parts)})"
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Send one request and convert the reply.
+
+        Raises:
+            ModelCallError: for every failure of the server, the network or the reply. It is
+                raised with no chained cause, because the SDK's exceptions can carry text
+                that contains the key.
+        """
+        failure: ModelCallError
+        try:
+            client = self._client()
+        except openai.OpenAIError as err:  # e.g. no key given and OPENAI_API_KEY unset
+            message = self._scrub(f"cannot build the OpenAI client: {err}")
+            failure = ModelCallError(message, transient=False)
+        else:
+            kwargs = self._request_kwargs(request)
+            fallback_prefix = f"{request.run_id}_{request.turn}"
+            if self._stream:
+                return await self._request_streamed(client, kwargs, request, fallback_prefix)
+            try:
+                completion = await client.chat.completions.create(**kwargs)
+            except (openai.OpenAIError, ValueError) as err:  # ValueError: a body that is no JSON
+                failure = self._failure(err)
+            else:
+                return response_from_completion(completion, fallback_id_prefix=fallback_prefix)
+        raise failure  # outside the except blocks, so no __context__ links to the SDK error
+
+    async def aclose(self) -> None:
+        """Close the client this adapter built, if any; a given ``client`` is left open.
+
+        The adapter stays usable: the next request builds a new client.
+        """
+        client, self._own_client, self._own_loop = self._own_client, None, None
+        if client is not None:
+            await client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- internals
+
+    def _client(self) -> openai.AsyncOpenAI:
+        if self._given_client is not None:
+            return self._given_client
+        loop = asyncio.get_running_loop()
+        if self._own_client is None or self._own_loop is not loop:
+            self._own_client = openai.AsyncOpenAI(
+                api_key=self._api_key, base_url=self._base_url, max_retries=0
+            )
+            self._own_loop = loop
+        return self._own_client
+
+    def _request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
+        kwargs: dict[str, Any] = dict(self._settings)
+        kwargs["model"] = self._model
+        kwargs["messages"] = to_openai_messages(request.messages)
+        if request.tools:
+            kwargs["tools"] = self._tools_payload(request.tools)
+        else:
+            for key in _TOOL_SETTINGS:
+                kwargs.pop(key, None)
+        if self._stream:
+            kwargs["stream"] = True
+            kwargs["stream_options"] = {"include_usage": True}
+        return kwargs
+
+    def _tools_payload(self, tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+        # The engine sends the same tuple every turn: convert (and strict-adapt) it once.
+        cached = self._tools_cache
+        if cached is not None and cached[0] is tools:
+            return cached[1]
+        payload = to_openai_tools(tools, strict=self._strict)
+        self._tools_cache = (tools, payload)
+        return payload
+
+    async def _request_streamed(
+        self,
+        client: openai.AsyncOpenAI,
+        kwargs: dict[str, Any],
+        request: ModelRequest,
+        fallback_prefix: str,
+    ) -> ModelResponse:
+        failure: ModelCallError | None = None
+        try:
+            stream = await client.chat.completions.create(**kwargs)
+        except (openai.OpenAIError, ValueError) as err:
+            failure = self._failure(err)
+        if failure is not None:
+            raise failure
+        assembler = ReplyAssembler(fallback_id_prefix=fallback_prefix)
+        report = _DeltaReporter(request.on_delta, request.run_id)
+        async with stream:  # releases the connection however the loop below ends
+            chunks = stream.__aiter__()
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except Exception as err:  # the SDK's iterator: transport and decoding failures
+                    failure = self._failure(err, streaming=True)
+                    break
+                for delta in assembler.add_chunk(chunk):
+                    report(delta)
+        if failure is not None:
+            raise failure
+        return assembler.build()
+
+    def _failure(self, err: Exception, *, streaming: bool = False) -> ModelCallError:
+        """Map an exception from the SDK to a ModelCallError (scrubbed, never chained)."""
+        transient = True
+        retry_after: float | None = None
+        if isinstance(err, openai.APITimeoutError):
+            message = "the request timed out"
+        elif isinstance(err, openai.APIConnectionError):
+            message = f"cannot reach the server: {err.message}"
+        elif isinstance(err, openai.APIStatusError):
+            status = err.status_code
+            code = _error_code(err.body)
+            transient = status in _TRANSIENT_STATUSES or status >= 500
+            if code == "insufficient_quota":  # a 429 that no amount of waiting fixes
+                transient = False
+            retry_after = parse_retry_after(err.response.headers) if transient else None
+            label = f"HTTP {status}" + (f", {code}" if code else "")
+            message = f"{type(err).__name__} ({label}): {_server_message(err)}"
+            request_id = getattr(err, "request_id", None)
+            if request_id:
+                message += f" [request id {request_id}]"
+        elif isinstance(err, openai.APIError):  # an error event inside a stream, bad data, ...
+            message = f"server error: {_server_message(err)}"
+        elif isinstance(err, openai.OpenAIError):
+            message, transient = f"OpenAI client error: {err}", False
+        elif isinstance(err, ValueError):
+            message = f"malformed reply from the server: {type(err).__name__}"
+        else:
+            message = f"the stream broke off: {type(err).__name__}: {err}"
+        if streaming and isinstance(err, ValueError | openai.APIError):
+            message = f"while streaming: {message}"
+        return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
+
+    def _scrub(self, text: str) -> str:
+        secrets = {self._api_key}
+        for client in (self._given_client, self._own_client):
+            if client is not None:
+                secrets.add(getattr(client, "api_key", None))
+        for secret in secrets:
+            if isinstance(secret, str) and len(secret) >= _MIN_SECRET_CHARS:
+                text = text.replace(secret, "[redacted]")
+        return text
+
+
+class _DeltaReporter:
+    """Calls ``on_delta``, shielding the request from a callback that raises."""
+
+    __slots__ = ("_failures", "_on_delta", "_run_id")
+
+    def __init__(self, on_delta: Callable[[ReplyDelta], None] | None, run_id: str) -> None:
+        self._on_delta = on_delta
+        self._run_id = run_id
+        self._failures = 0
+
+    def __call__(self, delta: ReplyDelta) -> None:
+        if self._on_delta is None:
+            return
+        try:
+            self._on_delta(delta)
+        except Exception as err:
+            self._failures += 1
+            if self._failures == 1:  # once per request: a broken listener must not flood logs
+                _log.warning(
+                    "on_delta_failed", run_id=self._run_id, error=f"{type(err).__name__}: {err}"
+                )
+
+
+def _check_settings(settings: Mapping[str, Any]) -> None:
+    reserved = sorted(_RESERVED.intersection(settings))
+    if reserved:
+        raise ConfigError(f"OpenAIChatModel sets {reserved} itself; they cannot be settings")
+    accepted = _create_parameters()
+    unknown = sorted(set(settings) - accepted) if accepted is not None else []
+    if unknown:
+        raise ConfigError(
+            f"chat.completions.create accepts no argument named {unknown}; "
+            "pass server-specific fields as extra_body={...}"
+        )
+
+
+def _error_code(body: object) -> str | None:
+    if isinstance(body, Mapping):
+        for key in ("code", "type"):
+            value = body.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def _server_message(err: openai.APIError) -> str:
+    body = err.body
+    text = body.get("message") if isinstance(body, Mapping) else None
+    if not isinstance(text, str) or not text:
+        text = err.message
+    text = " ".join(text.split())
+    if len(text) > _MAX_MESSAGE_CHARS:
+        text = text[:_MAX_MESSAGE_CHARS] + "..."
+    return text
+
+
+def _redact_url(url: str) -> str:
+    """The URL without user info or query, which can hold credentials."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))

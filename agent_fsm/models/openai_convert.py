@@ -1,0 +1,530 @@
+"""Pure conversion between agent_fsm's transcript types and the Chat Completions wire format.
+
+Kept apart from ``openai_chat`` so that it never imports ``openai``: everything here works on
+plain JSON-shaped data, or on the SDK's reply objects read by attribute name, which is also why
+it accepts a plain ``dict`` wherever the SDK would hand over a model.
+
+The one rule that shapes this module: a streamed reply and the same reply returned in one piece
+must become the *same* ``ModelResponse``. Both paths therefore go through ``ReplyAssembler``;
+the non-streaming path simply feeds it the whole message as a single fragment.
+"""
+
+from __future__ import annotations
+
+import copy
+import email.utils
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any
+
+from agent_fsm.messages import (
+    AssistantMessage,
+    FinishReason,
+    Message,
+    ModelResponse,
+    ReplyDelta,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    ToolSpec,
+    Usage,
+    UserMessage,
+)
+from agent_fsm.models.base import ModelCallError
+
+__all__ = [
+    "ReplyAssembler",
+    "finish_reason_from",
+    "parse_retry_after",
+    "response_from_completion",
+    "strict_schema",
+    "to_openai_messages",
+    "to_openai_tools",
+    "usage_from",
+]
+
+_FINISH_REASONS: Mapping[str, FinishReason] = {
+    "stop": FinishReason.STOP,
+    "tool_calls": FinishReason.TOOL_CALLS,
+    "function_call": FinishReason.TOOL_CALLS,
+    "length": FinishReason.LENGTH,
+    "content_filter": FinishReason.CONTENT_FILTER,
+}
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    """Convert a transcript to Chat Completions ``messages``.
+
+    ``ToolMessage.details`` and ``ToolMessage.status`` are never sent: the model sees only the
+    content. An assistant message with tool calls and no text is sent with ``content: null``,
+    as the API itself returns it.
+
+    Raises:
+        TypeError: for an object that is not a transcript message (a programming error).
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, SystemMessage | UserMessage):
+            out.append({"role": message.role, "content": message.content})
+        elif isinstance(message, AssistantMessage):
+            wire: dict[str, Any] = {"role": "assistant"}
+            wire["content"] = message.content or (None if message.tool_calls else "")
+            if message.tool_calls:
+                wire["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                    for call in message.tool_calls
+                ]
+            out.append(wire)
+        elif isinstance(message, ToolMessage):
+            out.append(
+                {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+            )
+        else:
+            raise TypeError(f"not a transcript message: {type(message).__name__}")
+    return out
+
+
+def to_openai_tools(tools: Iterable[ToolSpec], *, strict: bool = False) -> list[dict[str, Any]]:
+    """Convert tool specs to Chat Completions ``tools``, copying every schema.
+
+    With ``strict=True`` each schema is adapted by ``strict_schema`` and sent with
+    ``"strict": true``; a tool whose schema strict mode cannot express (see ``strict_schema``)
+    is sent unchanged and non-strict rather than with a silently different meaning.
+    The caller's schemas are never modified.
+    """
+    out: list[dict[str, Any]] = []
+    for spec in tools:
+        function: dict[str, Any] = {"name": spec.name, "description": spec.description}
+        adapted = strict_schema(spec.parameters) if strict else None
+        if adapted is None:
+            function["parameters"] = copy.deepcopy(spec.parameters)
+        else:
+            function["parameters"] = adapted
+            function["strict"] = True
+        out.append({"type": "function", "function": function})
+    return out
+
+
+class _NotExpressible(Exception):
+    """Internal: the schema uses something strict mode cannot represent."""
+
+
+# Keywords strict mode rejects and that have no faithful rewrite.
+_UNSUPPORTED = frozenset(
+    {"allOf", "not", "if", "then", "else", "patternProperties", "dependentSchemas"}
+)
+
+
+def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Adapt a copy of a JSON Schema to the API's strict mode, or None if it cannot be.
+
+    Strict mode wants every object closed and fully required. Recursively, each object gets
+    ``additionalProperties: false`` and lists every property in ``required``; a property that
+    was optional becomes nullable instead (the model then sends ``null`` for "not given");
+    ``default`` is dropped (strict mode rejects it, and every property is sent anyway);
+    ``oneOf`` becomes the ``anyOf`` strict mode supports.
+
+    Returns None, rather than a schema meaning something else, for what strict mode cannot
+    express: free-form objects (no ``properties``, or ``additionalProperties`` other than
+    false), ``allOf``, ``not``, conditionals and ``patternProperties``.
+
+    Args:
+        schema: the tool's parameter schema; never modified.
+    """
+    try:
+        return _strict_node(schema)
+    except _NotExpressible:
+        return None
+
+
+def _strict_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _UNSUPPORTED:
+            raise _NotExpressible(key)
+        if key == "default":
+            continue
+        if key in ("properties", "$defs", "definitions") and isinstance(value, Mapping):
+            out[key] = {name: _strict_sub(sub) for name, sub in value.items()}
+        elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
+            out["anyOf" if key == "oneOf" else key] = [_strict_sub(sub) for sub in value]
+        elif key == "items":
+            out[key] = (
+                [_strict_sub(sub) for sub in value]
+                if isinstance(value, list)
+                else _strict_sub(value)
+            )
+        else:
+            out[key] = copy.deepcopy(value)
+    if _is_object_schema(out):
+        _close_object(out)
+    return out
+
+
+def _strict_sub(node: Any) -> Any:
+    return _strict_node(node) if isinstance(node, Mapping) else copy.deepcopy(node)
+
+
+def _is_object_schema(node: Mapping[str, Any]) -> bool:
+    kind = node.get("type")
+    return kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in node
+
+
+def _close_object(node: dict[str, Any]) -> None:
+    properties = node.get("properties")
+    if not isinstance(properties, dict) or node.get("additionalProperties", False) is not False:
+        raise _NotExpressible("free-form object")
+    required = node.get("required", [])
+    for name, sub in properties.items():
+        if name not in required:
+            properties[name] = _nullable(sub)
+    node["required"] = list(properties)
+    node["additionalProperties"] = False
+
+
+def _nullable(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return node
+    variants = node.get("anyOf")
+    if isinstance(variants, list):
+        if {"type": "null"} not in variants:
+            node["anyOf"] = [*variants, {"type": "null"}]
+        return node
+    if isinstance(kind, str | list) and "const" not in node:
+        node["type"] = [*kind, "null"] if isinstance(kind, list) else [kind, "null"]
+        if isinstance(node.get("enum"), list) and None not in node["enum"]:
+            node["enum"] = [*node["enum"], None]
+        return node
+    outer: dict[str, Any] = {}
+    if "description" in node:
+        outer["description"] = node.pop("description")
+    outer["anyOf"] = [node, {"type": "null"}]
+    return outer
+
+
+# --------------------------------------------------------------------------- replies
+
+
+def finish_reason_from(reason: object) -> FinishReason:
+    """Map the API's ``finish_reason``; anything unknown, or None, counts as STOP.
+
+    The legacy ``function_call`` reason is TOOL_CALLS. The engine sends any reply that
+    carries tool calls to ACT whatever this says, so STOP is a safe default.
+    """
+    return (
+        _FINISH_REASONS.get(reason, FinishReason.STOP)
+        if isinstance(reason, str)
+        else (FinishReason.STOP)
+    )
+
+
+def usage_from(raw: object) -> Usage | None:
+    """Convert the API's ``usage`` object, counting one request.
+
+    Returns None when the server reported no usage, or counts that cannot be true (not
+    integers, negative): the engine then estimates them and says so.
+    """
+    prompt = _field(raw, "prompt_tokens")
+    completion = _field(raw, "completion_tokens")
+    if prompt is None and completion is None:
+        return None
+    counts = (
+        prompt,
+        completion,
+        _field(_field(raw, "prompt_tokens_details"), "cached_tokens"),
+        _field(_field(raw, "completion_tokens_details"), "reasoning_tokens"),
+    )
+    if not all(c is None or (type(c) is int and c >= 0) for c in counts):
+        return None
+    given = [c or 0 for c in counts]
+    return Usage(
+        input_tokens=given[0],
+        output_tokens=given[1],
+        cached_tokens=given[2],
+        reasoning_tokens=given[3],
+        requests=1,
+    )
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """The delay, in seconds, a server asked for before the next attempt.
+
+    Reads ``retry-after-ms`` (milliseconds) first, then ``retry-after`` as seconds or as an
+    HTTP date. Returns None when neither is present or readable; never a negative number.
+
+    Args:
+        headers: response headers; lookups must be case-insensitive (as httpx's are) or the
+            names lower-case.
+        now: the current POSIX time, for dates; defaults to ``time.time()``.
+    """
+    millis = _finite(headers.get("retry-after-ms"))
+    if millis is not None:
+        return max(millis / 1000.0, 0.0)
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    seconds = _finite(raw)
+    if seconds is not None:
+        return max(seconds, 0.0)
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": a date with no zone; HTTP dates are GMT anyway
+        when = when.replace(tzinfo=UTC)
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+def _finite(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def response_from_completion(completion: object, *, fallback_id_prefix: str) -> ModelResponse:
+    """Convert a whole (non-streamed) ``chat.completion`` reply.
+
+    Args:
+        completion: the SDK's ``ChatCompletion``, or the same data as a plain mapping.
+        fallback_id_prefix: used to name tool calls the server gave no id (see
+            ``ReplyAssembler``).
+
+    Raises:
+        ModelCallError: transient, when the reply has no choices or is malformed.
+    """
+    assembler = ReplyAssembler(fallback_id_prefix=fallback_id_prefix)
+    assembler.add_completion(completion)
+    return assembler.build()
+
+
+@dataclass(slots=True)
+class _CallParts:
+    id: str | None = None
+    name: str | None = None
+    arguments: list[str] = field(default_factory=list)
+
+
+class ReplyAssembler:
+    """Builds one ``ModelResponse`` from a reply given whole or in streamed chunks.
+
+    Tool-call fragments are grouped by the server's ``index``; a call's first ``id`` and
+    ``name`` win and its ``arguments`` pieces are concatenated, raw, whatever they contain.
+    A call the server gave no id (some compatible servers; every legacy ``function_call``)
+    is named ``call_<completion id>_<position>``, or ``call_<fallback_id_prefix>_<position>``
+    when the reply has no id either: the same for both paths, so the transcript is stable.
+    Only the first choice is read.
+    """
+
+    def __init__(self, *, fallback_id_prefix: str) -> None:
+        self._fallback_prefix = fallback_id_prefix
+        self._id_prefix: str | None = None
+        self._completion_id: str | None = None
+        self._model: str | None = None
+        self._text: list[str] = []
+        self._refusal: list[str] = []
+        self._calls: list[_CallParts] = []
+        self._positions: dict[object, int] = {}
+        self._finish_reason: str | None = None
+        self._usage: Usage | None = None
+        self._saw_choice = False
+
+    def add_completion(self, completion: object) -> None:
+        """Add a whole ``chat.completion`` reply.
+
+        Raises:
+            ModelCallError: transient, when the reply has no choices or is malformed.
+        """
+        self._add_envelope(completion)
+        choices = _field(completion, "choices")
+        if not isinstance(choices, list) or not choices:
+            raise _malformed("the reply has no choices")
+        choice = choices[0]
+        message = _field(choice, "message")
+        if message is None:
+            raise _malformed("the first choice has no message")
+        self._saw_choice = True
+        self._add_part(message, whole=True)
+        self._finish_reason = _optional_str(_field(choice, "finish_reason"), "finish_reason")
+
+    def add_chunk(self, chunk: object) -> list[ReplyDelta]:
+        """Add one ``chat.completion.chunk``; return the fragments to report, in order.
+
+        Raises:
+            ModelCallError: transient, when the chunk is malformed.
+        """
+        self._add_envelope(chunk)
+        choices = _field(chunk, "choices")
+        if choices is None:
+            return []
+        if not isinstance(choices, list):
+            raise _malformed("chunk choices is not a list")
+        deltas: list[ReplyDelta] = []
+        for choice in choices:
+            if _field(choice, "index") not in (0, None):
+                continue
+            self._saw_choice = True
+            delta = _field(choice, "delta")
+            if delta is not None:
+                deltas.extend(self._add_part(delta, whole=False))
+            reason = _optional_str(_field(choice, "finish_reason"), "finish_reason")
+            if reason is not None:
+                self._finish_reason = reason
+        return deltas
+
+    def build(self) -> ModelResponse:
+        """The assembled response.
+
+        Raises:
+            ModelCallError: transient, when no choice ever arrived.
+        """
+        if not self._saw_choice:
+            raise _malformed("the reply has no choices")
+        calls = tuple(
+            ToolCall(
+                id=parts.id or self._synthetic_id(position),
+                name=parts.name or "",
+                arguments="".join(parts.arguments),
+            )
+            for position, parts in enumerate(self._calls)
+        )
+        # A refusal is the model's own explanation; show it rather than an empty reply.
+        content = "".join(self._text) or "".join(self._refusal)
+        return ModelResponse(
+            message=AssistantMessage(content=content, tool_calls=calls),
+            finish_reason=finish_reason_from(self._finish_reason),
+            usage=self._usage,
+            model_name=self._model,
+        )
+
+    # -- internals
+
+    def _add_envelope(self, envelope: object) -> None:
+        if envelope is None:
+            raise _malformed("empty reply")
+        if self._completion_id is None:
+            completion_id = _field(envelope, "id")
+            self._completion_id = completion_id if isinstance(completion_id, str) else None
+        model = _field(envelope, "model")
+        if isinstance(model, str) and model:
+            self._model = model
+        raw_usage = _field(envelope, "usage")
+        if raw_usage is not None:
+            # Servers that repeat usage on every chunk send running totals: the last one wins.
+            self._usage = usage_from(raw_usage)
+
+    def _add_part(self, part: object, *, whole: bool) -> list[ReplyDelta]:
+        deltas: list[ReplyDelta] = []
+        text = _optional_str(_field(part, "content"), "content")
+        if text:
+            self._text.append(text)
+            deltas.append(ReplyDelta(text=text))
+        refusal = _optional_str(_field(part, "refusal"), "refusal")
+        if refusal:
+            self._refusal.append(refusal)
+            deltas.append(ReplyDelta(text=refusal))
+        tool_calls = _field(part, "tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise _malformed("tool_calls is not a list")
+        for position, raw in enumerate(tool_calls or ()):
+            if raw is None:
+                raise _malformed("a tool call is null")
+            index = position if whole else _field(raw, "index")
+            function = _field(raw, "function")
+            if function is None and _field(raw, "type") == "custom":
+                custom = _field(raw, "custom")
+                name, arguments = _field(custom, "name"), _field(custom, "input")
+            else:
+                name, arguments = _field(function, "name"), _field(function, "arguments")
+            delta = self._add_call(index, _field(raw, "id"), name, arguments)
+            if delta is not None:
+                deltas.append(delta)
+        legacy = _field(part, "function_call")
+        if legacy is not None:
+            delta = self._add_call(
+                "function_call", None, _field(legacy, "name"), _field(legacy, "arguments")
+            )
+            if delta is not None:
+                deltas.append(delta)
+        return deltas
+
+    def _add_call(
+        self, index: object, call_id: object, name: object, arguments: object
+    ) -> ReplyDelta | None:
+        call_id = _optional_str(call_id, "tool call id") or None
+        name = _optional_str(name, "tool name") or None
+        arguments = _optional_str(arguments, "tool arguments") or ""
+        position = self._position(index, call_id)
+        parts = self._calls[position]
+        new_id = new_name = None
+        if call_id is not None and parts.id is None:
+            parts.id = new_id = call_id
+        if index == "function_call" and parts.id is None:
+            parts.id = new_id = self._synthetic_id(position)
+        if name is not None and parts.name is None:
+            parts.name = new_name = name
+        if arguments:
+            parts.arguments.append(arguments)
+        if new_id is None and new_name is None and not arguments:
+            return None
+        return ReplyDelta(
+            tool_call_index=position, tool_call_id=new_id, tool_name=new_name, arguments=arguments
+        )
+
+    def _position(self, index: object, call_id: str | None) -> int:
+        if index is not None and not isinstance(index, int | str):
+            raise _malformed("tool call index is not an integer")
+        position = self._positions.get(index) if index is not None else None
+        if position is None and index is None and self._calls:
+            position = len(self._calls) - 1  # no index at all: continue the latest call
+        if position is not None:
+            known = self._calls[position].id
+            # A different id under a known index is a new call (servers that send index 0
+            # for every call).
+            if call_id is None or known is None or known == call_id:
+                return position
+        self._calls.append(_CallParts())
+        position = len(self._calls) - 1
+        if index is not None:
+            self._positions[index] = position
+        return position
+
+    def _synthetic_id(self, position: int) -> str:
+        if self._id_prefix is None:
+            self._id_prefix = self._completion_id or self._fallback_prefix
+        return f"call_{self._id_prefix}_{position}"
+
+
+def _field(obj: object, name: str) -> Any:
+    """Read ``name`` from an SDK object or a plain mapping; None when absent."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _optional_str(value: object, what: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise _malformed(f"{what} is not a string")
+
+
+def _malformed(detail: str) -> ModelCallError:
+    return ModelCallError(f"malformed reply from the server: {detail}", transient=True)

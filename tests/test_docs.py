@@ -1,0 +1,48 @@
+"""README snippets and examples are executed, and diagrams/ must match the code."""
+
+from __future__ import annotations
+
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_fsm.diagrams import render
+from agent_fsm.table import TABLE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    head = (ROOT / "README.md").read_text().splitlines()[:8]
+    assert any(line.startswith("make demo") for line in head)
+    assert any(line.startswith("make test") for line in head)
+
+
+def test_readme_python_snippets_run(capsys: pytest.CaptureFixture[str]) -> None:
+    blocks = _python_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) >= 2
+    namespace: dict[str, object] = {"__name__": "readme"}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    assert "TerminationBound(model_calls=10, transitions=41" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
+def test_examples_run_offline(
+    path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    runpy.run_path(str(path), run_name="__main__")
+    assert capsys.readouterr().out
+
+
+def test_committed_diagram_matches_the_table() -> None:
+    committed = (ROOT / "diagrams" / "agent.mmd").read_text()
+    assert committed == render(TABLE, "mermaid"), "run `make diagrams` and commit the result"

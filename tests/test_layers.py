@@ -1,0 +1,94 @@
+"""The import rules of DESIGN.md: third-party libraries stay in their one module, and every
+module imports only from modules above it in the layout."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "agent_fsm"
+
+# The layout, top to bottom: a module may import only modules listed before it.
+LAYERS = [
+    "errors",
+    "table",
+    "messages",
+    "limits",
+    "state",
+    "guards",
+    "loops",
+    "tools",
+    "context",
+    "models.base",
+    "models.openai_convert",
+    "models.openai_chat",
+    "models",
+    "events",
+    "checkpoint",
+    "machine",
+    "acting",
+    "engine",
+    "diagrams",
+    "agent",
+    "testing.models",
+    "testing.invariants",
+    "testing.strategies",
+    "testing",
+    "demo",
+    "cli",
+    "",  # agent_fsm/__init__.py
+]
+
+ONLY_IN = {
+    "transitions": {"machine"},
+    "openai": {"models.openai_chat"},
+    "hypothesis": {"testing.strategies"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Runtime imports (those under ``if TYPE_CHECKING:`` create no dependency)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_every_module_is_in_the_layout() -> None:
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    assert modules <= set(LAYERS), modules - set(LAYERS)
+
+
+def test_third_party_libraries_stay_in_their_module() -> None:
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        for imported in _imports(path):
+            top = imported.split(".")[0]
+            if top in ONLY_IN:
+                assert module in ONLY_IN[top], f"{module} imports {top}"
+
+
+def test_modules_import_only_from_above() -> None:
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        rank = LAYERS.index(module)
+        for imported in _imports(path):
+            if not imported.startswith("agent_fsm"):
+                continue
+            target = imported.removeprefix("agent_fsm").removeprefix(".")
+            assert target in LAYERS, f"{module} imports unknown {imported}"
+            assert LAYERS.index(target) < rank, f"{module} imports {imported}, which is below it"
