@@ -361,7 +361,14 @@ class Run:
         index = self._handle.taken if self._handle is not None else -1
         state.trace.append((index, state.turns))
         entry = TraceEntry.from_row(row, state.turns)
-        self._log.debug("transition", row=index, label=row.label, turn=state.turns)
+        self._log.debug(
+            "transition",
+            source=row.source,
+            dest=row.dest,
+            guards=row.guards,
+            label=row.label,
+            turn=state.turns,
+        )
         if self._handlers:
             self._emit(
                 StateChanged(

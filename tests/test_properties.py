@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from hypothesis import given
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from agent_fsm import Agent, Limits, RunStatus, StopReason
-from agent_fsm.testing.invariants import check_invariants
+from agent_fsm.table import TABLE
+from agent_fsm.testing.invariants import InvariantViolation, check_invariants
 from agent_fsm.testing.strategies import Behaviour, BehaviourModel, behaviours, limits
 from tests.conftest import Recorder, add, boom, echo
 
@@ -73,3 +74,30 @@ def test_endless_behaviour_stops_by_max_turns_at_the_latest(
         ),
         0.0,
     )
+
+
+def test_the_harness_finds_a_seeded_priority_bug() -> None:
+    """Demote finish_task below max_turns (a table the verifier accepts: it still
+    terminates) and the invariants must catch a run that ignored a finish_task call."""
+    rows = list(TABLE)
+    finish = rows.pop(next(i for i, r in enumerate(rows) if r.label == "finish_task"))
+    rows.insert(next(i for i, r in enumerate(rows) if r.label == "continue"), finish)
+    buggy = tuple(rows)
+
+    def breaks_invariants(case: tuple[Behaviour, Limits]) -> bool:
+        behaviour, run_limits = case
+        agent = Agent(model=BehaviourModel(behaviour), tools=TOOLS, limits=run_limits, table=buggy)
+        result = agent.run_sync("go")
+        try:
+            check_invariants(result, limits=run_limits, bound=agent.bound)
+        except InvariantViolation:
+            return True
+        return False
+
+    found = find(
+        st.tuples(behaviours(TOOL_NAMES), limits()),
+        breaks_invariants,
+        settings=settings(max_examples=5_000, database=None, phases=[Phase.generate, Phase.shrink]),
+    )
+    behaviour, _ = found
+    assert any("finish_task" in repr(step) for step in behaviour.steps)

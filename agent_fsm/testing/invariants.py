@@ -59,21 +59,22 @@ def _control_problem(result: RunResult) -> str | None:
     """If the last turn's control-flow tool ran, the run must have stopped for it."""
     if not result.trace or result.trace[-1].source is not AgentState.REFLECT:
         return None
+    messages = result.messages
+    last = next(
+        (i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AssistantMessage)),
+        None,
+    )
+    if last is None:
+        return None
     answered = {
         m.name
-        for m in result.messages[-64:]
+        for m in messages[last + 1 :]
         if isinstance(m, ToolMessage) and m.status is ToolStatus.OK
     }
-    last_assistant = next(
-        (m for m in reversed(result.messages) if isinstance(m, AssistantMessage)), None
-    )
-    if last_assistant is None:
-        return None
-    names = {c.name for c in last_assistant.tool_calls} & answered
     expected = None
-    if "ask_user" in names:
+    if "ask_user" in answered:
         expected = StopReason.ASK_USER
-    elif "finish_task" in names:
+    elif "finish_task" in answered:
         expected = StopReason.FINISH_TASK
     if expected is not None and result.stop_reason not in (expected, StopReason.ABORTED):
         return f"{expected.value} was called but the run stopped with {result.stop_reason.value}"

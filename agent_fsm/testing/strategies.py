@@ -58,19 +58,27 @@ def tool_calls(tool_names: Sequence[str]) -> st.SearchStrategy[ToolCall]:
         lambda name: ToolCall(id="", name=name, arguments="{}"),
         st.sampled_from(["nope", "Echo", "finish", "ask-user"]),
     )
-    control = st.builds(
+    valid_control = st.one_of(
+        st.builds(
+            lambda q: ToolCall(id="", name="ask_user", arguments=json.dumps({"question": q})),
+            st.sampled_from(["Which city?", "q?"]),
+        ),
+        st.builds(
+            lambda s: ToolCall(id="", name="finish_task", arguments=json.dumps({"summary": s})),
+            st.sampled_from(["done", ""]),
+        ),
+    )
+    invalid_control = st.builds(
         lambda name, args: ToolCall(id="", name=name, arguments=json.dumps(args)),
         st.sampled_from(["ask_user", "finish_task"]),
-        st.one_of(
-            st.builds(lambda q: {"question": q, "summary": q}, st.sampled_from(["q?", "done"])),
-            st.just({}),
-            st.just({"question": 3}),
-        ),
+        st.sampled_from([{}, {"question": 3}, {"summary": None}, {"question": ""}]),
     )
     duplicate_id = st.builds(
         lambda name: ToolCall(id="dup", name=name, arguments='{"text": "d"}'), known
     )
-    return st.one_of(valid_echo, well_formed, malformed, unknown, control, duplicate_id)
+    return st.one_of(
+        valid_echo, well_formed, malformed, unknown, valid_control, invalid_control, duplicate_id
+    )
 
 
 def _usages() -> st.SearchStrategy[Usage | None]:
