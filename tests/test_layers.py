@@ -20,6 +20,7 @@ LAYERS = [
     "tools",
     "context",
     "models.base",
+    "models.openai_schema",
     "models.openai_convert",
     "models.openai_chat",
     "models",

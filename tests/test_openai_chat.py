@@ -45,9 +45,10 @@ from agent_fsm.models.openai_convert import (
     finish_reason_from,
     parse_retry_after,
     response_from_completion,
-    strict_schema,
     usage_from,
 )
+from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
+from agent_fsm.tools import Tool, ToolRegistry
 from tests.openai_payloads import (
     COMPLETION_ID,
     SERVED_MODEL,
@@ -580,6 +581,212 @@ async def test_inexpressible_schema_is_sent_non_strict(
     function = server.body()["tools"][0]["function"]
     assert "strict" not in function
     assert function["parameters"] == schema
+
+
+# --------------------------------------------------------------------------- strict replies
+
+
+def search(
+    query: str, limit: int = 10, cursor: str | None = None, filters: dict[str, Any] | None = None
+) -> str:
+    return query  # never run here: the tests only prepare calls
+
+
+SEARCH = Tool(
+    name="search",
+    description="Search the catalogue.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "query": {"type": "string"},
+            "limit": {"type": "integer", "default": 10},
+            "cursor": {"type": ["string", "null"]},  # null is a real value here
+            "filters": {
+                "type": "object",
+                "properties": {"tag": {"type": "string"}, "after": {"$ref": "#/$defs/Day"}},
+                "required": ["tag"],
+            },
+        },
+        "required": ["query"],
+        "$defs": {"Day": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
+    },
+    fn=search,
+)
+# What strict mode makes the model send: every key, null for those it leaves out.
+STRICT_ARGUMENTS = (
+    '{"query": "fsm", "limit": null, "cursor": null, "filters": {"tag": "py", "after": null}}'
+)
+CLEAN_ARGUMENTS = '{"query": "fsm", "cursor": null, "filters": {"tag": "py"}}'
+
+
+async def test_strict_nulls_are_removed_from_both_paths(
+    server: FakeServer, make_model: Callable[..., Any]
+) -> None:
+    registry = ToolRegistry([SEARCH])
+    reply = completion(
+        None,
+        tool_calls=[tool_call("call_S", "search", STRICT_ARGUMENTS)],
+        finish_reason="tool_calls",
+    )
+    assert registry.prepare(ToolCall(id="c", name="search", arguments=STRICT_ARGUMENTS)).error
+    server.json(reply)
+    whole = await ask(make_model(strict=True), make_request(tools=registry.specs))
+    deltas: list[ReplyDelta] = []
+    server.stream(chunks_for(reply, piece=5))
+    request = make_request(tools=registry.specs, on_delta=deltas.append)
+    streamed = await ask(make_model(strict=True, stream=True), request)
+
+    assert server.body(0)["tools"][0]["function"]["strict"] is True
+    assert streamed == whole
+    call = whole.message.tool_calls[0]
+    assert call == ToolCall(id="call_S", name="search", arguments=CLEAN_ARGUMENTS)
+    assert registry.prepare(call).error is None
+    assert "".join(d.arguments for d in deltas) == STRICT_ARGUMENTS  # fragments stay raw
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"query": "fsm", "limit": nul',  # not JSON
+        '["fsm", null]',  # JSON, but not an object
+        "",
+        '{"query":null,"cursor":null}',  # required, or nullable in the original: meant
+        '{"query":"fsm","limit":3,"filters":{"tag":"py","after":"2024-01-02"}}',  # no null
+    ],
+)
+async def test_strict_arguments_with_nothing_to_remove_stay_raw(
+    server: FakeServer, make_model: Callable[..., Any], arguments: str, stream: bool
+) -> None:
+    reply = completion(None, tool_calls=[tool_call("call_S", "search", arguments)])
+    if stream:
+        server.stream(chunks_for(reply))
+    else:
+        server.json(reply)
+    model = make_model(strict=True, stream=stream)
+    response = await ask(model, make_request(tools=(SEARCH.spec,)))
+    assert response.message.tool_calls[0].arguments == arguments
+
+
+@pytest.mark.parametrize(
+    ("strict", "name", "schema"),
+    [
+        (False, "search", SEARCH.parameters),  # not strict mode
+        (True, "other", SEARCH.parameters),  # a tool that was not sent
+        (True, "search", {"type": "object", "properties": {"limit": {"type": "object"}}}),
+    ],
+)
+async def test_nulls_are_kept_when_no_strict_schema_was_sent(
+    server: FakeServer,
+    make_model: Callable[..., Any],
+    strict: bool,
+    name: str,
+    schema: dict[str, Any],
+) -> None:
+    spec = ToolSpec(name="search", description="d", parameters=schema)
+    server.json(completion(None, tool_calls=[tool_call("call_S", name, STRICT_ARGUMENTS)]))
+    response = await ask(make_model(strict=strict), make_request(tools=(spec,)))
+    assert response.message.tool_calls[0].arguments == STRICT_ARGUMENTS
+
+
+def test_without_strict_nulls_follows_the_strict_adaptation() -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+            "pair": {"type": "array", "prefixItems": [{"$ref": "#/$defs/Item"}, {"type": "null"}]},
+            "shape": {
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "properties": {"radius": {"type": "number"}, "unit": {"type": "string"}},
+                        "required": ["radius"],
+                    },
+                    {
+                        "type": "object",
+                        "properties": {"side": {"type": "number"}, "unit": {"type": "string"}},
+                        "required": ["side"],
+                    },
+                ]
+            },
+            "anything": {},
+            "maybe": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/Nothing"}]},
+            "tree": {"$ref": "#/$defs/Node"},
+        },
+        "$defs": {
+            "Item": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "note": {"type": "string"}},
+                "required": ["name"],
+            },
+            "Nothing": {"type": "null"},
+            "Node": {
+                "type": "object",
+                "properties": {
+                    "label": {"type": "string"},
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+                },
+                "required": ["children"],
+            },
+        },
+    }
+    before = copy.deepcopy(schema)
+    strict = strict_schema(schema)
+    assert strict is not None
+    sent = {
+        "items": [{"name": "a", "note": None}, {"name": "b", "note": "x"}],
+        "pair": [{"name": "c", "note": None}, None],
+        "shape": {"side": 2, "unit": None},
+        "anything": None,
+        "maybe": None,
+        "tree": {"label": None, "children": [{"label": "leaf", "children": []}]},
+    }
+    jsonschema.validate(sent, strict)  # what strict mode lets the model send
+    cleaned = json.loads(without_strict_nulls(json.dumps(sent), schema))
+    assert schema == before
+    assert cleaned == {
+        "items": [{"name": "a"}, {"name": "b", "note": "x"}],
+        "pair": [{"name": "c"}, None],
+        "shape": {"side": 2},
+        "anything": None,
+        "maybe": None,
+        "tree": {"children": [{"label": "leaf", "children": []}]},
+    }
+    jsonschema.validate(cleaned, schema)
+    # Every optional key null, at the top: all of them go.
+    everything_null = dict.fromkeys(schema["properties"])
+    assert json.loads(without_strict_nulls(json.dumps(everything_null), schema)) == {
+        "anything": None,
+        "maybe": None,
+    }
+
+
+def test_without_strict_nulls_keeps_what_it_cannot_judge() -> None:
+    unresolvable = {
+        "type": "object",
+        "properties": {"x": {"$ref": "#/$defs/Missing"}, "y": {"type": "string"}},
+    }
+    arguments = '{"x": null, "y": null}'
+    assert without_strict_nulls(arguments, unresolvable) == arguments
+    # Nested deeper than Python recurses, in the JSON itself or in the walk: left as it came.
+    recursive = {"type": "object", "properties": {"c": {"$ref": "#"}, "x": {"type": "string"}}}
+    for depth in (900, 5000):
+        deep = '{"c": ' * depth + '{"x": null}' + "}" * depth
+        assert without_strict_nulls(deep, recursive) == deep
+    shallow = '{"c": ' * 3 + '{"x": null}' + "}" * 3
+    assert without_strict_nulls(shallow, recursive) == '{"c": {"c": {"c": {}}}}'
+
+
+def test_without_strict_nulls_survives_a_reference_cycle() -> None:
+    cyclic = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/A"}},
+        "$defs": {
+            "A": {"$ref": "#/$defs/B", "type": "object", "properties": {"k": {"type": "string"}}},
+            "B": {"$ref": "#/$defs/A"},
+        },
+    }
+    assert without_strict_nulls('{"a": {"k": null}}', cyclic) == '{"a": {}}'
 
 
 # --------------------------------------------------------------------------- errors

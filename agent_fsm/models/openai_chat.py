@@ -13,6 +13,7 @@ with backoff honouring ``retry_after_s``), so the SDK client is always used with
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import urllib.parse
@@ -29,7 +30,6 @@ from agent_fsm.models.base import ModelCallError
 from agent_fsm.models.openai_convert import (
     ReplyAssembler,
     parse_retry_after,
-    response_from_completion,
     to_openai_messages,
     to_openai_tools,
 )
@@ -46,6 +46,9 @@ _TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
 _MAX_MESSAGE_CHARS = 500
 _MIN_SECRET_CHARS = 8  # shorter "keys" are placeholders for local servers, not secrets
+
+# The ``tools`` payload, and the original schemas of the tools sent strict, by name.
+_WireTools = tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
 
 
 @functools.cache
@@ -82,9 +85,11 @@ class OpenAIChatModel:
             ``max_retries=0`` and is never closed by this adapter: its owner closes it.
         stream: stream replies, reporting fragments to ``ModelRequest.on_delta``. The result
             is the same ModelResponse either way.
-        strict: send tools in strict mode (see ``openai_convert.strict_schema``); optional
-            arguments then arrive as ``null``. The API does not guarantee strict schemas for
-            parallel calls; pass ``parallel_tool_calls=False`` to rule them out.
+        strict: send tools in strict mode (see ``openai_schema.strict_schema``). The model
+            then sends ``null`` for every optional argument it leaves out; the adapter removes
+            those nulls again where the tool's own schema does not accept them, so the engine's
+            validation sees the arguments the tool declared. The API does not guarantee strict
+            schemas for parallel calls; pass ``parallel_tool_calls=False`` to rule them out.
         temperature: sampling temperature; None leaves it to the server.
         max_tokens: cap on the reply's tokens; None leaves it to the server. (Reasoning models
             want ``max_completion_tokens=...`` instead, passed as a setting.)
@@ -132,7 +137,7 @@ class OpenAIChatModel:
         self._given_client = client.with_options(max_retries=0) if client is not None else None
         self._own_client: openai.AsyncOpenAI | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
-        self._tools_cache: tuple[tuple[ToolSpec, ...], list[dict[str, Any]]] | None = None
+        self._tools_cache: tuple[tuple[ToolSpec, ...], _WireTools] | None = None
 
     @property
     def name(self) -> str:
@@ -165,15 +170,20 @@ class OpenAIChatModel:
             failure = ModelCallError(message, transient=False)
         else:
             kwargs = self._request_kwargs(request)
-            fallback_prefix = f"{request.run_id}_{request.turn}"
+            # One assembler for both paths: a streamed reply becomes the same ModelResponse.
+            assembler = ReplyAssembler(
+                fallback_id_prefix=f"{request.run_id}_{request.turn}",
+                strict_schemas=self._wire_tools(request.tools)[1] if request.tools else None,
+            )
             if self._stream:
-                return await self._request_streamed(client, kwargs, request, fallback_prefix)
+                return await self._request_streamed(client, kwargs, request, assembler)
             try:
                 completion = await client.chat.completions.create(**kwargs)
             except (openai.OpenAIError, ValueError) as err:  # ValueError: a body that is no JSON
                 failure = self._failure(err)
             else:
-                return response_from_completion(completion, fallback_id_prefix=fallback_prefix)
+                assembler.add_completion(completion)
+                return assembler.build()
         raise failure  # outside the except blocks, so no __context__ links to the SDK error
 
     async def aclose(self) -> None:
@@ -214,7 +224,7 @@ class OpenAIChatModel:
         kwargs["model"] = self._model
         kwargs["messages"] = to_openai_messages(request.messages)
         if request.tools:
-            kwargs["tools"] = self._tools_payload(request.tools)
+            kwargs["tools"] = self._wire_tools(request.tools)[0]
         else:
             for key in _TOOL_SETTINGS:
                 kwargs.pop(key, None)
@@ -223,21 +233,28 @@ class OpenAIChatModel:
             kwargs["stream_options"] = {"include_usage": True}
         return kwargs
 
-    def _tools_payload(self, tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+    def _wire_tools(self, tools: tuple[ToolSpec, ...]) -> _WireTools:
+        """The ``tools`` payload, and the original schemas of the tools it sends strict."""
         # The engine sends the same tuple every turn: convert (and strict-adapt) it once.
         cached = self._tools_cache
         if cached is not None and cached[0] is tools:
             return cached[1]
         payload = to_openai_tools(tools, strict=self._strict)
-        self._tools_cache = (tools, payload)
-        return payload
+        # Copied like the payload, so a reply is cleaned against the schemas that were sent.
+        strict_schemas = {
+            spec.name: copy.deepcopy(spec.parameters)
+            for spec, wire in zip(tools, payload, strict=True)
+            if wire["function"].get("strict") is True
+        }
+        self._tools_cache = (tools, (payload, strict_schemas))
+        return payload, strict_schemas
 
     async def _request_streamed(
         self,
         client: openai.AsyncOpenAI,
         kwargs: dict[str, Any],
         request: ModelRequest,
-        fallback_prefix: str,
+        assembler: ReplyAssembler,
     ) -> ModelResponse:
         failure: ModelCallError | None = None
         try:
@@ -246,7 +263,6 @@ class OpenAIChatModel:
             failure = self._failure(err)
         if failure is not None:
             raise failure
-        assembler = ReplyAssembler(fallback_id_prefix=fallback_prefix)
         report = _DeltaReporter(request.on_delta, request.run_id)
         async with stream:  # releases the connection however the loop below ends
             chunks = stream.__aiter__()

@@ -34,13 +34,13 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
 
 __all__ = [
     "ReplyAssembler",
     "finish_reason_from",
     "parse_retry_after",
     "response_from_completion",
-    "strict_schema",
     "to_openai_messages",
     "to_openai_tools",
     "usage_from",
@@ -97,10 +97,10 @@ def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
 def to_openai_tools(tools: Iterable[ToolSpec], *, strict: bool = False) -> list[dict[str, Any]]:
     """Convert tool specs to Chat Completions ``tools``, copying every schema.
 
-    With ``strict=True`` each schema is adapted by ``strict_schema`` and sent with
-    ``"strict": true``; a tool whose schema strict mode cannot express (see ``strict_schema``)
-    is sent unchanged and non-strict rather than with a silently different meaning.
-    The caller's schemas are never modified.
+    With ``strict=True`` each schema is adapted by ``openai_schema.strict_schema`` and sent
+    with ``"strict": true``; a tool whose schema strict mode cannot express is sent unchanged
+    and non-strict rather than with a silently different meaning. The caller's schemas are
+    never modified.
     """
     out: list[dict[str, Any]] = []
     for spec in tools:
@@ -113,106 +113,6 @@ def to_openai_tools(tools: Iterable[ToolSpec], *, strict: bool = False) -> list[
             function["strict"] = True
         out.append({"type": "function", "function": function})
     return out
-
-
-class _NotExpressible(Exception):
-    """Internal: the schema uses something strict mode cannot represent."""
-
-
-# Keywords strict mode rejects and that have no faithful rewrite.
-_UNSUPPORTED = frozenset(
-    {"allOf", "not", "if", "then", "else", "patternProperties", "dependentSchemas"}
-)
-
-
-def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Adapt a copy of a JSON Schema to the API's strict mode, or None if it cannot be.
-
-    Strict mode wants every object closed and fully required. Recursively, each object gets
-    ``additionalProperties: false`` and lists every property in ``required``; a property that
-    was optional becomes nullable instead (the model then sends ``null`` for "not given");
-    ``default`` is dropped (strict mode rejects it, and every property is sent anyway);
-    ``oneOf`` becomes the ``anyOf`` strict mode supports.
-
-    Returns None, rather than a schema meaning something else, for what strict mode cannot
-    express: free-form objects (no ``properties``, or ``additionalProperties`` other than
-    false), ``allOf``, ``not``, conditionals and ``patternProperties``.
-
-    Args:
-        schema: the tool's parameter schema; never modified.
-    """
-    try:
-        return _strict_node(schema)
-    except _NotExpressible:
-        return None
-
-
-def _strict_node(node: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _UNSUPPORTED:
-            raise _NotExpressible(key)
-        if key == "default":
-            continue
-        if key in ("properties", "$defs", "definitions") and isinstance(value, Mapping):
-            out[key] = {name: _strict_sub(sub) for name, sub in value.items()}
-        elif key in ("anyOf", "oneOf", "prefixItems") and isinstance(value, list):
-            out["anyOf" if key == "oneOf" else key] = [_strict_sub(sub) for sub in value]
-        elif key == "items":
-            out[key] = (
-                [_strict_sub(sub) for sub in value]
-                if isinstance(value, list)
-                else _strict_sub(value)
-            )
-        else:
-            out[key] = copy.deepcopy(value)
-    if _is_object_schema(out):
-        _close_object(out)
-    return out
-
-
-def _strict_sub(node: Any) -> Any:
-    return _strict_node(node) if isinstance(node, Mapping) else copy.deepcopy(node)
-
-
-def _is_object_schema(node: Mapping[str, Any]) -> bool:
-    kind = node.get("type")
-    return kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in node
-
-
-def _close_object(node: dict[str, Any]) -> None:
-    properties = node.get("properties")
-    if not isinstance(properties, dict) or node.get("additionalProperties", False) is not False:
-        raise _NotExpressible("free-form object")
-    required = node.get("required", [])
-    for name, sub in properties.items():
-        if name not in required:
-            properties[name] = _nullable(sub)
-    node["required"] = list(properties)
-    node["additionalProperties"] = False
-
-
-def _nullable(node: Any) -> Any:
-    if not isinstance(node, dict):
-        return node
-    kind = node.get("type")
-    if kind == "null" or (isinstance(kind, list) and "null" in kind):
-        return node
-    variants = node.get("anyOf")
-    if isinstance(variants, list):
-        if {"type": "null"} not in variants:
-            node["anyOf"] = [*variants, {"type": "null"}]
-        return node
-    if isinstance(kind, str | list) and "const" not in node:
-        node["type"] = [*kind, "null"] if isinstance(kind, list) else [kind, "null"]
-        if isinstance(node.get("enum"), list) and None not in node["enum"]:
-            node["enum"] = [*node["enum"], None]
-        return node
-    outer: dict[str, Any] = {}
-    if "description" in node:
-        outer["description"] = node.pop("description")
-    outer["anyOf"] = [node, {"type": "null"}]
-    return outer
 
 
 # --------------------------------------------------------------------------- replies
@@ -330,10 +230,21 @@ class ReplyAssembler:
     is named ``call_<completion id>_<position>``, or ``call_<fallback_id_prefix>_<position>``
     when the reply has no id either: the same for both paths, so the transcript is stable.
     Only the first choice is read.
+
+    ``strict_schemas`` holds the original parameter schemas of the tools sent in strict mode,
+    by name: a call to one of them has its arguments passed through
+    ``openai_schema.without_strict_nulls``, so the nulls strict mode makes the model send do
+    not fail the engine's validation. Streamed fragments report the text as it arrived.
     """
 
-    def __init__(self, *, fallback_id_prefix: str) -> None:
+    def __init__(
+        self,
+        *,
+        fallback_id_prefix: str,
+        strict_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self._fallback_prefix = fallback_id_prefix
+        self._strict_schemas: Mapping[str, Mapping[str, Any]] = strict_schemas or {}
         self._id_prefix: str | None = None
         self._completion_id: str | None = None
         self._model: str | None = None
@@ -397,12 +308,7 @@ class ReplyAssembler:
         if not self._saw_choice:
             raise _malformed("the reply has no choices")
         calls = tuple(
-            ToolCall(
-                id=parts.id or self._synthetic_id(position),
-                name=parts.name or "",
-                arguments="".join(parts.arguments),
-            )
-            for position, parts in enumerate(self._calls)
+            self._tool_call(position, parts) for position, parts in enumerate(self._calls)
         )
         # A refusal is the model's own explanation; show it rather than an empty reply.
         content = "".join(self._text) or "".join(self._refusal)
@@ -414,6 +320,14 @@ class ReplyAssembler:
         )
 
     # -- internals
+
+    def _tool_call(self, position: int, parts: _CallParts) -> ToolCall:
+        name = parts.name or ""
+        arguments = "".join(parts.arguments)
+        schema = self._strict_schemas.get(name)
+        if schema is not None:
+            arguments = without_strict_nulls(arguments, schema)
+        return ToolCall(id=parts.id or self._synthetic_id(position), name=name, arguments=arguments)
 
     def _add_envelope(self, envelope: object) -> None:
         if envelope is None:
