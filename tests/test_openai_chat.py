@@ -1141,3 +1141,77 @@ async def test_live_plain_request() -> None:
             make_request(UserMessage(content="Reply with the single word: pong"), tools=())
         )
     assert response.message.content or response.message.tool_calls
+
+
+# --------------------------------------------------------------------------- through an Agent
+
+
+async def test_an_agent_streams_retries_and_finishes_through_the_real_sdk(
+    server: FakeServer, make_model: Callable[..., OpenAIChatModel]
+) -> None:
+    """End to end: a 429 is retried by the engine after the server's Retry-After, streamed
+    fragments become MessageUpdated events, the tool runs, and the streamed text is the answer."""
+    from agent_fsm import Agent, Limits, StopReason, tool
+    from agent_fsm.events import Event, MessageUpdated, ModelFailed
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        return f"sunny in {city}"
+
+    server.json(
+        api_error("Rate limit reached", type_="requests", code="rate_limit_exceeded"),
+        status=429,
+        headers={"retry-after": "2"},
+    )
+    call_reply = completion(
+        tool_calls=[tool_call("call_w", "get_weather", '{"city": "Beijing"}')],
+        finish_reason="tool_calls",
+    )
+    server.stream(chunks_for(call_reply))
+    server.stream(chunks_for(completion("It is sunny in Beijing.")))
+    delays: list[float] = []
+
+    async def no_sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    agent = Agent(
+        model=make_model(stream=True),
+        tools=[get_weather],
+        limits=Limits(retry_backoff_s=0.1, retry_backoff_max_s=0.2),
+        sleep=no_sleep,
+    )
+    events: list[Event] = []
+    agent.subscribe(events.append)
+    result = await agent.run("Weather in Beijing?")
+
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert result.output == "It is sunny in Beijing."
+    assert [t.label for t in result.trace][:2] == ["think", "retry"]
+    assert delays == [2.0]  # Retry-After wins over the shorter backoff
+    failures = [e for e in events if isinstance(e, ModelFailed)]
+    assert len(failures) == 1
+    assert not failures[0].permanent
+    deltas = [e.delta for e in events if isinstance(e, MessageUpdated)]
+    assert "".join(d.text for d in deltas).endswith("It is sunny in Beijing.")
+    assert "".join(d.arguments for d in deltas) == '{"city": "Beijing"}'
+    assert result.usage.requests == 2
+    assert not result.usage.estimated
+    assert FAKE_KEY not in repr(result)
+
+
+async def test_an_agent_stops_on_a_permanent_error_without_leaking_the_key(
+    server: FakeServer, make_model: Callable[..., OpenAIChatModel]
+) -> None:
+    from agent_fsm import Agent, AgentState, StopReason
+
+    server.json(
+        api_error(f"Incorrect API key provided: {FAKE_KEY}", type_="invalid_request_error"),
+        status=401,
+    )
+    result = await Agent(model=make_model()).run("hi")
+    assert (result.final_state, result.stop_reason) == (AgentState.ERROR, StopReason.MODEL_ERROR)
+    assert result.error is not None
+    assert "401" in result.error
+    assert FAKE_KEY not in result.error
+    assert len(server.requests) == 1
