@@ -42,8 +42,17 @@ format: $(STAMP_DEV)
 	$(BIN)/ruff format agent_fsm tests examples benchmarks
 	$(BIN)/ruff check --fix agent_fsm tests examples benchmarks
 
+# agent.svg needs graphviz's `dot`; without it the SVG is left as it is (its drift test checks
+# the DOT source it was drawn from, so it still fails if the table changed).
 diagrams: $(STAMP_RUN)
 	$(BIN)/agent-fsm diagram --format mermaid -o diagrams/agent.mmd
+	$(BIN)/agent-fsm diagram --format dot -o diagrams/agent.dot
+	@if command -v dot >/dev/null 2>&1; then \
+		$(BIN)/agent-fsm diagram --format svg -o diagrams/agent.svg; \
+	else \
+		echo "graphviz not found: diagrams/agent.svg not regenerated" \
+			"(apt-get install graphviz / brew install graphviz)" >&2; \
+	fi
 
 bench: $(STAMP_RUN)
 	$(BIN)/python benchmarks/overhead.py

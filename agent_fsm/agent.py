@@ -12,9 +12,10 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Literal, overload
 
 from agent_fsm.context import estimate_tools_tokens
-from agent_fsm.diagrams import render
+from agent_fsm.diagrams import RunOverlay, render
 from agent_fsm.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.errors import ConfigError, RunError
 from agent_fsm.events import Event, EventHandler, RunFinished
@@ -187,6 +188,29 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    def diagram(self, format: str = "mermaid") -> str:
-        """The agent's state machine as text (mermaid ``stateDiagram-v2`` by default)."""
-        return render(self._config.machine.rows, format)
+    @overload
+    def diagram(
+        self,
+        format: Literal["mermaid", "dot", "svg"] = "mermaid",
+        *,
+        run: RunOverlay | None = None,
+    ) -> str: ...
+    @overload
+    def diagram(self, format: Literal["png"], *, run: RunOverlay | None = None) -> bytes: ...
+    @overload
+    def diagram(self, format: str, *, run: RunOverlay | None = None) -> str | bytes: ...
+    def diagram(self, format: str = "mermaid", *, run: RunOverlay | None = None) -> str | bytes:
+        """The agent's state machine: mermaid ``stateDiagram-v2`` text by default.
+
+        Args:
+            format: ``"mermaid"`` or ``"dot"`` (text, no system program needed), ``"svg"``
+                (text) or ``"png"`` (bytes), which need the graphviz ``dot`` program.
+            run: a ``RunResult``, or a ``RecordedRun`` read from a trace file
+                (``agent_fsm.tracefile.read_run``), to overlay: visited states, how many times
+                each edge was taken, and the state and reason the run stopped with.
+
+        Raises:
+            DiagramError: for svg/png without graphviz (the message says how to install it),
+                or a run that was not made with this agent's table.
+        """
+        return render(self._config.machine.rows, format, run=run)

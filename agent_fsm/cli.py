@@ -2,8 +2,10 @@
 
 Commands: ``demo`` (an offline run of the weather/calculator agent, printing every
 transition, tool call and result), ``run`` (the same tools against a real OpenAI-compatible
-server) and ``diagram`` (the machine as mermaid or DOT text).
-Exit codes: 0 success, 1 the run failed, 2 bad usage. Errors go to stderr.
+server), ``diagram`` (the machine as mermaid, DOT, SVG or PNG, optionally overlaid with a
+recorded run) and ``replay`` (alias ``trace``: a recorded run, step by step).
+Exit codes: 0 success, 1 the run failed (or, for replay, the recorded run failed or never
+finished), 2 bad usage or unreadable input. Errors go to stderr.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 import structlog
@@ -20,11 +24,31 @@ import structlog
 from agent_fsm.agent import Agent
 from agent_fsm.diagrams import FORMATS, render
 from agent_fsm.errors import AgentFSMError
-from agent_fsm.events import Event, ModelResponded, StateChanged, ToolFinished, ToolStarted
-from agent_fsm.state import RunResult, RunStatus
-from agent_fsm.table import TABLE
+from agent_fsm.events import (
+    Event,
+    GuardTripped,
+    ModelFailed,
+    ModelRequested,
+    ModelResponded,
+    RunFinished,
+    StateChanged,
+    ToolFinished,
+    ToolStarted,
+)
+from agent_fsm.messages import Usage
+from agent_fsm.state import RunStatus
+from agent_fsm.table import TABLE, StopReason
+from agent_fsm.tracefile import RecordedRun, TraceWriter, read_trace, recorded_runs, select_run
 
 __all__ = ["main"]
+
+_SUFFIX_FORMATS = {".mmd": "mermaid", ".mermaid": "mermaid", ".dot": "dot", ".gv": "dot"}
+_SUFFIX_FORMATS.update({".svg": "svg", ".png": "png"})
+_CLEAR_LINE = "\r\x1b[2K"
+
+
+class _UsageError(Exception):
+    """Bad arguments found after parsing; exit code 2."""
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -37,37 +61,95 @@ def _configure_logging(verbose: bool) -> None:
 
 
 class _Printer:
-    """Prints a run's events as readable lines."""
+    """Prints a run's events as readable lines.
 
-    def __init__(self, out: TextIO) -> None:
+    With ``live`` (a terminal), it also keeps one compact progress line (turn, tokens, what
+    the run is doing) under the output and rewrites it in place; piped output gets only the
+    plain lines.
+    """
+
+    def __init__(self, out: TextIO, *, live: bool = False, max_turns: int | None = None) -> None:
         self.out = out
+        self.live = live
+        self.max_turns = max_turns
+        self.turn = 0
+        self.tokens = 0
+        self.doing = "starting"
+        self._shown = False
 
     def __call__(self, event: Event) -> None:
+        line = self._line(event)
+        self._track(event)
+        if line is not None:
+            self._clear()
+            print(line, file=self.out)
+        if self.live and not isinstance(event, RunFinished):
+            self._draw()
+        elif isinstance(event, RunFinished):
+            self._clear()
+
+    def _line(self, event: Event) -> str | None:
         if isinstance(event, StateChanged):
             guards = " ∧ ".join(event.guards) or "else"
-            print(
+            return (
                 f"[turn {event.turn}] {event.source.value:>7} → {event.dest.value:<7} "
-                f"guard: {guards:<22} ({event.label})",
-                file=self.out,
+                f"guard: {guards:<22} ({event.label})"
             )
-        elif isinstance(event, ModelResponded) and event.text:
-            print(f"          model says: {event.text}", file=self.out)
+        if isinstance(event, ModelResponded) and event.text:
+            return f"          model says: {event.text}"
+        if isinstance(event, ToolStarted):
+            return f"          tool call:  {event.call.name}({event.call.arguments})"
+        if isinstance(event, ToolFinished):
+            return f"          result {event.status.value:<5} {event.output}"
+        return None
+
+    def _track(self, event: Event) -> None:
+        if isinstance(event, StateChanged):
+            self.turn, self.doing = event.turn, event.dest.value
+        elif isinstance(event, ModelRequested):
+            self.turn, self.doing = event.turn, "THINK: waiting for the model"
+        elif isinstance(event, ModelResponded):
+            self.tokens += event.usage.total_tokens
+            self.doing = "THINK"
         elif isinstance(event, ToolStarted):
-            print(f"          tool call:  {event.call.name}({event.call.arguments})", file=self.out)
+            self.doing = f"ACT: running {event.call.name}"
         elif isinstance(event, ToolFinished):
-            print(f"          result {event.status.value:<5} {event.output}", file=self.out)
+            self.doing = "ACT"
+
+    def _draw(self) -> None:
+        limit = f"/{self.max_turns}" if self.max_turns is not None else ""
+        status = f"… turn {self.turn}{limit} · {self.tokens:,} tokens · {self.doing}"
+        width = shutil.get_terminal_size().columns - 1
+        self.out.write(_CLEAR_LINE + status[:width])
+        self.out.flush()
+        self._shown = True
+
+    def _clear(self) -> None:
+        if self._shown:
+            self.out.write(_CLEAR_LINE)
+            self._shown = False
 
 
-def _summary(result: RunResult, out: TextIO) -> None:
+def _summary(
+    out: TextIO,
+    *,
+    status: RunStatus,
+    stop_reason: StopReason,
+    final_state: str,
+    turns: int,
+    usage: Usage,
+    output: str | None,
+    error: str | None,
+) -> None:
     print("", file=out)
-    label = "final answer" if result.status is not RunStatus.FAILED else "error"
-    text = result.output if result.status is not RunStatus.FAILED else result.error
-    print(f"{label}: {text}", file=out)
-    print(f"status:       {result.status.value}", file=out)
-    print(f"stop reason:  {result.stop_reason.value}", file=out)
-    print(f"final state:  {result.final_state.value}", file=out)
-    print(f"turns:        {result.turns}", file=out)
-    usage = result.usage
+    if status is RunStatus.FAILED:
+        print(f"error: {error}", file=out)
+    else:
+        print(f"final answer: {output}", file=out)
+    print(f"status:       {status.value}", file=out)
+    print(f"stop reason:  {stop_reason.value}", file=out)
+    print(f"final state:  {final_state}", file=out)
+    print(f"turns:        {turns}", file=out)
     estimated = " (estimated)" if usage.estimated else ""
     print(
         f"tokens:       {usage.total_tokens} ({usage.input_tokens} in, "
@@ -76,8 +158,11 @@ def _summary(result: RunResult, out: TextIO) -> None:
     )
 
 
-def _run_agent(agent: Agent, question: str, out: TextIO) -> int:
-    agent.subscribe(_Printer(out))
+def _run_agent(agent: Agent, question: str, out: TextIO, trace: str | None) -> int:
+    writer = TraceWriter(trace) if trace else None  # a bad path fails before the run
+    agent.subscribe(_Printer(out, live=out.isatty(), max_turns=agent.limits.max_turns))
+    if writer is not None:
+        agent.subscribe(writer)
     bound = agent.bound
     print(f"question: {question}", file=out)
     print(
@@ -85,15 +170,30 @@ def _run_agent(agent: Agent, question: str, out: TextIO) -> int:
         f"transitions ({bound.formula})\n",
         file=out,
     )
-    result = agent.run_sync(question)
-    _summary(result, out)
+    try:
+        result = agent.run_sync(question)
+    finally:
+        if writer is not None:
+            writer.close()
+    _summary(
+        out,
+        status=result.status,
+        stop_reason=result.stop_reason,
+        final_state=result.final_state.value,
+        turns=result.turns,
+        usage=result.usage,
+        output=result.output,
+        error=result.error,
+    )
+    if writer is not None:
+        print(f"trace written to {trace} (agent-fsm replay {trace})", file=sys.stderr)
     return 1 if result.status is RunStatus.FAILED else 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from agent_fsm.demo import DEMO_QUESTION, demo_agent
 
-    return _run_agent(demo_agent(), DEMO_QUESTION, sys.stdout)
+    return _run_agent(demo_agent(), DEMO_QUESTION, sys.stdout, args.trace)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -111,35 +211,116 @@ def _cmd_run(args: argparse.Namespace) -> int:
         system_prompt=args.system,
         limits=Limits(max_turns=args.max_turns, token_budget=args.token_budget),
     )
-    return _run_agent(agent, args.question, sys.stdout)
+    return _run_agent(agent, args.question, sys.stdout, args.trace)
 
 
 def _cmd_diagram(args: argparse.Namespace) -> int:
-    text = render(TABLE, args.format)
+    format = args.format
+    if format is None:
+        suffix = Path(args.output).suffix.lower() if args.output else ""
+        format = _SUFFIX_FORMATS.get(suffix, "mermaid")
+    if args.run_id and not args.trace:
+        raise _UsageError("--run-id needs --trace FILE")
+    run = None
+    if args.trace:
+        run = select_run(recorded_runs(read_trace(args.trace)), args.run_id, args.trace)
+    diagram = render(TABLE, format, run=run)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        data = diagram.encode() if isinstance(diagram, str) else diagram
+        Path(args.output).write_bytes(data)
         print(f"wrote {args.output}", file=sys.stderr)
+    elif isinstance(diagram, str):
+        sys.stdout.write(diagram)
+    elif sys.stdout.isatty():
+        raise _UsageError(f"{format} output is binary: write it to a file with -o FILE")
     else:
-        sys.stdout.write(text)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(diagram)
+        sys.stdout.flush()
     return 0
+
+
+def _failure(run: RecordedRun) -> str:
+    """The best description of why a recorded run failed that its events allow."""
+    failed = [e for e in run.events if isinstance(e, ModelFailed)]
+    if run.stop_reason is StopReason.MODEL_ERROR and failed:
+        return failed[-1].message
+    tripped = [e for e in run.events if isinstance(e, GuardTripped)]
+    guards = " ∧ ".join(tripped[-1].guards) if tripped else "?"
+    return f"{run.stop_reason} (guard: {guards})"
+
+
+def _replay(run: RecordedRun, out: TextIO) -> int:
+    print(f"run:      {run.run_id}", file=out)
+    print(f"question: {run.input if run.input is not None else '(not recorded)'}\n", file=out)
+    printer = _Printer(out)
+    for event in run.events:
+        printer(event)
+    finished = run.finished
+    if finished is None:
+        print(
+            f"\nthe run did not finish: the trace ends after {len(run.trace)} transitions, "
+            f"in {run.final_state or 'no state'}",
+            file=out,
+        )
+        return 1
+    _summary(
+        out,
+        status=finished.status,
+        stop_reason=finished.stop_reason,
+        final_state=finished.final_state.value,
+        turns=finished.turns,
+        usage=finished.usage,
+        output=finished.output,
+        error=_failure(run),
+    )
+    return 1 if finished.status is RunStatus.FAILED else 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    runs = recorded_runs(read_trace(args.file))
+    chosen = [select_run(runs, args.run_id, args.file)] if args.run_id else runs
+    if not chosen:
+        raise _UsageError(f"{args.file}: no events")
+    codes = []
+    for number, run in enumerate(chosen):
+        if number:
+            print("\n" + "─" * 72, file=sys.stdout)
+        codes.append(_replay(run, sys.stdout))
+    return max(codes)
+
+
+_EPILOG = """\
+examples:
+  agent-fsm demo --trace run.jsonl           run offline, record every event
+  agent-fsm replay run.jsonl                 the recorded run, transition by transition
+  agent-fsm diagram                          the machine as mermaid text
+  agent-fsm diagram --trace run.jsonl -o run.svg   the machine with the run's path (graphviz)
+
+exit codes: 0 ok, 1 the run failed, 2 bad usage or unreadable input"""
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-fsm",
         description="Run LLM tool-calling agents as an explicit, verifiable state machine.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every transition")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    trace_help = "write every event of the run to FILE as JSON Lines (see `replay`)"
+
     demo = commands.add_parser("demo", help="run the offline weather/calculator demo agent")
+    demo.add_argument("--trace", metavar="FILE", help=trace_help)
     demo.set_defaults(handler=_cmd_demo)
+
     run = commands.add_parser(
         "run",
         help="run the example tools (weather, calculator) against a real model",
         description="Ask a question with the demo's tools against any OpenAI-compatible "
         "server. The API key is read from OPENAI_API_KEY, the server from --base-url or "
-        "OPENAI_BASE_URL.",
+        "OPENAI_BASE_URL. Exits 1 if the run fails.",
     )
     run.add_argument("question")
     run.add_argument("--model", required=True, help="model name, e.g. gpt-4o-mini")
@@ -153,11 +334,38 @@ def _parser() -> argparse.ArgumentParser:
         "--system",
         default="Answer the user's question. Use the tools; do arithmetic with the calculator.",
     )
+    run.add_argument("--trace", metavar="FILE", help=trace_help)
     run.set_defaults(handler=_cmd_run)
-    diagram = commands.add_parser("diagram", help="print the agent state machine diagram")
-    diagram.add_argument("--format", choices=FORMATS, default="mermaid")
-    diagram.add_argument("-o", "--output", help="write to this file instead of stdout")
+
+    diagram = commands.add_parser(
+        "diagram",
+        help="print the agent state machine diagram",
+        description="Draw the transition table: every edge shows its trigger, priority, "
+        "guards and label. mermaid and dot need nothing; svg and png need the graphviz `dot` "
+        "program. With --trace, the diagram also shows one recorded run: visited states, "
+        "how many times each edge was taken (×N), and where and why the run stopped.",
+    )
+    diagram.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="output format (default: from the -o suffix .mmd/.dot/.svg/.png, else mermaid)",
+    )
+    diagram.add_argument("--trace", metavar="FILE", help="overlay the run recorded in FILE")
+    diagram.add_argument("--run-id", help="which run of a trace file holding several")
+    diagram.add_argument("-o", "--output", metavar="FILE", help="write to FILE, not stdout")
     diagram.set_defaults(handler=_cmd_diagram)
+
+    replay = commands.add_parser(
+        "replay",
+        aliases=["trace"],
+        help="print a recorded run step by step",
+        description="Print a run recorded with --trace (or agent_fsm.tracefile.TraceWriter): "
+        "every transition (turn, from, to, guards, label) with the model's text and tool "
+        "calls, then the outcome. Exits 1 if the recorded run failed or never finished.",
+    )
+    replay.add_argument("file", metavar="FILE", help="a JSON Lines trace file")
+    replay.add_argument("--run-id", help="replay only this run of the file")
+    replay.set_defaults(handler=_cmd_replay)
     return parser
 
 
@@ -167,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         code: int = args.handler(args)
-    except (OSError, AgentFSMError) as exc:
+    except (OSError, AgentFSMError, _UsageError) as exc:
         print(f"agent-fsm: {exc}", file=sys.stderr)
         return 2
     return code

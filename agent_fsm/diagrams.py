@@ -1,19 +1,74 @@
-"""Diagrams drawn from the same table that runs.
+"""Diagrams drawn from the same table that runs, optionally overlaid with one run.
 
 Rendering the rows directly (rather than asking ``transitions`` to draw itself) gives better
 labels: each edge shows its trigger, its priority within its state, its guards, and its stop
 reason; the fallback row is labelled ``else``; DONE and ERROR are drawn as final.
+
+Formats: ``mermaid`` (``stateDiagram-v2`` text, renders on GitHub, needs nothing) and ``dot``
+(Graphviz text) are pure Python; ``svg`` and ``png`` pipe the DOT text through the graphviz
+``dot`` program, which must be on PATH.
+
+An overlay (``run=`` a ``RunResult`` or a ``tracefile.RecordedRun``) highlights the states the
+run visited, labels every edge it took with how many times (``×3``), and marks the state it
+stopped in with its stop reason. Trace entries are matched to table rows by (trigger, source,
+dest, guards, label), so the count is per row, not per pair of states.
 """
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, overload
 
-from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, Row
+from agent_fsm.errors import DiagramError
+from agent_fsm.state import TraceEntry
+from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, Row, StopReason
 
-__all__ = ["FORMATS", "render", "to_dot", "to_mermaid"]
+__all__ = [
+    "FORMATS",
+    "DiagramError",
+    "Format",
+    "RunOverlay",
+    "edge_counts",
+    "render",
+    "to_dot",
+    "to_mermaid",
+    "to_png",
+    "to_svg",
+]
 
-FORMATS = ("mermaid", "dot")
+Format = Literal["mermaid", "dot", "svg", "png"]
+FORMATS: tuple[Format, ...] = ("mermaid", "dot", "svg", "png")
+
+INSTALL_GRAPHVIZ = (
+    "install graphviz (Debian/Ubuntu: `apt-get install graphviz`, Fedora: `dnf install "
+    "graphviz`, macOS: `brew install graphviz`, Windows: `winget install graphviz`), or use "
+    "format 'mermaid' or 'dot', which need no system program"
+)
+
+# Overlay colours: visited (blue), stopped in DONE (green), ERROR (red), unfinished (amber).
+_VISITED = ("#dbeafe", "#1d4ed8")
+_STOPPED = {"ok": ("#dcfce7", "#15803d"), "error": ("#fee2e2", "#b91c1c")}
+_UNFINISHED = ("#fef9c3", "#a16207")
+_UNTAKEN = ("#9ca3af", "#6b7280")
+
+
+class RunOverlay(Protocol):
+    """What an overlay reads from a run: ``RunResult`` and ``RecordedRun`` both provide it."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def trace(self) -> Sequence[TraceEntry]: ...
+    @property
+    def final_state(self) -> AgentState | None: ...
+    @property
+    def stop_reason(self) -> StopReason | None: ...
+    @property
+    def turns(self) -> int: ...
 
 
 def _edge_label(row: Row, priority: int) -> str:
@@ -31,18 +86,103 @@ def _prioritised(rows: Sequence[Row]) -> list[tuple[Row, int]]:
     return numbered
 
 
-def to_mermaid(rows: Sequence[Row]) -> str:
-    """Mermaid ``stateDiagram-v2`` text: renders on GitHub, needs no system binary."""
+def edge_counts(rows: Sequence[Row], trace: Sequence[TraceEntry]) -> list[int]:
+    """How many times each row of ``rows`` was taken in ``trace`` (same order as ``rows``).
+
+    Raises:
+        DiagramError: when an entry matches no row (the run was made with another table).
+    """
+    index = {(r.trigger, r.source, r.dest, r.guards, r.label): i for i, r in enumerate(rows)}
+    counts = [0] * len(rows)
+    for entry in trace:
+        key = (entry.trigger, entry.source, entry.dest, tuple(entry.guards), entry.label)
+        found = index.get(key)
+        if found is None:
+            guards = " ∧ ".join(entry.guards) or "else"
+            raise DiagramError(
+                f"the run's transition {entry.source} → {entry.dest} [{guards}] {entry.label} "
+                f"(turn {entry.turn}) matches no row of this table; was it made with another?"
+            )
+        counts[found] += 1
+    return counts
+
+
+@dataclass(frozen=True, slots=True)
+class _Overlay:
+    counts: list[int]
+    visited: list[AgentState]
+    """Visited states, in table order of first appearance, the stopping state excluded."""
+    stopped: AgentState | None
+    tone: Literal["ok", "error", "open"]
+    caption: str
+
+    @classmethod
+    def of(cls, rows: Sequence[Row], run: RunOverlay) -> _Overlay:
+        counts = edge_counts(rows, run.trace)
+        stopped = run.final_state
+        seen = {INITIAL_STATE} | {s for e in run.trace for s in (e.source, e.dest)}
+        in_table = (s for r in rows for s in (r.source, r.dest))
+        states = list(dict.fromkeys([INITIAL_STATE, *in_table]))
+        visited = [s for s in states if s in seen and s != stopped]
+        turns = f"{run.turns} turn{'s' if run.turns != 1 else ''}"
+        if run.stop_reason is None or stopped not in TERMINAL_STATES:
+            tone: Literal["ok", "error", "open"] = "open"
+            caption = f"run did not finish: last state {stopped}, {turns}"
+        else:
+            tone = "error" if stopped is AgentState.ERROR else "ok"
+            caption = f"stopped: {run.stop_reason.value}, {turns}"
+        return cls(counts, visited, stopped, tone, f"{caption} (run {run.run_id[:12]})")
+
+    def colours(self) -> tuple[str, str]:
+        return _UNFINISHED if self.tone == "open" else _STOPPED[self.tone]
+
+
+def _times(count: int) -> str:
+    return f" ×{count}" if count else ""
+
+
+def to_mermaid(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
+    """Mermaid ``stateDiagram-v2`` text: renders on GitHub, needs no system binary.
+
+    With ``run``, taken edges end in ``×N``, visited states get class ``visited``, the state
+    the run stopped in gets ``stopped_ok`` / ``stopped_error`` / ``stopped_open`` and a note
+    with the stop reason.
+    """
+    overlay = _Overlay.of(rows, run) if run is not None else None
     lines = ["stateDiagram-v2", f"    [*] --> {INITIAL_STATE}"]
-    for row, priority in _prioritised(rows):
+    for i, (row, priority) in enumerate(_prioritised(rows)):
         label = _edge_label(row, priority).replace(":", "﹕")
+        if overlay is not None:
+            label += _times(overlay.counts[i])
         lines.append(f"    {row.source} --> {row.dest} : {label}")
     lines.extend(f"    {state} --> [*]" for state in sorted(TERMINAL_STATES))
+    if overlay is not None:
+        fill, stroke = _VISITED
+        lines.append(f"    classDef visited fill:{fill},stroke:{stroke},stroke-width:2px")
+        fill, stroke = overlay.colours()
+        name = f"stopped_{overlay.tone}"
+        lines.append(f"    classDef {name} fill:{fill},stroke:{stroke},stroke-width:3px")
+        if overlay.visited:
+            lines.append(f"    class {', '.join(overlay.visited)} visited")
+        if overlay.stopped is not None:
+            lines.append(f"    class {overlay.stopped} {name}")
+            caption = overlay.caption.replace(":", "﹕")
+            lines.append(f"    note right of {overlay.stopped} : {caption}")
     return "\n".join(lines) + "\n"
 
 
-def to_dot(rows: Sequence[Row]) -> str:
-    """Graphviz DOT text."""
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', r"\"") + '"'
+
+
+def to_dot(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
+    """Graphviz DOT text.
+
+    With ``run``, the caption (stop reason, turns) is the graph label, visited states are
+    filled, the stopping state is filled green (DONE) or red (ERROR), taken edges are drawn
+    thicker in colour with ``×N``, and edges not taken are grey.
+    """
+    overlay = _Overlay.of(rows, run) if run is not None else None
     lines = [
         "digraph agent_fsm {",
         "    rankdir=LR;",
@@ -52,17 +192,115 @@ def to_dot(rows: Sequence[Row]) -> str:
         f"    __start -> {INITIAL_STATE};",
     ]
     lines.extend(f"    {state} [shape=doublecircle];" for state in sorted(TERMINAL_STATES))
-    for row, priority in _prioritised(rows):
-        label = _edge_label(row, priority).replace('"', r"\"")
-        lines.append(f'    {row.source} -> {row.dest} [label="{label}"];')
+    if overlay is not None:
+        lines.append(f"    labelloc=t; label={_quote(overlay.caption)};")
+        fill, stroke = _VISITED
+        for state in overlay.visited:
+            lines.append(
+                f'    {state} [style="rounded,filled", fillcolor="{fill}", color="{stroke}", '
+                "penwidth=2];"
+            )
+        if overlay.stopped is not None:
+            fill, stroke = overlay.colours()
+            lines.append(
+                f'    {overlay.stopped} [style="rounded,filled", fillcolor="{fill}", '
+                f'color="{stroke}", penwidth=3];'
+            )
+    for i, (row, priority) in enumerate(_prioritised(rows)):
+        label = _edge_label(row, priority)
+        style = ""
+        if overlay is not None:
+            count = overlay.counts[i]
+            label += _times(count)
+            if count:
+                width = min(1.5 + 0.5 * count, 6.0)
+                style = f', color="{_VISITED[1]}", fontcolor="{_VISITED[1]}", penwidth={width}'
+            else:
+                style = f', color="{_UNTAKEN[0]}", fontcolor="{_UNTAKEN[1]}"'
+        lines.append(f"    {row.source} -> {row.dest} [label={_quote(label)}{style}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def render(rows: Sequence[Row], format: str = "mermaid") -> str:
-    """The diagram of ``rows`` in ``format`` (one of FORMATS)."""
+def _graphviz(dot_text: str, output: Literal["svg", "png"]) -> bytes:
+    """``dot -T<output>`` with the DOT text on stdin."""
+    binary = shutil.which("dot")
+    if binary is None:
+        raise DiagramError(
+            f"{'an' if output == 'svg' else 'a'} {output.upper()} diagram needs the graphviz "
+            "`dot` program, which is not on PATH: " + INSTALL_GRAPHVIZ
+        )
+    try:
+        done = subprocess.run(
+            [binary, f"-T{output}"],
+            input=dot_text.encode(),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DiagramError(f"graphviz `dot -T{output}` could not run: {exc}") from exc
+    if done.returncode != 0:
+        detail = done.stderr.decode(errors="replace").strip()
+        raise DiagramError(f"graphviz `dot -T{output}` exited with {done.returncode}: {detail}")
+    return done.stdout
+
+
+def to_svg(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
+    """SVG text from graphviz (see ``to_dot``); needs the ``dot`` program.
+
+    The SVG carries a comment with the SHA-256 of the DOT text it was drawn from, so a
+    committed SVG can be checked against the table without graphviz.
+
+    Raises:
+        DiagramError: when ``dot`` is not on PATH (the message says how to install it) or fails.
+    """
+    source = to_dot(rows, run)
+    svg = _graphviz(source, "svg").decode()
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    at = svg.find("<svg")
+    return f"{svg[:at]}<!-- agent_fsm: drawn from DOT source sha256 {digest} -->\n{svg[at:]}"
+
+
+def to_png(rows: Sequence[Row], run: RunOverlay | None = None) -> bytes:
+    """PNG image bytes from graphviz (see ``to_dot``); needs the ``dot`` program.
+
+    Raises:
+        DiagramError: when ``dot`` is not on PATH (the message says how to install it) or fails.
+    """
+    return _graphviz(to_dot(rows, run), "png")
+
+
+@overload
+def render(
+    rows: Sequence[Row],
+    format: Literal["mermaid", "dot", "svg"] = "mermaid",
+    *,
+    run: RunOverlay | None = None,
+) -> str: ...
+@overload
+def render(
+    rows: Sequence[Row], format: Literal["png"], *, run: RunOverlay | None = None
+) -> bytes: ...
+@overload
+def render(rows: Sequence[Row], format: str, *, run: RunOverlay | None = None) -> str | bytes: ...
+def render(
+    rows: Sequence[Row], format: str = "mermaid", *, run: RunOverlay | None = None
+) -> str | bytes:
+    """The diagram of ``rows`` in ``format`` (one of FORMATS), overlaid with ``run`` if given.
+
+    Text for every format but ``png``, which is bytes.
+
+    Raises:
+        ValueError: for an unknown format.
+        DiagramError: for svg/png without graphviz, or a run that does not fit ``rows``.
+    """
     if format == "mermaid":
-        return to_mermaid(rows)
+        return to_mermaid(rows, run)
     if format == "dot":
-        return to_dot(rows)
+        return to_dot(rows, run)
+    if format == "svg":
+        return to_svg(rows, run)
+    if format == "png":
+        return to_png(rows, run)
     raise ValueError(f"unknown diagram format {format!r}; choose one of {FORMATS}")

@@ -13,6 +13,10 @@ with a stop reason. ``run()`` therefore never raises for them.
      ├── RunError                 a run cannot be driven further (for example stepping a run
      │                            that already ended); carries the RunResult when there is one
      ├── ScriptExhaustedError     a ScriptedModel was asked for more replies than it was given
+     ├── DiagramError             a diagram cannot be drawn (graphviz missing or failing, or a
+     │                            run that does not fit the table it is drawn on)
+     ├── TraceFileError           a trace file cannot be read (also a ValueError); the message
+     │                            names the file and line
      └── CheckpointError          a checkpoint cannot be read, written or resumed
 """
 
@@ -27,8 +31,10 @@ __all__ = [
     "AgentFSMError",
     "CheckpointError",
     "ConfigError",
+    "DiagramError",
     "RunError",
     "ScriptExhaustedError",
+    "TraceFileError",
 ]
 
 
@@ -57,6 +63,18 @@ class ScriptExhaustedError(AgentFSMError):
     Raised inside the model call, so the engine records it as a permanent model error and the
     run ends in ERROR ``model_error`` with this message: the test author sees exactly which
     request found the script empty.
+    """
+
+
+class DiagramError(AgentFSMError):
+    """A diagram cannot be drawn: graphviz is missing or failed, or a run does not fit the
+    table it is drawn on."""
+
+
+class TraceFileError(AgentFSMError, ValueError):
+    """A trace file cannot be read: a line is not an event, or the run asked for is absent.
+
+    The message names the file and, for a bad line, its line number.
     """
 
 

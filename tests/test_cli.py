@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import shutil
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent_fsm.cli import main
+from agent_fsm.diagrams import render
+from agent_fsm.table import TABLE
+from agent_fsm.testing import call, reply
+from agent_fsm.tracefile import TraceWriter, read_run
+from tests.conftest import make_agent
 
 
 def test_demo_prints_the_whole_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,6 +42,163 @@ def test_diagram_to_stdout_and_file(capsys: pytest.CaptureFixture[str], tmp_path
     target = tmp_path / "m.dot"
     assert main(["diagram", "--format", "dot", "-o", str(target)]) == 0
     assert target.read_text().startswith("digraph agent_fsm {")
+
+
+def _transitions(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("[turn ")]
+
+
+@pytest.fixture
+def demo_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, str]:
+    """The demo run, recorded with --trace; returns the file and what the demo printed."""
+    path = tmp_path / "demo.jsonl"
+    assert main(["demo", "--trace", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert f"trace written to {path}" in captured.err
+    return path, captured.out
+
+
+def test_demo_trace_records_the_run(demo_trace: tuple[Path, str]) -> None:
+    path, out = demo_trace
+    recorded = read_run(path)
+    assert recorded.stop_reason is not None
+    assert recorded.stop_reason.value == "final_answer"
+    assert recorded.turns == 4
+    assert len(recorded.trace) == len(_transitions(out)) == 14
+
+
+@pytest.mark.parametrize("command", ["replay", "trace"])
+def test_replay_prints_the_recorded_run_step_by_step(
+    command: str, demo_trace: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, demo_out = demo_trace
+    assert main([command, str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"run:      {read_run(path).run_id}\nquestion: What's the weather")
+    # the same transitions, guards, labels and turns the live run printed, in order
+    assert _transitions(out) == _transitions(demo_out)
+    assert "[turn 1]   THINK → ACT     guard: reply_has_tool_calls   (act)" in out
+    assert 'tool call:  calculator({"expression": "31 * 9 / 5 + 32"})' in out
+    # and the same outcome
+    summary = demo_out[demo_out.index("final answer:") :]
+    assert out.endswith(summary)
+    assert "tokens:       1249 (1183 in, 66 out)" in out
+
+
+def test_diagram_with_a_trace_overlays_the_run(
+    demo_trace: tuple[Path, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path, _ = demo_trace
+    assert main(["diagram", "--trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out == render(TABLE, "mermaid", run=read_run(path))
+    assert "OBSERVE --> THINK : observed #3 [else] think ×4" in out
+    assert "THINK --> ACT : thought #8 [reply_has_tool_calls] act ×3" in out
+    assert "class DONE stopped_ok" in out
+    assert "note right of DONE : stopped﹕ final_answer, 4 turns" in out
+    # the format follows the output file's suffix
+    target = tmp_path / "run.dot"
+    assert main(["diagram", "--trace", str(path), "-o", str(target)]) == 0
+    assert "think ×4" in target.read_text(encoding="utf-8")
+    assert target.read_text(encoding="utf-8").startswith("digraph agent_fsm {")
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz `dot` is not on PATH")
+def test_diagram_svg_and_png_files(demo_trace: tuple[Path, str], tmp_path: Path) -> None:
+    path, _ = demo_trace
+    assert main(["diagram", "--trace", str(path), "-o", str(tmp_path / "run.svg")]) == 0
+    assert "think ×4" in (tmp_path / "run.svg").read_text(encoding="utf-8")
+    assert main(["diagram", "--format", "png", "-o", str(tmp_path / "m.png")]) == 0
+    assert (tmp_path / "m.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_diagram_svg_without_graphviz_exits_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["diagram", "--format", "svg"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "apt-get install graphviz" in captured.err
+    assert "brew install graphviz" in captured.err
+
+
+def test_replay_of_a_failed_run_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "failed.jsonl"
+    agent, _ = make_agent([reply("", call("echo", text=str(i))) for i in range(5)], max_turns=2)
+    agent.subscribe(TraceWriter(path))
+    agent.run_sync("go")
+    assert main(["replay", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "[turn 2] REFLECT → ERROR   guard: no_turns_left" in out
+    assert "error: max_turns (guard: no_turns_left)" in out
+    assert "status:       failed" in out
+
+
+def test_replay_of_an_unfinished_run_exits_1(
+    demo_trace: tuple[Path, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path, _ = demo_trace
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:9]))
+    assert main(["replay", str(cut)]) == 1
+    assert "the run did not finish: the trace ends after" in capsys.readouterr().out
+
+
+def test_unreadable_traces_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind":"run_started","run_id":"r","input":"hi"}\n{oops\n')
+    for argv in (["replay", str(bad)], ["diagram", "--trace", str(bad)]):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert re.search(r"agent-fsm: .*bad\.jsonl:2: not an agent_fsm event", captured.err)
+    assert main(["replay", str(tmp_path / "missing.jsonl")]) == 2
+    assert "No such file or directory" in capsys.readouterr().err
+    assert main(["diagram", "--run-id", "abc"]) == 2
+    assert "--run-id needs --trace FILE" in capsys.readouterr().err
+    assert main(["demo", "--trace", str(tmp_path / "no" / "dir.jsonl")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "No such file or directory" in captured.err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_progress_line_that_rewrites_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stdout", terminal)
+    assert main(["demo"]) == 0
+    out = terminal.getvalue()
+    assert "\r\x1b[2K… turn 1/8 · 0 tokens · THINK: waiting for the model" in out
+    assert "· 230 tokens · ACT: running get_weather" in out
+    # the plain lines are all there once the progress line is erased
+    plain = re.sub(r"\r\x1b\[2K[^\r\n]*?(?=\r|$)", "", out)
+    plain = plain.replace("\r\x1b[2K", "")
+    assert "… turn" not in plain
+    assert "final answer: It is sunny in Beijing at 31 °C, which is 87.8 °F." in plain
+    assert len(_transitions(plain)) == 14
+
+
+def test_piped_output_has_no_progress_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    assert "… turn" not in out
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("demo", "run", "diagram", "replay", "exit codes: 0 ok, 1 the run failed"):
+        assert word in out
 
 
 def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

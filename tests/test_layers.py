@@ -25,6 +25,7 @@ LAYERS = [
     "models.openai_chat",
     "models",
     "events",
+    "tracefile",
     "checkpoint",
     "machine",
     "acting",
