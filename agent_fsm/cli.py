@@ -17,7 +17,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import structlog
 
@@ -26,8 +26,6 @@ from agent_fsm.diagrams import FORMATS, render
 from agent_fsm.errors import AgentFSMError
 from agent_fsm.events import (
     Event,
-    GuardTripped,
-    ModelFailed,
     ModelRequested,
     ModelResponded,
     RunFinished,
@@ -37,7 +35,7 @@ from agent_fsm.events import (
 )
 from agent_fsm.messages import Usage
 from agent_fsm.state import RunStatus
-from agent_fsm.table import TABLE, StopReason
+from agent_fsm.table import TABLE, AgentState, StopReason
 from agent_fsm.tracefile import RecordedRun, TraceWriter, read_trace, recorded_runs, select_run
 
 __all__ = ["main"]
@@ -130,26 +128,36 @@ class _Printer:
             self._shown = False
 
 
-def _summary(
-    out: TextIO,
-    *,
-    status: RunStatus,
-    stop_reason: StopReason,
-    final_state: str,
-    turns: int,
-    usage: Usage,
-    output: str | None,
-    error: str | None,
-) -> None:
+class _Outcome(Protocol):
+    """What the summary reads: a live ``RunResult`` and a recorded ``RunFinished`` both have it."""
+
+    @property
+    def status(self) -> RunStatus: ...
+    @property
+    def stop_reason(self) -> StopReason: ...
+    @property
+    def final_state(self) -> AgentState: ...
+    @property
+    def turns(self) -> int: ...
+    @property
+    def usage(self) -> Usage: ...
+    @property
+    def output(self) -> str | None: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+def _summary(out: TextIO, outcome: _Outcome) -> None:
     print("", file=out)
-    if status is RunStatus.FAILED:
-        print(f"error: {error}", file=out)
+    if outcome.status is RunStatus.FAILED:
+        print(f"error: {outcome.error}", file=out)
     else:
-        print(f"final answer: {output}", file=out)
-    print(f"status:       {status.value}", file=out)
-    print(f"stop reason:  {stop_reason.value}", file=out)
-    print(f"final state:  {final_state}", file=out)
-    print(f"turns:        {turns}", file=out)
+        print(f"final answer: {outcome.output}", file=out)
+    print(f"status:       {outcome.status.value}", file=out)
+    print(f"stop reason:  {outcome.stop_reason.value}", file=out)
+    print(f"final state:  {outcome.final_state.value}", file=out)
+    print(f"turns:        {outcome.turns}", file=out)
+    usage = outcome.usage
     estimated = " (estimated)" if usage.estimated else ""
     print(
         f"tokens:       {usage.total_tokens} ({usage.input_tokens} in, "
@@ -175,16 +183,7 @@ def _run_agent(agent: Agent, question: str, out: TextIO, trace: str | None) -> i
     finally:
         if writer is not None:
             writer.close()
-    _summary(
-        out,
-        status=result.status,
-        stop_reason=result.stop_reason,
-        final_state=result.final_state.value,
-        turns=result.turns,
-        usage=result.usage,
-        output=result.output,
-        error=result.error,
-    )
+    _summary(out, result)
     if writer is not None:
         print(f"trace written to {trace} (agent-fsm replay {trace})", file=sys.stderr)
     return 1 if result.status is RunStatus.FAILED else 0
@@ -240,16 +239,6 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
     return 0
 
 
-def _failure(run: RecordedRun) -> str:
-    """The best description of why a recorded run failed that its events allow."""
-    failed = [e for e in run.events if isinstance(e, ModelFailed)]
-    if run.stop_reason is StopReason.MODEL_ERROR and failed:
-        return failed[-1].message
-    tripped = [e for e in run.events if isinstance(e, GuardTripped)]
-    guards = " ∧ ".join(tripped[-1].guards) if tripped else "?"
-    return f"{run.stop_reason} (guard: {guards})"
-
-
 def _replay(run: RecordedRun, out: TextIO) -> int:
     print(f"run:      {run.run_id}", file=out)
     print(f"question: {run.input if run.input is not None else '(not recorded)'}\n", file=out)
@@ -264,16 +253,7 @@ def _replay(run: RecordedRun, out: TextIO) -> int:
             file=out,
         )
         return 1
-    _summary(
-        out,
-        status=finished.status,
-        stop_reason=finished.stop_reason,
-        final_state=finished.final_state.value,
-        turns=finished.turns,
-        usage=finished.usage,
-        output=finished.output,
-        error=_failure(run),
-    )
+    _summary(out, finished)
     return 1 if finished.status is RunStatus.FAILED else 0
 
 

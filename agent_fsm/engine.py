@@ -424,6 +424,7 @@ class Run:
                     turns=state.turns,
                     usage=state.usage,
                     output=result.output,
+                    error=result.error,
                 )
             )
 

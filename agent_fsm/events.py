@@ -157,6 +157,8 @@ class RunFinished:
     turns: int
     usage: Usage
     output: str | None
+    error: str | None = None
+    """For failed runs, what went wrong (the same text as RunResult.error)."""
 
 
 Event = Annotated[

@@ -127,11 +127,12 @@ def test_replay_of_a_failed_run_exits_1(tmp_path: Path, capsys: pytest.CaptureFi
     path = tmp_path / "failed.jsonl"
     agent, _ = make_agent([reply("", call("echo", text=str(i))) for i in range(5)], max_turns=2)
     agent.subscribe(TraceWriter(path))
-    agent.run_sync("go")
+    live = agent.run_sync("go")
     assert main(["replay", str(path)]) == 1
     out = capsys.readouterr().out
     assert "[turn 2] REFLECT → ERROR   guard: no_turns_left" in out
-    assert "error: max_turns (guard: no_turns_left)" in out
+    assert live.error == "all 2 model calls used"
+    assert f"error: {live.error}\n" in out  # replay shows the live run's own error text
     assert "status:       failed" in out
 
 
