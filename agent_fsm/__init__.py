@@ -21,7 +21,6 @@ from agent_fsm.events import (
     ToolStarted,
 )
 from agent_fsm.limits import Limits
-from agent_fsm.machine import TerminationBound
 from agent_fsm.messages import (
     AssistantMessage,
     Message,
@@ -34,6 +33,7 @@ from agent_fsm.messages import (
 from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry
 from agent_fsm.table import AgentState, StopReason
 from agent_fsm.tools import Tool, tool
+from agent_fsm.verify import TerminationBound
 
 __all__ = [
     # running agents

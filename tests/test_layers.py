@@ -27,6 +27,7 @@ LAYERS = [
     "events",
     "tracefile",
     "checkpoint",
+    "verify",
     "machine",
     "acting",
     "engine",

@@ -8,8 +8,9 @@ import pytest
 
 from agent_fsm import ConfigError, Limits
 from agent_fsm.guards import GUARDS
-from agent_fsm.machine import AgentMachine, verify_table
+from agent_fsm.machine import AgentMachine
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
+from agent_fsm.verify import verify_table
 
 S, T = AgentState, Trigger
 

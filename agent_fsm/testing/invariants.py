@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from agent_fsm.events import Event, ModelResponded
 from agent_fsm.limits import Limits
-from agent_fsm.machine import TerminationBound
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolStatus, Usage
 from agent_fsm.state import RunResult, status_for
 from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, StopReason
+from agent_fsm.verify import TerminationBound
 
 __all__ = ["InvariantViolation", "check_invariants", "transcript_problems"]
 
