@@ -15,6 +15,7 @@ LAYERS = [
     "messages",
     "limits",
     "state",
+    "journal",
     "guards",
     "loops",
     "tools",

@@ -1,0 +1,91 @@
+"""The tool journal: a durable record of which tool calls started and which finished.
+
+A tool call is a side effect the run cannot take back. To resume after a crash without doing
+one twice, the runtime writes ``record_started`` *before* executing a call and
+``record_finished`` (with the result) after it. On resume, ``lookup`` tells the runtime what
+happened to each call of the interrupted turn:
+
+- finished: the recorded result is used; the tool is not run again;
+- started but never finished: the outcome is unknown. The call is re-run only if its tool is
+  idempotent; otherwise the model is told that the outcome is unknown;
+- absent: the call never started and runs normally.
+
+Entries are keyed by ``journal_key(turn, index, call_id)``: models may reuse call ids across
+turns, so the id alone is not unique within a run. Checkpoint stores implement this protocol
+(``CheckpointStore.journal(run_id)``); ``MemoryJournal`` is the in-process implementation.
+Implementations must make ``record_started`` durable before returning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from agent_fsm.messages import ToolCall, ToolMessage
+
+__all__ = ["CallStatus", "JournalEntry", "MemoryJournal", "ToolJournal", "journal_key"]
+
+
+class CallStatus(StrEnum):
+    """How far a journalled call got."""
+
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """What the journal knows about one call."""
+
+    key: str
+    call: ToolCall
+    status: CallStatus
+    result: ToolMessage | None = None
+    """The answer the model got; set once the call finished."""
+
+
+def journal_key(turn: int, index: int, call_id: str) -> str:
+    """The key of the ``index``-th call of the reply made on model call ``turn``."""
+    return f"{turn}:{index}:{call_id}"
+
+
+@runtime_checkable
+class ToolJournal(Protocol):
+    """Where one run's tool calls are recorded around their execution."""
+
+    def lookup(self, key: str) -> JournalEntry | None:
+        """The entry for ``key``, or None when the call never started."""
+        ...
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        """Record that ``call`` is about to run. Durable when it returns."""
+        ...
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        """Record the answer to a started call."""
+        ...
+
+
+class MemoryJournal:
+    """A journal kept in a dict: survives a resumed ``Run`` object, not a process."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[str, JournalEntry] = {}
+
+    def lookup(self, key: str) -> JournalEntry | None:
+        return self._entries.get(key)
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        self._entries[key] = JournalEntry(key, call, CallStatus.STARTED)
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        entry = self._entries.get(key)
+        if entry is None:
+            raise KeyError(f"journal entry {key!r} finished without having started")
+        self._entries[key] = JournalEntry(key, entry.call, CallStatus.FINISHED, result)
+
+    def __len__(self) -> int:
+        return len(self._entries)
