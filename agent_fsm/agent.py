@@ -12,7 +12,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 from agent_fsm.context import estimate_tools_tokens
 from agent_fsm.diagrams import RunOverlay, render
@@ -63,7 +63,7 @@ class Agent:
             unknown control tools or a table that fails verification.
     """
 
-    __slots__ = ("_config", "_handlers", "_system_prompt")
+    __slots__ = ("_config", "_handlers", "_options", "_system_prompt")
 
     def __init__(
         self,
@@ -95,6 +95,19 @@ class Agent:
             )
         if isinstance(tools, Tool):
             tools = [tools]
+        tools = tuple(tools)
+        self._options: dict[str, Any] = {
+            "model": model,
+            "tools": tools,
+            "system_prompt": system_prompt,
+            "limits": limits,
+            "control_tools": tuple(control_tools),
+            "reflector": reflector,
+            "parallel_tool_calls": parallel_tool_calls,
+            "table": table,
+            "clock": clock,
+            "sleep": sleep,
+        }
         registry = ToolRegistry([*tools, *(_CONTROL_TOOLS[name] for name in control_tools)])
         self._system_prompt = system_prompt
         self._handlers: list[EventHandler] = []
@@ -109,6 +122,24 @@ class Agent:
             clock=clock,
             sleep=sleep,
         )
+
+    def replace(self, **changes: Any) -> Agent:
+        """A new agent with the same configuration except ``changes`` (constructor keywords).
+
+        The test harness uses it to run a user's agent against a fake model or fake tools;
+        subscribers are not carried over.
+
+        Raises:
+            ConfigError: for a keyword the constructor does not take, or an invalid value.
+        """
+        unknown = sorted(set(changes) - set(self._options))
+        if unknown:
+            raise ConfigError(f"Agent.replace() got unknown option(s) {unknown}")
+        return Agent(**{**self._options, **changes})
+
+    @property
+    def system_prompt(self) -> str:
+        return self._system_prompt
 
     @property
     def model(self) -> Model:

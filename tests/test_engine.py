@@ -21,7 +21,7 @@ from agent_fsm.events import EVENT_ADAPTER, RunFinished, StateChanged, ToolFinis
 from agent_fsm.messages import ToolCall, TranscriptView
 from agent_fsm.testing import ScriptedModel, call, raw_call, reply
 from agent_fsm.testing.invariants import check_invariants
-from tests.conftest import Recorder, limits, make_agent
+from tests.conftest import Recorder, echo, limits, make_agent
 
 
 async def test_step_fires_exactly_one_trigger() -> None:
@@ -244,3 +244,20 @@ def test_final_state_and_diagram() -> None:
     assert text.startswith("stateDiagram-v2")
     assert "REFLECT --> DONE : reflected #2 [ask_user_called] ask_user" in text
     assert ToolCall(id="a", name="b").arguments == "{}"
+
+
+def test_replace_keeps_the_configuration_and_swaps_what_is_given() -> None:
+    agent = Agent(
+        model=ScriptedModel([reply("first")]),
+        tools=[echo],
+        system_prompt="be brief",
+        limits=limits(max_turns=3),
+    )
+    other = agent.replace(model=ScriptedModel([reply("second")]))
+    assert other.limits == agent.limits
+    assert other.system_prompt == "be brief"
+    assert [t.name for t in other.tools.specs] == [t.name for t in agent.tools.specs]
+    assert other.run_sync("hi").output == "second"
+    assert agent.run_sync("hi").output == "first"
+    with pytest.raises(ConfigError, match="unknown option"):
+        agent.replace(modle=ScriptedModel([]))
