@@ -60,6 +60,11 @@ def reply_has_tool_calls(state: RunState, limits: Limits) -> bool:
     return state.last_tool_calls > 0
 
 
+def input_waiting(state: RunState, limits: Limits) -> bool:
+    """The caller queued a steering or follow-up message that the run has not observed."""
+    return bool(state.pending_input) or bool(state.follow_ups)
+
+
 def reply_was_truncated(state: RunState, limits: Limits) -> bool:
     """The reply hit the model's output-token limit."""
     return state.last_finish_reason is FinishReason.LENGTH
@@ -86,8 +91,8 @@ def budget_exhausted(state: RunState, limits: Limits) -> bool:
 
 
 def time_is_up(state: RunState, limits: Limits) -> bool:
-    """The run has used its wall-clock time."""
-    return state.elapsed_s >= limits.timeout_s
+    """The run has used its wall-clock time (or its deadline timer fired)."""
+    return state.timed_out or state.elapsed_s >= limits.timeout_s
 
 
 def is_looping(state: RunState, limits: Limits) -> bool:
@@ -111,6 +116,7 @@ GUARDS: dict[str, Guard] = {
         no_turns_left,
         reply_was_filtered,
         reply_has_tool_calls,
+        input_waiting,
         reply_was_truncated,
         ask_user_called,
         finish_task_called,

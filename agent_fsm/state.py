@@ -107,7 +107,10 @@ class RunState:
     messages: list[Message] = field(default_factory=list)
     """The transcript, append-only."""
     pending_input: list[str] = field(default_factory=list)
-    """User messages not yet observed."""
+    """User messages (the input, steering, answers) not yet observed; all are taken at the
+    next OBSERVE."""
+    follow_ups: list[str] = field(default_factory=list)
+    """Follow-up messages, delivered one at a time when the run would otherwise end."""
     prompt_tokens_estimate: int = 0
     """Running estimate of the transcript's size in tokens (kept incrementally)."""
     tools_tokens_estimate: int = 0
@@ -121,7 +124,12 @@ class RunState:
     loop: LoopState = field(default_factory=LoopState)
     reflector_done: bool = False
     elapsed_s: float = 0.0
-    """Wall-clock seconds since the run started, as of the last completed step."""
+    """Wall-clock seconds of this activation (since the run started or was last resumed), as
+    of the last completed step."""
+    timed_out: bool = False
+    """The activation's deadline timer fired (``Limits.timeout_s``)."""
+    resumes: int = 0
+    """How many times the run was resumed (after a pause, an abort or a crash)."""
     abort_reason: str | None = None
     output: str | None = None
     error: str | None = None

@@ -113,6 +113,7 @@ TABLE: tuple[Row, ...] = (
     Row(T.OBSERVED, S.OBSERVE, S.THINK, (), "think"),
     # THINK: one model call was made (turn += 1); what did it produce?
     Row(T.THOUGHT, S.THINK, S.ERROR, ("abort_requested",), R.ABORTED),
+    Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "time_is_up"), R.TIMEOUT),
     Row(
         T.THOUGHT,
         S.THINK,
@@ -128,6 +129,9 @@ TABLE: tuple[Row, ...] = (
     Row(T.THOUGHT, S.THINK, S.THINK, ("model_call_failed",), "retry"),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_filtered",), R.CONTENT_FILTER),
     Row(T.THOUGHT, S.THINK, S.ACT, ("reply_has_tool_calls",), "act"),
+    # A reply that would end the run, while the caller has queued more input: go round again
+    # (through REFLECT, so the budget guards still decide).
+    Row(T.THOUGHT, S.THINK, S.REFLECT, ("input_waiting",), "follow_up"),
     Row(T.THOUGHT, S.THINK, S.DONE, ("reply_was_truncated",), R.MAX_TOKENS),
     Row(T.THOUGHT, S.THINK, S.DONE, (), R.FINAL_ANSWER),
     # ACT: the reply's tool calls have all been answered.

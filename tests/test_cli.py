@@ -93,7 +93,7 @@ def test_diagram_with_a_trace_overlays_the_run(
     out = capsys.readouterr().out
     assert out == render(TABLE, "mermaid", run=read_run(path))
     assert "OBSERVE --> THINK : observed #3 [else] think ×4" in out
-    assert "THINK --> ACT : thought #8 [reply_has_tool_calls] act ×3" in out
+    assert "THINK --> ACT : thought #9 [reply_has_tool_calls] act ×3" in out
     assert "class DONE stopped_ok" in out
     assert "note right of DONE : stopped﹕ final_answer, 4 turns" in out
     # the format follows the output file's suffix

@@ -43,6 +43,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
     ]
     assert _rows(S.THINK) == [
         (("abort_requested",), "aborted"),
+        (("model_call_failed", "time_is_up"), "timeout"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
         (("model_call_failed", "too_many_errors"), "model_error"),
         (("model_call_failed", "no_turns_left"), "max_turns"),
@@ -50,6 +51,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("model_call_failed",), "retry"),
         (("reply_was_filtered",), "content_filter"),
         (("reply_has_tool_calls",), "act"),
+        (("input_waiting",), "follow_up"),
         (("reply_was_truncated",), "max_tokens"),
         ((), "final_answer"),
     ]
