@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Literal, overload
 
+from agent_fsm.checkpoint import CheckpointStore, MemoryStore
 from agent_fsm.context import estimate_tools_tokens
 from agent_fsm.diagrams import RunOverlay, render
 from agent_fsm.engine import Reflector, Run, RunConfig, new_run_state
@@ -22,6 +23,7 @@ from agent_fsm.events import Event, EventHandler, RunFinished
 from agent_fsm.limits import Limits
 from agent_fsm.machine import AgentMachine, TerminationBound
 from agent_fsm.models.base import Model
+from agent_fsm.resuming import Decisions, reopen
 from agent_fsm.state import RunResult
 from agent_fsm.table import TABLE, Row
 from agent_fsm.tools import ASK_USER, FINISH_TASK, Tool, ToolRegistry
@@ -57,6 +59,10 @@ class Agent:
             call order); False runs them one after another.
         table: the transition table (advanced: for testing alternative machines).
         clock, sleep: time sources, replaceable for deterministic tests.
+        store: where runs are checkpointed. With a store (``SQLiteStore(path)`` is the
+            embedded default for durable runs), the run is saved after every transition and
+            can be resumed in another process after a crash. Without one, runs that pause,
+            abort or time out are kept in memory so ``resume`` works in this process.
 
     Raises:
         ConfigError: for a model that is not a Model, invalid tools, duplicate tool names,
@@ -78,6 +84,7 @@ class Agent:
         table: tuple[Row, ...] = TABLE,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        store: CheckpointStore | None = None,
     ) -> None:
         if not isinstance(model, Model):
             raise ConfigError(
@@ -88,6 +95,11 @@ class Agent:
             limits = Limits()
         elif not isinstance(limits, Limits):
             raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
+        if store is not None and not isinstance(store, CheckpointStore):
+            raise ConfigError(
+                f"store must implement CheckpointStore (MemoryStore, SQLiteStore), got "
+                f"{type(store).__name__}"
+            )
         unknown = [name for name in control_tools if name not in _CONTROL_TOOLS]
         if unknown:
             raise ConfigError(
@@ -107,6 +119,7 @@ class Agent:
             "table": table,
             "clock": clock,
             "sleep": sleep,
+            "store": store,
         }
         registry = ToolRegistry([*tools, *(_CONTROL_TOOLS[name] for name in control_tools)])
         self._system_prompt = system_prompt
@@ -121,6 +134,8 @@ class Agent:
             parallel_tool_calls=parallel_tool_calls,
             clock=clock,
             sleep=sleep,
+            store=store if store is not None else MemoryStore(),
+            checkpoint_every_transition=store is not None,
         )
 
     def replace(self, **changes: Any) -> Agent:
@@ -177,6 +192,52 @@ class Agent:
             run.subscribe(handler)
         return run
 
+    @property
+    def store(self) -> CheckpointStore:
+        """Where this agent's runs are checkpointed (an in-memory store by default)."""
+        store = self._config.store
+        assert store is not None
+        return store
+
+    def reopen(
+        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+    ) -> Run:
+        """A stopped run, made ready to continue (not yet stepped): see ``resume``."""
+        if not isinstance(run_id, str):
+            raise ConfigError(f"run_id must be a str, got {type(run_id).__name__}")
+        state = self.store.load(run_id)
+        answered = reopen(state, self._config.machine.rows, reply, approvals)
+        run = Run(self._config, state, resumed=answered)
+        for handler in self._handlers:
+            run.subscribe(handler)
+        return run
+
+    async def resume(
+        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+    ) -> RunResult:
+        """Continue a run from its last checkpoint, and run it to its next stop.
+
+        Args:
+            run_id: the run, as in ``RunResult.run_id``.
+            reply: the user's answer when the run paused on ask_user (optional extra input
+                for an aborted or timed-out run).
+            approvals: for a run paused on approvals: a decision per pending call id
+                (``True``, ``False`` or ``Approval(allow=..., reason=...)``; the reason is
+                shown to the model), or one decision for all of them.
+
+        Raises:
+            CheckpointError: no checkpoint for ``run_id`` in this agent's store.
+            ResumeError: the run finished, or the answer does not fit its pause (a reply to
+                an approval, a missing decision, approvals for an ask_user).
+        """
+        return await self.reopen(run_id, reply, approvals=approvals).run()
+
+    def resume_sync(
+        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+    ) -> RunResult:
+        """``resume`` for synchronous code."""
+        return self._sync(self.resume(run_id, reply, approvals=approvals))
+
     async def run(self, user_input: str, *, run_id: str | None = None) -> RunResult:
         """Run to the end (or to a pause) and return the result. Never raises for model or
         tool failures: they end the run with a stop reason."""
@@ -184,17 +245,21 @@ class Agent:
 
     def run_sync(self, user_input: str, *, run_id: str | None = None) -> RunResult:
         """``run`` for synchronous code; not callable from inside a running event loop."""
+        return self._sync(self.run(user_input, run_id=run_id))
+
+    def _sync(self, work: Coroutine[Any, Any, RunResult]) -> RunResult:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self._run_and_release(user_input, run_id))
-        raise RunError("run_sync() was called inside a running event loop: use `await run()`")
+            return asyncio.run(self._and_release(work))
+        work.close()
+        raise RunError("a *_sync() method was called inside a running event loop: use await")
 
-    async def _run_and_release(self, user_input: str, run_id: str | None) -> RunResult:
+    async def _and_release(self, work: Coroutine[Any, Any, RunResult]) -> RunResult:
         """Run, then let the model release what it tied to this event loop (HTTP clients
         bound to the loop that ``run_sync`` is about to close)."""
         try:
-            return await self.run(user_input, run_id=run_id)
+            return await work
         finally:
             aclose = getattr(self._config.model, "aclose", None)
             if aclose is not None:

@@ -21,19 +21,25 @@ from dataclasses import dataclass
 import structlog
 
 from agent_fsm.acting import act
+from agent_fsm.checkpoint import CheckpointStore
 from agent_fsm.context import estimate_message_tokens
-from agent_fsm.errors import RunError, ScriptExhaustedError
+from agent_fsm.errors import ConfigError, RunError, ScriptExhaustedError
 from agent_fsm.events import (
+    AbortRequested,
     Event,
     EventHandler,
+    FollowUpQueued,
     GuardTripped,
     MessageUpdated,
     ModelFailed,
     ModelRequested,
     ModelResponded,
     RunFinished,
+    RunPaused,
+    RunResumed,
     RunStarted,
     StateChanged,
+    SteeringQueued,
 )
 from agent_fsm.limits import Limits
 from agent_fsm.loops import record_reply_text
@@ -52,7 +58,7 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.models.base import Model, ModelCallError
-from agent_fsm.state import ModelFailure, RunResult, RunState, TraceEntry
+from agent_fsm.state import LoopState, ModelFailure, RunResult, RunState, RunStatus, TraceEntry
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
 from agent_fsm.tools import ToolRegistry, skipped_result
 
@@ -78,6 +84,16 @@ class RunConfig:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     handlers: tuple[EventHandler, ...] = ()
+    store: CheckpointStore | None = None
+    checkpoint_every_transition: bool = False
+    """Save after every transition (a durable store), or only runs that end resumable
+    (paused, aborted, timed out) so that ``Agent.resume`` works in-process."""
+
+
+_RESUMABLE = frozenset(
+    {StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED, StopReason.ABORTED, StopReason.TIMEOUT}
+)
+"""Runs that ended with these can be resumed."""
 
 
 def _failure(exc: BaseException) -> ModelFailure:
@@ -113,7 +129,7 @@ def _with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
 class Run:
     """One run of an agent. Create it with ``Agent.start``; drive it with ``step``/``run``."""
 
-    def __init__(self, config: RunConfig, state: RunState) -> None:
+    def __init__(self, config: RunConfig, state: RunState, *, resumed: str | None = None) -> None:
         self._config = config
         self._state = state
         self._handlers: list[EventHandler] = list(config.handlers)
@@ -122,6 +138,12 @@ class Run:
         self._handle: RunHandle | None = None
         self._result: RunResult | None = None
         self._announced = False
+        self._resumed = resumed
+        self._stop = asyncio.Event()
+        """Set by abort() or the deadline: in-flight model and tool calls are cancelled."""
+        self._scope: asyncio.Timeout | None = None
+        """The cancel scope of the model call in flight, if any."""
+        self._deadline: asyncio.TimerHandle | None = None
 
     # -- public surface ---------------------------------------------------------------
 
@@ -150,9 +172,58 @@ class Run:
         self._handlers.append(handler)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
-        """Ask the run to stop; the abort guard ends it at its next transition."""
-        if self._state.abort_reason is None:
-            self._state.abort_reason = reason
+        """Stop the run promptly: a model or tool call in flight is cancelled (its tool call
+        answered as cancelled) and the run ends in ERROR ``aborted`` at its next transition,
+        with a valid transcript and a checkpoint; ``Agent.resume`` can continue it.
+
+        Call it from the run's event loop (another task, or a callback); from another thread
+        use ``loop.call_soon_threadsafe(run.abort)``.
+        """
+        state = self._state
+        if state.abort_reason is not None or self.done:
+            return
+        state.abort_reason = reason
+        self._emit(AbortRequested(run_id=state.run_id, reason=reason, turn=state.turns))
+        self._interrupt()
+
+    def steer(self, message: str) -> None:
+        """Give the active run a new user message now.
+
+        It is checked after each tool call finishes: the calls of the current turn that have
+        not started are answered "skipped" and the message is observed before the next model
+        call. Every message costs model calls like any other, so steering never lets a run
+        escape its turn limit.
+
+        Raises:
+            RunError: when the run has ended (a paused run continues with ``Agent.resume``).
+            ConfigError: when the message is not a string.
+        """
+        self._check_queueable(message)
+        self._state.pending_input.append(message)
+        self._emit(SteeringQueued(run_id=self.run_id, message=message, turn=self._state.turns))
+
+    def follow_up(self, message: str) -> None:
+        """Queue a user message for when the run would otherwise end (a final answer): the
+        run then observes it and goes on. Follow-ups are delivered one per cycle and counted
+        by the same limits, so an endless source of them still stops at ``max_turns``.
+
+        Raises:
+            RunError: when the run has ended.
+            ConfigError: when the message is not a string.
+        """
+        self._check_queueable(message)
+        self._state.follow_ups.append(message)
+        self._emit(FollowUpQueued(run_id=self.run_id, message=message, turn=self._state.turns))
+
+    def _check_queueable(self, message: object) -> None:
+        if not isinstance(message, str):
+            raise ConfigError(f"a message must be a str, got {type(message).__name__}")
+        if self.done:
+            raise RunError(
+                f"run {self.run_id} has ended ({self._state.state}); a paused run continues "
+                "with Agent.resume(run_id, ...)",
+                self._result,
+            )
 
     async def step(self) -> TraceEntry:
         """Do the current state's work, then fire exactly one trigger; return the transition.
@@ -166,9 +237,7 @@ class Run:
         if self._handle is None:
             self._handle = self._config.machine.attach(state, self._config.limits)
         if not self._announced:
-            self._announced = True
-            first = state.pending_input[0] if state.pending_input else ""
-            self._emit(RunStarted(run_id=state.run_id, input=first))
+            self._announce()
         work = state.state
         if work is AgentState.OBSERVE:
             self._observe()
@@ -192,6 +261,46 @@ class Run:
             await self.step()
         return self.result
 
+    def _announce(self) -> None:
+        """First step of this activation: start the deadline, say so, take a checkpoint."""
+        state, config = self._state, self._config
+        self._announced = True
+        self._started_at = config.clock() - state.elapsed_s
+        remaining = max(config.limits.timeout_s - state.elapsed_s, 0.0)
+        self._deadline = asyncio.get_running_loop().call_later(remaining, self._time_up)
+        if self._resumed is None:
+            first = state.pending_input[0] if state.pending_input else ""
+            self._emit(RunStarted(run_id=state.run_id, input=first))
+        else:
+            self._emit(
+                RunResumed(
+                    run_id=state.run_id,
+                    state=state.state,
+                    answered=self._resumed,
+                    turn=state.turns,
+                )
+            )
+        if config.store is not None and config.checkpoint_every_transition:
+            config.store.save(state)
+
+    def _time_up(self) -> None:
+        self._state.timed_out = True
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """Cancel what is in flight: the model call's scope now, tool calls through the stop
+        event that ``act`` watches."""
+        self._stop.set()
+        scope = self._scope
+        if scope is not None and not scope.expired():
+            scope.reschedule(0)
+
+    def _interruption_text(self) -> str:
+        state = self._state
+        if state.abort_reason is not None:
+            return state.abort_reason
+        return f"the run's time limit of {self._config.limits.timeout_s:g} s was reached"
+
     # -- events -----------------------------------------------------------------------
 
     def _emit(self, event: Event) -> None:
@@ -213,18 +322,60 @@ class Run:
 
     def _observe(self) -> None:
         state = self._state
+        taken = bool(state.pending_input)
         while state.pending_input:
             self._append(UserMessage(content=state.pending_input.pop(0)))
+        if not taken and state.follow_ups and state.turns and not state.last_tool_calls:
+            # The last reply would have ended the run: deliver one follow-up.
+            self._append(UserMessage(content=state.follow_ups.pop(0)))
+            taken = True
+        if taken and state.turns:
+            # New words from the user change the situation: repeats before them are no loop.
+            state.loop = LoopState()
 
     async def _think(self) -> None:
-        state, config = self._state, self._config
+        state = self._state
         previous = state.model_failure
-        if previous is not None:  # this is a retry: back off first
-            await config.sleep(self._backoff(previous))
-        state.turns += 1
         state.model_failure = None
         state.last_finish_reason = None
         state.last_tool_calls = 0
+        if self._stop.is_set():
+            self._interrupted()
+            return
+        scope = asyncio.timeout(None)
+        try:
+            async with scope:
+                self._scope = scope
+                response = await self._call_model(previous)
+        except TimeoutError as exc:
+            if scope.expired():
+                self._interrupted()
+            else:
+                self._model_failed(_failure(exc))
+            return
+        except Exception as exc:
+            self._model_failed(_failure(exc))
+            return
+        finally:
+            self._scope = None
+        self._take_reply(response)
+
+    def _interrupted(self) -> None:
+        """The model call was cancelled by abort() or the deadline (not a model error)."""
+        self._model_failed(
+            ModelFailure(
+                message=f"the model call was interrupted: {self._interruption_text()}",
+                permanent=True,
+            ),
+            counts=False,
+        )
+
+    async def _call_model(self, previous: ModelFailure | None) -> object:
+        """Back off if this is a retry, then make one model call (turn += 1)."""
+        state, config = self._state, self._config
+        if previous is not None:
+            await config.sleep(self._backoff(previous))
+        state.turns += 1
         emit = self._emitter
         prompt_tokens = state.prompt_tokens_estimate + state.tools_tokens_estimate
         if emit is not None:
@@ -243,11 +394,11 @@ class Run:
             turn=state.turns,
             on_delta=self._delta_handler(state.turns) if emit is not None else None,
         )
-        try:
-            response = await config.model.request(request)
-        except Exception as exc:
-            self._model_failed(_failure(exc))
-            return
+        return await config.model.request(request)
+
+    def _take_reply(self, response: object) -> None:
+        state, config = self._state, self._config
+        emit = self._emitter
         if not isinstance(response, ModelResponse):
             self._model_failed(
                 ModelFailure(
@@ -260,7 +411,7 @@ class Run:
         usage = response.usage
         if usage is None:
             usage = Usage(
-                input_tokens=prompt_tokens,
+                input_tokens=state.prompt_tokens_estimate + state.tools_tokens_estimate,
                 output_tokens=estimate_message_tokens(message),
                 requests=1,
                 estimated=True,
@@ -294,10 +445,11 @@ class Run:
         state.last_tool_calls = len(message.tool_calls)
         record_reply_text(state.loop, message.content, config.limits)
 
-    def _model_failed(self, failure: ModelFailure) -> None:
+    def _model_failed(self, failure: ModelFailure, *, counts: bool = True) -> None:
         state = self._state
         state.model_failure = failure
-        state.consecutive_errors += 1
+        if counts:
+            state.consecutive_errors += 1
         self._log.warning(
             "model_call_failed",
             turn=state.turns,
@@ -331,6 +483,9 @@ class Run:
 
     async def _act(self) -> None:
         state, config = self._state, self._config
+        if state.approvals:
+            await self._carry_out_approvals()
+            return
         last = state.messages[-1]
         calls = last.tool_calls if isinstance(last, AssistantMessage) else ()
         results = await act(
@@ -344,6 +499,32 @@ class Run:
         )
         for result in results:
             self._append(result)
+
+    async def _carry_out_approvals(self) -> None:
+        """Run the calls a person allowed, refuse the others, and tell the model the outcome
+        of each in the next user message (the calls were answered "awaiting approval" when
+        the run paused, so the transcript is valid throughout)."""
+        state, config = self._state, self._config
+        control = state.control
+        assert control is not None
+        lines = ["Decisions on the tool calls that awaited approval:"]
+        for call in control.pending_calls:
+            decision = state.approvals[call.id]
+            if not decision.allow:
+                why = f" Reason: {decision.reason}" if decision.reason else ""
+                lines.append(f"- {call.name} (call {call.id}): denied; it was not run.{why}")
+                continue
+            result = await config.tools.run(
+                config.tools.prepare(call), config.limits.tool_timeout_s
+            )
+            outcome = "approved, but it failed" if result.is_error else "approved and run"
+            note = f" Note: {decision.reason}" if decision.reason else ""
+            lines.append(
+                f"- {call.name} (call {call.id}): {outcome}.{note} Result: {result.content}"
+            )
+        state.pending_input.append("\n".join(lines))
+        state.approvals = {}
+        state.control = None
 
     async def _reflect(self) -> None:
         state, reflector = self._state, self._config.reflector
@@ -383,6 +564,8 @@ class Run:
             )
         if row.dest in TERMINAL_STATES:
             self._finish(row)
+        elif self._config.checkpoint_every_transition and self._config.store is not None:
+            self._config.store.save(state)
         return entry
 
     def _finish(self, row: Row) -> None:
@@ -397,8 +580,12 @@ class Run:
         if self._handle is not None:
             self._config.machine.detach(self._handle)
             self._handle = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         result = RunResult.from_state(state, self._config.machine.rows)
         self._result = result
+        self._checkpoint_final(stop_reason)
         self._log.info(
             "run_finished",
             status=result.status.value,
@@ -407,6 +594,15 @@ class Run:
             tokens=state.usage.total_tokens,
         )
         if self._handlers:
+            if result.status is RunStatus.NEEDS_INPUT and state.control is not None:
+                self._emit(
+                    RunPaused(
+                        run_id=state.run_id,
+                        stop_reason=stop_reason,
+                        question=state.control.text,
+                        pending_calls=state.control.pending_calls,
+                    )
+                )
             self._emit(
                 GuardTripped(
                     run_id=state.run_id,
@@ -427,6 +623,17 @@ class Run:
                     error=result.error,
                 )
             )
+
+    def _checkpoint_final(self, stop_reason: StopReason) -> None:
+        """Save the ended run: always in a durable store; in the in-process default store
+        only while it can be resumed (and drop it once it cannot)."""
+        store, state = self._config.store, self._state
+        if store is None:
+            return
+        if self._config.checkpoint_every_transition or stop_reason in _RESUMABLE:
+            store.save(state)
+        elif store.exists(state.run_id):
+            store.delete(state.run_id)
 
     def _skip_open_calls(self, reason: str) -> None:
         """Answer the calls of a reply the run will not act on, so none is left orphaned."""

@@ -11,7 +11,9 @@ with a stop reason. ``run()`` therefore never raises for them.
      │                            duplicate or invalid tool definitions, a machine table that
      │                            cannot be proved to terminate
      ├── RunError                 a run cannot be driven further (for example stepping a run
-     │                            that already ended); carries the RunResult when there is one
+     │   │                        that already ended); carries the RunResult when there is one
+     │   └── ResumeError          resume() was asked to continue a run that cannot be (it
+     │                            finished), or with the wrong answer for its pause
      ├── ScriptExhaustedError     a ScriptedModel was asked for more replies than it was given
      ├── DiagramError             a diagram cannot be drawn (graphviz missing or failing, or a
      │                            run that does not fit the table it is drawn on)
@@ -32,6 +34,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DiagramError",
+    "ResumeError",
     "RunError",
     "ScriptExhaustedError",
     "TraceFileError",
@@ -55,6 +58,11 @@ class RunError(AgentFSMError):
     def __init__(self, message: str, result: RunResult | None = None) -> None:
         super().__init__(message)
         self.result = result
+
+
+class ResumeError(RunError):
+    """``Agent.resume`` cannot continue the run as asked: it finished, or the answer does not
+    fit the pause (a reply for an approval, a missing decision, an unknown call id)."""
 
 
 class ScriptExhaustedError(AgentFSMError):

@@ -20,6 +20,11 @@ from agent_fsm.table import AgentState, StopReason
 
 __all__ = [
     "EVENT_ADAPTER",
+    "AbortRequested",
+    "FollowUpQueued",
+    "RunPaused",
+    "RunResumed",
+    "SteeringQueued",
     "Event",
     "EventHandler",
     "GuardTripped",
@@ -161,6 +166,64 @@ class RunFinished:
     """For failed runs, what went wrong (the same text as RunResult.error)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPaused:
+    """A run stopped to wait for a person (ask_user or approvals); ``RunFinished`` follows.
+    Continue it with ``Agent.resume``."""
+
+    kind: Literal["run_paused"] = "run_paused"
+    run_id: str
+    stop_reason: StopReason
+    question: str
+    """ask_user's question, or a summary of what awaits approval."""
+    pending_calls: tuple[ToolCall, ...] = ()
+    """The calls that await approval (empty for ask_user)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResumed:
+    """A paused, aborted, timed-out or interrupted run continues from its checkpoint."""
+
+    kind: Literal["run_resumed"] = "run_resumed"
+    run_id: str
+    state: AgentState
+    """The state the run continues in."""
+    answered: str
+    """What the resume answered: "reply", "approvals", "interrupted" or "crashed"."""
+    turn: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SteeringQueued:
+    """The caller steered the run: the message is observed next, and tool calls of the
+    current turn that have not started are skipped."""
+
+    kind: Literal["steering_queued"] = "steering_queued"
+    run_id: str
+    message: str
+    turn: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FollowUpQueued:
+    """The caller queued a follow-up: delivered when the run would otherwise end."""
+
+    kind: Literal["follow_up_queued"] = "follow_up_queued"
+    run_id: str
+    message: str
+    turn: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AbortRequested:
+    """The caller asked the run to stop; in-flight model and tool calls are cancelled."""
+
+    kind: Literal["abort_requested"] = "abort_requested"
+    run_id: str
+    reason: str
+    turn: int
+
+
 Event = Annotated[
     RunStarted
     | StateChanged
@@ -171,6 +234,11 @@ Event = Annotated[
     | ToolStarted
     | ToolFinished
     | GuardTripped
+    | RunPaused
+    | RunResumed
+    | SteeringQueued
+    | FollowUpQueued
+    | AbortRequested
     | RunFinished,
     Field(discriminator="kind"),
 ]

@@ -16,6 +16,7 @@ from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
 
 __all__ = [
+    "Approval",
     "ControlKind",
     "ControlRequest",
     "LoopState",
@@ -50,6 +51,19 @@ class ControlRequest(BaseModel):
     """The call that made the request."""
     pending_calls: tuple[ToolCall, ...] = ()
     """Calls waiting for approval (kind APPROVAL)."""
+
+
+class Approval(BaseModel):
+    """A person's decision on one tool call that awaited approval.
+
+    ``Agent.resume(run_id, approvals={call_id: True | False | Approval(...)})``; the reason,
+    when given, is shown to the model.
+    """
+
+    model_config = _FROZEN
+
+    allow: bool
+    reason: str | None = None
 
 
 class ModelFailure(BaseModel):
@@ -121,6 +135,9 @@ class RunState:
     """Tool calls in the last reply."""
     model_failure: ModelFailure | None = None
     control: ControlRequest | None = None
+    approvals: dict[str, Approval] = field(default_factory=dict)
+    """Decisions given on resume, by call id, for the calls in ``control.pending_calls``;
+    consumed by the ACT state that carries them out."""
     loop: LoopState = field(default_factory=LoopState)
     reflector_done: bool = False
     elapsed_s: float = 0.0
@@ -128,8 +145,9 @@ class RunState:
     of the last completed step."""
     timed_out: bool = False
     """The activation's deadline timer fired (``Limits.timeout_s``)."""
-    resumes: int = 0
-    """How many times the run was resumed (after a pause, an abort or a crash)."""
+    resumed_at: list[int] = field(default_factory=list)
+    """For each resume (after a pause, an abort or a crash), how many transitions the trace
+    held then: the trace jumps from a stop back into the loop at these positions."""
     abort_reason: str | None = None
     output: str | None = None
     error: str | None = None
@@ -208,6 +226,8 @@ class RunResult(BaseModel):
     trace: tuple[TraceEntry, ...]
     pending: ControlRequest | None = None
     """The open ask_user question or approval request, when status is needs_input."""
+    resumed_at: tuple[int, ...] = ()
+    """Trace positions where the run was resumed (see ``RunState.resumed_at``)."""
 
     @classmethod
     def from_state(cls, state: RunState, table: tuple[Row, ...] = TABLE) -> RunResult:
@@ -232,4 +252,5 @@ class RunResult(BaseModel):
             messages=tuple(state.messages),
             trace=tuple(TraceEntry.from_row(table[i], turn) for i, turn in state.trace),
             pending=state.control if status is RunStatus.NEEDS_INPUT else None,
+            resumed_at=tuple(state.resumed_at),
         )

@@ -32,6 +32,7 @@ LAYERS = [
     "machine",
     "acting",
     "engine",
+    "resuming",
     "diagrams",
     "agent",
     "testing.models",

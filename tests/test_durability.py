@@ -1,0 +1,222 @@
+"""Pause, steer, follow up, abort, time out and resume (issue #5), through real agents on the
+scripted and function models."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent_fsm import Agent, AgentState, StopReason
+from agent_fsm.checkpoint import MemoryStore
+from agent_fsm.errors import CheckpointError, ResumeError
+from agent_fsm.events import (
+    AbortRequested,
+    FollowUpQueued,
+    ModelResponded,
+    RunPaused,
+    RunResumed,
+    SteeringQueued,
+)
+from agent_fsm.messages import ModelRequest, ModelResponse, UserMessage
+from agent_fsm.state import RUN_STATE_ADAPTER, RunState, RunStatus
+from agent_fsm.testing import FunctionModel, ScriptedModel, call, reply
+from agent_fsm.testing.invariants import transcript_problems
+from tests.conftest import Recorder, echo, limits
+
+
+class SpyStore(MemoryStore):
+    """A MemoryStore that keeps every checkpoint it was given, as JSON."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: list[bytes] = []
+
+    def save(self, state: RunState) -> None:
+        super().save(state)
+        self.saved.append(RUN_STATE_ADAPTER.dump_json(state))
+
+
+def _user_texts(state_messages: object) -> list[str]:
+    assert isinstance(state_messages, tuple | list)
+    return [m.content for m in state_messages if isinstance(m, UserMessage)]
+
+
+async def test_ask_user_pauses_and_resume_continues_with_the_reply() -> None:
+    model = ScriptedModel(
+        [reply("", call("ask_user", question="Which city?")), reply("Sunny in Oslo")]
+    )
+    agent = Agent(model=model, tools=[echo], limits=limits())
+    events = Recorder()
+    agent.subscribe(events)
+    paused = await agent.run("Weather?")
+    assert (paused.status, paused.stop_reason) == (RunStatus.NEEDS_INPUT, StopReason.ASK_USER)
+    assert paused.pending is not None
+    assert paused.pending.text == "Which city?"
+    assert [e.question for e in events if isinstance(e, RunPaused)] == ["Which city?"]
+
+    done = await agent.resume(paused.run_id, "Oslo")
+    assert (done.status, done.output) == (RunStatus.COMPLETED, "Sunny in Oslo")
+    assert _user_texts(done.messages) == ["Weather?", "Oslo"]
+    assert done.resumed_at == (len(paused.trace),)
+    assert done.turns == 2
+    assert not transcript_problems(done.messages)
+    resumed = [e for e in events if isinstance(e, RunResumed)]
+    assert [(e.answered, e.state) for e in resumed] == [("reply", AgentState.OBSERVE)]
+    # The model saw the question answered and the reply as the last message.
+    assert model.requests[-1].messages[-1] == UserMessage(content="Oslo")
+    # A completed run is dropped from the in-process store: nothing to resume any more.
+    with pytest.raises(CheckpointError, match=paused.run_id):
+        await agent.resume(paused.run_id, "again")
+
+
+async def test_resume_refuses_what_does_not_fit_and_changes_nothing() -> None:
+    store = MemoryStore()
+    agent = Agent(
+        model=ScriptedModel([reply("", call("ask_user", question="Which city?"))]),
+        limits=limits(),
+        store=store,
+    )
+    paused = await agent.run("Weather?")
+    before = RUN_STATE_ADAPTER.dump_json(store.load(paused.run_id))
+    with pytest.raises(ResumeError, match="reply="):
+        await agent.resume(paused.run_id)
+    with pytest.raises(ResumeError, match="not approvals"):
+        await agent.resume(paused.run_id, approvals=True)
+    with pytest.raises(ResumeError, match="must be a str"):
+        await agent.resume(paused.run_id, 42)  # type: ignore[arg-type]
+    assert RUN_STATE_ADAPTER.dump_json(store.load(paused.run_id)) == before
+    with pytest.raises(CheckpointError, match="nope"):
+        await agent.resume("nope", "x")
+
+    finished = Agent(model=ScriptedModel(["done"]), limits=limits(), store=store)
+    result = await finished.run("hi")
+    with pytest.raises(ResumeError, match=r"has finished \(final_answer\)"):
+        await finished.resume(result.run_id, "more")
+
+
+async def test_endless_follow_ups_still_stop_at_max_turns() -> None:
+    agent = Agent(model=FunctionModel(lambda r: f"answer {r.turn}"), limits=limits(max_turns=5))
+    run = agent.start("first")
+    events = Recorder()
+    run.subscribe(events)
+
+    def keep_asking(event: object) -> None:
+        if isinstance(event, ModelResponded):
+            run.follow_up(f"and then? ({event.turn})")
+
+    run.subscribe(keep_asking)
+    result = await run.run()
+    assert (result.final_state, result.stop_reason) == (AgentState.ERROR, StopReason.MAX_TURNS)
+    assert result.turns == 5
+    assert _user_texts(result.messages) == ["first"] + [f"and then? ({t})" for t in range(1, 5)]
+    assert sum(isinstance(e, FollowUpQueued) for e in events) == 5
+    assert not transcript_problems(result.messages)
+
+
+async def test_a_follow_up_waits_until_the_run_would_end() -> None:
+    def model(request: ModelRequest) -> ModelResponse | str:
+        if request.turn == 1:
+            run.follow_up("Now in Fahrenheit")
+            return reply("", call("echo", text="20C"))
+        return f"reply {request.turn}"
+
+    agent = Agent(model=FunctionModel(model), tools=[echo], limits=limits())
+    run = agent.start("Temperature?")
+    result = await run.run()
+    # Queued during turn 1, it was not observed after the tool turn, only once turn 2's
+    # final answer would have ended the run.
+    assert _user_texts(result.messages) == ["Temperature?", "Now in Fahrenheit"]
+    assert result.messages[-1].content == "reply 3"
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    labels = [entry.label for entry in result.trace]
+    assert labels.count("follow_up") == 1
+
+
+async def test_steering_is_observed_before_the_next_model_call() -> None:
+    def model(request: ModelRequest) -> ModelResponse | str:
+        if request.turn == 1:
+            run.steer("Actually, use Celsius")
+            return reply("", call("echo", text="x"))
+        return "ok"
+
+    agent = Agent(model=FunctionModel(model), tools=[echo], limits=limits())
+    run = agent.start("Temperature?")
+    events = Recorder()
+    run.subscribe(events)
+    result = await run.run()
+    assert _user_texts(result.messages) == ["Temperature?", "Actually, use Celsius"]
+    assert [e.message for e in events if isinstance(e, SteeringQueued)] == ["Actually, use Celsius"]
+    with pytest.raises(Exception, match="has ended"):
+        run.steer("too late")
+
+
+async def test_abort_cancels_a_slow_model_call_and_the_run_can_resume() -> None:
+    started = asyncio.Event()
+
+    async def slow_then_fast(request: ModelRequest) -> str:
+        if request.turn == 1:
+            started.set()
+            await asyncio.sleep(30)
+        return "finally"
+
+    store = SpyStore()
+    agent = Agent(model=FunctionModel(slow_then_fast), limits=limits(), store=store)
+    run = agent.start("Go")
+    events = Recorder()
+    run.subscribe(events)
+    task = asyncio.create_task(run.run())
+    await started.wait()
+    run.abort("the user pressed stop")
+    result = await asyncio.wait_for(task, 5)
+    assert (result.final_state, result.stop_reason) == (AgentState.ERROR, StopReason.ABORTED)
+    assert result.error == "the user pressed stop"
+    assert [e.reason for e in events if isinstance(e, AbortRequested)] == ["the user pressed stop"]
+    assert store.load(run.run_id).state is AgentState.ERROR
+
+    resumed = await agent.resume(run.run_id)
+    assert (resumed.status, resumed.output) == (RunStatus.COMPLETED, "finally")
+    assert resumed.turns == 2
+
+
+async def test_the_deadline_interrupts_a_slow_model_call() -> None:
+    async def never(request: ModelRequest) -> str:
+        await asyncio.sleep(30)
+        return "late"
+
+    agent = Agent(model=FunctionModel(never), limits=limits(timeout_s=0.05))
+    result = await asyncio.wait_for(agent.run("Go"), 5)
+    assert (result.final_state, result.stop_reason) == (AgentState.ERROR, StopReason.TIMEOUT)
+    assert "interrupted" not in (result.error or "")
+    assert result.error is not None
+    assert "timed out" in result.error
+
+
+async def test_a_durable_store_gets_a_checkpoint_per_transition_and_a_crash_resumes() -> None:
+    script = [reply("", call("echo", text="a")), reply("done")]
+    store = SpyStore()
+    agent = Agent(model=ScriptedModel(script), tools=[echo], limits=limits(), store=store)
+    result = await agent.run("Go", run_id="r1")
+    assert len(store.saved) == len(result.trace) + 1  # the start, then every transition
+    assert store.load("r1").state is AgentState.DONE
+
+    # "Crash" after each checkpoint in turn: a fresh agent resumes from it and completes
+    # with the same transcript.
+    for snapshot in store.saved[:-1]:
+        crashed = RUN_STATE_ADAPTER.validate_json(snapshot)
+        fresh_store = MemoryStore()
+        fresh_store.save(crashed)
+        remaining = ScriptedModel(script[crashed.turns :])
+        again = Agent(model=remaining, tools=[echo], limits=limits(), store=fresh_store)
+        resumed = await again.resume("r1")
+        assert resumed.output == "done"
+        assert resumed.messages == result.messages
+        assert not transcript_problems(resumed.messages)
+
+
+async def test_resuming_a_crashed_run_with_an_answer_is_refused() -> None:
+    store = MemoryStore()
+    store.save(RunState(run_id="r", pending_input=["hi"]))
+    agent = Agent(model=ScriptedModel(["x"]), limits=limits(), store=store)
+    with pytest.raises(ResumeError, match="interrupted in OBSERVE"):
+        await agent.resume("r", "an answer")
