@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from types import TracebackType
 from typing import Any, Self
 
@@ -102,28 +103,14 @@ ON CONFLICT (run_id) DO UPDATE SET
     updated_at = excluded.updated_at, revision = excluded.revision
 """
 
-_SUMMARY_COLUMNS = (
-    "run_id, state, turns, total_tokens, message_count, last_row, created_at, updated_at,"
-    " output, error"
-)
-_SUMMARY_FIELDS = (
-    "run_id",
-    "state",
-    "turns",
-    "total_tokens",
-    "messages",
-    "last_row",
-    "created_at",
-    "updated_at",
-    "output",
-    "error",
-)
+_SUMMARY_FIELDS = tuple(field.name for field in fields(RunSummary))
+_SUMMARY_COLUMNS = ", ".join(_SUMMARY_FIELDS).replace("messages", "message_count")
 
 
 def _summary(row: tuple[Any, ...]) -> RunSummary:
-    fields = dict(zip(_SUMMARY_FIELDS, row, strict=True))
-    fields["state"] = AgentState(fields["state"])
-    return RunSummary(**fields)
+    values = dict(zip(_SUMMARY_FIELDS, row, strict=True))
+    values["state"] = AgentState(values["state"])
+    return RunSummary(**values)
 
 
 class SQLiteStore:
