@@ -52,6 +52,7 @@ __all__ = [
     "decode_header",
     "encode_header",
     "summarize",
+    "unknown_run",
 ]
 
 CHECKPOINT_SCHEMA_VERSION: int = 1
@@ -137,7 +138,7 @@ class CheckpointStore(Protocol):
         ...
 
     def list_runs(self, limit: int | None = None) -> list[RunSummary]:
-        """Summaries of the stored runs, most recently updated first."""
+        """Summaries of the stored runs (at most ``limit``), most recently saved first."""
         ...
 
     def delete(self, run_id: str) -> None:
@@ -271,7 +272,7 @@ class MemoryStore:
 
     def list_runs(self, limit: int | None = None) -> list[RunSummary]:
         runs = sorted(self._runs.values(), key=lambda run: run.revision, reverse=True)
-        return [run.summary for run in runs[:limit]]
+        return [run.summary for run in (runs if limit is None else runs[: max(limit, 0)])]
 
     def delete(self, run_id: str) -> None:
         self._runs.pop(run_id, None)

@@ -325,7 +325,7 @@ class SQLiteStore:
         with self._transaction("list runs", write=False) as conn:
             rows = conn.execute(
                 f"SELECT {_SUMMARY_COLUMNS} FROM runs ORDER BY revision DESC LIMIT ?",
-                (-1 if limit is None else limit,),
+                (-1 if limit is None else max(limit, 0),),
             ).fetchall()
         try:
             return [_summary(row) for row in rows]

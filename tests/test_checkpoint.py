@@ -301,6 +301,7 @@ def test_list_runs_most_recent_first_with_summaries(kind: str, tmp_path: Path) -
         runs = store.list_runs()
         assert [run.run_id for run in runs] == ["a", "c", "b"]
         assert [run.run_id for run in store.list_runs(limit=2)] == ["a", "c"]
+        assert store.list_runs(limit=0) == []
         assert runs[0] == RunSummary(
             run_id="a",
             state=AgentState.DONE,
