@@ -5,6 +5,8 @@ support from ``agent_fsm.testing``.
 """
 
 from agent_fsm.agent import Agent
+from agent_fsm.checkpoint import CheckpointStore, MemoryStore, RunSummary
+from agent_fsm.checkpoint_sqlite import SQLiteStore
 from agent_fsm.engine import Run
 from agent_fsm.errors import AgentFSMError, CheckpointError, ConfigError, RunError
 from agent_fsm.events import (
@@ -50,6 +52,11 @@ __all__ = [
     "StopReason",
     "TerminationBound",
     "TraceEntry",
+    # checkpoints
+    "CheckpointStore",
+    "MemoryStore",
+    "RunSummary",
+    "SQLiteStore",
     # transcript
     "AssistantMessage",
     "Message",

@@ -28,6 +28,7 @@ LAYERS = [
     "events",
     "tracefile",
     "checkpoint",
+    "checkpoint_sqlite",
     "verify",
     "machine",
     "acting",

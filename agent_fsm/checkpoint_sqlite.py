@@ -1,0 +1,428 @@
+"""SQLiteStore: the embedded default checkpoint store, one file shared by several processes.
+
+The file is in WAL mode (readers never block the writer) with ``synchronous=NORMAL``: a
+committed save survives a crash of the process, which is what resuming needs (a power loss
+may lose the last few saves, never corrupt older ones). Every write is one ``BEGIN
+IMMEDIATE`` transaction, so a crash mid-save leaves the previous checkpoint intact, and
+concurrent writers wait for each other (up to ``timeout``) instead of failing.
+
+Tables (their layout is versioned with ``PRAGMA user_version``, apart from the checkpoint
+schema version each run records):
+
+    runs      run_id, schema_version, header (JSON), summary columns, created/updated times
+    messages  run_id, idx, json           one row per transcript message
+    trace     run_id, idx, row, turn      one row per transition
+    journal   run_id, key, call, status, result     the tool journal
+
+A save reads the run's stored counts (one indexed lookup), inserts only the new messages and
+trace rows and rewrites the small ``runs`` row; see ``checkpoint`` for the rules.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import fields
+from types import TracebackType
+from typing import Any, Self
+
+from pydantic import ValidationError
+
+from agent_fsm.checkpoint import (
+    MESSAGE_ADAPTER,
+    RunSummary,
+    decode_header,
+    encode_header,
+    summarize,
+    unknown_run,
+)
+from agent_fsm.errors import CheckpointError
+from agent_fsm.journal import CallStatus, JournalEntry, ToolJournal
+from agent_fsm.messages import Message, ToolCall, ToolMessage
+from agent_fsm.state import RunState
+from agent_fsm.table import AgentState
+
+__all__ = ["LAYOUT_VERSION", "SQLiteStore"]
+
+LAYOUT_VERSION = 1
+"""The table layout, as stored in ``PRAGMA user_version``."""
+
+_LAYOUT = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    schema_version INTEGER NOT NULL,
+    header TEXT NOT NULL,
+    state TEXT NOT NULL,
+    turns INTEGER NOT NULL,
+    total_tokens INTEGER NOT NULL,
+    message_count INTEGER NOT NULL,
+    trace_count INTEGER NOT NULL,
+    last_row INTEGER,
+    output TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    revision INTEGER NOT NULL
+);
+CREATE INDEX runs_by_revision ON runs (revision);
+CREATE TABLE messages (
+    run_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    json TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE TABLE trace (
+    run_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    row INTEGER NOT NULL,
+    turn INTEGER NOT NULL,
+    PRIMARY KEY (run_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE journal (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    call TEXT NOT NULL,
+    status TEXT NOT NULL,
+    result TEXT,
+    PRIMARY KEY (run_id, key)
+);
+"""
+
+_UPSERT_RUN = """
+INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+    (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs))
+ON CONFLICT (run_id) DO UPDATE SET
+    schema_version = excluded.schema_version, header = excluded.header,
+    state = excluded.state, turns = excluded.turns, total_tokens = excluded.total_tokens,
+    message_count = excluded.message_count, trace_count = excluded.trace_count,
+    last_row = excluded.last_row, output = excluded.output, error = excluded.error,
+    updated_at = excluded.updated_at, revision = excluded.revision
+"""
+
+_SUMMARY_FIELDS = tuple(field.name for field in fields(RunSummary))
+_SUMMARY_COLUMNS = ", ".join(_SUMMARY_FIELDS).replace("messages", "message_count")
+
+
+def _summary(row: tuple[Any, ...]) -> RunSummary:
+    values = dict(zip(_SUMMARY_FIELDS, row, strict=True))
+    values["state"] = AgentState(values["state"])
+    return RunSummary(**values)
+
+
+class SQLiteStore:
+    """Checkpoints in one SQLite file: the embedded default, safe for several processes.
+
+    Args:
+        path: the database file, created when missing (with its tables).
+        timeout: seconds a write waits for another process's write to finish.
+        clock: the source of ``created_at`` / ``updated_at`` (unix time).
+
+    Raises:
+        CheckpointError: the file cannot be opened, is not an agent_fsm store, or was
+            laid out by a newer agent_fsm.
+
+    Usable as a context manager, which closes it. Safe to share between threads (sync tools
+    run in worker threads); calls are serialised.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "agent_fsm.sqlite3",
+        *,
+        timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[int, Message | None]] = {}
+        """run_id → (messages stored, the last one as saved from or loaded into this
+        process): when the live state still holds that very object, the stored prefix is
+        known to match without reading it back."""
+        try:
+            self._conn: sqlite3.Connection | None = sqlite3.connect(
+                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
+        try:
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._prepare_layout(self._conn)
+        except (sqlite3.Error, CheckpointError) as exc:
+            self._conn.close()
+            self._conn = None
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
+
+    def _prepare_layout(self, conn: sqlite3.Connection) -> None:
+        """Create the tables in a new file; refuse a file laid out by anyone else."""
+        if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+            conn.execute("BEGIN IMMEDIATE")  # two processes may create the same new file
+            try:
+                if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+                    if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                        raise CheckpointError(
+                            f"{self.path} is not an agent_fsm checkpoint store (it holds"
+                            " other tables)"
+                        )
+                    # Statement by statement: executescript would commit the transaction.
+                    for statement in _LAYOUT.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > LAYOUT_VERSION:
+            raise CheckpointError(
+                f"checkpoint store {self.path} was laid out by a newer agent_fsm (layout"
+                f" version {version}; this version knows {LAYOUT_VERSION}): upgrade agent_fsm"
+            )
+        if version != LAYOUT_VERSION:
+            raise CheckpointError(
+                f"checkpoint store {self.path} has unknown layout version {version}"
+            )
+
+    @contextmanager
+    def _transaction(self, what: str, *, write: bool) -> Iterator[sqlite3.Connection]:
+        """One transaction, under the store's lock; sqlite errors become CheckpointError.
+
+        Reads take a deferred transaction too: their queries then see one consistent
+        snapshot even while another process writes.
+        """
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise CheckpointError(f"checkpoint store {self.path} is closed")
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    yield conn
+                except BaseException:
+                    if conn.in_transaction:  # sqlite may have rolled back already
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise CheckpointError(
+                    f"checkpoint store {self.path}: cannot {what}: {exc}"
+                ) from exc
+
+    def save(self, state: RunState) -> None:
+        run_id = state.run_id
+        version, header = encode_header(state)
+        now = self._clock()
+        messages, trace = state.messages, state.trace
+        with self._transaction(f"save run {run_id!r}", write=True) as conn:
+            row = conn.execute(
+                "SELECT message_count, trace_count, created_at FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            stored_messages, stored_trace, created_at = row if row else (0, 0, now)
+            stored_messages = self._kept_messages(conn, run_id, stored_messages, messages)
+            stored_trace = _kept_trace(conn, run_id, stored_trace, trace)
+            conn.executemany(
+                "INSERT INTO messages VALUES (?, ?, ?)",
+                [
+                    (run_id, idx, MESSAGE_ADAPTER.dump_json(messages[idx]).decode())
+                    for idx in range(stored_messages, len(messages))
+                ],
+            )
+            conn.executemany(
+                "INSERT INTO trace VALUES (?, ?, ?, ?)",
+                [(run_id, idx, *trace[idx]) for idx in range(stored_trace, len(trace))],
+            )
+            summary = summarize(state, created_at=created_at, updated_at=now)
+            conn.execute(
+                _UPSERT_RUN,
+                (
+                    run_id,
+                    version,
+                    header.decode(),
+                    summary.state.value,
+                    summary.turns,
+                    summary.total_tokens,
+                    len(messages),
+                    len(trace),
+                    summary.last_row,
+                    summary.output,
+                    summary.error,
+                    created_at,
+                    now,
+                ),
+            )
+        self._seen[run_id] = (len(messages), messages[-1] if messages else None)
+
+    def _kept_messages(
+        self, conn: sqlite3.Connection, run_id: str, stored: int, live: list[Message]
+    ) -> int:
+        """How many stored messages stay, after deleting those ``live`` does not share."""
+        if stored > len(live):  # restored from an older checkpoint and continued
+            conn.execute("DELETE FROM messages WHERE run_id = ? AND idx >= ?", (run_id, len(live)))
+            stored = len(live)
+        if stored == 0:
+            conn.execute("DELETE FROM messages WHERE run_id = ?", (run_id,))  # orphans, if any
+            return 0
+        last = live[stored - 1]
+        seen = self._seen.get(run_id)
+        if seen is not None and seen[0] == stored and seen[1] is last:
+            return stored
+        found = conn.execute(
+            "SELECT json FROM messages WHERE run_id = ? AND idx = ?", (run_id, stored - 1)
+        ).fetchone()
+        if found is None or found[0] != MESSAGE_ADAPTER.dump_json(last).decode():
+            conn.execute("DELETE FROM messages WHERE run_id = ?", (run_id,))  # another history
+            return 0
+        return stored
+
+    def load(self, run_id: str) -> RunState:
+        with self._transaction(f"load run {run_id!r}", write=False) as conn:
+            row = conn.execute(
+                "SELECT schema_version, header, message_count, trace_count FROM runs"
+                " WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                raise unknown_run(run_id)
+            texts = conn.execute(
+                "SELECT json FROM messages WHERE run_id = ? ORDER BY idx", (run_id,)
+            ).fetchall()
+            trace = conn.execute(
+                "SELECT row, turn FROM trace WHERE run_id = ? ORDER BY idx", (run_id,)
+            ).fetchall()
+        version, header, message_count, trace_count = row
+        if (len(texts), len(trace)) != (message_count, trace_count):
+            raise CheckpointError(
+                f"checkpoint of run {run_id!r} is incomplete: {len(texts)} of {message_count}"
+                f" messages and {len(trace)} of {trace_count} trace entries stored"
+            )
+        state = decode_header(run_id, version, header)
+        try:
+            state.messages = [MESSAGE_ADAPTER.validate_json(text) for (text,) in texts]
+        except ValidationError as exc:
+            raise CheckpointError(
+                f"checkpoint of run {run_id!r} has an unreadable message: {exc.errors()[0]['msg']}"
+            ) from exc
+        state.trace = [(r, t) for r, t in trace]
+        self._seen[run_id] = (len(state.messages), state.messages[-1] if state.messages else None)
+        return state
+
+    def exists(self, run_id: str) -> bool:
+        with self._transaction(f"look up run {run_id!r}", write=False) as conn:
+            found = conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return found is not None
+
+    def list_runs(self, limit: int | None = None) -> list[RunSummary]:
+        with self._transaction("list runs", write=False) as conn:
+            rows = conn.execute(
+                f"SELECT {_SUMMARY_COLUMNS} FROM runs ORDER BY revision DESC LIMIT ?",
+                (-1 if limit is None else max(limit, 0),),
+            ).fetchall()
+        try:
+            return [_summary(row) for row in rows]
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint store {self.path} has a bad run: {exc}") from exc
+
+    def delete(self, run_id: str) -> None:
+        with self._transaction(f"delete run {run_id!r}", write=True) as conn:
+            for table in ("runs", "messages", "trace", "journal"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+        self._seen.pop(run_id, None)
+
+    def journal(self, run_id: str) -> ToolJournal:
+        return _SQLiteJournal(self, run_id)
+
+    def close(self) -> None:
+        """Close the file; idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _kept_trace(
+    conn: sqlite3.Connection, run_id: str, stored: int, live: list[tuple[int, int]]
+) -> int:
+    """How many stored trace entries stay (the rule of ``SQLiteStore._kept_messages``)."""
+    if stored > len(live):
+        conn.execute("DELETE FROM trace WHERE run_id = ? AND idx >= ?", (run_id, len(live)))
+        stored = len(live)
+    if stored == 0:
+        conn.execute("DELETE FROM trace WHERE run_id = ?", (run_id,))
+        return 0
+    found = conn.execute(
+        "SELECT row, turn FROM trace WHERE run_id = ? AND idx = ?", (run_id, stored - 1)
+    ).fetchone()
+    if found is None or tuple(found) != tuple(live[stored - 1]):
+        conn.execute("DELETE FROM trace WHERE run_id = ?", (run_id,))
+        return 0
+    return stored
+
+
+class _SQLiteJournal:
+    """One run's tool journal in the store's ``journal`` table; every call commits."""
+
+    __slots__ = ("_run_id", "_store")
+
+    def __init__(self, store: SQLiteStore, run_id: str) -> None:
+        self._store = store
+        self._run_id = run_id
+
+    def lookup(self, key: str) -> JournalEntry | None:
+        with self._store._transaction(f"read journal entry {key!r}", write=False) as conn:
+            row = conn.execute(
+                "SELECT call, status, result FROM journal WHERE run_id = ? AND key = ?",
+                (self._run_id, key),
+            ).fetchone()
+        if row is None:
+            return None
+        call, status, result = row
+        try:
+            return JournalEntry(
+                key,
+                ToolCall.model_validate_json(call),
+                CallStatus(status),
+                None if result is None else ToolMessage.model_validate_json(result),
+            )
+        except ValueError as exc:
+            raise CheckpointError(
+                f"journal entry {key!r} of run {self._run_id!r} is unreadable: {exc}"
+            ) from exc
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        # Committed before returning: it guards a side effect about to happen.
+        with self._store._transaction(f"record journal entry {key!r}", write=True) as conn:
+            conn.execute(
+                "INSERT INTO journal VALUES (?, ?, ?, ?, NULL) ON CONFLICT (run_id, key)"
+                " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL",
+                (self._run_id, key, call.model_dump_json(), CallStatus.STARTED.value),
+            )
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        with self._store._transaction(f"record journal entry {key!r}", write=True) as conn:
+            updated = conn.execute(
+                "UPDATE journal SET status = ?, result = ? WHERE run_id = ? AND key = ?",
+                (CallStatus.FINISHED.value, result.model_dump_json(), self._run_id, key),
+            ).rowcount
+            if not updated:
+                raise KeyError(f"journal entry {key!r} finished without having started")
