@@ -3,7 +3,8 @@
 Commands: ``demo`` (an offline run of the weather/calculator agent, printing every
 transition, tool call and result), ``run`` (the same tools against a real OpenAI-compatible
 server), ``diagram`` (the machine as mermaid, DOT, SVG or PNG, optionally overlaid with a
-recorded run) and ``replay`` (alias ``trace``: a recorded run, step by step).
+recorded or checkpointed run), ``replay`` (alias ``trace``: a recorded run, step by step) and
+``runs`` (the runs of a checkpoint store, or one of them).
 Exit codes: 0 success, 1 the run failed (or, for replay, the recorded run failed or never
 finished), 2 bad usage or unreadable input. Errors go to stderr.
 """
@@ -16,12 +17,16 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol, TextIO
 
 import structlog
 
 from agent_fsm.agent import Agent
+from agent_fsm.checkpoint import RunSummary
+from agent_fsm.checkpoint_sqlite import SQLiteStore
 from agent_fsm.diagrams import FORMATS, render
 from agent_fsm.errors import AgentFSMError
 from agent_fsm.events import (
@@ -33,9 +38,9 @@ from agent_fsm.events import (
     ToolFinished,
     ToolStarted,
 )
-from agent_fsm.messages import Usage
-from agent_fsm.state import RunStatus
-from agent_fsm.table import TABLE, AgentState, StopReason
+from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
+from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry
+from agent_fsm.table import TABLE, TERMINAL_STATES, AgentState, StopReason
 from agent_fsm.tracefile import RecordedRun, TraceWriter, read_trace, recorded_runs, select_run
 
 __all__ = ["main"]
@@ -192,7 +197,10 @@ def _run_agent(agent: Agent, question: str, out: TextIO, trace: str | None) -> i
 def _cmd_demo(args: argparse.Namespace) -> int:
     from agent_fsm.demo import DEMO_QUESTION, demo_agent
 
-    return _run_agent(demo_agent(), DEMO_QUESTION, sys.stdout, args.trace)
+    agent = demo_agent()
+    if args.store:
+        agent = agent.replace(store=SQLiteStore(args.store))
+    return _run_agent(agent, DEMO_QUESTION, sys.stdout, args.trace)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -213,6 +221,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _run_agent(agent, args.question, sys.stdout, args.trace)
 
 
+DEFAULT_STORE = "agent_fsm.sqlite3"
+
+
+def _open_store(path: str) -> SQLiteStore:
+    """An existing store (reading never creates an empty database by mistake)."""
+    if not Path(path).is_file():
+        raise _UsageError(f"no checkpoint store at {path} (choose one with --store PATH)")
+    return SQLiteStore(path)
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredRun:
+    """A checkpointed run that has not ended (a crash), as a diagram overlay."""
+
+    run_id: str
+    trace: Sequence[TraceEntry]
+    final_state: AgentState | None
+    stop_reason: StopReason | None
+    turns: int
+
+
+def _overlay_of(state: RunState) -> RunResult | _StoredRun:
+    if state.state in TERMINAL_STATES and state.trace:
+        return RunResult.from_state(state)
+    trace = [TraceEntry.from_row(TABLE[i], turn) for i, turn in state.trace]
+    return _StoredRun(state.run_id, trace, state.state, None, state.turns)
+
+
 def _cmd_diagram(args: argparse.Namespace) -> int:
     format = args.format
     if format is None:
@@ -220,9 +256,14 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         format = _SUFFIX_FORMATS.get(suffix, "mermaid")
     if args.run_id and not args.trace:
         raise _UsageError("--run-id needs --trace FILE")
-    run = None
+    if args.run and args.trace:
+        raise _UsageError("give --run ID (a checkpointed run) or --trace FILE, not both")
+    run: RecordedRun | RunResult | _StoredRun | None = None
     if args.trace:
         run = select_run(recorded_runs(read_trace(args.trace)), args.run_id, args.trace)
+    elif args.run:
+        with _open_store(args.store) as store:
+            run = _overlay_of(store.load(args.run))
     diagram = render(TABLE, format, run=run)
     if args.output:
         data = diagram.encode() if isinstance(diagram, str) else diagram
@@ -270,12 +311,70 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return max(codes)
 
 
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _stop_of(summary_row: int | None) -> str:
+    if summary_row is None or not 0 <= summary_row < len(TABLE):
+        return "-"
+    row = TABLE[summary_row]
+    return row.stop_reason.value if row.stop_reason else "(running)"
+
+
+def _list_runs(runs: list[RunSummary], out: TextIO) -> None:
+    if not runs:
+        print("no runs", file=out)
+        return
+    print(f"{'RUN':<34} {'STATE':<8} {'STOP':<18} {'TURNS':>5} {'TOKENS':>8}  UPDATED", file=out)
+    for run in runs:
+        print(
+            f"{run.run_id:<34} {run.state.value:<8} {_stop_of(run.last_row):<18} "
+            f"{run.turns:>5} {run.total_tokens:>8}  {_when(run.updated_at)}",
+            file=out,
+        )
+
+
+def _show_run(state: RunState, out: TextIO) -> None:
+    last = state.trace[-1][0] if state.trace else None
+    print(f"run:      {state.run_id}", file=out)
+    print(f"state:    {state.state.value} ({_stop_of(last)})", file=out)
+    print(f"turns:    {state.turns}, tokens {state.usage.total_tokens:,}", file=out)
+    if state.control is not None and state.state is AgentState.DONE:
+        print(f"waiting:  {state.control.kind.value}: {state.control.text}", file=out)
+        for call in state.control.pending_calls:
+            print(f"          {call.id}: {call.name}({call.arguments})", file=out)
+    if state.error:
+        print(f"error:    {state.error}", file=out)
+    print("\ntranscript:", file=out)
+    for message in state.messages:
+        if isinstance(message, AssistantMessage):
+            calls = ", ".join(f"{c.name}({c.arguments})" for c in message.tool_calls)
+            text = " · ".join(part for part in (message.content, calls) if part)
+            print(f"  assistant: {text}", file=out)
+        elif isinstance(message, ToolMessage):
+            print(f"  tool {message.name} [{message.status.value}]: {message.content}", file=out)
+        else:
+            print(f"  {message.role}: {message.content}", file=out)
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    with _open_store(args.store) as store:
+        if args.run_id is None:
+            _list_runs(store.list_runs(args.limit), sys.stdout)
+        else:
+            _show_run(store.load(args.run_id), sys.stdout)
+    return 0
+
+
 _EPILOG = """\
 examples:
   agent-fsm demo --trace run.jsonl           run offline, record every event
   agent-fsm replay run.jsonl                 the recorded run, transition by transition
   agent-fsm diagram                          the machine as mermaid text
   agent-fsm diagram --trace run.jsonl -o run.svg   the machine with the run's path (graphviz)
+  agent-fsm runs --store runs.sqlite3        the checkpointed runs, newest first
+  agent-fsm diagram --run ID --store runs.sqlite3  the path of one checkpointed run
 
 exit codes: 0 ok, 1 the run failed, 2 bad usage or unreadable input"""
 
@@ -290,9 +389,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log every transition")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trace_help = "write every event of the run to FILE as JSON Lines (see `replay`)"
+    store_help = f"a SQLite checkpoint store (default: {DEFAULT_STORE})"
 
     demo = commands.add_parser("demo", help="run the offline weather/calculator demo agent")
     demo.add_argument("--trace", metavar="FILE", help=trace_help)
+    demo.add_argument(
+        "--store", metavar="PATH", help="checkpoint the run into a SQLite store (see `runs`)"
+    )
     demo.set_defaults(handler=_cmd_demo)
 
     run = commands.add_parser(
@@ -332,6 +435,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     diagram.add_argument("--trace", metavar="FILE", help="overlay the run recorded in FILE")
     diagram.add_argument("--run-id", help="which run of a trace file holding several")
+    diagram.add_argument("--run", metavar="ID", help="overlay the checkpointed run ID")
+    diagram.add_argument("--store", default=DEFAULT_STORE, help=store_help)
     diagram.add_argument("-o", "--output", metavar="FILE", help="write to FILE, not stdout")
     diagram.set_defaults(handler=_cmd_diagram)
 
@@ -346,6 +451,18 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("file", metavar="FILE", help="a JSON Lines trace file")
     replay.add_argument("--run-id", help="replay only this run of the file")
     replay.set_defaults(handler=_cmd_replay)
+
+    runs = commands.add_parser(
+        "runs",
+        help="list the runs of a checkpoint store, or show one",
+        description="Without RUN_ID: one line per checkpointed run (state, stop reason, turns, "
+        "tokens, last update), newest first. With RUN_ID: that run's state, what it waits "
+        "for (a question or calls to approve) and its transcript.",
+    )
+    runs.add_argument("run_id", nargs="?", metavar="RUN_ID", help="show this run")
+    runs.add_argument("--store", default=DEFAULT_STORE, help=store_help)
+    runs.add_argument("--limit", type=int, default=None, help="list at most N runs")
+    runs.set_defaults(handler=_cmd_runs)
     return parser
 
 

@@ -292,3 +292,42 @@ def test_run_against_a_local_server(
         "ask_user",
         "finish_task",
     }
+
+
+def test_runs_lists_a_store_shows_a_run_and_draws_its_path(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    db = str(tmp_path / "runs.sqlite3")
+    assert main(["demo", "--store", db]) == 0
+    capsys.readouterr()
+
+    assert main(["runs", "--store", db]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0].split() == ["RUN", "STATE", "STOP", "TURNS", "TOKENS", "UPDATED"]
+    assert len(listing) == 2
+    run_id, state, stop, turns, tokens = listing[1].split()[:5]
+    assert (state, stop, turns, tokens) == ("DONE", "final_answer", "4", "1249")
+
+    assert main(["runs", run_id, "--store", db]) == 0
+    shown = capsys.readouterr().out
+    assert "state:    DONE (final_answer)" in shown
+    assert '  assistant: Let me look up the weather. · get_weather({"city": "Beijing"})' in shown
+
+    assert main(["diagram", "--run", run_id, "--store", db]) == 0
+    drawn = capsys.readouterr().out
+    assert "THINK --> ACT : thought #9 [reply_has_tool_calls] act ×3" in drawn
+    assert f"stopped﹕ final_answer, 4 turns (run {run_id[:12]})" in drawn
+
+
+def test_runs_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.sqlite3")
+    assert main(["runs", "--store", missing]) == 2
+    assert "no checkpoint store at" in capsys.readouterr().err
+    assert not Path(missing).exists()
+    db = str(tmp_path / "runs.sqlite3")
+    assert main(["demo", "--store", db]) == 0
+    capsys.readouterr()
+    assert main(["runs", "nope", "--store", db]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["diagram", "--run", "x", "--trace", "y.jsonl"]) == 2
+    assert "not both" in capsys.readouterr().err
