@@ -18,6 +18,7 @@ from agent_fsm.events import (
     RunStarted,
     StateChanged,
     ToolFinished,
+    ToolRetried,
     ToolStarted,
 )
 from agent_fsm.limits import Limits
@@ -30,6 +31,7 @@ from agent_fsm.messages import (
     Usage,
     UserMessage,
 )
+from agent_fsm.outputs import ToolResult
 from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry
 from agent_fsm.table import AgentState, StopReason
 from agent_fsm.tools import Tool, tool
@@ -41,6 +43,7 @@ __all__ = [
     "Limits",
     "Run",
     "Tool",
+    "ToolResult",
     "tool",
     # results
     "AgentState",
@@ -69,6 +72,7 @@ __all__ = [
     "RunStarted",
     "StateChanged",
     "ToolFinished",
+    "ToolRetried",
     "ToolStarted",
     # errors
     "AgentFSMError",
