@@ -144,10 +144,12 @@ def derive_schema(fn: Callable[..., Any], name: str) -> DerivedSchema:
             )
         schema: dict[str, Any] = model.model_json_schema()
     except (TypeError, NameError, PydanticValidationError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"tool {name!r}: cannot derive a JSON Schema: {exc}") from None
+        raise ConfigError(
+            f"tool {name!r}: cannot derive a JSON Schema: {_first_line(exc)}"
+        ) from None
     except Exception as exc:  # pydantic's schema errors have no common base worth naming
         raise ConfigError(
-            f"tool {name!r}: cannot derive a JSON Schema: {type(exc).__name__}: {exc}"
+            f"tool {name!r}: cannot derive a JSON Schema: {type(exc).__name__}: {_first_line(exc)}"
         ) from None
     _strip_titles(schema)
     schema.setdefault("properties", {})
@@ -158,3 +160,8 @@ def _has_description(annotation: Any) -> bool:
     if get_origin(annotation) is not Annotated:
         return False
     return any(isinstance(m, FieldInfo) and m.description for m in annotation.__metadata__)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The message without pydantic's trailing links."""
+    return str(exc).strip().split("\n", 1)[0]
