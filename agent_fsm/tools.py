@@ -100,6 +100,11 @@ class Tool:
     requires_approval: bool | ApprovalPredicate = False
     arguments_model: type[BaseModel] | None = field(default=None, repr=False)
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+    fast_check: Callable[[dict[str, Any]], bool] | None = field(
+        init=False, repr=False, compare=False
+    )
+    """A quick test that passes only arguments the schema accepts, for simple schemas (flat,
+    primitive types); a failure is confirmed, and explained, by the full validator."""
     is_async: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +134,7 @@ class Tool:
             )
         self._check_options()
         object.__setattr__(self, "validator", Draft202012Validator(self.parameters))
+        object.__setattr__(self, "fast_check", _fast_check(self.parameters))
         object.__setattr__(self, "is_async", _is_async(self.fn))
 
     def _check_options(self) -> None:
@@ -186,6 +192,61 @@ class Tool:
             return bool(rule(dict(arguments)))
         except Exception:
             return True
+
+
+_TYPE_TESTS: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: type(v) is str,
+    "integer": lambda v: type(v) is int,
+    "number": lambda v: type(v) is int or type(v) is float,
+    "boolean": lambda v: type(v) is bool,
+    "null": lambda v: v is None,
+}
+_ANNOTATIONS = frozenset({"description", "default", "title", "examples"})
+
+
+def _property_check(schema: Any) -> Callable[[Any], bool] | None:
+    """A test for a property schema made only of a primitive type (and annotations)."""
+    if not isinstance(schema, Mapping) or not set(schema) <= _ANNOTATIONS | {"type"}:
+        return None
+    kind = schema.get("type")
+    return _TYPE_TESTS.get(kind) if isinstance(kind, str) else None
+
+
+def _fast_check(schema: Mapping[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
+    """A quick validity test for a flat object schema of primitive properties, or None.
+
+    JSON Schema validation costs several µs per call, a noticeable share of a turn; most tool
+    schemas are this simple. The test may reject valid arguments (1.0 for an integer) but
+    never accepts invalid ones: a rejection goes to the full validator, which decides and
+    explains.
+    """
+    if not set(schema) <= _ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}:
+        return None
+    extra = schema.get("additionalProperties", True)
+    properties = schema.get("properties", {})
+    required = tuple(schema.get("required", ()))
+    if not isinstance(extra, bool) or not isinstance(properties, Mapping):
+        return None
+    tests = {name: _property_check(sub) for name, sub in properties.items()}
+    if any(test is None for test in tests.values()):
+        return None
+    checks: dict[str, Callable[[Any], bool]] = {k: t for k, t in tests.items() if t is not None}
+    closed = extra is False
+
+    def check(arguments: dict[str, Any]) -> bool:
+        for name in required:
+            if name not in arguments:
+                return False
+        for name, value in arguments.items():
+            test = checks.get(name)
+            if test is None:
+                if closed:
+                    return False
+            elif not test(value):
+                return False
+        return True
+
+    return check
 
 
 def _is_async(fn: object) -> bool:
@@ -373,9 +434,13 @@ class ToolRegistry:
                 f"The arguments for tool '{call.name}' must be a JSON object, "
                 f"not {type(arguments).__name__}.",
             )  # fmt: skip
-        errors = list(found.validator.iter_errors(arguments))
-        if errors:
-            return PreparedCall(call, found, arguments, _format_schema_errors(call.name, errors))
+        fast = found.fast_check
+        if fast is None or not fast(arguments):
+            errors = list(found.validator.iter_errors(arguments))
+            if errors:
+                return PreparedCall(
+                    call, found, arguments, _format_schema_errors(call.name, errors)
+                )
         model = found.arguments_model
         if model is None:
             return PreparedCall(call, found, arguments, None, arguments)

@@ -10,6 +10,8 @@ from enum import Enum
 from typing import Annotated, Any, Literal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
 
@@ -346,3 +348,46 @@ def test_bad_names_and_unknown_options() -> None:
         tool("not callable")  # type: ignore[arg-type]
     single = Tool("one", "d", {"type": "object"}, fine, retry_on=ValueError)  # type: ignore[arg-type]
     assert single.retry_on == (ValueError,)
+
+
+_JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3)
+_TYPES = st.sampled_from(["string", "integer", "number", "boolean", "null"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    types=st.dictionaries(st.sampled_from("abcd"), _TYPES, max_size=4),
+    required=st.lists(st.sampled_from("abcde"), max_size=3, unique=True),
+    closed=st.booleans(),
+    arguments=st.dictionaries(
+        st.sampled_from("abcde"), _JSON_SCALARS | st.lists(_JSON_SCALARS, max_size=2), max_size=5
+    ),
+)
+def test_the_fast_check_never_accepts_what_the_schema_rejects(
+    types: dict[str, str], required: list[str], closed: bool, arguments: dict[str, Any]
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {name: {"type": kind, "description": "d"} for name, kind in types.items()},
+        "required": required,
+        "additionalProperties": not closed,
+    }
+    made = Tool("t", "d", schema, lambda **kw: "x")
+    assert made.fast_check is not None
+    if made.fast_check(arguments):
+        assert made.validator.is_valid(arguments)
+    elif all(not isinstance(v, float) for v in arguments.values()):
+        assert not made.validator.is_valid(arguments)  # exact, floats aside (1.0 is an integer)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string", "minLength": 1}}},
+        {"type": "object", "properties": {"a": {"type": ["string", "null"]}}},
+        {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {}}},
+        {"type": "object", "additionalProperties": {"type": "string"}},
+    ],
+)
+def test_schemas_beyond_the_fast_check_use_the_full_validator(schema: dict[str, Any]) -> None:
+    assert Tool("t", "d", schema, lambda **kw: "x").fast_check is None
