@@ -6,6 +6,9 @@ make a parameter optional, pydantic models nest through ``$defs``, ``Annotated[.
 constraints carry over), and each parameter's description from the docstring, Google, NumPy or
 reST style, parsed by ``docstring_parser``. A signature that cannot be described raises
 ``ConfigError`` naming the tool: that is the developer's mistake, found at definition.
+
+``fast_check`` compiles a quick validity test for the common flat schemas, so that the full
+JSON Schema validator runs only to confirm and explain a rejection.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import inspect
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -24,7 +27,7 @@ from pydantic.fields import FieldInfo
 
 from agent_fsm.errors import ConfigError
 
-__all__ = ["DerivedSchema", "derive_schema", "describe_function"]
+__all__ = ["DerivedSchema", "derive_schema", "describe_function", "fast_check"]
 
 # Types whose JSON form, once it passed the JSON Schema, already is the Python value the
 # function expects: arguments made only of these skip the pydantic pass (it costs a few µs).
@@ -165,3 +168,58 @@ def _has_description(annotation: Any) -> bool:
 def _first_line(exc: BaseException) -> str:
     """The message without pydantic's trailing links."""
     return str(exc).strip().split("\n", 1)[0]
+
+
+_TYPE_TESTS: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: type(v) is str,
+    "integer": lambda v: type(v) is int,
+    "number": lambda v: type(v) is int or type(v) is float,
+    "boolean": lambda v: type(v) is bool,
+    "null": lambda v: v is None,
+}
+_ANNOTATIONS = frozenset({"description", "default", "title", "examples"})
+
+
+def _property_check(schema: Any) -> Callable[[Any], bool] | None:
+    """A test for a property schema made only of a primitive type (and annotations)."""
+    if not isinstance(schema, Mapping) or not set(schema) <= _ANNOTATIONS | {"type"}:
+        return None
+    kind = schema.get("type")
+    return _TYPE_TESTS.get(kind) if isinstance(kind, str) else None
+
+
+def fast_check(schema: Mapping[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
+    """A quick validity test for a flat object schema of primitive properties, or None.
+
+    JSON Schema validation costs several µs per call, a noticeable share of a turn; most tool
+    schemas are this simple. The test may reject valid arguments (1.0 for an integer) but
+    never accepts invalid ones: a rejection goes to the full validator, which decides and
+    explains.
+    """
+    if not set(schema) <= _ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}:
+        return None
+    extra = schema.get("additionalProperties", True)
+    properties = schema.get("properties", {})
+    required = tuple(schema.get("required", ()))
+    if not isinstance(extra, bool) or not isinstance(properties, Mapping):
+        return None
+    tests = {name: _property_check(sub) for name, sub in properties.items()}
+    if any(test is None for test in tests.values()):
+        return None
+    checks: dict[str, Callable[[Any], bool]] = {k: t for k, t in tests.items() if t is not None}
+    closed = extra is False
+
+    def check(arguments: dict[str, Any]) -> bool:
+        for name in required:
+            if name not in arguments:
+                return False
+        for name, value in arguments.items():
+            test = checks.get(name)
+            if test is None:
+                if closed:
+                    return False
+            elif not test(value):
+                return False
+        return True
+
+    return check

@@ -29,7 +29,7 @@ from pydantic import ValidationError as PydanticValidationError
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ToolCall, ToolSpec
 from agent_fsm.outputs import ToolResult, error_result, serialise_output, skipped_result
-from agent_fsm.schemas import derive_schema, describe_function
+from agent_fsm.schemas import derive_schema, describe_function, fast_check
 from agent_fsm.state import ControlKind
 
 __all__ = [
@@ -134,7 +134,7 @@ class Tool:
             )
         self._check_options()
         object.__setattr__(self, "validator", Draft202012Validator(self.parameters))
-        object.__setattr__(self, "fast_check", _fast_check(self.parameters))
+        object.__setattr__(self, "fast_check", fast_check(self.parameters))
         object.__setattr__(self, "is_async", _is_async(self.fn))
 
     def _check_options(self) -> None:
@@ -192,61 +192,6 @@ class Tool:
             return bool(rule(dict(arguments)))
         except Exception:
             return True
-
-
-_TYPE_TESTS: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: type(v) is str,
-    "integer": lambda v: type(v) is int,
-    "number": lambda v: type(v) is int or type(v) is float,
-    "boolean": lambda v: type(v) is bool,
-    "null": lambda v: v is None,
-}
-_ANNOTATIONS = frozenset({"description", "default", "title", "examples"})
-
-
-def _property_check(schema: Any) -> Callable[[Any], bool] | None:
-    """A test for a property schema made only of a primitive type (and annotations)."""
-    if not isinstance(schema, Mapping) or not set(schema) <= _ANNOTATIONS | {"type"}:
-        return None
-    kind = schema.get("type")
-    return _TYPE_TESTS.get(kind) if isinstance(kind, str) else None
-
-
-def _fast_check(schema: Mapping[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
-    """A quick validity test for a flat object schema of primitive properties, or None.
-
-    JSON Schema validation costs several µs per call, a noticeable share of a turn; most tool
-    schemas are this simple. The test may reject valid arguments (1.0 for an integer) but
-    never accepts invalid ones: a rejection goes to the full validator, which decides and
-    explains.
-    """
-    if not set(schema) <= _ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}:
-        return None
-    extra = schema.get("additionalProperties", True)
-    properties = schema.get("properties", {})
-    required = tuple(schema.get("required", ()))
-    if not isinstance(extra, bool) or not isinstance(properties, Mapping):
-        return None
-    tests = {name: _property_check(sub) for name, sub in properties.items()}
-    if any(test is None for test in tests.values()):
-        return None
-    checks: dict[str, Callable[[Any], bool]] = {k: t for k, t in tests.items() if t is not None}
-    closed = extra is False
-
-    def check(arguments: dict[str, Any]) -> bool:
-        for name in required:
-            if name not in arguments:
-                return False
-        for name, value in arguments.items():
-            test = checks.get(name)
-            if test is None:
-                if closed:
-                    return False
-            elif not test(value):
-                return False
-        return True
-
-    return check
 
 
 def _is_async(fn: object) -> bool:

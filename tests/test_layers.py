@@ -33,6 +33,7 @@ LAYERS = [
     "checkpoint",
     "verify",
     "machine",
+    "scheduling",
     "acting",
     "engine",
     "diagrams",
