@@ -111,7 +111,9 @@ class ModelFailed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolStarted:
-    """A tool call is about to run."""
+    """A tool call is about to run, emitted as it starts. A call answered without running
+    (invalid, skipped, awaiting approval, control-flow) gets its ToolStarted right before
+    its ToolFinished, so every call has one of each."""
 
     kind: Literal["tool_started"] = "tool_started"
     run_id: str
