@@ -20,6 +20,7 @@ from agent_fsm.events import (
     RunStarted,
     StateChanged,
     ToolFinished,
+    ToolRetried,
     ToolStarted,
 )
 from agent_fsm.limits import Limits
@@ -32,6 +33,7 @@ from agent_fsm.messages import (
     Usage,
     UserMessage,
 )
+from agent_fsm.outputs import ToolResult
 from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry
 from agent_fsm.table import AgentState, StopReason
 from agent_fsm.tools import Tool, tool
@@ -43,6 +45,7 @@ __all__ = [
     "Limits",
     "Run",
     "Tool",
+    "ToolResult",
     "tool",
     # results
     "AgentState",
@@ -76,6 +79,7 @@ __all__ = [
     "RunStarted",
     "StateChanged",
     "ToolFinished",
+    "ToolRetried",
     "ToolStarted",
     # errors
     "AgentFSMError",

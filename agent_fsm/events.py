@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, JsonValue, TypeAdapter
 
 from agent_fsm.messages import FinishReason, ReplyDelta, ToolCall, ToolStatus, Usage
 from agent_fsm.state import RunStatus
@@ -36,6 +36,7 @@ __all__ = [
     "RunStarted",
     "StateChanged",
     "ToolFinished",
+    "ToolRetried",
     "ToolStarted",
 ]
 
@@ -115,7 +116,9 @@ class ModelFailed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolStarted:
-    """A tool call is about to run."""
+    """A tool call is about to run, emitted as it starts. A call answered without running
+    (invalid, skipped, awaiting approval, control-flow) gets its ToolStarted right before
+    its ToolFinished, so every call has one of each."""
 
     kind: Literal["tool_started"] = "tool_started"
     run_id: str
@@ -136,6 +139,34 @@ class ToolFinished:
     output: str
     """The result text the model will see."""
     duration_s: float
+    """Seconds from the call's start to its answer, retries and backoff included; 0 for a
+    call that never ran."""
+    is_error: bool = False
+    """True when the call was answered as failed (``status`` is error)."""
+    output_chars: int = 0
+    """Length of ``output``."""
+    details: JsonValue = None
+    """The result's details (never sent to the model): the tool's own, plus the runtime's
+    facts under ``"runtime"`` (retries, truncation, an abandoned thread, a journal replay)."""
+    attempts: int = 1
+    """Times the tool was run for this answer (0 when it never ran)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolRetried:
+    """An idempotent tool call failed with a transient error and will be run again."""
+
+    kind: Literal["tool_retried"] = "tool_retried"
+    run_id: str
+    turn: int
+    call_id: str
+    name: str
+    attempt: int
+    """The attempt that failed (1 for the first run)."""
+    error: str
+    """Why it failed, as the model would have been told."""
+    delay_s: float
+    """Backoff before the next attempt."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,6 +263,7 @@ Event = Annotated[
     | ModelResponded
     | ModelFailed
     | ToolStarted
+    | ToolRetried
     | ToolFinished
     | GuardTripped
     | RunPaused

@@ -33,8 +33,20 @@ class Limits(BaseModel):
     """Wall-clock seconds a run may take, checked at every REFLECT."""
     tool_timeout_s: float = Field(default=60.0, gt=0)
     """Seconds one tool call may take before it is answered with a timeout error."""
+    tool_max_output_chars: int = Field(default=20_000, ge=1)
+    """Longest output of one tool call sent to the model; longer output is cut, with a note
+    saying how much was cut. ``Tool(max_output_chars=...)`` overrides it per tool."""
+    turn_max_output_chars: int = Field(default=60_000, ge=1)
+    """Longest combined output of one turn's tool calls; when they exceed it, the longest
+    are cut so that each gets a fair share."""
+    max_parallel_tools: int = Field(default=8, ge=1)
+    """Most tool calls of one reply that run at the same time."""
+    tool_max_retries: int = Field(default=2, ge=0)
+    """Retries of an idempotent tool call that failed with a transient error (its tool's
+    ``retry_on``); ``Tool(max_retries=...)`` overrides it. Other tools are never retried."""
     retry_backoff_s: float = Field(default=0.5, ge=0)
-    """First delay before retrying a failed model call; doubles on each retry, with jitter."""
+    """First delay before retrying a failed model call or an idempotent tool call; doubles on
+    each retry, with jitter."""
     retry_backoff_max_s: float = Field(default=8.0, ge=0)
     """Upper bound of one retry delay."""
     loop_threshold: int = Field(default=3, ge=2)

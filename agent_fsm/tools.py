@@ -1,40 +1,48 @@
-"""Tools: definitions, the registry, argument validation and execution.
+"""Tools: definitions, the registry, and argument validation.
 
 A tool failure is an observation, not an exception: an unknown tool, arguments that are not
-JSON, a schema violation (every error, with its path), an exception raised by the tool and a
-timeout each become an error ``ToolMessage`` that tells the model how to correct itself.
-Nothing raised by a tool escapes ``ToolRegistry.run``.
+JSON, a schema violation (every error, with its path) or arguments that do not convert to the
+function's types each become an error ``ToolMessage`` that tells the model how to correct
+itself. Running a prepared call (timeouts, threads, retries, output limits) is
+``execution.py``'s job.
 
 Invalid *definitions* are the developer's mistake and raise ``ConfigError`` when the tool is
-defined: a name providers reject, a parameters schema that is not valid JSON Schema, two tools
-with one name.
+defined: a name providers reject, a parameters schema that is not valid JSON Schema, a
+signature that cannot be described, a bad timeout or retry setting, two tools with one name.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 import jsonschema
 from jsonschema import Draft202012Validator
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from agent_fsm.errors import ConfigError
-from agent_fsm.messages import ToolCall, ToolMessage, ToolSpec, ToolStatus
+from agent_fsm.messages import ToolCall, ToolSpec
+from agent_fsm.outputs import ToolResult, error_result, serialise_output, skipped_result
+from agent_fsm.schemas import derive_schema, describe_function, fast_check
 from agent_fsm.state import ControlKind
 
 __all__ = [
     "ASK_USER",
     "FINISH_TASK",
+    "ApprovalPredicate",
     "PreparedCall",
     "Tool",
     "ToolRegistry",
+    "ToolResult",
+    "error_result",
+    "serialise_output",
+    "skipped_result",
     "tool",
 ]
 
@@ -42,6 +50,9 @@ NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 """Tool names every major provider accepts."""
 
 ToolFunction = Callable[..., Any] | Callable[..., Awaitable[Any]]
+
+ApprovalPredicate = Callable[[dict[str, Any]], bool]
+"""Decides from a call's validated JSON arguments whether a person must approve it first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +64,25 @@ class Tool:
         description: what it does, for the model.
         parameters: JSON Schema (Draft 2020-12) of the arguments object.
         fn: the implementation, called with the validated arguments as keyword arguments.
-            Sync functions run in a worker thread so they never block the event loop.
+            Sync functions run in a daemon worker thread so they never block the event loop.
         control: set only for the built-in control-flow tools, which the engine handles
             itself instead of calling ``fn``.
+        timeout_s: seconds one call may take; ``Limits.tool_timeout_s`` when None.
+        max_output_chars: longest output sent to the model before it is cut;
+            ``Limits.tool_max_output_chars`` when None.
+        sequential: never run a call of this tool alongside other calls of the same reply.
+        idempotent: running a call twice does no harm, so it may be retried on the errors
+            in ``retry_on``, and re-run after an interruption. Never assumed.
+        retry_on: exception types that count as transient for an idempotent tool.
+        max_retries: retries after the first attempt; ``Limits.tool_max_retries`` when None.
+        requires_approval: True, or a predicate over the validated JSON arguments, when a
+            person must approve a call before it runs (a predicate that raises counts as
+            "needs approval").
+        arguments_model: converts validated JSON arguments into the function's Python types
+            (``@tool`` derives it); None passes the JSON values as they are.
 
     Raises:
-        ConfigError: for an invalid name or schema, naming the tool.
+        ConfigError: for an invalid name, schema or option, naming the tool.
     """
 
     name: str
@@ -66,7 +90,21 @@ class Tool:
     parameters: Mapping[str, Any]
     fn: ToolFunction | None = None
     control: ControlKind | None = None
+    _: KW_ONLY
+    timeout_s: float | None = None
+    max_output_chars: int | None = None
+    sequential: bool = False
+    idempotent: bool = False
+    retry_on: tuple[type[BaseException], ...] = (TimeoutError,)
+    max_retries: int | None = None
+    requires_approval: bool | ApprovalPredicate = False
+    arguments_model: type[BaseModel] | None = field(default=None, repr=False)
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+    fast_check: Callable[[dict[str, Any]], bool] | None = field(
+        init=False, repr=False, compare=False
+    )
+    """A quick test that passes only arguments the schema accepts, for simple schemas (flat,
+    primitive types); a failure is confirmed, and explained, by the full validator."""
     is_async: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +115,8 @@ class Tool:
             )
         if self.fn is None and self.control is None:
             raise ConfigError(f"tool {self.name!r} has no function to call")
+        if self.fn is not None and not callable(self.fn):
+            raise ConfigError(f"tool {self.name!r}: fn must be callable, got {self.fn!r}")
         if not isinstance(self.parameters, Mapping):
             raise ConfigError(f"tool {self.name!r}: parameters must be a JSON Schema object")
         try:
@@ -92,8 +132,46 @@ class Tool:
                 f'tool {self.name!r}: the parameters schema must have "type": "object" '
                 "(tool arguments are always a JSON object)"
             )
+        self._check_options()
         object.__setattr__(self, "validator", Draft202012Validator(self.parameters))
-        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
+        object.__setattr__(self, "fast_check", fast_check(self.parameters))
+        object.__setattr__(self, "is_async", _is_async(self.fn))
+
+    def _check_options(self) -> None:
+        problems: list[str] = []
+        timeout = self.timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            problems.append(f"timeout_s must be a finite number of seconds > 0, got {timeout!r}")
+        for option, low in (("max_output_chars", 1), ("max_retries", 0)):
+            value = getattr(self, option)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < low
+            ):
+                problems.append(f"{option} must be an integer >= {low}, got {value!r}")
+        retry_on = self.retry_on
+        if isinstance(retry_on, type):
+            retry_on = (retry_on,)
+            object.__setattr__(self, "retry_on", retry_on)
+        if not isinstance(retry_on, tuple) or not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in retry_on
+        ):
+            problems.append(f"retry_on must be a tuple of exception types, got {retry_on!r}")
+        if self.max_retries and not self.idempotent:
+            problems.append(
+                "max_retries needs idempotent=True (a tool that is not idempotent is never retried)"
+            )
+        if not isinstance(self.requires_approval, bool) and not callable(self.requires_approval):
+            problems.append("requires_approval must be a bool or a predicate over the arguments")
+        for flag in ("sequential", "idempotent"):
+            if not isinstance(getattr(self, flag), bool):
+                problems.append(f"{flag} must be a bool")
+        if problems:
+            raise ConfigError(f"tool {self.name!r}: " + "; ".join(problems))
 
     @property
     def spec(self) -> ToolSpec:
@@ -102,43 +180,89 @@ class Tool:
             name=self.name, description=self.description, parameters=dict(self.parameters)
         )
 
+    def needs_approval(self, arguments: dict[str, Any]) -> bool:
+        """Whether a call with these (validated) arguments must wait for a person.
 
-def _schema_from_signature(fn: Callable[..., Any], name: str) -> dict[str, Any]:
-    """JSON Schema of ``fn``'s keyword arguments, derived through pydantic."""
-    try:
-        hints = get_type_hints(fn, include_extras=True)
-        fields: dict[str, Any] = {}
-        for param in inspect.signature(fn).parameters.values():
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise TypeError(f"*{param.name} arguments cannot be described to a model")
-            annotation = hints.get(param.name, Any)
-            default = ... if param.default is inspect.Parameter.empty else param.default
-            fields[param.name] = (annotation, default)
-        model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-        schema: dict[str, Any] = model.model_json_schema()
-    except (TypeError, NameError, PydanticValidationError, ValueError) as exc:
-        raise ConfigError(f"tool {name!r}: cannot derive a JSON Schema: {exc}") from None
-    schema.pop("title", None)
-    for prop in schema.get("properties", {}).values():
-        prop.pop("title", None)
-    return schema
+        Must not raise: a predicate that fails counts as "needs approval" (fail safe).
+        """
+        rule = self.requires_approval
+        if isinstance(rule, bool):
+            return rule
+        try:
+            return bool(rule(dict(arguments)))
+        except Exception:
+            return True
+
+
+def _is_async(fn: object) -> bool:
+    if fn is None:
+        return False
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )
 
 
 def tool(
-    fn: ToolFunction | None = None, *, name: str | None = None, description: str | None = None
+    fn: ToolFunction | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    **options: Any,
 ) -> Any:
-    """Make a ``Tool`` from a function: name from the function, description from its
-    docstring, parameters schema from its type hints. Usable bare (``@tool``) or with
-    arguments (``@tool(name="lookup")``)."""
+    """Make a ``Tool`` from a function.
+
+    The name comes from the function, the description from its docstring's summary, the
+    parameters schema from its type hints (with per-argument descriptions from a Google,
+    NumPy or reST docstring). Usable bare (``@tool``) or with arguments
+    (``@tool(name="lookup", timeout_s=5, idempotent=True)``); any ``Tool`` option may be given.
+    ``parameters={...}`` replaces the derived schema; the function then receives the JSON
+    values as they are.
+
+    Raises:
+        ConfigError: naming the tool, when the signature cannot be described or an option
+            is invalid.
+    """
 
     def build(f: ToolFunction) -> Tool:
-        tool_name = name or f.__name__
-        doc = inspect.getdoc(f) or ""
-        summary = description or doc.split("\n\n", 1)[0].strip() or tool_name
-        return Tool(tool_name, summary, _schema_from_signature(f, tool_name), f)
+        if not callable(f):
+            raise ConfigError(f"@tool needs a function, got {f!r}")
+        tool_name = name or getattr(f, "__name__", type(f).__name__)
+        if not isinstance(tool_name, str) or not NAME_PATTERN.match(tool_name):
+            raise ConfigError(
+                f"tool name {tool_name!r} is invalid: providers accept only letters, digits, "
+                "'_' and '-', 1 to 64 characters"
+            )
+        summary = description or describe_function(f, tool_name)
+        if parameters is not None:
+            return Tool(tool_name, summary, parameters, f, **options)
+        derived = derive_schema(f, tool_name)
+        return Tool(
+            tool_name,
+            summary,
+            derived.parameters,
+            f,
+            arguments_model=derived.arguments_model,
+            **options,
+        )
 
+    unknown = sorted(set(options) - _TOOL_OPTIONS)
+    if unknown:
+        raise ConfigError(f"@tool got unknown option(s) {unknown}")
     return build(fn) if fn is not None else build
 
+
+_TOOL_OPTIONS = frozenset(
+    {
+        "timeout_s",
+        "max_output_chars",
+        "sequential",
+        "idempotent",
+        "retry_on",
+        "max_retries",
+        "requires_approval",
+    }
+)
 
 ASK_USER = Tool(
     "ask_user",
@@ -168,36 +292,39 @@ FINISH_TASK = Tool(
 
 @dataclass(slots=True)
 class PreparedCall:
-    """A tool call after lookup, JSON parsing and schema validation."""
+    """A tool call after lookup, JSON parsing, schema validation and type conversion."""
 
     call: ToolCall
     tool: Tool | None
     arguments: dict[str, Any] | None
-    """The parsed arguments, or None when they were not a JSON object."""
+    """The parsed JSON arguments, or None when they were not a JSON object."""
     error: str | None
     """Why the call cannot run, worded for the model; None when it is valid."""
+    values: dict[str, Any] | None = None
+    """The keyword arguments for the function (``arguments`` converted to its types)."""
+
+
+def _where(path: Iterable[Any]) -> str:
+    return "/".join(str(p) for p in path) or "(arguments)"
 
 
 def _format_schema_errors(tool_name: str, errors: list[jsonschema.ValidationError]) -> str:
     lines = [f"Invalid arguments for tool '{tool_name}':"]
     for err in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path]):
-        where = "/".join(str(p) for p in err.absolute_path) or "(arguments)"
-        lines.append(f"- at {where}: {err.message}")
+        lines.append(f"- at {_where(err.absolute_path)}: {err.message}")
     lines.append("Call the tool again with arguments that match its schema.")
     return "\n".join(lines)
 
 
-def serialise_output(value: Any) -> str:
-    """Text for the model from a tool's return value: str as is, models and data as JSON.
-
-    Raises:
-        TypeError: when the value has no JSON form.
-    """
-    if isinstance(value, str):
-        return value
-    if isinstance(value, BaseModel):
-        return value.model_dump_json()
-    return json.dumps(value, ensure_ascii=False)
+def _format_conversion_errors(tool_name: str, exc: PydanticValidationError) -> str:
+    lines = [f"Invalid arguments for tool '{tool_name}':"]
+    for err in exc.errors(include_url=False):
+        got = json.dumps(err.get("input"), default=repr, ensure_ascii=False)
+        if len(got) > 200:
+            got = got[:200] + "…"
+        lines.append(f"- at {_where(err['loc'])}: {err['msg']} (got {got})")
+    lines.append("Call the tool again with arguments that match its schema.")
+    return "\n".join(lines)
 
 
 class ToolRegistry:
@@ -230,7 +357,7 @@ class ToolRegistry:
         return self._tools.get(name)
 
     def prepare(self, call: ToolCall) -> PreparedCall:
-        """Look the tool up, parse and validate the arguments. Must not raise."""
+        """Look the tool up, parse, validate and convert the arguments. Must not raise."""
         found = self._tools.get(call.name)
         if found is None:
             available = ", ".join(self._tools) or "(none)"
@@ -252,51 +379,25 @@ class ToolRegistry:
                 f"The arguments for tool '{call.name}' must be a JSON object, "
                 f"not {type(arguments).__name__}.",
             )  # fmt: skip
-        errors = list(found.validator.iter_errors(arguments))
-        if errors:
-            return PreparedCall(call, found, arguments, _format_schema_errors(call.name, errors))
-        return PreparedCall(call, found, arguments, None)
-
-    async def run(self, prepared: PreparedCall, timeout_s: float) -> ToolMessage:
-        """Execute a prepared call and answer it. Must not raise: every failure is a result."""
-        call = prepared.call
-        if prepared.error is not None:
-            return error_result(call, prepared.error)
-        assert prepared.tool is not None
-        assert prepared.tool.fn is not None
-        assert prepared.arguments is not None
-        fn, arguments = prepared.tool.fn, prepared.arguments
+        fast = found.fast_check
+        if fast is None or not fast(arguments):
+            errors = list(found.validator.iter_errors(arguments))
+            if errors:
+                return PreparedCall(
+                    call, found, arguments, _format_schema_errors(call.name, errors)
+                )
+        model = found.arguments_model
+        if model is None:
+            return PreparedCall(call, found, arguments, None, arguments)
         try:
-            async with asyncio.timeout(timeout_s):
-                if prepared.tool.is_async:
-                    value = await fn(**arguments)
-                else:
-                    value = await asyncio.to_thread(fn, **arguments)
-        except TimeoutError:
-            return error_result(call, f"Tool '{call.name}' timed out after {timeout_s:g} s.")
-        except Exception as exc:
-            return error_result(call, f"Tool '{call.name}' failed: {type(exc).__name__}: {exc}")
-        try:
-            output = serialise_output(value)
-        except (TypeError, ValueError) as exc:
-            return error_result(
-                call,
-                f"Tool '{call.name}' returned a value that cannot be sent to the model "
-                f"({type(value).__name__}: {exc}).",
-            )
-        return ToolMessage(tool_call_id=call.id, name=call.name, content=output)
-
-
-def error_result(call: ToolCall, message: str) -> ToolMessage:
-    """An error answer to ``call`` that the model can correct from."""
-    return ToolMessage(
-        tool_call_id=call.id, name=call.name, content=message, status=ToolStatus.ERROR
-    )
-
-
-def skipped_result(call: ToolCall, reason: str) -> ToolMessage:
-    """An answer to a call that was never run, so the transcript stays valid."""
-    return ToolMessage(
-        tool_call_id=call.id, name=call.name, content=f"Skipped: {reason}",
-        status=ToolStatus.SKIPPED,
-    )  # fmt: skip
+            converted = model.model_validate(arguments)
+        except PydanticValidationError as exc:
+            return PreparedCall(call, found, arguments, _format_conversion_errors(call.name, exc))
+        except Exception as exc:  # a user validator that raised something else
+            return PreparedCall(
+                call, found, arguments,
+                f"Invalid arguments for tool '{call.name}': {type(exc).__name__}: {exc}",
+            )  # fmt: skip
+        given = converted.model_fields_set
+        values = {k: v for k, v in converted.__dict__.items() if k in given}
+        return PreparedCall(call, found, arguments, None, values)

@@ -7,7 +7,8 @@ from typing import Literal
 
 import pytest
 
-from agent_fsm import Agent, ConfigError, StopReason, Tool, ToolCall, ToolMessage, tool
+from agent_fsm import Agent, ConfigError, Limits, StopReason, Tool, ToolCall, ToolMessage, tool
+from agent_fsm.execution import execute
 from agent_fsm.messages import ToolStatus
 from agent_fsm.testing import ScriptedModel, call, raw_call, reply
 from agent_fsm.tools import ToolRegistry
@@ -17,7 +18,8 @@ OBJ = {"type": "object", "properties": {}}
 
 
 def _run(registry: ToolRegistry, tool_call: ToolCall, timeout: float = 5.0) -> ToolMessage:
-    return asyncio.run(registry.run(registry.prepare(tool_call), timeout))
+    executed = asyncio.run(execute(registry.prepare(tool_call), Limits(tool_timeout_s=timeout)))
+    return executed.result
 
 
 def test_schema_from_signature() -> None:

@@ -1,0 +1,269 @@
+"""Running one prepared tool call: the timeout, the worker thread, retries, the output.
+
+Must not raise for anything a tool does: an exception, a timeout, a return value with no JSON
+form each become an error result. The one exception that passes through is cancellation
+(``asyncio.CancelledError``), which belongs to whoever cancelled the call.
+
+Sync tools run on daemon threads from a small pool of our own, never on the event loop's
+default executor: ``asyncio.run`` waits for that executor's threads when it shuts down, so a
+sync tool that ignores its timeout would hang the caller's exit. A thread that outlives its
+timeout is abandoned: its result, if it ever comes, is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import queue
+import random
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import JsonValue
+
+from agent_fsm.limits import Limits
+from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
+from agent_fsm.outputs import (
+    ToolResult,
+    error_result,
+    merge_runtime_details,
+    serialise_output,
+    truncate,
+)
+from agent_fsm.tools import PreparedCall, Tool
+
+__all__ = ["ABANDONED_NOTE", "Executed", "RetryHandler", "execute", "retry_delay", "run_in_thread"]
+
+RetryHandler = Callable[[int, str, float], None]
+"""Told ``(failed attempt, error text, delay before the next one)`` before each retry."""
+
+ABANDONED_NOTE = (
+    " It runs in a worker thread that cannot be stopped, so it was abandoned: it may still "
+    "finish in the background, and its result will be discarded."
+)
+
+
+class _DaemonThreads:
+    """A pool of daemon threads that grows on demand and shrinks when idle.
+
+    ``idle`` counts waiting workers minus queued jobs; it never goes negative, so every job
+    has a worker. Daemon threads are never joined: interpreter exit does not wait for them.
+    """
+
+    def __init__(self, idle_s: float = 30.0) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._idle_s = idle_s
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self._jobs.put(job)
+            if self._idle:
+                self._idle -= 1
+                return
+        threading.Thread(target=self._work, name="agent_fsm-tool", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._idle -= 1
+                        return
+                continue
+            job()
+            with self._lock:
+                self._idle += 1
+
+
+_THREADS = _DaemonThreads()
+
+
+def _deliver(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if future.done():  # timed out or cancelled meanwhile: the result is discarded
+        return
+    if error is None:
+        future.set_result(value)
+    else:
+        future.set_exception(error)
+
+
+def run_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    """Run ``fn(**kwargs)`` on a daemon worker thread, in a copy of the current context.
+
+    Cancelling the returned future abandons the call; it never blocks the loop or its exit.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def job() -> None:
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            value = context.run(fn, **kwargs)
+        except StopIteration as exc:  # a future cannot hold StopIteration
+            error = RuntimeError(f"StopIteration: {exc}")
+        except BaseException as exc:
+            error = exc
+        # A closed loop raises RuntimeError: nobody waits for this result any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_deliver, future, value, error)
+
+    _THREADS.submit(job)
+    return future
+
+
+def retry_delay(attempt: int, limits: Limits) -> float:
+    """Exponential backoff with jitter before retry number ``attempt`` (1-based): half to all
+    of ``retry_backoff_s * 2**(attempt-1)``, capped at ``retry_backoff_max_s``."""
+    delay = min(limits.retry_backoff_max_s, limits.retry_backoff_s * 2.0 ** (attempt - 1))
+    return delay * (0.5 + random.random() / 2)
+
+
+class _Deadline:
+    """``asyncio.timeout`` for one await, at a fraction of its cost (it is on every call).
+
+    When the timer fires it cancels the current task; ``finish`` stops the timer and, if it
+    fired, withdraws that cancellation, telling whether it was the only one (a caller's own
+    cancellation must still propagate), as ``asyncio.timeout`` does.
+    """
+
+    __slots__ = ("_base", "_handle", "_task", "expired")
+
+    def __init__(self, seconds: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None, "tools run inside a task"
+        self._task = task
+        self._base = task.cancelling()
+        self.expired = False
+        self._handle = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self._task.cancel()
+
+    def finish(self) -> bool:
+        """Stop the timer; True when it fired and no one else cancelled the task."""
+        self._handle.cancel()
+        return self.expired and self._task.uncancel() <= self._base
+
+
+@dataclass(slots=True)
+class Executed:
+    """A call's answer and how many attempts it took (0 when it never ran)."""
+
+    result: ToolMessage
+    attempts: int
+
+
+async def execute(
+    prepared: PreparedCall,
+    limits: Limits,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    on_retry: RetryHandler | None = None,
+) -> Executed:
+    """Run a prepared call (retrying an idempotent tool on transient errors) and answer it.
+
+    Must not raise, except ``asyncio.CancelledError`` when the caller cancels.
+    """
+    call, tool = prepared.call, prepared.tool
+    if prepared.error is not None or tool is None:
+        return Executed(error_result(call, prepared.error or "the call cannot run"), 0)
+    fn = tool.fn
+    assert fn is not None
+    values = prepared.values if prepared.values is not None else prepared.arguments or {}
+    timeout_s = tool.timeout_s or limits.tool_timeout_s
+    retries = 0
+    if tool.idempotent:
+        retries = limits.tool_max_retries if tool.max_retries is None else tool.max_retries
+    runtime: dict[str, JsonValue] = {}
+    history: list[JsonValue] = []
+    attempt = 0
+    value: Any = None
+    while True:
+        attempt += 1
+        failure: BaseException | None = None
+        deadline = _Deadline(timeout_s)
+        try:
+            if tool.is_async:
+                value = await fn(**values)
+            else:
+                value = await run_in_thread(fn, values)
+        except asyncio.CancelledError:
+            if not deadline.finish():
+                raise
+            failure = TimeoutError()
+        except Exception as exc:
+            deadline.finish()
+            failure = exc
+        else:
+            deadline.finish()
+        expired = failure is not None and deadline.expired
+        if expired:
+            message = f"Tool '{call.name}' timed out after {timeout_s:g} s."
+            if not tool.is_async:
+                message += ABANDONED_NOTE
+                runtime["abandoned"] = True
+            failure = TimeoutError(message)
+        elif failure is not None:
+            message = f"Tool '{call.name}' failed: {type(failure).__name__}: {failure}"
+        if failure is None:
+            break
+        if attempt <= retries and isinstance(failure, tool.retry_on):
+            delay = retry_delay(attempt, limits)
+            history.append({"attempt": attempt, "error": message, "delay_s": delay})
+            if on_retry is not None:
+                on_retry(attempt, message, delay)
+            await sleep(delay)
+            continue
+        if history:
+            message += f" (gave up after {attempt} attempts)"
+            runtime.update(attempts=attempt, retries=history)
+        if expired:
+            runtime["timed_out_after_s"] = timeout_s
+        return Executed(error_result(call, message, merge_runtime_details(None, runtime)), attempt)
+    if history:
+        runtime.update(attempts=attempt, retries=history)
+    return Executed(_answer(call, tool, value, limits, runtime), attempt)
+
+
+def _answer(
+    call: ToolCall, tool: Tool, value: Any, limits: Limits, runtime: dict[str, JsonValue]
+) -> ToolMessage:
+    """The message for a value the tool returned, cut to the tool's output limit."""
+    details: JsonValue = None
+    status = ToolStatus.OK
+    try:
+        if isinstance(value, ToolResult):
+            output, details = value.output, value.details
+            if value.is_error:
+                status = ToolStatus.ERROR
+        else:
+            output = serialise_output(value)
+    except (TypeError, ValueError) as exc:
+        return error_result(
+            call,
+            f"Tool '{call.name}' returned a value that cannot be sent to the model "
+            f"({type(value).__name__}: {exc}).",
+            merge_runtime_details(None, runtime),
+        )
+    limit = tool.max_output_chars or limits.tool_max_output_chars
+    if len(output) > limit:
+        runtime["original_chars"] = len(output)
+        runtime["shown_chars"] = limit
+        output = truncate(output, limit, call.name)
+    return ToolMessage(
+        tool_call_id=call.id,
+        name=call.name,
+        content=output,
+        status=status,
+        details=merge_runtime_details(details, runtime),
+    )

@@ -1,0 +1,126 @@
+"""What a tool's return value becomes: the text the model sees, the details people see, and
+the answers for calls that failed or never ran.
+
+``output`` goes to the model; ``details`` go to events and people only (``ToolMessage.details``).
+Facts the runtime adds (attempts, retries, truncation, an abandoned thread, a journal replay)
+sit under the ``"runtime"`` key of ``details``, so they never collide with the tool's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
+
+__all__ = [
+    "ToolResult",
+    "error_result",
+    "merge_runtime_details",
+    "serialise_output",
+    "skipped_result",
+    "truncate",
+]
+
+
+class ToolResult(BaseModel):
+    """What a tool may return to say more than its output.
+
+    ``ToolResult("3 files deleted", details={"deleted": [...]})``: the model reads ``output``;
+    ``details`` reach events and the transcript's ``ToolMessage.details`` but never the model;
+    ``is_error=True`` answers the call as failed (the model should correct itself) without
+    raising.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output: str
+    """The text the model sees."""
+    details: JsonValue = None
+    """Structured data for people and events only; must be JSON-able."""
+    is_error: bool = False
+    """Answer the call as an error the model should correct."""
+
+    def __init__(self, output: str, details: JsonValue = None, is_error: bool = False) -> None:
+        super().__init__(output=output, details=details, is_error=is_error)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def serialise_output(value: Any) -> str:
+    """Text for the model from a tool's return value: str as is, everything else as JSON.
+
+    pydantic models, dataclasses, dates and enums inside the value are converted; NaN and
+    infinities are refused (they are not JSON).
+
+    Raises:
+        TypeError, ValueError: when the value has no JSON form.
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default)
+
+
+def merge_runtime_details(details: JsonValue, runtime: dict[str, JsonValue]) -> JsonValue:
+    """``details`` with the runtime's facts under ``"runtime"``; a non-dict value of the
+    tool's own moves under ``"value"``."""
+    if not runtime:
+        return details
+    if details is None:
+        return {"runtime": runtime}
+    if isinstance(details, dict):
+        previous = details.get("runtime")
+        merged = {**previous, **runtime} if isinstance(previous, dict) else runtime
+        return {**details, "runtime": merged}
+    return {"value": details, "runtime": runtime}
+
+
+def truncate(text: str, keep: int, name: str, original_chars: int | None = None) -> str:
+    """The first ``keep`` characters of ``text`` plus a marker telling the model how much was
+    cut and how to ask for less; ``text`` unchanged when it fits.
+
+    Args:
+        original_chars: the size of the output ``text`` was taken from, when ``text`` is
+            itself already cut (its first ``keep`` characters must be the original's).
+    """
+    if len(text) <= keep:
+        return text
+    total = len(text) if original_chars is None else original_chars
+    return (
+        f"{text[:keep]}\n[output truncated: {total - keep:,} of {total:,} characters were cut. "
+        f"Call '{name}' again asking for less (a narrower query, a smaller range, fewer items "
+        "or a page) to see the rest.]"
+    )
+
+
+def error_result(call: ToolCall, message: str, details: JsonValue = None) -> ToolMessage:
+    """An error answer to ``call`` that the model can correct from."""
+    return ToolMessage(
+        tool_call_id=call.id, name=call.name, content=message, status=ToolStatus.ERROR,
+        details=details,
+    )  # fmt: skip
+
+
+def skipped_result(call: ToolCall, reason: str) -> ToolMessage:
+    """An answer to a call that was never run, so the transcript stays valid."""
+    return ToolMessage(
+        tool_call_id=call.id, name=call.name, content=f"Skipped: {reason}",
+        status=ToolStatus.SKIPPED,
+    )  # fmt: skip

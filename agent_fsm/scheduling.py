@@ -1,0 +1,234 @@
+"""Running the calls of one turn that are cleared to run: in waves, at most
+``Limits.max_parallel_tools`` at a time, through the tool journal, until steering interrupts
+or the run is stopped. ``acting.py`` decides which calls run; this module runs them.
+
+Every call ends with exactly one answer in ``TurnCalls.results``: run, replayed from the
+journal, cancelled by a stop, or skipped because it never started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+
+from pydantic import JsonValue
+
+from agent_fsm.events import Event, ToolRetried, ToolStarted
+from agent_fsm.execution import ABANDONED_NOTE, Executed, execute
+from agent_fsm.journal import CallStatus, ToolJournal, journal_key
+from agent_fsm.limits import Limits
+from agent_fsm.messages import ToolMessage
+from agent_fsm.outputs import error_result, merge_runtime_details, skipped_result
+from agent_fsm.state import RunState
+from agent_fsm.tools import PreparedCall
+
+__all__ = ["STOPPED", "TurnCalls", "run_until_stopped", "waves"]
+
+STOPPED = "the run was stopped before this call started"
+"""Why a call that had not started when the run was stopped was skipped."""
+_STOP_GRACE_S = 0.1
+"""How long a stopped run waits for cancelled async tools to unwind before it moves on."""
+
+
+class TurnCalls:
+    """The execution of one turn's runnable calls; fills ``results`` by call index."""
+
+    def __init__(
+        self,
+        state: RunState,
+        prepared: Sequence[PreparedCall],
+        limits: Limits,
+        emit: Callable[[Event], None] | None,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+        journal: ToolJournal | None,
+        interruption: Callable[[], str | None] | None,
+    ) -> None:
+        self.state = state
+        self.prepared = prepared
+        self.limits = limits
+        self.emit = emit
+        self.clock = clock
+        self.sleep = sleep
+        self.journal = journal
+        self.interruption = interruption
+        count = len(prepared)
+        self.results: list[ToolMessage | None] = [None] * count
+        self.durations = [0.0] * count
+        self.attempts = [0] * count
+        self.started = [False] * count
+        self.open_keys: dict[int, str] = {}
+        """Journal keys recorded as started and not yet finished, by call index."""
+        self.halted: str | None = None
+        """Why calls not yet started are skipped (steering or a stop); None to go on."""
+
+    async def run_groups(self, groups: Sequence[Sequence[int]]) -> None:
+        for group in groups:
+            if len(group) == 1:
+                await self.run_call(group[0])
+                continue
+            # A few workers share one iterator: calls start in call order, at most
+            # max_parallel_tools at a time, without a semaphore per call.
+            pending = iter(group)
+            width = min(self.limits.max_parallel_tools, len(group))
+            await asyncio.gather(*(self._worker(pending) for _ in range(width)))
+
+    async def _worker(self, pending: Iterator[int]) -> None:
+        for index in pending:
+            await self.run_call(index)
+
+    async def run_call(self, index: int) -> None:
+        item = self.prepared[index]
+        if self.halted is not None:
+            self.results[index] = skipped_result(item.call, self.halted)
+            return
+        self.started[index] = True
+        state, emit = self.state, self.emit
+        if emit is not None:
+            emit(ToolStarted(run_id=state.run_id, turn=state.turns, call=item.call))
+        begun = self.clock()
+        try:
+            executed = await self._execute(index, item)
+        except asyncio.CancelledError:
+            self.cancelled(index)
+            raise
+        finally:
+            self.durations[index] = self.clock() - begun
+        self.results[index] = executed.result
+        self.attempts[index] = executed.attempts
+        if self.interruption is not None and self.halted is None:
+            try:
+                self.halted = self.interruption() or None
+            except Exception:  # a broken steering hook must not break the run
+                self.halted = None
+
+    def cancelled(self, index: int) -> None:
+        """Answer a call that was running when the run was stopped."""
+        if self.results[index] is not None:
+            return
+        item = self.prepared[index]
+        message = f"Tool '{item.call.name}' was cancelled because the run was stopped."
+        runtime: dict[str, JsonValue] = {"cancelled": True}
+        if item.tool is not None and not item.tool.is_async:
+            message += ABANDONED_NOTE
+            runtime["abandoned"] = True
+        result = error_result(item.call, message, {"runtime": runtime})
+        self.results[index] = result
+        self._record_finished(index, result)
+
+    async def _execute(self, index: int, item: PreparedCall) -> Executed:
+        state, emit = self.state, self.emit
+        on_retry = None
+        if emit is not None:
+            call = item.call
+
+            def on_retry(attempt: int, error: str, delay: float) -> None:
+                emit(
+                    ToolRetried(
+                        run_id=state.run_id,
+                        turn=state.turns,
+                        call_id=call.id,
+                        name=call.name,
+                        attempt=attempt,
+                        error=error,
+                        delay_s=delay,
+                    )
+                )
+
+        if self.journal is None:
+            return await execute(item, self.limits, sleep=self.sleep, on_retry=on_retry)
+        replayed = self._from_journal(index, item)
+        if replayed is not None:
+            return replayed
+        executed = await execute(item, self.limits, sleep=self.sleep, on_retry=on_retry)
+        self._record_finished(index, executed.result)
+        return executed
+
+    def _from_journal(self, index: int, item: PreparedCall) -> Executed | None:
+        """The answer the journal already holds for this call, or None after recording that
+        the call starts now (it then must run)."""
+        journal, call, tool = self.journal, item.call, item.tool
+        assert journal is not None
+        assert tool is not None
+        key = journal_key(self.state.turns, index, call.id)
+        try:
+            entry = journal.lookup(key)
+            if entry is not None and entry.status is CallStatus.FINISHED and entry.result:
+                recorded = entry.result
+                details = merge_runtime_details(recorded.details, {"replayed": True})
+                return Executed(recorded.model_copy(update={"details": details}), 0)
+            if entry is not None and not tool.idempotent:
+                result = error_result(
+                    call,
+                    f"The outcome of this call to '{call.name}' is unknown: it started before "
+                    "an interruption and is not re-run because the tool is not idempotent. "
+                    "Check its effect before calling it again.",
+                    {"runtime": {"outcome_unknown": True}},
+                )
+                journal.record_finished(key, result)
+                return Executed(result, 0)
+            journal.record_started(key, call)
+        except Exception as exc:  # the store failed: never run a call the journal cannot see
+            return Executed(
+                error_result(
+                    call,
+                    f"Tool '{call.name}' was not run: its call could not be recorded "
+                    f"({type(exc).__name__}: {exc}).",
+                ),
+                0,
+            )
+        self.open_keys[index] = key
+        return None
+
+    def _record_finished(self, index: int, result: ToolMessage) -> None:
+        key = self.open_keys.pop(index, None)
+        if key is None or self.journal is None:
+            return
+        # If the store fails the answer stands; a resume will call the outcome unknown.
+        with contextlib.suppress(Exception):
+            self.journal.record_finished(key, result)
+
+
+def waves(prepared: Sequence[PreparedCall], runnable: list[int], parallel: bool) -> list[list[int]]:
+    """Runnable call indices in waves: each wave runs concurrently, waves one after another.
+    A sequential tool (or every call, when not ``parallel``) is a wave of its own."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for index in runnable:
+        found = prepared[index].tool
+        if not parallel or (found is not None and found.sequential):
+            if current:
+                groups.append(current)
+                current = []
+            groups.append([index])
+        else:
+            current.append(index)
+    if current:
+        groups.append(current)
+    return groups
+
+
+async def run_until_stopped(turn: TurnCalls, groups: list[list[int]], stop: asyncio.Event) -> None:
+    """Run the groups; when ``stop`` is set first, cancel what runs and skip the rest."""
+    if stop.is_set():
+        turn.halted = STOPPED
+        return
+    work = asyncio.ensure_future(turn.run_groups(groups))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((work, stopped), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # act itself was cancelled: take the calls down with it
+        work.cancel()
+        stopped.cancel()
+        raise
+    stopped.cancel()
+    if work.done():
+        work.result()
+        return
+    turn.halted = STOPPED
+    work.cancel()
+    await asyncio.wait((work,), timeout=_STOP_GRACE_S)
+    for index, started in enumerate(turn.started):
+        if started:  # a tool that swallowed its cancellation, still unwinding: abandoned
+            turn.cancelled(index)
