@@ -8,17 +8,28 @@ from agent_fsm.agent import Agent
 from agent_fsm.checkpoint import CheckpointStore, MemoryStore, RunSummary
 from agent_fsm.checkpoint_sqlite import SQLiteStore
 from agent_fsm.engine import Run
-from agent_fsm.errors import AgentFSMError, CheckpointError, ConfigError, RunError
+from agent_fsm.errors import (
+    AgentFSMError,
+    CheckpointError,
+    ConfigError,
+    ResumeError,
+    RunError,
+)
 from agent_fsm.events import (
+    AbortRequested,
     Event,
+    FollowUpQueued,
     GuardTripped,
     MessageUpdated,
     ModelFailed,
     ModelRequested,
     ModelResponded,
     RunFinished,
+    RunPaused,
+    RunResumed,
     RunStarted,
     StateChanged,
+    SteeringQueued,
     ToolFinished,
     ToolRetried,
     ToolStarted,
@@ -34,7 +45,7 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.outputs import ToolResult
-from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry
+from agent_fsm.state import Approval, RunResult, RunState, RunStatus, TraceEntry
 from agent_fsm.table import AgentState, StopReason
 from agent_fsm.tools import Tool, tool
 from agent_fsm.verify import TerminationBound
@@ -42,6 +53,7 @@ from agent_fsm.verify import TerminationBound
 __all__ = [
     # running agents
     "Agent",
+    "Approval",
     "Limits",
     "Run",
     "Tool",
@@ -70,13 +82,18 @@ __all__ = [
     "UserMessage",
     # events
     "Event",
+    "AbortRequested",
+    "FollowUpQueued",
     "GuardTripped",
     "MessageUpdated",
     "ModelFailed",
     "ModelRequested",
     "ModelResponded",
     "RunFinished",
+    "RunPaused",
+    "RunResumed",
     "RunStarted",
+    "SteeringQueued",
     "StateChanged",
     "ToolFinished",
     "ToolRetried",
@@ -85,5 +102,6 @@ __all__ = [
     "AgentFSMError",
     "CheckpointError",
     "ConfigError",
+    "ResumeError",
     "RunError",
 ]

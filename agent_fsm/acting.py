@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from pydantic import JsonValue
 
@@ -158,6 +158,7 @@ async def act(
     journal: ToolJournal | None = None,
     interruption: Callable[[], str | None] | None = None,
     stop: asyncio.Event | None = None,
+    approved: Collection[str] = (),
 ) -> list[ToolMessage]:
     """Answer ``calls``; record control requests, error counts and loop signals in ``state``.
 
@@ -173,6 +174,8 @@ async def act(
             yet started are answered "skipped" with that reason.
         stop: once set, running calls are cancelled (a sync tool's thread is abandoned) and
             answered with an error, calls not yet started are skipped, and ``act`` returns.
+        approved: ids of calls a person already approved (a resumed approval pause): they
+            run without asking again.
 
     Returns the results in call order; the caller appends them to the transcript.
     """
@@ -199,8 +202,10 @@ async def act(
         for index, item in enumerate(prepared):
             if item.error is not None or item.tool is None:
                 results[index] = error_result(item.call, item.error or "the call cannot run")
-            elif item.tool.requires_approval is not False and item.tool.needs_approval(
-                item.arguments or {}
+            elif (
+                item.tool.requires_approval is not False
+                and item.call.id not in approved
+                and item.tool.needs_approval(item.arguments or {})
             ):
                 results[index] = _awaiting_approval(item.call)
                 pending.append(item)

@@ -15,7 +15,7 @@ import asyncio
 import inspect
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -53,6 +53,7 @@ from agent_fsm.messages import (
     ReplyDelta,
     SystemMessage,
     ToolCall,
+    ToolMessage,
     TranscriptView,
     Usage,
     UserMessage,
@@ -144,6 +145,11 @@ class Run:
         self._scope: asyncio.Timeout | None = None
         """The cancel scope of the model call in flight, if any."""
         self._deadline: asyncio.TimerHandle | None = None
+        self._journal = (
+            config.store.journal(state.run_id)
+            if config.store is not None and config.checkpoint_every_transition
+            else None
+        )
 
     # -- public surface ---------------------------------------------------------------
 
@@ -482,13 +488,20 @@ class Run:
         return on_delta
 
     async def _act(self) -> None:
-        state, config = self._state, self._config
+        state = self._state
         if state.approvals:
             await self._carry_out_approvals()
             return
         last = state.messages[-1]
         calls = last.tool_calls if isinstance(last, AssistantMessage) else ()
-        results = await act(
+        for result in await self._run_tools(calls):
+            self._append(result)
+
+    async def _run_tools(
+        self, calls: Sequence[ToolCall], approved: Collection[str] = ()
+    ) -> list[ToolMessage]:
+        state, config = self._state, self._config
+        return await act(
             state,
             calls,
             config.tools,
@@ -496,32 +509,41 @@ class Run:
             parallel=config.parallel_tool_calls,
             emit=self._emitter,
             clock=config.clock,
+            sleep=config.sleep,
+            journal=self._journal,
+            interruption=self._steered,
+            stop=self._stop,
+            approved=approved,
         )
-        for result in results:
-            self._append(result)
+
+    def _steered(self) -> str | None:
+        """Asked after each tool call: a steering message skips the calls not yet started."""
+        if self._state.pending_input:
+            return "a new user message arrived, so this call was not run"
+        return None
 
     async def _carry_out_approvals(self) -> None:
         """Run the calls a person allowed, refuse the others, and tell the model the outcome
         of each in the next user message (the calls were answered "awaiting approval" when
         the run paused, so the transcript is valid throughout)."""
-        state, config = self._state, self._config
+        state = self._state
         control = state.control
         assert control is not None
+        decisions = state.approvals
+        allowed = [call for call in control.pending_calls if decisions[call.id].allow]
+        results = {r.tool_call_id: r for r in await self._run_tools(allowed, decisions)}
         lines = ["Decisions on the tool calls that awaited approval:"]
         for call in control.pending_calls:
-            decision = state.approvals[call.id]
-            if not decision.allow:
-                why = f" Reason: {decision.reason}" if decision.reason else ""
-                lines.append(f"- {call.name} (call {call.id}): denied; it was not run.{why}")
-                continue
-            result = await config.tools.run(
-                config.tools.prepare(call), config.limits.tool_timeout_s
-            )
-            outcome = "approved, but it failed" if result.is_error else "approved and run"
-            note = f" Note: {decision.reason}" if decision.reason else ""
-            lines.append(
-                f"- {call.name} (call {call.id}): {outcome}.{note} Result: {result.content}"
-            )
+            decision = decisions[call.id]
+            why = f" Reason given: {decision.reason}" if decision.reason else ""
+            result = results.get(call.id)
+            if result is None:
+                lines.append(f"- {call.name} (call {call.id}): denied, so it was not run.{why}")
+            else:
+                outcome = "approved, but it failed" if result.is_error else "approved and run"
+                lines.append(
+                    f"- {call.name} (call {call.id}): {outcome}.{why} Result: {result.content}"
+                )
         state.pending_input.append("\n".join(lines))
         state.approvals = {}
         state.control = None

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from agent_fsm import Agent, AgentState, StopReason
+from agent_fsm import Agent, AgentState, Approval, StopReason, ToolMessage, tool
 from agent_fsm.checkpoint import MemoryStore
 from agent_fsm.errors import CheckpointError, ResumeError
 from agent_fsm.events import (
@@ -18,7 +18,7 @@ from agent_fsm.events import (
     RunResumed,
     SteeringQueued,
 )
-from agent_fsm.messages import ModelRequest, ModelResponse, UserMessage
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolStatus, UserMessage
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState, RunStatus
 from agent_fsm.testing import FunctionModel, ScriptedModel, call, reply
 from agent_fsm.testing.invariants import transcript_problems
@@ -220,3 +220,130 @@ async def test_resuming_a_crashed_run_with_an_answer_is_refused() -> None:
     agent = Agent(model=ScriptedModel(["x"]), limits=limits(), store=store)
     with pytest.raises(ResumeError, match="interrupted in OBSERVE"):
         await agent.resume("r", "an answer")
+
+
+def _approval_agent(store: MemoryStore | None = None) -> tuple[Agent, list[str]]:
+    done: list[str] = []
+
+    @tool(requires_approval=lambda args: args["path"].startswith("/prod"))
+    def delete(path: str) -> str:
+        """Delete a file."""
+        done.append(path)
+        return f"deleted {path}"
+
+    model = ScriptedModel(
+        [
+            reply(
+                "",
+                call("delete", path="/prod/a"),
+                call("echo", text="x"),
+                call("delete", path="/tmp/b"),
+            ),
+            reply("", call("delete", path="/prod/c")),
+            "finished",
+        ]
+    )
+    return Agent(model=model, tools=[delete, echo], limits=limits(), store=store), done
+
+
+async def test_approvals_allowed_and_denied_each_reach_the_model() -> None:
+    agent, done = _approval_agent()
+    paused = await agent.run("Clean up")
+    assert (paused.status, paused.stop_reason) == (
+        RunStatus.NEEDS_INPUT,
+        StopReason.APPROVAL_REQUIRED,
+    )
+    assert paused.pending is not None
+    assert [c.arguments for c in paused.pending.pending_calls] == ['{"path": "/prod/a"}']
+    assert done == ["/tmp/b"]  # the call that needed no approval ran
+    assert not transcript_problems(paused.messages)  # every call answered, even the pending one
+    first = paused.pending.pending_calls[0].id
+
+    with pytest.raises(ResumeError, match="waits for approvals, not a reply"):
+        await agent.resume(paused.run_id, "yes")
+    with pytest.raises(ResumeError, match="no decision"):
+        await agent.resume(paused.run_id, approvals={})
+    with pytest.raises(ResumeError, match="not pending"):
+        await agent.resume(paused.run_id, approvals={first: True, "other": False})
+
+    paused_again = await agent.resume(paused.run_id, approvals={first: True})
+    assert done == ["/tmp/b", "/prod/a"]
+    decision = _user_texts(paused_again.messages)[-1]
+    assert "approved and run" in decision
+    assert "deleted /prod/a" in decision
+    assert paused_again.stop_reason is StopReason.APPROVAL_REQUIRED
+
+    second = paused_again.pending.pending_calls[0].id if paused_again.pending else ""
+    final = await agent.resume(
+        paused.run_id, approvals={second: Approval(allow=False, reason="keep /prod/c")}
+    )
+    assert final.output == "finished"
+    assert done == ["/tmp/b", "/prod/a"]  # the denied call never ran
+    denial = _user_texts(final.messages)[-1]
+    assert "denied, so it was not run. Reason given: keep /prod/c" in denial
+    assert not transcript_problems(final.messages)
+    assert len(final.resumed_at) == 2
+
+
+async def test_steering_mid_act_skips_the_calls_not_yet_started() -> None:
+    ran: list[str] = []
+
+    @tool
+    def step(name: str) -> str:
+        """Do one step."""
+        ran.append(name)
+        if name == "one":
+            run.steer("Stop, do something else")
+        return name
+
+    model = ScriptedModel(
+        [
+            reply(
+                "", call("step", name="one"), call("step", name="two"), call("step", name="three")
+            ),
+            "ok",
+        ]
+    )
+    agent = Agent(model=model, tools=[step], limits=limits(), parallel_tool_calls=False)
+    run = agent.start("Go")
+    result = await run.run()
+    assert ran == ["one"]
+    results = [m for m in result.messages if isinstance(m, ToolMessage)]
+    assert [r.status for r in results] == [ToolStatus.OK, ToolStatus.SKIPPED, ToolStatus.SKIPPED]
+    assert "a new user message arrived" in results[1].content
+    assert _user_texts(result.messages) == ["Go", "Stop, do something else"]
+    assert not transcript_problems(result.messages)
+
+
+async def test_abort_during_a_slow_tool_cancels_it_and_answers_the_call() -> None:
+    started = asyncio.Event()
+    cancelled: list[bool] = []
+
+    @tool
+    async def slow(n: int) -> str:
+        """Take a long time."""
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "never"
+
+    store = MemoryStore()
+    model = ScriptedModel([reply("", call("slow", n=1), call("echo", text="fast")), "after"])
+    agent = Agent(model=model, tools=[slow, echo], limits=limits(), store=store)
+    run = agent.start("Go")
+    task = asyncio.create_task(run.run())
+    await started.wait()
+    run.abort("stop now")
+    result = await asyncio.wait_for(task, 5)
+    assert (result.final_state, result.stop_reason) == (AgentState.ERROR, StopReason.ABORTED)
+    assert cancelled == [True]
+    answers = {m.name: m for m in result.messages if isinstance(m, ToolMessage)}
+    assert answers["slow"].status is ToolStatus.ERROR
+    assert "cancel" in answers["slow"].content.lower()
+    assert not transcript_problems(result.messages)
+    assert store.load(run.run_id).state is AgentState.ERROR
+    resumed = await agent.resume(run.run_id, "carry on")
+    assert resumed.output == "after"
