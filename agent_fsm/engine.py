@@ -59,6 +59,7 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.scheduling import StopEvent
 from agent_fsm.state import LoopState, ModelFailure, RunResult, RunState, RunStatus, TraceEntry
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
 from agent_fsm.tools import ToolRegistry, skipped_result
@@ -140,7 +141,7 @@ class Run:
         self._result: RunResult | None = None
         self._announced = False
         self._resumed = resumed
-        self._stop = asyncio.Event()
+        self._stop = StopEvent()
         """Set by abort() or the deadline: in-flight model and tool calls are cancelled."""
         self._scope: asyncio.Timeout | None = None
         """The cancel scope of the model call in flight, if any."""

@@ -209,20 +209,62 @@ def waves(prepared: Sequence[PreparedCall], runnable: list[int], parallel: bool)
     return groups
 
 
+class StopEvent(asyncio.Event):
+    """An ``asyncio.Event`` that also calls back when set, so a turn can wait for "the calls
+    finished or the run was stopped" with one future instead of a second task (the engine's
+    hot path: this halves the cost of a stoppable turn)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        super().set()
+        for callback in list(self._callbacks):
+            callback()
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def remove_callback(self, callback: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
+
+
+async def _first_of(work: asyncio.Future[None], stop: asyncio.Event) -> None:
+    """Return when ``work`` is done or ``stop`` is set, whichever comes first."""
+    if isinstance(stop, StopEvent):
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake(*_: object) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        work.add_done_callback(wake)
+        stop.add_callback(wake)
+        try:
+            await woken
+        finally:
+            stop.remove_callback(wake)
+        return
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((work, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+
+
 async def run_until_stopped(turn: TurnCalls, groups: list[list[int]], stop: asyncio.Event) -> None:
     """Run the groups; when ``stop`` is set first, cancel what runs and skip the rest."""
     if stop.is_set():
         turn.halted = STOPPED
         return
     work = asyncio.ensure_future(turn.run_groups(groups))
-    stopped = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait((work, stopped), return_when=asyncio.FIRST_COMPLETED)
+        await _first_of(work, stop)
     except BaseException:  # act itself was cancelled: take the calls down with it
         work.cancel()
-        stopped.cancel()
         raise
-    stopped.cancel()
     if work.done():
         work.result()
         return

@@ -254,3 +254,16 @@ def test_hooks_do_not_touch_control_flow() -> None:
     assert [r.status for r in results] == [ToolStatus.SKIPPED, ToolStatus.OK]
     assert len(journal) == 0
     assert runs == []
+
+
+async def test_a_stop_event_with_callbacks_stops_a_turn_like_a_plain_event() -> None:
+    from agent_fsm.scheduling import StopEvent
+
+    woken: list[str] = []
+    stop = StopEvent()
+    stop.add_callback(lambda: woken.append("first"))
+    stop.add_callback(lambda: woken.append("second"))
+    stop.remove_callback(lambda: None)  # unknown callbacks are ignored
+    stop.set()
+    assert stop.is_set()
+    assert woken == ["first", "second"]
