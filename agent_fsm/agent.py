@@ -16,7 +16,7 @@ from typing import Any, Literal, overload
 
 from agent_fsm.checkpoint import CheckpointStore, MemoryStore
 from agent_fsm.context import estimate_tools_tokens
-from agent_fsm.diagrams import RunOverlay, render
+from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.errors import ConfigError, RunError
 from agent_fsm.events import Event, EventHandler, RunFinished
@@ -289,24 +289,32 @@ class Agent:
         self,
         format: Literal["mermaid", "dot", "svg"] = "mermaid",
         *,
-        run: RunOverlay | None = None,
+        run: RunOverlay | str | None = None,
     ) -> str: ...
     @overload
-    def diagram(self, format: Literal["png"], *, run: RunOverlay | None = None) -> bytes: ...
+    def diagram(self, format: Literal["png"], *, run: RunOverlay | str | None = None) -> bytes: ...
     @overload
-    def diagram(self, format: str, *, run: RunOverlay | None = None) -> str | bytes: ...
-    def diagram(self, format: str = "mermaid", *, run: RunOverlay | None = None) -> str | bytes:
+    def diagram(self, format: str, *, run: RunOverlay | str | None = None) -> str | bytes: ...
+    def diagram(
+        self, format: str = "mermaid", *, run: RunOverlay | str | None = None
+    ) -> str | bytes:
         """The agent's state machine: mermaid ``stateDiagram-v2`` text by default.
 
         Args:
             format: ``"mermaid"`` or ``"dot"`` (text, no system program needed), ``"svg"``
                 (text) or ``"png"`` (bytes), which need the graphviz ``dot`` program.
-            run: a ``RunResult``, or a ``RecordedRun`` read from a trace file
-                (``agent_fsm.tracefile.read_run``), to overlay: visited states, how many times
-                each edge was taken, and the state and reason the run stopped with.
+            run: a ``RunResult``, a ``RecordedRun`` read from a trace file
+                (``agent_fsm.tracefile.read_run``), or the id of a run in this agent's
+                checkpoint store, to overlay: visited states, how many times each edge was
+                taken, and the state and reason the run stopped with (or where it is, for a
+                run that has not ended).
 
         Raises:
             DiagramError: for svg/png without graphviz (the message says how to install it),
                 or a run that was not made with this agent's table.
+            CheckpointError: for a run id the store does not hold.
         """
-        return render(self._config.machine.rows, format, run=run)
+        rows = self._config.machine.rows
+        if isinstance(run, str):
+            run = StoredRunOverlay.of(self.store.load(run), rows)
+        return render(rows, format, run=run)

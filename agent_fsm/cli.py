@@ -17,7 +17,6 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol, TextIO
@@ -27,7 +26,7 @@ import structlog
 from agent_fsm.agent import Agent
 from agent_fsm.checkpoint import RunSummary
 from agent_fsm.checkpoint_sqlite import SQLiteStore
-from agent_fsm.diagrams import FORMATS, render
+from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
 from agent_fsm.errors import AgentFSMError
 from agent_fsm.events import (
     Event,
@@ -39,8 +38,8 @@ from agent_fsm.events import (
     ToolStarted,
 )
 from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
-from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry
-from agent_fsm.table import TABLE, TERMINAL_STATES, AgentState, StopReason
+from agent_fsm.state import RunState, RunStatus
+from agent_fsm.table import TABLE, AgentState, StopReason
 from agent_fsm.tracefile import RecordedRun, TraceWriter, read_trace, recorded_runs, select_run
 
 __all__ = ["main"]
@@ -231,24 +230,6 @@ def _open_store(path: str) -> SQLiteStore:
     return SQLiteStore(path)
 
 
-@dataclass(frozen=True, slots=True)
-class _StoredRun:
-    """A checkpointed run that has not ended (a crash), as a diagram overlay."""
-
-    run_id: str
-    trace: Sequence[TraceEntry]
-    final_state: AgentState | None
-    stop_reason: StopReason | None
-    turns: int
-
-
-def _overlay_of(state: RunState) -> RunResult | _StoredRun:
-    if state.state in TERMINAL_STATES and state.trace:
-        return RunResult.from_state(state)
-    trace = [TraceEntry.from_row(TABLE[i], turn) for i, turn in state.trace]
-    return _StoredRun(state.run_id, trace, state.state, None, state.turns)
-
-
 def _cmd_diagram(args: argparse.Namespace) -> int:
     format = args.format
     if format is None:
@@ -258,12 +239,12 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         raise _UsageError("--run-id needs --trace FILE")
     if args.run and args.trace:
         raise _UsageError("give --run ID (a checkpointed run) or --trace FILE, not both")
-    run: RecordedRun | RunResult | _StoredRun | None = None
+    run: RecordedRun | StoredRunOverlay | None = None
     if args.trace:
         run = select_run(recorded_runs(read_trace(args.trace)), args.run_id, args.trace)
     elif args.run:
         with _open_store(args.store) as store:
-            run = _overlay_of(store.load(args.run))
+            run = StoredRunOverlay.of(store.load(args.run), TABLE)
     diagram = render(TABLE, format, run=run)
     if args.output:
         data = diagram.encode() if isinstance(diagram, str) else diagram

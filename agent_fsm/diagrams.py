@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, overload
 
 from agent_fsm.errors import DiagramError
-from agent_fsm.state import TraceEntry
+from agent_fsm.state import RunState, TraceEntry
 from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, Row, StopReason
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "DiagramError",
     "Format",
     "RunOverlay",
+    "StoredRunOverlay",
     "edge_counts",
     "render",
     "to_dot",
@@ -69,6 +70,25 @@ class RunOverlay(Protocol):
     def stop_reason(self) -> StopReason | None: ...
     @property
     def turns(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRunOverlay:
+    """A checkpointed run as an overlay; it may not have ended (a crashed run)."""
+
+    run_id: str
+    trace: Sequence[TraceEntry]
+    final_state: AgentState | None
+    stop_reason: StopReason | None
+    turns: int
+
+    @classmethod
+    def of(cls, state: RunState, rows: Sequence[Row]) -> StoredRunOverlay:
+        """The overlay of a checkpointed ``state`` (from ``CheckpointStore.load``)."""
+        trace = [TraceEntry.from_row(rows[i], turn) for i, turn in state.trace]
+        ended = state.state in TERMINAL_STATES and bool(trace)
+        stop_reason = rows[state.trace[-1][0]].stop_reason if ended else None
+        return cls(state.run_id, trace, state.state, stop_reason, state.turns)
 
 
 def _edge_label(row: Row, priority: int) -> str:

@@ -347,3 +347,18 @@ async def test_abort_during_a_slow_tool_cancels_it_and_answers_the_call() -> Non
     assert store.load(run.run_id).state is AgentState.ERROR
     resumed = await agent.resume(run.run_id, "carry on")
     assert resumed.output == "after"
+
+
+async def test_the_diagram_of_a_checkpointed_run_by_id() -> None:
+    store = SpyStore()
+    model = ScriptedModel([reply("", call("ask_user", question="Which city?")), "Sunny"])
+    agent = Agent(model=model, limits=limits(), store=store)
+    paused = await agent.run("Weather?", run_id="seen")
+    drawn = agent.diagram(run="seen")
+    assert drawn == agent.diagram(run=paused)
+    assert "stopped﹕ ask_user, 1 turn (run seen)" in drawn
+    # A run that has not ended (as after a crash) shows where it is.
+    store.save(RUN_STATE_ADAPTER.validate_json(store.saved[2]))
+    assert "run did not finish﹕ last state ACT, 1 turn" in agent.diagram(run="seen")
+    with pytest.raises(CheckpointError, match="nope"):
+        agent.diagram(run="nope")
