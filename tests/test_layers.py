@@ -42,7 +42,14 @@ LAYERS = [
     "agent",
     "testing.models",
     "testing.invariants",
+    "testing.behaviour",
+    "testing.reproducer",
+    "testing.harness",
+    "testing.exhaustive",
+    "testing.recording",
     "testing.strategies",
+    "testing.assertions",
+    "testing.plugin",
     "testing",
     "demo",
     "cli",
@@ -52,7 +59,7 @@ LAYERS = [
 ONLY_IN = {
     "transitions": {"machine"},
     "openai": {"models.openai_chat"},
-    "hypothesis": {"testing.strategies"},
+    "hypothesis": {"testing.strategies", "testing.assertions", "testing.plugin"},
 }
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from agent_fsm.events import Event, ModelResponded
 from agent_fsm.limits import Limits
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolStatus, Usage
-from agent_fsm.state import RunResult, status_for
+from agent_fsm.state import RunResult, RunStatus, status_for
 from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, StopReason
 from agent_fsm.verify import TerminationBound
 
@@ -90,6 +90,15 @@ def check_invariants(
 ) -> None:
     """Assert every run invariant; raise InvariantViolation naming each one broken.
 
+    The rules: the run ended in DONE or ERROR, its status agrees with its final state and
+    stop reason (and a failed run, and only a failed run, carries an error); model calls stay
+    within ``max_turns`` (and the bound) and transitions within the bound; the trace is one
+    connected path from OBSERVE, ends where the run ended with the stop reason's row, and its
+    turn counts never go back; every tool call is answered exactly once, in order; a
+    control-flow tool that ran in the last turn stopped the run (ask_user before
+    finish_task); with ``events``, usage is the sum of the replies' usage and no model call
+    started once the token budget was spent, so it is overshot by at most the call in flight.
+
     Args:
         result: the finished run.
         limits: the limits it ran under.
@@ -121,6 +130,26 @@ def check_invariants(
             problems.append(f"the trace ends in {trace[-1].dest}, not {result.final_state}")
         if any(entry.dest in TERMINAL_STATES for entry in trace[:-1]):
             problems.append("the trace continues after a terminal state")
+    if result.usage.requests > result.turns:
+        problems.append(
+            f"usage counts {result.usage.requests} replies but only {result.turns} model calls"
+        )
+    if bound is not None and result.turns > bound.model_calls:
+        problems.append(f"{result.turns} model calls exceed the bound {bound.model_calls}")
+    if result.status is RunStatus.FAILED and not result.error:
+        problems.append("the run failed but carries no error")
+    if result.status is not RunStatus.FAILED and result.error:
+        problems.append(f"the run did not fail but carries the error {result.error!r}")
+    if trace:
+        last = trace[-1]
+        if last.dest in TERMINAL_STATES and last.label != result.stop_reason.value:
+            problems.append(
+                f"the last transition is {str(last.label)!r} but the stop reason is "
+                f"{result.stop_reason.value!r}"
+            )
+        turns = [entry.turn for entry in trace]
+        if any(b < a for a, b in itertools.pairwise(turns)) or turns[-1] != result.turns:
+            problems.append(f"the trace's turn counts {turns} do not rise to {result.turns}")
     problems.extend(transcript_problems(result.messages))
     control = _control_problem(result)
     if control:
@@ -134,6 +163,10 @@ def check_invariants(
             result.usage.requests,
         ):
             problems.append(f"usage {result.usage} is not the sum of the calls' usage {total}")
+        if len(calls) != result.usage.requests:
+            problems.append(
+                f"{len(calls)} replies were received but usage counts {result.usage.requests}"
+            )
         if calls and total.total_tokens - calls[-1].total_tokens >= limits.token_budget:
             problems.append(
                 f"a model call started with the budget of {limits.token_budget} already spent"

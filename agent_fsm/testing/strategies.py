@@ -1,28 +1,68 @@
-"""Hypothesis strategies for misbehaving models: the generator behind the property tests.
+"""Hypothesis strategies for misbehaving models and tools: the generator behind the harness.
 
-Import this module only where hypothesis is installed (the ``dev`` or ``testing`` extra); it
-is the one place in the package that imports hypothesis.
+Import this module only where hypothesis is installed (the ``testing`` or ``dev`` extra); with
+``hypothesis-jsonschema`` it is the one place in the package that imports hypothesis.
 
-A generated *behaviour* is a list of script items (replies, exceptions, garbage) that a model
-plays in order, optionally cycling forever, so "the same call forever" and periodic patterns
-are as likely as one-off mistakes.
+A generated *behaviour* (``Behaviour``) is a list of script items (replies, exceptions,
+garbage) that a model plays in order, optionally cycling forever, so "the same call forever"
+and periodic patterns are as likely as one-off mistakes, plus what each tool does when called.
+The strategies compose, and can be focused on one agent:
+
+- ``replies_for(agent)``: replies whose tool calls target the agent's real tools, with valid
+  arguments drawn from each tool's own JSON Schema, invalid and malformed arguments, unknown
+  tools and control-flow calls; text, empty, truncated and filtered replies; model errors.
+- ``model_errors()``, ``usages()``, ``edge_replies()``: the pieces, for your own strategies.
+- ``repetitions(steps)``: one step forever, or a short cycle of steps forever.
+- ``tool_outcomes()`` / ``tool_behaviours(names)``: success, exception, timeout, huge output.
+- ``behaviours_for(agent)``: all of the above, as ``assert_terminates`` uses it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from hypothesis import strategies as st
+from hypothesis_jsonschema import from_schema
+from jsonschema import Draft202012Validator
 
+from agent_fsm.agent import Agent
 from agent_fsm.limits import Limits
-from agent_fsm.messages import FinishReason, ModelRequest, ModelResponse, ToolCall, Usage
+from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, ToolSpec, Usage
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.testing.behaviour import (
+    Behaviour,
+    BehaviourModel,
+    ToolOutcome,
+    example_arguments,
+    user_tools,
+)
 from agent_fsm.testing.models import reply
 
-__all__ = ["Behaviour", "BehaviourModel", "behaviours", "limits", "replies", "tool_calls"]
+__all__ = [
+    "Behaviour",
+    "BehaviourModel",
+    # focused on one agent
+    "behaviours_for",
+    "replies_for",
+    "tool_calls_for",
+    "arguments_for",
+    "invalid_arguments_for",
+    # the pieces
+    "edge_replies",
+    "model_errors",
+    "repetitions",
+    "tool_behaviours",
+    "tool_outcomes",
+    "usages",
+    # by tool name (agent_fsm's own property tests)
+    "behaviours",
+    "limits",
+    "replies",
+    "tool_calls",
+]
 
 _GARBAGE: tuple[Any, ...] = (None, 42, {"content": "a dict, not a reply"})
 
@@ -81,7 +121,8 @@ def tool_calls(tool_names: Sequence[str]) -> st.SearchStrategy[ToolCall]:
     )
 
 
-def _usages() -> st.SearchStrategy[Usage | None]:
+def usages() -> st.SearchStrategy[Usage | None]:
+    """Reported usage: none (the engine estimates), plausible, or absurd (up to 10**9)."""
     return st.one_of(
         st.none(),
         st.builds(
@@ -97,38 +138,209 @@ def _usages() -> st.SearchStrategy[Usage | None]:
     )
 
 
-def replies(tool_names: Sequence[str]) -> st.SearchStrategy[object]:
-    """One model behaviour step: a reply, an exception to raise, or garbage."""
+def model_errors(*, retry_after: bool = False) -> st.SearchStrategy[BaseException]:
+    """What a model call may raise: transient and permanent ``ModelCallError``s, timeouts,
+    dropped connections and adapter bugs. With ``retry_after``, some errors carry a server
+    Retry-After of up to 30 s: only for runs on a ``FakeClock``, or they really wait."""
+    delays = st.sampled_from([None, 0.0, 1.0, 30.0]) if retry_after else st.just(None)
+    return st.one_of(
+        st.builds(
+            lambda transient, after: ModelCallError(
+                "server said no", transient=transient, retry_after_s=after
+            ),
+            st.booleans(),
+            delays,
+        ),
+        st.just(TimeoutError("read timed out")),
+        st.just(ConnectionError("connection reset")),
+        st.just(RuntimeError("adapter bug")),
+    )
+
+
+def edge_replies() -> st.SearchStrategy[ModelResponse]:
+    """Replies at the edges: empty, truncated (``length``, also mid tool call) and withheld by
+    the content filter."""
+    return st.sampled_from(
+        [
+            reply(""),
+            reply("", finish_reason=FinishReason.TOOL_CALLS),
+            reply("The answer is", finish_reason=FinishReason.LENGTH),
+            reply("", finish_reason=FinishReason.LENGTH),
+            reply("", ToolCall(id="", name="missing", arguments='{"a": '),
+                  finish_reason=FinishReason.LENGTH),
+            reply("", finish_reason=FinishReason.CONTENT_FILTER),
+            reply("partial", finish_reason=FinishReason.CONTENT_FILTER),
+        ]
+    )  # fmt: skip
+
+
+def _reply_steps(
+    calls: st.SearchStrategy[ToolCall], *, retry_after: bool = False
+) -> st.SearchStrategy[object]:
     text = st.sampled_from(["", "ok", "thinking…", "the answer is 4"])
     plain = st.builds(
         lambda t, reason, usage: reply(t, finish_reason=reason, usage=usage),
         text,
         st.sampled_from(list(FinishReason)),
-        _usages(),
+        usages(),
     )
     with_calls = st.builds(
-        lambda t, calls, reason, usage: reply(t, *calls, finish_reason=reason, usage=usage),
+        lambda t, found, reason, usage: reply(t, *found, finish_reason=reason, usage=usage),
         text,
-        st.lists(tool_calls(tool_names), min_size=1, max_size=4),
-        st.sampled_from(list(FinishReason)),
-        _usages(),
+        st.lists(calls, min_size=1, max_size=4),
+        st.sampled_from(
+            [FinishReason.TOOL_CALLS, *(r for r in FinishReason if r.name != "TOOL_CALLS")]
+        ),
+        usages(),
     )
-    errors = st.one_of(
-        st.builds(lambda t: ModelCallError("server said no", transient=t), st.booleans()),
-        st.just(TimeoutError("read timed out")),
-        st.just(RuntimeError("adapter bug")),
+    return st.one_of(
+        with_calls,
+        with_calls,
+        plain,
+        edge_replies(),
+        model_errors(retry_after=retry_after),
+        st.sampled_from(_GARBAGE),
     )
-    return st.one_of(with_calls, with_calls, plain, errors, st.sampled_from(_GARBAGE))
 
 
-@dataclass(frozen=True)
-class Behaviour:
-    """A model behaviour: ``steps`` played in order, then cycled forever if ``cycle``."""
+def replies(tool_names: Sequence[str]) -> st.SearchStrategy[object]:
+    """One model behaviour step: a reply, an exception to raise, or garbage."""
+    return _reply_steps(tool_calls(tool_names))
 
-    steps: tuple[object, ...]
-    cycle: bool
-    abort_at_turn: int | None = None
-    """Abort the run from inside the model call of this turn (None: never)."""
+
+def _specs(target: Agent | Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
+    return target.tools.specs if isinstance(target, Agent) else tuple(target)
+
+
+def _values(schema: Any) -> st.SearchStrategy[Any]:
+    """Values of a JSON Schema. Objects are composed here, property by property, and every
+    other schema is left to hypothesis-jsonschema: its own object generation fails with
+    recent hypothesis releases (``'many' object has no attribute 'more'``)."""
+    if not isinstance(schema, dict):
+        return st.just(None)
+    simple_object = schema.get("type") == "object" and not (
+        set(schema) & {"patternProperties", "dependentRequired", "dependentSchemas",
+                       "minProperties", "maxProperties", "propertyNames", "if", "not",
+                       "allOf", "anyOf", "oneOf", "$ref", "unevaluatedProperties"}
+    )  # fmt: skip
+    if simple_object:
+        properties = schema.get("properties", {})
+        required = set(schema.get("required", ()))
+        return st.fixed_dictionaries(
+            {name: _values(properties.get(name, {})) for name in sorted(required)},
+            optional={n: _values(p) for n, p in properties.items() if n not in required},
+        )
+    try:
+        return from_schema(schema)
+    except Exception:  # a schema it cannot handle (e.g. a $ref out of reach): one example
+        return st.just(example_arguments(schema))
+
+
+@lru_cache(maxsize=256)
+def _arguments(schema_json: str) -> st.SearchStrategy[str]:
+    schema = json.loads(schema_json)
+    validator = Draft202012Validator(schema)
+    example = example_arguments(schema)
+    generated = _values(schema).filter(validator.is_valid).map(json.dumps)
+    if validator.is_valid(example):
+        return st.one_of(st.just(json.dumps(example)), generated)
+    return generated
+
+
+def arguments_for(spec: ToolSpec) -> st.SearchStrategy[str]:
+    """Argument text that is valid for the tool's own JSON Schema (via hypothesis-jsonschema,
+    and checked with the schema's validator)."""
+    return _arguments(json.dumps(spec.parameters, sort_keys=True))
+
+
+_WRONG_VALUES: tuple[Any, ...] = (None, 3, "x", [1], {"a": 1}, True, -1, "")
+
+
+def invalid_arguments_for(spec: ToolSpec) -> st.SearchStrategy[str]:
+    """JSON objects the tool's schema rejects: missing required arguments, wrong types,
+    unexpected names (nothing, for a schema that accepts every object)."""
+    validator = Draft202012Validator(spec.parameters)
+    candidates: list[dict[str, Any]] = [{}, {"unexpected_argument": 1}]
+    example = example_arguments(spec.parameters)
+    for name in spec.parameters.get("properties", {}):
+        for value in _WRONG_VALUES:
+            candidates.append({name: value})
+            if isinstance(example, dict):
+                candidates.append({**example, name: value})
+    invalid = [json.dumps(c) for c in candidates if not validator.is_valid(c)]
+    return st.sampled_from(sorted(set(invalid))) if invalid else st.nothing()
+
+
+def tool_calls_for(target: Agent | Sequence[ToolSpec]) -> st.SearchStrategy[ToolCall]:
+    """Calls to an agent's tools (control-flow tools included): valid arguments from each
+    schema, invalid and malformed arguments, unknown tools, duplicate call ids."""
+    specs = _specs(target)
+    names = [spec.name for spec in specs] or ["missing"]
+
+    def to(name: str) -> Any:
+        return lambda arguments: ToolCall(id="", name=name, arguments=arguments)
+
+    valid = [arguments_for(spec).map(to(spec.name)) for spec in specs]
+    invalid = [invalid_arguments_for(spec).map(to(spec.name)) for spec in specs]
+    malformed = st.builds(
+        lambda name, raw: ToolCall(id="", name=name, arguments=raw),
+        st.sampled_from(names),
+        st.sampled_from(["{", "[1, 2]", "not json", '{"a": }', "", "null", '"text"']),
+    )
+    unknown = st.builds(
+        lambda name: ToolCall(id="", name=name, arguments="{}"),
+        st.sampled_from(["nope", names[0].upper(), "finish", "ask-user"]),
+    )
+    duplicate_id = st.builds(
+        lambda call: call.model_copy(update={"id": "dup"}),
+        st.one_of(*valid) if valid else unknown,
+    )
+    parts = [*valid, *valid, *invalid, malformed, unknown, duplicate_id]
+    return st.one_of(*parts)
+
+
+def replies_for(
+    target: Agent | Sequence[ToolSpec], *, retry_after: bool = True
+) -> st.SearchStrategy[object]:
+    """One model step focused on an agent's real tools (``agent.tools.specs``): a reply,
+    an exception to raise, or garbage that is not a reply at all. ``retry_after`` as in
+    ``model_errors`` (on by default: the harness runs on a ``FakeClock``)."""
+    return _reply_steps(tool_calls_for(target), retry_after=retry_after)
+
+
+def repetitions(steps: st.SearchStrategy[object]) -> st.SearchStrategy[Behaviour]:
+    """Endless behaviours: the same step forever, or a short cycle (period 2 to 4) forever."""
+    return st.one_of(
+        steps.map(lambda step: Behaviour(steps=(step,), cycle=True)),
+        st.lists(steps, min_size=2, max_size=4).map(
+            lambda cycle: Behaviour(steps=tuple(cycle), cycle=True)
+        ),
+    )
+
+
+def tool_outcomes() -> st.SearchStrategy[ToolOutcome]:
+    """What one tool call does: run for real, return text, raise, time out, or return a
+    huge output (up to 200,000 characters)."""
+    return st.one_of(
+        st.just(ToolOutcome("real")),
+        st.builds(ToolOutcome, st.just("returns"), st.sampled_from(["", "ok", "same", "{}"])),
+        st.builds(ToolOutcome, st.just("raises"), st.sampled_from(["boom", "permission denied"])),
+        st.just(ToolOutcome("timeout")),
+        st.builds(ToolOutcome, st.just("huge"), st.just("x"), st.sampled_from([10_000, 200_000])),
+    )
+
+
+def tool_behaviours(
+    tool_names: Sequence[str],
+) -> st.SearchStrategy[tuple[tuple[str, tuple[ToolOutcome, ...]], ...]]:
+    """For some of the tools, the outcomes their calls play in turn (cycling)."""
+    if not tool_names:
+        return st.just(())
+    return st.dictionaries(
+        st.sampled_from(list(tool_names)),
+        st.lists(tool_outcomes(), min_size=1, max_size=3).map(tuple),
+        max_size=len(tool_names),
+    ).map(lambda found: tuple(sorted(found.items())))
 
 
 def behaviours(tool_names: Sequence[str]) -> st.SearchStrategy[Behaviour]:
@@ -138,6 +350,29 @@ def behaviours(tool_names: Sequence[str]) -> st.SearchStrategy[Behaviour]:
         st.lists(replies(tool_names), min_size=1, max_size=12).map(tuple),
         st.booleans(),
         st.one_of(st.none(), st.integers(1, 8)),
+    )
+
+
+def behaviours_for(
+    agent: Agent, *, tool_failures: bool = True, max_steps: int = 12
+) -> st.SearchStrategy[Behaviour]:
+    """Behaviours focused on ``agent``: finite scripts, endless repetitions and cycles of
+    ``replies_for(agent)``, with misbehaving tool doubles unless ``tool_failures`` is False.
+    Never aborted (aborting is the caller's act, not the model's)."""
+    steps = replies_for(agent)
+    scripts = st.builds(
+        Behaviour, st.lists(steps, min_size=1, max_size=max_steps).map(tuple), st.booleans()
+    )
+    models = st.one_of(scripts, repetitions(steps))
+    if not tool_failures:
+        return models
+    names = [t.name for t in user_tools(agent)]
+    return st.builds(
+        lambda behaviour, tools: Behaviour(
+            steps=behaviour.steps, cycle=behaviour.cycle, tools=tools
+        ),
+        models,
+        tool_behaviours(names),
     )
 
 
@@ -166,30 +401,3 @@ def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
         st.booleans(),
         st.one_of(st.just(1e9), st.floats(1.0, 200.0)),
     )
-
-
-class BehaviourModel:
-    """Plays a Behaviour; aborts its run at ``abort_at_turn`` through ``on_abort``."""
-
-    def __init__(self, behaviour: Behaviour) -> None:
-        self.behaviour = behaviour
-        self.requests: list[ModelRequest] = []
-        self.on_abort: Any = None
-
-    @property
-    def name(self) -> str:
-        return "behaviour"
-
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        index = len(self.requests) - 1
-        behaviour = self.behaviour
-        if behaviour.abort_at_turn == request.turn and self.on_abort is not None:
-            self.on_abort("aborted by the test")
-        steps = behaviour.steps
-        if index >= len(steps) and not behaviour.cycle:
-            raise ModelCallError("behaviour exhausted", transient=False)
-        step = steps[index % len(steps)]
-        if isinstance(step, BaseException):
-            raise step
-        return step  # type: ignore[return-value]  # garbage is part of the behaviour

@@ -1,0 +1,82 @@
+"""``assert_terminates``: prove, by property-based testing, that a user's agent always ends well.
+
+Hypothesis generates model behaviours focused on the agent's own tools (``behaviours_for``);
+each one is played against a copy of the agent (``harness.Stage``) and every run invariant is
+checked. When one breaks, hypothesis shrinks the behaviour to a minimal one and replays it
+last, so the ``HarnessFailure`` that ``assert_terminates`` raises carries the *shrunk* case:
+the violated invariants and a script with the model's replies in order. It works the same
+under pytest and in a plain script, and honours the active hypothesis settings profile
+(``max_examples`` and the rest) unless ``settings`` is given.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as Settings
+from hypothesis import strategies as st
+
+from agent_fsm.agent import Agent
+from agent_fsm.testing.behaviour import Behaviour
+from agent_fsm.testing.harness import DEFAULT_INPUT, HarnessFailure, Stage
+from agent_fsm.testing.strategies import behaviours_for
+
+__all__ = ["assert_terminates"]
+
+
+def assert_terminates(
+    agent: Agent,
+    *,
+    user_input: str = DEFAULT_INPUT,
+    behaviours: st.SearchStrategy[Behaviour] | None = None,
+    tool_failures: bool = True,
+    max_examples: int | None = None,
+    settings: Settings | None = None,
+) -> None:
+    """Check that every run of ``agent`` ends in DONE or ERROR within its termination bound,
+    with a valid transcript, whatever its model and tools do.
+
+    The agent's own model is never called: each run uses a copy of the agent
+    (``agent.replace``) with a generated model behaviour, tool doubles that may fail, time out
+    or return huge outputs (unless ``tool_failures`` is False), and a fake clock (retry
+    backoff costs no time).
+
+    Args:
+        agent: the agent under test.
+        user_input: the message every run starts with.
+        behaviours: the behaviours to try; ``behaviours_for(agent)`` by default.
+        tool_failures: let generated tool doubles misbehave.
+        max_examples: how many behaviours to try; the active profile's number by default.
+        settings: hypothesis settings to start from; the active profile by default.
+
+    Raises:
+        HarnessFailure: an AssertionError naming the broken invariants of the minimal failing
+            behaviour, with a pasteable reproducer (also in its ``reproducer`` attribute).
+    """
+    stage = Stage(agent, user_input=user_input)
+    strategy = behaviours if behaviours is not None else behaviours_for(
+        stage.agent, tool_failures=tool_failures
+    )  # fmt: skip
+    base = settings if settings is not None else Settings()
+    chosen = Settings(
+        base,
+        max_examples=max_examples if max_examples is not None else base.max_examples,
+        deadline=None,
+        report_multiple_bugs=False,
+        # the explain phase reruns many variants of the shrunk case to annotate it; the
+        # reproducer says more, at a fraction of the time
+        phases=[phase for phase in base.phases if phase is not Phase.explain],
+        suppress_health_check=[*base.suppress_health_check, HealthCheck.too_slow],
+    )
+
+    @chosen
+    @given(behaviour=strategy)
+    def every_run_terminates(behaviour: Behaviour) -> None:
+        case = stage.play(behaviour)
+        if not case.ok:
+            raise HarnessFailure(
+                case,
+                header="assert_terminates: a run of the agent broke a run invariant "
+                "(the minimal case hypothesis found).",
+            )
+
+    every_run_terminates()

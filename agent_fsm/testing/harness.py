@@ -1,0 +1,194 @@
+"""Play behaviours against a user's agent and judge each run: the core of the harness.
+
+A ``Stage`` prepares one copy of the agent (``Agent.replace``) whose model, tools and clock
+the harness controls: the model plays the current ``Behaviour``, each of the agent's own
+tools plays the behaviour's ``ToolOutcome``s (or runs for real), and a ``FakeClock`` makes
+retry backoff free and time limits deterministic. ``Stage.play`` drives one run step by step,
+never past the machine's termination bound, then checks every run invariant; the result
+carries a pasteable reproducer. No hypothesis here: ``assert_terminates`` (generated cases)
+and ``check_exhaustively`` (enumerated cases) both build on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agent_fsm.engine import Run
+from agent_fsm.events import Event
+from agent_fsm.messages import ModelRequest, ModelResponse
+from agent_fsm.state import RunResult
+from agent_fsm.testing.behaviour import (
+    Behaviour,
+    BehaviourModel,
+    FakeClock,
+    ToolOutcome,
+    _outcome,
+    user_tools,
+)
+from agent_fsm.testing.invariants import InvariantViolation, check_invariants
+from agent_fsm.testing.reproducer import reproducer
+from agent_fsm.tools import Tool
+
+if TYPE_CHECKING:
+    from agent_fsm.agent import Agent
+
+__all__ = ["DEFAULT_INPUT", "CaseResult", "HarnessFailure", "Stage", "run_sync"]
+
+DEFAULT_INPUT = "Do the task."
+
+T = TypeVar("T")
+
+
+def run_sync(make: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, even inside a running event loop (an
+    async test): then it runs on a fresh loop in a worker thread."""
+
+    async def main() -> T:
+        return await make()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, main()).result()
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    """One played behaviour and its verdict."""
+
+    behaviour: Behaviour
+    played: tuple[object, ...]
+    """What each model request got, in order."""
+    result: RunResult | None
+    """The run's result; None when it did not end (or raised)."""
+    violation: str | None
+    """Every broken invariant, or None when the run was fine."""
+    reproducer: str
+    """Python source that replays this case with a ScriptedModel (expects ``agent``)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+
+class HarnessFailure(AssertionError):
+    """A case broke a run invariant. The message shows the violated invariant(s) and a
+    minimal reproducing script; both are also attributes."""
+
+    def __init__(self, case: CaseResult, *, header: str = "") -> None:
+        self.case = case
+        self.violation = case.violation or ""
+        self.reproducer = case.reproducer
+        intro = header or "The agent broke a run invariant."
+        super().__init__(
+            f"{intro}\n\n{self.violation}\n\n"
+            "Reproducer (paste into a test where `agent` is your agent):\n\n"
+            f"{self.reproducer}"
+        )
+
+
+class _StageModel:
+    """The model of the staged agent: delegates to the current case's BehaviourModel."""
+
+    def __init__(self) -> None:
+        self.current = BehaviourModel(Behaviour(steps=(), cycle=False))
+
+    @property
+    def name(self) -> str:
+        return "harness"
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self.current.request(request)
+
+
+class Stage:
+    """The user's agent, prepared once to play many behaviours.
+
+    Args:
+        agent: the agent under test; it is not modified (a copy is made with
+            ``agent.replace``), and its own model is never called.
+        user_input: the message every run starts with.
+    """
+
+    def __init__(self, agent: Agent, *, user_input: str = DEFAULT_INPUT) -> None:
+        self.user_input = user_input
+        self._model = _StageModel()
+        self._clock = FakeClock()
+        self._outcomes: dict[str, tuple[ToolOutcome, ...]] = {}
+        self._calls: dict[str, int] = {}
+        self.tool_names = tuple(t.name for t in user_tools(agent))
+        self.agent = agent.replace(
+            model=self._model,
+            tools=[self._double(t) for t in user_tools(agent)],
+            clock=self._clock,
+            sleep=self._clock.sleep,
+        )
+
+    def _double(self, tool: Tool) -> Tool:
+        async def double(**arguments: Any) -> Any:
+            outcomes = self._outcomes.get(tool.name)
+            if not outcomes:
+                return await _outcome(tool, ToolOutcome("real"), arguments)
+            index = self._calls.get(tool.name, 0)
+            self._calls[tool.name] = index + 1
+            return await _outcome(tool, outcomes[index % len(outcomes)], arguments)
+
+        return replace(tool, fn=double)
+
+    def play(self, behaviour: Behaviour) -> CaseResult:
+        """Run the agent against ``behaviour`` and check every invariant. Never raises for
+        what the run does: a run that raises or does not end is a violation."""
+        model = BehaviourModel(behaviour)
+        self._model.current = model
+        self._clock.now = 0.0
+        self._outcomes = {name: outcomes for name, outcomes in behaviour.tools if outcomes}
+        self._calls = {}
+        events: list[Event] = []
+        run = self.agent.start(self.user_input)
+        run.subscribe(events.append)
+        model.on_abort = run.abort
+        bound = self.agent.bound
+        result: RunResult | None = None
+        violation: str | None = None
+        try:
+            if run_sync(lambda: _drive(run, bound.transitions)):
+                result = run.result
+            else:
+                violation = (
+                    f"the run had not ended after {bound.transitions} transitions, the "
+                    f"termination bound ({bound.formula}); it was in {run.state.state}"
+                )
+        except Exception as exc:  # a programming error escaped the run: that is the finding
+            violation = f"the run raised {type(exc).__name__}: {exc}"
+        if result is not None:
+            try:
+                check_invariants(result, limits=self.agent.limits, bound=bound, events=events)
+            except InvariantViolation as exc:
+                violation = str(exc)
+        tools: Mapping[str, tuple[ToolOutcome, ...]] = {
+            name: outcomes for name, outcomes in self._outcomes.items() if self._calls.get(name)
+        }
+        return CaseResult(
+            behaviour=behaviour,
+            played=tuple(model.played),
+            result=result,
+            violation=violation,
+            reproducer=reproducer(
+                model.played, user_input=self.user_input, tools=tools, aborted_at=model.aborted_at
+            ),
+        )
+
+
+async def _drive(run: Run, cap: int) -> bool:
+    """Step until the run ends or ``cap`` transitions were taken; True when it ended."""
+    for _ in range(cap):
+        if run.done:
+            break
+        await run.step()
+    return run.done

@@ -1,0 +1,210 @@
+"""The harness tests itself: it passes a sound agent and finds seeded bugs, printing a
+reproducer that really reproduces them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+import agent_fsm.engine
+from agent_fsm import Agent, ConfigError, Limits, tool
+from agent_fsm.messages import ModelResponse, ToolMessage, ToolStatus
+from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
+from agent_fsm.testing import (
+    HarnessFailure,
+    InvariantViolation,
+    ScriptedModel,
+    ToolOutcome,
+    assert_terminates,
+    call,
+    check_exhaustively,
+    reply,
+    with_tool_doubles,
+)
+from agent_fsm.testing.reproducer import item_source
+from agent_fsm.testing.strategies import arguments_for, invalid_arguments_for, replies_for
+
+
+@tool
+def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> dict[str, Any]:
+    """Current weather for a city."""
+    return {"city": city, "temperature": 21, "unit": unit}
+
+
+@tool
+def book(room: int, nights: int, guests: list[str], notes: str | None = None) -> str:
+    """Book a room."""
+    return f"booked {room}"
+
+
+FAST = Limits(max_turns=4, retry_backoff_s=0.0, retry_backoff_max_s=0.0)
+AGENT = Agent(model=ScriptedModel([]), tools=[get_weather, book], limits=FAST)
+
+
+def _examples(divisor: int) -> int:
+    """A share of the active profile's examples: more under `thorough`, few under `dev`."""
+    return max(50, settings.default.max_examples // divisor)
+
+
+def _demoted_finish_task() -> tuple[Row, ...]:
+    """finish_task demoted below the limits: the verifier accepts it (it still terminates)."""
+    rows = list(TABLE)
+    finish = rows.pop(next(i for i, r in enumerate(rows) if r.label == "finish_task"))
+    rows.insert(next(i for i, r in enumerate(rows) if r.label == "continue"), finish)
+    return tuple(rows)
+
+
+def _reproduce(failure: HarnessFailure, agent: Agent) -> InvariantViolation:
+    with pytest.raises(InvariantViolation) as caught:
+        exec(compile(failure.reproducer, "reproducer", "exec"), {"agent": agent})
+    return caught.value
+
+
+def test_a_sound_agent_terminates() -> None:
+    assert_terminates(AGENT, max_examples=_examples(20))
+
+
+def test_an_unfinished_table_row_after_else_is_rejected_statically() -> None:
+    rows = list(TABLE)
+    control = rows.pop(next(i for i, r in enumerate(rows) if r.label == "finish_task"))
+    rows.append(control)  # after REFLECT's unguarded "continue" row: it could never fire
+    with pytest.raises(ConfigError, match="can never fire"):
+        AGENT.replace(table=tuple(rows))
+
+
+def test_the_seeded_priority_bug_is_found_with_a_pasteable_reproducer() -> None:
+    buggy = AGENT.replace(table=_demoted_finish_task(), limits=FAST.model_copy())
+    with pytest.raises(HarnessFailure) as caught:
+        assert_terminates(buggy, max_examples=2_000, tool_failures=False)
+    failure = caught.value
+    message = str(failure)
+    assert "finish_task was called but the run stopped with" in message
+    assert "Reproducer" in message
+    assert failure.reproducer in message
+    assert "ScriptedModel([" in failure.reproducer
+    assert "call('finish_task'" in failure.reproducer
+    assert "finish_task was called" in str(_reproduce(failure, buggy))
+    # the sound table passes the very same script
+    exec(compile(failure.reproducer, "reproducer", "exec"), {"agent": AGENT})
+
+
+def test_a_runtime_that_drops_a_tool_result_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_act = agent_fsm.engine.act
+
+    async def dropping_act(*args: Any, **kwargs: Any) -> list[ToolMessage]:
+        results = await real_act(*args, **kwargs)
+        return results[:-1]  # the seeded bug: the last call of every turn goes unanswered
+
+    monkeypatch.setattr(agent_fsm.engine, "act", dropping_act)
+    with pytest.raises(HarnessFailure) as caught:
+        assert_terminates(AGENT, max_examples=500)
+    assert "left unanswered" in str(caught.value)
+    assert "left unanswered" in str(_reproduce(caught.value, AGENT))
+
+
+def test_exhaustive_checking_counts_every_sequence() -> None:
+    report = check_exhaustively(AGENT, max_length=3)
+    a = len(report.alphabet)
+    assert report.alphabet == ("text", "tool_call", "control_call", "error", "repeat")
+    assert report.checked == sum(a**k for k in range(1, 4)) == (a**4 - a) // (a - 1) == 155
+    assert report.ok, report.failures
+    report.assert_ok()
+
+
+def test_exhaustive_checking_with_a_custom_alphabet() -> None:
+    alphabet = {
+        "answer": lambda _: reply("done"),
+        "weather": lambda _: reply("", call("get_weather", city="Oslo")),
+    }
+    report = check_exhaustively(AGENT, max_length=4, alphabet=alphabet)
+    assert report.checked == 2 + 4 + 8 + 16
+    assert report.ok
+
+
+def test_exhaustive_checking_finds_the_seeded_bug() -> None:
+    buggy = AGENT.replace(
+        table=_demoted_finish_task(), limits=FAST.model_copy(update={"max_turns": 2})
+    )
+    report = check_exhaustively(buggy, max_length=2)
+    assert report.checked == 30
+    assert report.failures
+    assert any(seq == ("tool_call", "control_call") for seq, _ in report.failures)
+    with pytest.raises(HarnessFailure, match="sequences broke a run invariant") as caught:
+        report.assert_ok()
+    assert "finish_task was called" in str(_reproduce(caught.value, buggy))
+
+
+def test_tool_doubles_misbehave_as_told() -> None:
+    calls = [call("get_weather", city=city) for city in "ABCD"]
+    script = [reply("", *calls), "done"]
+    doubled = with_tool_doubles(
+        AGENT.replace(model=ScriptedModel(script), parallel_tool_calls=False),
+        {"get_weather": [ToolOutcome("raises", "boom"), ToolOutcome("timeout"),
+                         ToolOutcome("huge", "ab", 5), ToolOutcome("real")]},
+    )  # fmt: skip
+    result = doubled.run_sync("go")
+    tools = [m for m in result.messages if isinstance(m, ToolMessage)]
+    assert [m.status for m in tools] == [
+        ToolStatus.ERROR,
+        ToolStatus.ERROR,
+        ToolStatus.OK,
+        ToolStatus.OK,
+    ]
+    assert tools[0].content == "Tool 'get_weather' failed: RuntimeError: boom"
+    assert "timed out" in tools[1].content
+    assert tools[2].content == "ab" * 5
+    assert json.loads(tools[3].content)["city"] == "D"
+    with pytest.raises(ConfigError, match="no tool"):
+        with_tool_doubles(AGENT, {"nope": [ToolOutcome("real")]})
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_generated_arguments_follow_each_tools_schema(data: st.DataObject) -> None:
+    for spec in AGENT.tools.specs:
+        validator = Draft202012Validator(spec.parameters)
+        assert validator.is_valid(json.loads(data.draw(arguments_for(spec))))
+        assert not validator.is_valid(json.loads(data.draw(invalid_arguments_for(spec))))
+
+
+@settings(max_examples=150, deadline=None)
+@given(step=replies_for(AGENT))
+def test_reproducer_source_rebuilds_every_generated_step(step: object) -> None:
+    from agent_fsm.messages import FinishReason, Usage  # noqa: F401 - names the source uses
+    from agent_fsm.models.base import ModelCallError  # noqa: F401
+    from agent_fsm.testing import raw_call  # noqa: F401
+
+    source, _ = item_source(step)
+    rebuilt = eval(source)
+    if isinstance(step, BaseException):
+        assert (type(rebuilt), str(rebuilt)) == (type(step), str(step))
+    elif isinstance(step, ModelResponse):
+        assert rebuilt == step.model_copy(update={"usage": step.usage})
+    else:
+        assert rebuilt == step
+    if isinstance(step, ModelResponse):
+        names = {c.name for c in step.message.tool_calls}
+        known = {s.name for s in AGENT.tools.specs}
+        assert names <= known | {"nope", "GET_WEATHER", "finish", "ask-user", "missing"}
+
+
+def test_the_trace_row_check_catches_a_lying_result() -> None:
+    result = AGENT.replace(model=ScriptedModel(["hi"])).run_sync("go")
+    lying = result.model_copy(update={"stop_reason": StopReason.MAX_TURNS})
+    with pytest.raises(InvariantViolation, match="last transition is 'final_answer'"):
+        check_invariants_for(lying)
+
+
+def check_invariants_for(result: Any) -> None:
+    from agent_fsm.testing import check_invariants
+
+    check_invariants(result, limits=FAST)
+
+
+def test_table_types_are_what_the_seeded_tables_use() -> None:
+    assert all(isinstance(r.trigger, Trigger) and isinstance(r.source, AgentState) for r in TABLE)
