@@ -15,8 +15,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent_fsm.errors import ConfigError
+from agent_fsm.limits import Limits
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.outputs import ToolResult
 from agent_fsm.tools import Tool
 
 if TYPE_CHECKING:
@@ -42,8 +44,8 @@ class ToolOutcome:
 
     kinds: ``real`` runs the real tool (a sync one inline, not in a worker thread);
     ``returns`` returns ``text``; ``raises`` raises ``RuntimeError(text)``; ``timeout`` raises
-    ``TimeoutError``, which the tool runtime answers exactly as it answers a call that ran
-    past ``tool_timeout_s`` (without waiting for it); ``huge`` returns ``text`` (``"x"`` if
+    an error result worded exactly as the tool runtime answers a call that ran past its timeout
+    (without waiting for it); ``huge`` returns ``text`` (``"x"`` if
     empty) repeated ``size`` times.
     """
 
@@ -126,7 +128,10 @@ async def _outcome(tool: Tool, outcome: ToolOutcome, arguments: dict[str, Any]) 
     if outcome.kind == "raises":
         raise RuntimeError(outcome.text)
     if outcome.kind == "timeout":
-        raise TimeoutError(outcome.text)
+        # The runtime's own words for a call that ran past its time, without the wait. (A
+        # TimeoutError raised *by* a tool is a failure of the tool, reported as such.)
+        limit = tool.timeout_s if tool.timeout_s is not None else Limits().tool_timeout_s
+        return ToolResult(output=f"Tool '{tool.name}' timed out after {limit:g} s.", is_error=True)
     if outcome.kind == "huge":
         return (outcome.text or "x") * max(outcome.size, 0)
     assert tool.fn is not None

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from agent_fsm.events import Event, ModelFailed, ModelResponded, ToolFinished, ToolStarted
 from agent_fsm.messages import AssistantMessage, ModelResponse, ToolCall, ToolStatus
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.outputs import ToolResult
 from agent_fsm.state import RunResult, TraceEntry
 from agent_fsm.testing.behaviour import FakeClock, user_tools
 from agent_fsm.testing.harness import run_sync
@@ -126,9 +127,11 @@ _FAILED = re.compile(r"^Tool '[^']*' failed: (\w+): (.*)$", re.DOTALL)
 _TIMED_OUT = re.compile(r"^Tool '[^']*' timed out after ")
 
 
-def _raise_recorded(output: str) -> None:
+def _raise_recorded(output: str) -> ToolResult:
+    """Reproduce a recorded error: a timeout in the runtime's words, an exception by raising
+    one of the same type name and message (so the runtime words it the same way)."""
     if _TIMED_OUT.match(output):
-        raise TimeoutError
+        return ToolResult(output=output, is_error=True)
     found = _FAILED.match(output)
     if found:  # the same exception type name and message, so the same result text
         raise type(found.group(1), (Exception,), {})(found.group(2))
@@ -142,8 +145,7 @@ def _replay_double(tool: Tool, answers: list[ToolFinished]) -> Tool:
         answer = answers.pop(0)
         if answer.status is ToolStatus.OK:
             return answer.output
-        _raise_recorded(answer.output)
-        return None  # unreachable
+        return _raise_recorded(answer.output)
 
     return replace(tool, fn=double)
 
