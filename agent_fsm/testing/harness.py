@@ -7,6 +7,11 @@ retry backoff free and time limits deterministic. ``Stage.play`` drives one run 
 never past the machine's termination bound, then checks every run invariant; the result
 carries a pasteable reproducer. No hypothesis here: ``assert_terminates`` (generated cases)
 and ``check_exhaustively`` (enumerated cases) both build on it.
+
+The seam for stateful testing (a hypothesis ``RuleBasedStateMachine`` over resume, steering
+and checkpoints, still to come): hold one ``Stage``, ``load`` a behaviour, drive runs of
+``stage.agent`` step by step (start, step, steer, checkpoint, resume) in the rules, and call
+``check_invariants`` on every finished run.
 """
 
 from __future__ import annotations
@@ -141,14 +146,21 @@ class Stage:
 
         return replace(tool, fn=double)
 
-    def play(self, behaviour: Behaviour) -> CaseResult:
-        """Run the agent against ``behaviour`` and check every invariant. Never raises for
-        what the run does: a run that raises or does not end is a violation."""
+    def load(self, behaviour: Behaviour) -> BehaviourModel:
+        """Make ``behaviour`` what the staged model and tools do from now on, and reset the
+        clock; returns the model playing it (its ``played`` and ``requests`` fill as runs of
+        ``self.agent`` go)."""
         model = BehaviourModel(behaviour)
         self._model.current = model
         self._clock.now = 0.0
         self._outcomes = {name: outcomes for name, outcomes in behaviour.tools if outcomes}
         self._calls = {}
+        return model
+
+    def play(self, behaviour: Behaviour) -> CaseResult:
+        """Run the agent against ``behaviour`` and check every invariant. Never raises for
+        what the run does: a run that raises or does not end is a violation."""
+        model = self.load(behaviour)
         events: list[Event] = []
         run = self.agent.start(self.user_input)
         run.subscribe(events.append)
