@@ -4,6 +4,9 @@ reproducer that really reproduces them."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -14,7 +17,7 @@ from jsonschema import Draft202012Validator
 import agent_fsm.engine
 from agent_fsm import Agent, ConfigError, Limits, tool
 from agent_fsm.messages import ModelResponse, ToolMessage, ToolStatus
-from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
+from agent_fsm.table import TABLE, Row, StopReason
 from agent_fsm.testing import (
     HarnessFailure,
     InvariantViolation,
@@ -23,6 +26,7 @@ from agent_fsm.testing import (
     assert_terminates,
     call,
     check_exhaustively,
+    check_invariants,
     reply,
     with_tool_doubles,
 )
@@ -184,7 +188,7 @@ def test_reproducer_source_rebuilds_every_generated_step(step: object) -> None:
     if isinstance(step, BaseException):
         assert (type(rebuilt), str(rebuilt)) == (type(step), str(step))
     elif isinstance(step, ModelResponse):
-        assert rebuilt == step.model_copy(update={"usage": step.usage})
+        assert rebuilt == step
     else:
         assert rebuilt == step
     if isinstance(step, ModelResponse):
@@ -197,14 +201,35 @@ def test_the_trace_row_check_catches_a_lying_result() -> None:
     result = AGENT.replace(model=ScriptedModel(["hi"])).run_sync("go")
     lying = result.model_copy(update={"stop_reason": StopReason.MAX_TURNS})
     with pytest.raises(InvariantViolation, match="last transition is 'final_answer'"):
-        check_invariants_for(lying)
+        check_invariants(lying, limits=FAST)
 
 
-def check_invariants_for(result: Any) -> None:
-    from agent_fsm.testing import check_invariants
+PLAIN_SCRIPT = """
+from agent_fsm import Agent, Limits
+from agent_fsm.table import TABLE
+from agent_fsm.testing import HarnessFailure, ScriptedModel, assert_terminates
 
-    check_invariants(result, limits=FAST)
+rows = list(TABLE)
+finish = rows.pop(next(i for i, r in enumerate(rows) if r.label == "finish_task"))
+rows.insert(next(i for i, r in enumerate(rows) if r.label == "continue"), finish)
+agent = Agent(model=ScriptedModel([]), table=tuple(rows), limits=Limits(max_turns=2))
+try:
+    assert_terminates(agent, max_examples=300)
+except HarnessFailure as failure:
+    print(failure.reproducer)
+"""
 
 
-def test_table_types_are_what_the_seeded_tables_use() -> None:
-    assert all(isinstance(r.trigger, Trigger) and isinstance(r.source, AgentState) for r in TABLE)
+def test_assert_terminates_works_in_a_plain_script(tmp_path: Path) -> None:
+    script = tmp_path / "check_agent.py"
+    script.write_text(PLAIN_SCRIPT)
+    out = subprocess.run(
+        # run from the project, so hypothesis reuses its cache (.hypothesis) as the suite does
+        [sys.executable, str(script)],
+        cwd=Path(__file__).resolve().parent.parent,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "ScriptedModel([" in out
+    assert "call('finish_task'" in out
