@@ -60,6 +60,7 @@ ONLY_IN = {
     "transitions": {"machine"},
     "openai": {"models.openai_chat"},
     "hypothesis": {"testing.strategies", "testing.assertions", "testing.plugin"},
+    "hypothesis_jsonschema": {"testing.strategies"},
 }
 
 
