@@ -224,7 +224,27 @@ class _StoredRun:
     """Store-wide save counter: orders list_runs even when the clock does not advance."""
 
 
-class MemoryStore:
+class ClosingStore:
+    """Makes a store a context manager that closes it on exit (the stores share this)."""
+
+    __slots__ = ()
+
+    def close(self) -> None:
+        """Release what the store holds."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class MemoryStore(ClosingStore):
     """A checkpoint store in a dict: survives a resumed ``Run`` object, not a process.
 
     Stores the encoded header and immutable entries, never a reference to the live state's
@@ -283,17 +303,6 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release; present for the protocol."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _extend(stored: list[_T], live: list[_T]) -> None:

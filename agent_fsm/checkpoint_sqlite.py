@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from pydantic import ValidationError
 
 from agent_fsm.checkpoint import (
     MESSAGE_ADAPTER,
+    ClosingStore,
     RunSummary,
     decode_header,
     encode_header,
@@ -113,7 +113,7 @@ def _summary(row: tuple[Any, ...]) -> RunSummary:
     return RunSummary(**values)
 
 
-class SQLiteStore:
+class SQLiteStore(ClosingStore):
     """Checkpoints in one SQLite file: the embedded default, safe for several processes.
 
     Args:
@@ -347,17 +347,6 @@ class SQLiteStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _kept_trace(

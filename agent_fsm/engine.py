@@ -532,7 +532,8 @@ class Run:
         assert control is not None
         decisions = state.approvals
         allowed = [call for call in control.pending_calls if decisions[call.id].allow]
-        results = {r.tool_call_id: r for r in await self._run_tools(allowed, decisions)}
+        allowed_ids = {call.id for call in allowed}
+        results = {r.tool_call_id: r for r in await self._run_tools(allowed, allowed_ids)}
         lines = ["Decisions on the tool calls that awaited approval:"]
         for call in control.pending_calls:
             decision = decisions[call.id]
