@@ -33,6 +33,7 @@ from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
 from agent_fsm.outputs import error_result, merge_runtime_details, skipped_result, truncate
 from agent_fsm.scheduling import STOPPED, TurnCalls, run_until_stopped, waves
 from agent_fsm.state import ControlKind, ControlRequest, RunState
+from agent_fsm.stopping import StopEvent
 from agent_fsm.tools import PreparedCall, ToolRegistry
 
 __all__ = ["act"]
@@ -157,7 +158,7 @@ async def act(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     journal: ToolJournal | None = None,
     interruption: Callable[[], str | None] | None = None,
-    stop: asyncio.Event | None = None,
+    stop: StopEvent | None = None,
     approved: Collection[str] = (),
 ) -> list[ToolMessage]:
     """Answer ``calls``; record control requests, error counts and loop signals in ``state``.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -23,17 +22,14 @@ import structlog
 from agent_fsm.acting import act
 from agent_fsm.checkpoint import CheckpointStore
 from agent_fsm.context import estimate_message_tokens
-from agent_fsm.errors import ConfigError, RunError, ScriptExhaustedError
+from agent_fsm.errors import ConfigError, RunError
 from agent_fsm.events import (
     AbortRequested,
     Event,
+    EventBus,
     EventHandler,
     FollowUpQueued,
     GuardTripped,
-    MessageUpdated,
-    ModelFailed,
-    ModelRequested,
-    ModelResponded,
     RunFinished,
     RunPaused,
     RunResumed,
@@ -42,26 +38,20 @@ from agent_fsm.events import (
     SteeringQueued,
 )
 from agent_fsm.limits import Limits
-from agent_fsm.loops import record_reply_text
 from agent_fsm.machine import AgentMachine, RunHandle
 from agent_fsm.messages import (
     AssistantMessage,
-    FinishReason,
     Message,
-    ModelRequest,
-    ModelResponse,
-    ReplyDelta,
     SystemMessage,
     ToolCall,
     ToolMessage,
-    TranscriptView,
-    Usage,
     UserMessage,
 )
-from agent_fsm.models.base import Model, ModelCallError
-from agent_fsm.scheduling import StopEvent
-from agent_fsm.state import LoopState, ModelFailure, RunResult, RunState, RunStatus, TraceEntry
+from agent_fsm.models.base import Model
+from agent_fsm.state import LoopState, RunResult, RunState, RunStatus, TraceEntry
+from agent_fsm.stopping import StopEvent
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
+from agent_fsm.thinking import Thinking
 from agent_fsm.tools import ToolRegistry, skipped_result
 
 __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
@@ -98,44 +88,14 @@ _RESUMABLE = frozenset(
 """Runs that ended with these can be resumed."""
 
 
-def _failure(exc: BaseException) -> ModelFailure:
-    """Classify an exception raised by a model call."""
-    if isinstance(exc, ModelCallError):
-        return ModelFailure(
-            message=str(exc), permanent=not exc.transient, retry_after_s=exc.retry_after_s
-        )
-    transient = isinstance(exc, TimeoutError | ConnectionError)
-    if isinstance(exc, ScriptExhaustedError):
-        transient = False
-    return ModelFailure(message=f"{type(exc).__name__}: {exc}", permanent=not transient)
-
-
-def _with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
-    """The message with every tool call given a non-empty id unique within the reply.
-
-    Each result must name its call; a model that omits or repeats ids would otherwise make
-    the transcript ambiguous. Ids the model chose are kept whenever they are usable.
-    """
-    seen: set[str] = set()
-    fixed: list[ToolCall] = []
-    changed = False
-    for index, tool_call in enumerate(message.tool_calls):
-        if not tool_call.id or tool_call.id in seen:
-            tool_call = tool_call.model_copy(update={"id": f"call_{turn}_{index}"})
-            changed = True
-        seen.add(tool_call.id)
-        fixed.append(tool_call)
-    return message.model_copy(update={"tool_calls": tuple(fixed)}) if changed else message
-
-
 class Run:
     """One run of an agent. Create it with ``Agent.start``; drive it with ``step``/``run``."""
 
     def __init__(self, config: RunConfig, state: RunState, *, resumed: str | None = None) -> None:
         self._config = config
         self._state = state
-        self._handlers: list[EventHandler] = list(config.handlers)
         self._log = _logger.bind(run_id=state.run_id)
+        self._bus = EventBus(config.handlers, on_handler_error=self._handler_failed)
         self._started_at = config.clock() - state.elapsed_s
         self._handle: RunHandle | None = None
         self._result: RunResult | None = None
@@ -143,8 +103,17 @@ class Run:
         self._resumed = resumed
         self._stop = StopEvent()
         """Set by abort() or the deadline: in-flight model and tool calls are cancelled."""
-        self._scope: asyncio.Timeout | None = None
-        """The cancel scope of the model call in flight, if any."""
+        self._thinking = Thinking(
+            state,
+            model=config.model,
+            tools=config.tools.specs,
+            limits=config.limits,
+            sleep=config.sleep,
+            stop=self._stop,
+            bus=self._bus,
+            append=self._append,
+            log=self._log,
+        )
         self._deadline: asyncio.TimerHandle | None = None
         self._journal = (
             config.store.journal(state.run_id)
@@ -176,7 +145,7 @@ class Run:
 
     def subscribe(self, handler: EventHandler) -> None:
         """Deliver this run's events to ``handler`` from now on."""
-        self._handlers.append(handler)
+        self._bus.subscribe(handler)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop the run promptly: a model or tool call in flight is cancelled (its tool call
@@ -190,7 +159,7 @@ class Run:
         if state.abort_reason is not None or self.done:
             return
         state.abort_reason = reason
-        self._emit(AbortRequested(run_id=state.run_id, reason=reason, turn=state.turns))
+        self._bus.emit(AbortRequested(run_id=state.run_id, reason=reason, turn=state.turns))
         self._interrupt()
 
     def steer(self, message: str) -> None:
@@ -207,7 +176,7 @@ class Run:
         """
         self._check_queueable(message)
         self._state.pending_input.append(message)
-        self._emit(SteeringQueued(run_id=self.run_id, message=message, turn=self._state.turns))
+        self._bus.emit(SteeringQueued(run_id=self.run_id, message=message, turn=self._state.turns))
 
     def follow_up(self, message: str) -> None:
         """Queue a user message for when the run would otherwise end (a final answer): the
@@ -220,7 +189,7 @@ class Run:
         """
         self._check_queueable(message)
         self._state.follow_ups.append(message)
-        self._emit(FollowUpQueued(run_id=self.run_id, message=message, turn=self._state.turns))
+        self._bus.emit(FollowUpQueued(run_id=self.run_id, message=message, turn=self._state.turns))
 
     def _check_queueable(self, message: object) -> None:
         if not isinstance(message, str):
@@ -249,7 +218,7 @@ class Run:
         if work is AgentState.OBSERVE:
             self._observe()
         elif work is AgentState.THINK:
-            await self._think()
+            await self._thinking.think()
         elif work is AgentState.ACT:
             await self._act()
         else:
@@ -277,9 +246,9 @@ class Run:
         self._deadline = asyncio.get_running_loop().call_later(remaining, self._time_up)
         if self._resumed is None:
             first = state.pending_input[0] if state.pending_input else ""
-            self._emit(RunStarted(run_id=state.run_id, input=first))
+            self._bus.emit(RunStarted(run_id=state.run_id, input=first))
         else:
-            self._emit(
+            self._bus.emit(
                 RunResumed(
                     run_id=state.run_id,
                     state=state.state,
@@ -295,31 +264,14 @@ class Run:
         self._interrupt()
 
     def _interrupt(self) -> None:
-        """Cancel what is in flight: the model call's scope now, tool calls through the stop
-        event that ``act`` watches."""
+        """Cancel what is in flight: the model call or the tool calls, through the stop
+        event their scopes watch."""
         self._stop.set()
-        scope = self._scope
-        if scope is not None and not scope.expired():
-            scope.reschedule(0)
-
-    def _interruption_text(self) -> str:
-        state = self._state
-        if state.abort_reason is not None:
-            return state.abort_reason
-        return f"the run's time limit of {self._config.limits.timeout_s:g} s was reached"
 
     # -- events -----------------------------------------------------------------------
 
-    def _emit(self, event: Event) -> None:
-        for handler in self._handlers:
-            try:
-                handler(event)
-            except Exception:
-                self._log.exception("event_handler_failed", kind=event.kind)
-
-    @property
-    def _emitter(self) -> Callable[[Event], None] | None:
-        return self._emit if self._handlers else None
+    def _handler_failed(self, event: Event) -> None:
+        self._log.exception("event_handler_failed", kind=event.kind)
 
     # -- the work of each state --------------------------------------------------------
 
@@ -339,154 +291,6 @@ class Run:
         if taken and state.turns:
             # New words from the user change the situation: repeats before them are no loop.
             state.loop = LoopState()
-
-    async def _think(self) -> None:
-        state = self._state
-        previous = state.model_failure
-        state.model_failure = None
-        state.last_finish_reason = None
-        state.last_tool_calls = 0
-        if self._stop.is_set():
-            self._interrupted()
-            return
-        scope = asyncio.timeout(None)
-        try:
-            async with scope:
-                self._scope = scope
-                response = await self._call_model(previous)
-        except TimeoutError as exc:
-            if scope.expired():
-                self._interrupted()
-            else:
-                self._model_failed(_failure(exc))
-            return
-        except Exception as exc:
-            self._model_failed(_failure(exc))
-            return
-        finally:
-            self._scope = None
-        self._take_reply(response)
-
-    def _interrupted(self) -> None:
-        """The model call was cancelled by abort() or the deadline (not a model error)."""
-        self._model_failed(
-            ModelFailure(
-                message=f"the model call was interrupted: {self._interruption_text()}",
-                permanent=True,
-            ),
-            counts=False,
-        )
-
-    async def _call_model(self, previous: ModelFailure | None) -> object:
-        """Back off if this is a retry, then make one model call (turn += 1)."""
-        state, config = self._state, self._config
-        if previous is not None:
-            await config.sleep(self._backoff(previous))
-        state.turns += 1
-        emit = self._emitter
-        prompt_tokens = state.prompt_tokens_estimate + state.tools_tokens_estimate
-        if emit is not None:
-            emit(
-                ModelRequested(
-                    run_id=state.run_id,
-                    turn=state.turns,
-                    messages=len(state.messages),
-                    estimated_prompt_tokens=prompt_tokens,
-                )
-            )
-        request = ModelRequest(
-            messages=TranscriptView(state.messages),
-            tools=config.tools.specs,
-            run_id=state.run_id,
-            turn=state.turns,
-            on_delta=self._delta_handler(state.turns) if emit is not None else None,
-        )
-        return await config.model.request(request)
-
-    def _take_reply(self, response: object) -> None:
-        state, config = self._state, self._config
-        emit = self._emitter
-        if not isinstance(response, ModelResponse):
-            self._model_failed(
-                ModelFailure(
-                    message=f"the model returned {type(response).__name__}, not a ModelResponse",
-                    permanent=False,
-                )
-            )
-            return
-        message = response.message
-        usage = response.usage
-        if usage is None:
-            usage = Usage(
-                input_tokens=state.prompt_tokens_estimate + state.tools_tokens_estimate,
-                output_tokens=estimate_message_tokens(message),
-                requests=1,
-                estimated=True,
-            )
-        elif usage.requests != 1:
-            usage = usage.model_copy(update={"requests": 1})
-        state.usage = state.usage + usage
-        if emit is not None:
-            emit(
-                ModelResponded(
-                    run_id=state.run_id,
-                    turn=state.turns,
-                    text=message.content,
-                    tool_calls=message.tool_calls,
-                    finish_reason=response.finish_reason,
-                    usage=usage,
-                )
-            )
-        empty = not message.content and not message.tool_calls
-        if empty and response.finish_reason in (FinishReason.STOP, FinishReason.TOOL_CALLS):
-            self._model_failed(
-                ModelFailure(message="the model returned an empty reply", permanent=False)
-            )
-            return
-        if message.tool_calls:
-            message = _with_call_ids(message, state.turns)
-        else:
-            state.output = message.content
-        self._append(message)
-        state.last_finish_reason = response.finish_reason
-        state.last_tool_calls = len(message.tool_calls)
-        record_reply_text(state.loop, message.content, config.limits)
-
-    def _model_failed(self, failure: ModelFailure, *, counts: bool = True) -> None:
-        state = self._state
-        state.model_failure = failure
-        if counts:
-            state.consecutive_errors += 1
-        self._log.warning(
-            "model_call_failed",
-            turn=state.turns,
-            error=failure.message,
-            permanent=failure.permanent,
-        )
-        emit = self._emitter
-        if emit is not None:
-            emit(
-                ModelFailed(
-                    run_id=state.run_id,
-                    turn=state.turns,
-                    message=failure.message,
-                    permanent=failure.permanent,
-                )
-            )
-
-    def _backoff(self, failure: ModelFailure) -> float:
-        """Exponential backoff with jitter, never shorter than the server's Retry-After."""
-        limits = self._config.limits
-        attempt = max(self._state.consecutive_errors, 1)
-        delay = min(limits.retry_backoff_max_s, limits.retry_backoff_s * 2.0 ** (attempt - 1))
-        delay *= 0.5 + random.random() / 2
-        return max(delay, failure.retry_after_s or 0.0)
-
-    def _delta_handler(self, turn: int) -> Callable[[ReplyDelta], None]:
-        def on_delta(delta: ReplyDelta) -> None:
-            self._emit(MessageUpdated(run_id=self._state.run_id, turn=turn, delta=delta))
-
-        return on_delta
 
     async def _act(self) -> None:
         state = self._state
@@ -508,7 +312,7 @@ class Run:
             config.tools,
             config.limits,
             parallel=config.parallel_tool_calls,
-            emit=self._emitter,
+            emit=self._bus.emitter,
             clock=config.clock,
             sleep=config.sleep,
             journal=self._journal,
@@ -574,8 +378,8 @@ class Run:
             label=row.label,
             turn=state.turns,
         )
-        if self._handlers:
-            self._emit(
+        if self._bus:
+            self._bus.emit(
                 StateChanged(
                     run_id=state.run_id,
                     source=row.source,
@@ -617,9 +421,9 @@ class Run:
             turns=state.turns,
             tokens=state.usage.total_tokens,
         )
-        if self._handlers:
+        if self._bus:
             if result.status is RunStatus.NEEDS_INPUT and state.control is not None:
-                self._emit(
+                self._bus.emit(
                     RunPaused(
                         run_id=state.run_id,
                         stop_reason=stop_reason,
@@ -627,7 +431,7 @@ class Run:
                         pending_calls=state.control.pending_calls,
                     )
                 )
-            self._emit(
+            self._bus.emit(
                 GuardTripped(
                     run_id=state.run_id,
                     state=row.source,
@@ -635,7 +439,7 @@ class Run:
                     stop_reason=stop_reason,
                 )
             )
-            self._emit(
+            self._bus.emit(
                 RunFinished(
                     run_id=state.run_id,
                     status=result.status,

@@ -8,7 +8,7 @@ serialises them (``EVENT_ADAPTER.dump_json(event)``) and reads them back, for tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -21,6 +21,7 @@ from agent_fsm.table import AgentState, StopReason
 __all__ = [
     "EVENT_ADAPTER",
     "AbortRequested",
+    "EventBus",
     "FollowUpQueued",
     "RunPaused",
     "RunResumed",
@@ -281,3 +282,42 @@ EventHandler = Callable[[Event], None]
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 """Serialises and parses events (JSON), for trace files."""
+
+
+class EventBus:
+    """The subscribers of one run, in subscription order.
+
+    ``emit`` delivers an event to each; a handler that raises is reported to
+    ``on_handler_error`` (the engine logs it) and the others still get the event, because an
+    observer must never break the run it observes. ``emitter`` is ``emit`` while anyone listens
+    and None otherwise, so hot paths skip building events nobody reads.
+    """
+
+    __slots__ = ("_handlers", "_on_handler_error")
+
+    def __init__(
+        self,
+        handlers: Iterable[EventHandler] = (),
+        *,
+        on_handler_error: Callable[[Event], None] | None = None,
+    ) -> None:
+        self._handlers = list(handlers)
+        self._on_handler_error = on_handler_error
+
+    def subscribe(self, handler: EventHandler) -> None:
+        self._handlers.append(handler)
+
+    def emit(self, event: Event) -> None:
+        for handler in self._handlers:
+            try:
+                handler(event)
+            except Exception:
+                if self._on_handler_error is not None:
+                    self._on_handler_error(event)
+
+    @property
+    def emitter(self) -> EventHandler | None:
+        return self.emit if self._handlers else None
+
+    def __bool__(self) -> bool:
+        return bool(self._handlers)

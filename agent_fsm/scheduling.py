@@ -21,14 +21,13 @@ from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolMessage
 from agent_fsm.outputs import error_result, merge_runtime_details, skipped_result
 from agent_fsm.state import RunState
+from agent_fsm.stopping import StopEvent, StopScope
 from agent_fsm.tools import PreparedCall
 
 __all__ = ["STOPPED", "TurnCalls", "run_until_stopped", "waves"]
 
 STOPPED = "the run was stopped before this call started"
 """Why a call that had not started when the run was stopped was skipped."""
-_STOP_GRACE_S = 0.1
-"""How long a stopped run waits for cancelled async tools to unwind before it moves on."""
 
 
 class TurnCalls:
@@ -209,68 +208,16 @@ def waves(prepared: Sequence[PreparedCall], runnable: list[int], parallel: bool)
     return groups
 
 
-class StopEvent(asyncio.Event):
-    """An ``asyncio.Event`` that also calls back when set, so a turn can wait for "the calls
-    finished or the run was stopped" with one future instead of a second task (the engine's
-    hot path: this halves the cost of a stoppable turn)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._callbacks: list[Callable[[], None]] = []
-
-    def set(self) -> None:
-        super().set()
-        for callback in list(self._callbacks):
-            callback()
-
-    def add_callback(self, callback: Callable[[], None]) -> None:
-        self._callbacks.append(callback)
-
-    def remove_callback(self, callback: Callable[[], None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._callbacks.remove(callback)
-
-
-async def _first_of(work: asyncio.Future[None], stop: asyncio.Event) -> None:
-    """Return when ``work`` is done or ``stop`` is set, whichever comes first."""
-    if isinstance(stop, StopEvent):
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def wake(*_: object) -> None:
-            if not woken.done():
-                woken.set_result(None)
-
-        work.add_done_callback(wake)
-        stop.add_callback(wake)
-        try:
-            await woken
-        finally:
-            stop.remove_callback(wake)
-        return
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((work, stopped), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-
-
-async def run_until_stopped(turn: TurnCalls, groups: list[list[int]], stop: asyncio.Event) -> None:
-    """Run the groups; when ``stop`` is set first, cancel what runs and skip the rest."""
+async def run_until_stopped(turn: TurnCalls, groups: list[list[int]], stop: StopEvent) -> None:
+    """Run the groups in this task; when ``stop`` is set first, cancel what runs (answered
+    "cancelled") and skip the rest."""
     if stop.is_set():
         turn.halted = STOPPED
         return
-    work = asyncio.ensure_future(turn.run_groups(groups))
-    try:
-        await _first_of(work, stop)
-    except BaseException:  # act itself was cancelled: take the calls down with it
-        work.cancel()
-        raise
-    if work.done():
-        work.result()
-        return
-    turn.halted = STOPPED
-    work.cancel()
-    await asyncio.wait((work,), timeout=_STOP_GRACE_S)
-    for index, started in enumerate(turn.started):
-        if started:  # a tool that swallowed its cancellation, still unwinding: abandoned
-            turn.cancelled(index)
+    with StopScope(stop) as scope:
+        await turn.run_groups(groups)
+    if scope.stopped:
+        turn.halted = STOPPED
+        for index, started in enumerate(turn.started):
+            if started:  # answered "cancelled" unless it finished before the stop reached it
+                turn.cancelled(index)

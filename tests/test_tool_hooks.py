@@ -12,6 +12,7 @@ from agent_fsm import Limits, ToolMessage, tool
 from agent_fsm.events import Event, ToolFinished
 from agent_fsm.journal import CallStatus, MemoryJournal, journal_key
 from agent_fsm.messages import ToolStatus
+from agent_fsm.stopping import StopEvent
 from agent_fsm.tools import ASK_USER
 from tests.test_tool_acting import act_on, c, fresh_state
 
@@ -148,7 +149,7 @@ def test_interruption_lets_running_parallel_calls_finish() -> None:
 # -- stop -------------------------------------------------------------------------------------
 
 
-async def _stop_after(stop: asyncio.Event, delay: float) -> None:
+async def _stop_after(stop: StopEvent, delay: float) -> None:
     await asyncio.sleep(delay)
     stop.set()
 
@@ -166,7 +167,7 @@ def test_stop_cancels_a_running_async_tool_promptly_and_skips_the_rest() -> None
         return "never"
 
     async def scenario() -> tuple[list[ToolMessage], float, MemoryJournal]:
-        stop = asyncio.Event()
+        stop = StopEvent()
         journal = MemoryJournal()
         stopper = asyncio.create_task(_stop_after(stop, 0.02))
         started = time.monotonic()
@@ -204,7 +205,7 @@ def test_stop_abandons_a_running_sync_tool() -> None:
         return "late"
 
     async def scenario() -> list[ToolMessage]:
-        stop = asyncio.Event()
+        stop = StopEvent()
         stopper = asyncio.create_task(_stop_after(stop, 0.02))
         results = await act_on([blocking], [c(0, "blocking")], stop=stop)
         await stopper
@@ -222,7 +223,7 @@ def test_stop_abandons_a_running_sync_tool() -> None:
 
 def test_a_stop_already_set_runs_nothing() -> None:
     async def scenario() -> list[ToolMessage]:
-        stop = asyncio.Event()
+        stop = StopEvent()
         stop.set()
         return await act_on([lookup], [c(0, "lookup", key="a"), c(1, "nope")], stop=stop)
 
@@ -234,7 +235,7 @@ def test_a_stop_already_set_runs_nothing() -> None:
 
 def test_a_stop_never_set_changes_nothing() -> None:
     async def scenario() -> list[ToolMessage]:
-        return await act_on([lookup], [c(0, "lookup", key="a")], stop=asyncio.Event())
+        return await act_on([lookup], [c(0, "lookup", key="a")], stop=StopEvent())
 
     (result,) = asyncio.run(scenario())
     assert result.content == "value of a"
@@ -254,16 +255,3 @@ def test_hooks_do_not_touch_control_flow() -> None:
     assert [r.status for r in results] == [ToolStatus.SKIPPED, ToolStatus.OK]
     assert len(journal) == 0
     assert runs == []
-
-
-async def test_a_stop_event_with_callbacks_stops_a_turn_like_a_plain_event() -> None:
-    from agent_fsm.scheduling import StopEvent
-
-    woken: list[str] = []
-    stop = StopEvent()
-    stop.add_callback(lambda: woken.append("first"))
-    stop.add_callback(lambda: woken.append("second"))
-    stop.remove_callback(lambda: None)  # unknown callbacks are ignored
-    stop.set()
-    assert stop.is_set()
-    assert woken == ["first", "second"]

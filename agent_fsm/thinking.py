@@ -1,0 +1,260 @@
+"""THINK: one model call, and what the run takes from its reply or its failure.
+
+``Thinking.think`` is the whole of the THINK state's work. It never raises for anything the
+model does: an exception, a reply that is not a ``ModelResponse``, an empty reply, or a call
+cut short by ``abort()`` or the deadline each become a ``ModelFailure`` in the run state, which
+the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agent_fsm.context import estimate_message_tokens
+from agent_fsm.errors import ScriptExhaustedError
+from agent_fsm.events import EventBus, MessageUpdated, ModelFailed, ModelRequested, ModelResponded
+from agent_fsm.limits import Limits
+from agent_fsm.loops import record_reply_text
+from agent_fsm.messages import (
+    AssistantMessage,
+    FinishReason,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ReplyDelta,
+    ToolCall,
+    ToolSpec,
+    TranscriptView,
+    Usage,
+)
+from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.state import ModelFailure, RunState
+from agent_fsm.stopping import StopEvent, StopScope
+
+__all__ = ["Thinking", "backoff_s", "failure_from", "interruption_text", "with_call_ids"]
+
+
+def failure_from(exc: BaseException) -> ModelFailure:
+    """Classify an exception raised by a model call: transient ones are retried."""
+    if isinstance(exc, ModelCallError):
+        return ModelFailure(
+            message=str(exc), permanent=not exc.transient, retry_after_s=exc.retry_after_s
+        )
+    transient = isinstance(exc, TimeoutError | ConnectionError)
+    if isinstance(exc, ScriptExhaustedError):
+        transient = False
+    return ModelFailure(message=f"{type(exc).__name__}: {exc}", permanent=not transient)
+
+
+def with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
+    """The message with every tool call given a non-empty id unique within the reply.
+
+    Each result must name its call; a model that omits or repeats ids would otherwise make
+    the transcript ambiguous. Ids the model chose are kept whenever they are usable.
+    """
+    seen: set[str] = set()
+    fixed: list[ToolCall] = []
+    changed = False
+    for index, tool_call in enumerate(message.tool_calls):
+        if not tool_call.id or tool_call.id in seen:
+            tool_call = tool_call.model_copy(update={"id": f"call_{turn}_{index}"})
+            changed = True
+        seen.add(tool_call.id)
+        fixed.append(tool_call)
+    return message.model_copy(update={"tool_calls": tuple(fixed)}) if changed else message
+
+
+def backoff_s(failure: ModelFailure, attempt: int, limits: Limits) -> float:
+    """The pause before retry number ``attempt`` (1-based): exponential with jitter (half to
+    all of ``retry_backoff_s * 2**(attempt-1)``, capped at ``retry_backoff_max_s``), never
+    shorter than the server's Retry-After."""
+    delay = min(limits.retry_backoff_max_s, limits.retry_backoff_s * 2.0 ** (attempt - 1))
+    delay *= 0.5 + random.random() / 2
+    return max(delay, failure.retry_after_s or 0.0)
+
+
+def interruption_text(state: RunState, limits: Limits) -> str:
+    """Why in-flight work was stopped: the abort reason, or the time limit."""
+    if state.abort_reason is not None:
+        return state.abort_reason
+    return f"the run's time limit of {limits.timeout_s:g} s was reached"
+
+
+class Thinking:
+    """The THINK work of one run; holds what it needs from the run and the agent."""
+
+    __slots__ = (
+        "_append",
+        "_bus",
+        "_limits",
+        "_log",
+        "_model",
+        "_sleep",
+        "_state",
+        "_stop",
+        "_tools",
+    )
+
+    def __init__(
+        self,
+        state: RunState,
+        *,
+        model: Model,
+        tools: tuple[ToolSpec, ...],
+        limits: Limits,
+        sleep: Callable[[float], Awaitable[None]],
+        stop: StopEvent,
+        bus: EventBus,
+        append: Callable[[Message], None],
+        log: Any,
+    ) -> None:
+        self._state = state
+        self._model = model
+        self._tools = tools
+        self._limits = limits
+        self._sleep = sleep
+        self._stop = stop
+        self._bus = bus
+        self._append = append
+        self._log = log
+
+    async def think(self) -> None:
+        """Make one model call (after a backoff, if the last one failed) and take in its reply,
+        or record why there is none."""
+        state = self._state
+        previous = state.model_failure
+        state.model_failure = None
+        state.last_finish_reason = None
+        state.last_tool_calls = 0
+        if self._stop.is_set():
+            self._interrupted()
+            return
+        scope = StopScope(self._stop)
+        try:
+            with scope:
+                response = await self._call_model(previous)
+        except Exception as exc:
+            if scope.stopped:  # the model turned our cancellation into an error of its own
+                self._interrupted()
+            else:
+                self.failed(failure_from(exc))
+            return
+        if scope.stopped:
+            self._interrupted()
+            return
+        self._take_reply(response)
+
+    def failed(self, failure: ModelFailure, *, counts: bool = True) -> None:
+        """Record a failed model call (``counts``: towards the consecutive-error limit)."""
+        state = self._state
+        state.model_failure = failure
+        if counts:
+            state.consecutive_errors += 1
+        self._log.warning(
+            "model_call_failed",
+            turn=state.turns,
+            error=failure.message,
+            permanent=failure.permanent,
+        )
+        emit = self._bus.emitter
+        if emit is not None:
+            emit(
+                ModelFailed(
+                    run_id=state.run_id,
+                    turn=state.turns,
+                    message=failure.message,
+                    permanent=failure.permanent,
+                )
+            )
+
+    def _interrupted(self) -> None:
+        """The call was cancelled by abort() or the deadline: the run stops, and it is no
+        model error, so it does not count towards the consecutive-error limit."""
+        message = f"the model call was interrupted: {interruption_text(self._state, self._limits)}"
+        self.failed(ModelFailure(message=message, permanent=True), counts=False)
+
+    async def _call_model(self, previous: ModelFailure | None) -> object:
+        """Back off if this is a retry, then make one model call (turn += 1)."""
+        state = self._state
+        if previous is not None:
+            attempt = max(state.consecutive_errors, 1)
+            await self._sleep(backoff_s(previous, attempt, self._limits))
+        state.turns += 1
+        emit = self._bus.emitter
+        on_delta = None
+        if emit is not None:
+            emit(
+                ModelRequested(
+                    run_id=state.run_id,
+                    turn=state.turns,
+                    messages=len(state.messages),
+                    estimated_prompt_tokens=state.prompt_tokens_estimate
+                    + state.tools_tokens_estimate,
+                )
+            )
+            on_delta = self._delta_handler(state.turns)
+        request = ModelRequest(
+            messages=TranscriptView(state.messages),
+            tools=self._tools,
+            run_id=state.run_id,
+            turn=state.turns,
+            on_delta=on_delta,
+        )
+        return await self._model.request(request)
+
+    def _delta_handler(self, turn: int) -> Callable[[ReplyDelta], None]:
+        bus, run_id = self._bus, self._state.run_id
+
+        def on_delta(delta: ReplyDelta) -> None:
+            bus.emit(MessageUpdated(run_id=run_id, turn=turn, delta=delta))
+
+        return on_delta
+
+    def _take_reply(self, response: object) -> None:
+        state = self._state
+        if not isinstance(response, ModelResponse):
+            self.failed(
+                ModelFailure(
+                    message=f"the model returned {type(response).__name__}, not a ModelResponse",
+                    permanent=False,
+                )
+            )
+            return
+        message = response.message
+        usage = response.usage
+        if usage is None:
+            usage = Usage(
+                input_tokens=state.prompt_tokens_estimate + state.tools_tokens_estimate,
+                output_tokens=estimate_message_tokens(message),
+                requests=1,
+                estimated=True,
+            )
+        elif usage.requests != 1:
+            usage = usage.model_copy(update={"requests": 1})
+        state.usage = state.usage + usage
+        emit = self._bus.emitter
+        if emit is not None:
+            emit(
+                ModelResponded(
+                    run_id=state.run_id,
+                    turn=state.turns,
+                    text=message.content,
+                    tool_calls=message.tool_calls,
+                    finish_reason=response.finish_reason,
+                    usage=usage,
+                )
+            )
+        empty = not message.content and not message.tool_calls
+        if empty and response.finish_reason in (FinishReason.STOP, FinishReason.TOOL_CALLS):
+            self.failed(ModelFailure(message="the model returned an empty reply", permanent=False))
+            return
+        if message.tool_calls:
+            message = with_call_ids(message, state.turns)
+        else:
+            state.output = message.content
+        self._append(message)
+        state.last_finish_reason = response.finish_reason
+        state.last_tool_calls = len(message.tool_calls)
+        record_reply_text(state.loop, message.content, self._limits)

@@ -1,0 +1,144 @@
+"""StopEvent and StopScope: how a run cancels the model or tool call in flight, in its own task."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent_fsm.stopping import REGRACE_S, StopEvent, StopScope
+
+
+def test_a_stop_event_calls_back_once_in_order_even_if_one_callback_raises() -> None:
+    woken: list[str] = []
+    stop = StopEvent()
+
+    def broken() -> None:
+        woken.append("broken")
+        raise ValueError("observer bug")
+
+    stop.add_callback(lambda: woken.append("first"))
+    stop.add_callback(broken)
+    stop.add_callback(lambda: woken.append("last"))
+    stop.remove_callback(lambda: None)  # unknown callbacks are ignored
+    with pytest.raises(ValueError, match="observer bug"):
+        stop.set()
+    assert stop.is_set()
+    assert woken == ["first", "broken", "last"]
+    stop.set()  # setting again calls nobody twice
+    assert woken == ["first", "broken", "last"]
+    stop.add_callback(lambda: woken.append("late"))  # already set: called at once
+    assert woken[-1] == "late"
+
+
+async def test_a_scope_cancels_the_await_inside_it_and_absorbs_that_cancellation() -> None:
+    stop = StopEvent()
+    unwound: list[str] = []
+
+    async def work() -> str:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            unwound.append("work")
+        return "never"
+
+    asyncio.get_running_loop().call_later(0.01, stop.set)
+    with StopScope(stop) as scope:
+        await work()
+    assert scope.stopped
+    assert unwound == ["work"]
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+    await asyncio.sleep(0)  # no cancellation is left pending on the task
+
+
+async def test_a_scope_whose_work_finishes_first_is_not_stopped() -> None:
+    stop = StopEvent()
+    with StopScope(stop) as scope:
+        await asyncio.sleep(0)
+    assert not scope.stopped
+    stop.set()  # after the scope: nothing to cancel
+    await asyncio.sleep(0.01)
+    assert not scope.stopped
+
+
+async def test_setting_the_stop_from_inside_the_task_stops_it_at_its_next_await() -> None:
+    """An event handler or a tool may call abort() in the run's own task: the work is not
+    interrupted mid-statement, it is cancelled where it next waits."""
+    stop = StopEvent()
+    reached: list[str] = []
+    with StopScope(stop) as scope:
+        stop.set()
+        reached.append("after set")  # still running: nothing was raised synchronously
+        await asyncio.sleep(30)
+        reached.append("never")
+    assert scope.stopped
+    assert reached == ["after set"]
+
+
+async def test_a_cancellation_from_elsewhere_still_propagates() -> None:
+    stop = StopEvent()
+    entered = asyncio.Event()
+
+    async def inner() -> None:
+        with StopScope(stop):
+            entered.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(inner())
+    await entered.wait()
+    task.cancel()
+    stop.set()  # both: the outside cancellation must win
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_work_that_suppresses_the_cancellation_is_cancelled_again() -> None:
+    stop = StopEvent()
+    swallowed: list[int] = []
+
+    async def stubborn() -> str:
+        for attempt in range(2):  # swallows the first cancellation, then gives in
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                swallowed.append(attempt)
+                if attempt == 1:
+                    raise
+        return "never"
+
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, stop.set)
+    started = loop.time()
+    with StopScope(stop) as scope:
+        await stubborn()
+    elapsed = loop.time() - started
+    assert scope.stopped
+    assert swallowed == [0, 1]
+    assert REGRACE_S <= elapsed < 5
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+
+
+async def test_work_that_ignores_the_cancellation_and_returns_leaves_no_cancellation() -> None:
+    stop = StopEvent()
+
+    async def ignores() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "ignored it"
+        return "slept"
+
+    asyncio.get_running_loop().call_later(0.01, stop.set)
+    with StopScope(stop) as scope:
+        outcome = await ignores()
+    assert (scope.stopped, outcome) == (True, "ignored it")
+    await asyncio.sleep(REGRACE_S * 2)  # the re-cancel timer is gone with the scope
+
+
+def test_a_scope_outside_an_event_loop_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="no running event loop"), StopScope(StopEvent()):
+        pass
