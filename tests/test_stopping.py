@@ -6,7 +6,12 @@ import asyncio
 
 import pytest
 
+from agent_fsm import Agent, AgentState, StopReason, tool
+from agent_fsm.events import Event, ToolStarted
+from agent_fsm.messages import ToolMessage, ToolStatus
 from agent_fsm.stopping import REGRACE_S, StopEvent, StopScope
+from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
+from tests.conftest import echo, limits
 
 
 def test_a_stop_event_calls_back_once_in_order_even_if_one_callback_raises() -> None:
@@ -142,3 +147,64 @@ async def test_work_that_ignores_the_cancellation_and_returns_leaves_no_cancella
 def test_a_scope_outside_an_event_loop_is_refused() -> None:
     with pytest.raises(RuntimeError, match="no running event loop"), StopScope(StopEvent()):
         pass
+
+
+# -- through a run ---------------------------------------------------------------------------
+
+
+async def test_abort_reaches_a_tool_that_suppresses_its_first_cancellation() -> None:
+    seen: list[str] = []
+
+    @tool
+    async def stubborn() -> str:
+        """Ignores the first request to stop."""
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("swallowed")
+        await asyncio.sleep(30)
+        return "never"
+
+    agent = Agent(
+        model=ScriptedModel([reply("", call("stubborn"), call("echo", text="x"))]),
+        tools=[stubborn, echo],
+        limits=limits(),
+        parallel_tool_calls=False,
+    )
+    run = agent.start("Go")
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.02, run.abort, "the user pressed stop")
+    started = loop.time()
+    result = await asyncio.wait_for(run.run(), 5)
+    assert loop.time() - started >= REGRACE_S
+    assert seen == ["swallowed"]
+    assert (result.final_state, result.stop_reason) == (AgentState.ERROR, StopReason.ABORTED)
+    cancelled, skipped = [m for m in result.messages if isinstance(m, ToolMessage)]
+    assert cancelled.content == "Tool 'stubborn' was cancelled because the run was stopped."
+    assert skipped.status is ToolStatus.SKIPPED
+    check_invariants(result, limits=agent.limits)
+
+
+async def test_an_event_handler_may_abort_the_run_from_inside_its_own_task() -> None:
+    """abort() called synchronously in the run's task (here by a subscriber seeing the tool
+    start) stops the tool at its first await, not in the middle of the handler."""
+
+    @tool
+    async def slow() -> str:
+        """Takes ages."""
+        await asyncio.sleep(30)
+        return "never"
+
+    agent = Agent(model=ScriptedModel([reply("", call("slow"))]), tools=[slow], limits=limits())
+    run = agent.start("Go")
+
+    def stop_on_start(event: Event) -> None:
+        if isinstance(event, ToolStarted):
+            run.abort("stopped by an observer")
+
+    run.subscribe(stop_on_start)
+    result = await asyncio.wait_for(run.run(), 5)
+    assert (result.stop_reason, result.error) == (StopReason.ABORTED, "stopped by an observer")
+    (answer,) = [m for m in result.messages if isinstance(m, ToolMessage)]
+    assert answer.content == "Tool 'slow' was cancelled because the run was stopped."
+    check_invariants(result, limits=agent.limits)
