@@ -15,9 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import queue
 import random
 import threading
+import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -127,31 +130,89 @@ def retry_delay(attempt: int, limits: Limits) -> float:
     return delay * (0.5 + random.random() / 2)
 
 
-class _Deadline:
-    """``asyncio.timeout`` for one await, at a fraction of its cost (it is on every call).
+class _Watchdog:
+    """The single timer behind every tool deadline on one event loop.
 
-    When the timer fires it cancels the current task; ``finish`` stops the timer and, if it
-    fired, withdraws that cancellation, telling whether it was the only one (a caller's own
+    A timer per call (``call_later`` then ``cancel``) was a tenth of the engine's per-turn
+    cost, although almost every call finishes long before its deadline. So a deadline only
+    registers itself here, and the one timer is armed for the earliest deadline it has seen:
+    a call whose deadline falls after the armed time costs no timer operation at all. When
+    the timer fires it expires what is due and re-arms itself for the earliest deadline still
+    watched, if any.
+    """
+
+    __slots__ = ("__weakref__", "_active", "_armed_for", "_loop", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._active: set[_Deadline] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for = math.inf
+
+    def watch(self, deadline: _Deadline) -> None:
+        self._active.add(deadline)
+        if deadline.when < self._armed_for:
+            self._arm(deadline.when)
+
+    def forget(self, deadline: _Deadline) -> None:
+        self._active.discard(deadline)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_for = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._armed_for = math.inf
+        now = self._loop.time() + _CLOCK_RESOLUTION
+        for deadline in [d for d in self._active if d.when <= now]:
+            self._active.discard(deadline)
+            deadline.expire()
+        if self._active:
+            self._arm(min(d.when for d in self._active))
+
+
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
+"""asyncio runs a timer up to this early (its loop clock is ``time.monotonic``)."""
+_WATCHDOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _Deadline:
+    """A timeout for one await in the current task, as ``asyncio.timeout`` gives, at a
+    fraction of its cost (it is on every tool call; see ``_Watchdog``).
+
+    When it expires it cancels the task; ``finish`` stops watching and, if it expired,
+    withdraws that cancellation, telling whether it was the only one (a caller's own
     cancellation must still propagate), as ``asyncio.timeout`` does.
     """
 
-    __slots__ = ("_base", "_handle", "_task", "expired")
+    __slots__ = ("_base", "_task", "_watchdog", "expired", "when")
 
     def __init__(self, seconds: float) -> None:
         task = asyncio.current_task()
         assert task is not None, "tools run inside a task"
+        loop = task.get_loop()
         self._task = task
         self._base = task.cancelling()
         self.expired = False
-        self._handle = asyncio.get_running_loop().call_later(seconds, self._expire)
+        self.when = loop.time() + seconds
+        watchdog = _WATCHDOGS.get(loop)
+        if watchdog is None:
+            watchdog = _WATCHDOGS[loop] = _Watchdog(loop)
+        self._watchdog = watchdog
+        watchdog.watch(self)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
         self.expired = True
         self._task.cancel()
 
     def finish(self) -> bool:
-        """Stop the timer; True when it fired and no one else cancelled the task."""
-        self._handle.cancel()
+        """Stop watching; True when it expired and no one else cancelled the task."""
+        self._watchdog.forget(self)
         return self.expired and self._task.uncancel() <= self._base
 
 

@@ -37,6 +37,9 @@ logging.getLogger("transitions").setLevel(logging.WARNING)
 logging.getLogger("transitions.core").addFilter(_DropOverrideNotices())
 
 
+_STATE_NAMED = {state.value: state for state in AgentState}
+
+
 class RunHandle:
     """What ``transitions`` sees of one run: its RunState, its Limits, and the last row taken.
 
@@ -60,7 +63,7 @@ class RunHandle:
     @state.setter
     def state(self, value: str) -> None:
         self._name = value
-        self.run_state.state = AgentState(value)
+        self.run_state.state = _STATE_NAMED[value]
 
 
 class _GuardCondition:
@@ -94,6 +97,7 @@ class _Transition(Transition):
     def __init__(self, *args: Any, row_index: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.row_index = row_index
+        self.dest_name = cast(str, self.dest)
         self.guards: tuple[Guard, ...] = tuple(
             cast(_GuardCondition, c.func).guard for c in self.conditions
         )
@@ -109,23 +113,38 @@ class _Transition(Transition):
         handle = cast(RunHandle, event_data.model)
         if not self.passes(handle.run_state, handle.limits):
             return False
-        self.apply(event_data)
+        self.take(event_data.event, handle, event_data.args, event_data.kwargs)
         return True
 
-    def apply(self, event_data: EventData) -> None:
+    def take(self, event: Event, handle: RunHandle, args: Any, kwargs: Any) -> None:
         """The state change of a row whose guards passed: before → exit → set → enter →
-        record → after, as the stock Transition does."""
-        machine = event_data.machine
+        record → after, as the stock Transition does. The EventData that callbacks receive
+        is built only when some callback exists (none do in the agent's own machine)."""
+        machine = event.machine
+        source, dest = machine.states[self.source], machine.states[self.dest_name]
+        if not (
+            self.before
+            or self.after
+            or source.on_exit
+            or dest.on_enter
+            or machine.before_state_change
+            or machine.after_state_change
+        ):
+            handle.state = self.dest_name
+            handle.taken = self.row_index
+            return
+        event_data = EventData(source, event, machine, handle, args=args, kwargs=kwargs)
+        event_data.transition = self
         if self.before or machine.before_state_change:
             machine.callbacks([*machine.before_state_change, *self.before], event_data)
-        source, dest = machine.states[self.source], machine.states[cast(str, self.dest)]
         if source.on_exit:
             machine.callbacks(source.on_exit, event_data)
-        setattr(event_data.model, machine.model_attribute, dest.value)
+        handle.state = self.dest_name
         event_data.state = dest
         if dest.on_enter:
             machine.callbacks(dest.on_enter, event_data)
-        cast(RunHandle, event_data.model).taken = self.row_index
+        handle.taken = self.row_index
+        event_data.result = True
         if self.after or machine.after_state_change:
             machine.callbacks([*self.after, *machine.after_state_change], event_data)
 
@@ -133,21 +152,19 @@ class _Transition(Transition):
 class _Event(Event):
     """Tries the rows of the model's current state in order; the first that passes wins.
 
-    Guards are evaluated directly on the run's state, and the EventData that callbacks
-    receive is built only for the winning row.
+    Guards are evaluated directly on the run's state, with no EventData per row tried.
     """
 
     def trigger(self, model: object, *args: Any, **kwargs: Any) -> bool:
-        handle = cast(RunHandle, model)
+        handle: RunHandle = model  # type: ignore[assignment]  # only RunHandles are attached
         run_state, limits = handle.run_state, handle.limits
-        rows = cast(list[_Transition], self.transitions.get(handle.state, ()))
+        rows: list[_Transition] = self.transitions[handle.state]  # type: ignore[assignment]
         for transition in rows:
-            if transition.passes(run_state, limits):
-                event_data = EventData(None, self, self.machine, model, args=args, kwargs=kwargs)
-                event_data.state = self.machine.states[handle.state]
-                event_data.transition = transition
-                transition.apply(event_data)
-                event_data.result = True
+            for guard in transition.guards:
+                if not guard(run_state, limits):
+                    break
+            else:
+                transition.take(self, handle, args, kwargs)
                 return True
         return False
 

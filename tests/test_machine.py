@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
+from transitions import EventData
 
 from agent_fsm import ConfigError, Limits
 from agent_fsm.guards import GUARDS
 from agent_fsm.machine import AgentMachine
+from agent_fsm.state import RunState
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
 from agent_fsm.verify import verify_table
 
@@ -140,3 +143,40 @@ def test_control_flow_row_after_continue_is_rejected_as_dead() -> None:
 def test_terminal_rows_carry_stop_reasons() -> None:
     reasons = {row.stop_reason for row in TABLE if row.stop_reason is not None}
     assert reasons == set(StopReason)
+
+
+def test_the_lean_event_classes_keep_transitions_callback_order() -> None:
+    """The agent's machine registers no callbacks, so the fast path skips building EventData;
+    when a callback is registered through transitions, it runs as transitions would run it."""
+    machine = AgentMachine()
+    state = RunState(run_id="callbacks")
+    handle = machine.attach(state, Limits())
+    seen: list[tuple[str, str, str]] = []
+
+    def note(when: str) -> Callable[[EventData], None]:
+        def callback(event: EventData) -> None:
+            assert event.transition is not None
+            assert event.model is handle
+            seen.append((when, event.state.name, handle.state))
+
+        return callback
+
+    inner = machine._machine  # transitions' Machine, private to machine.py
+    inner.before_state_change.append(note("before"))
+    inner.get_state(S.OBSERVE.value).on_exit.append(note("exit"))
+    inner.get_state(S.THINK.value).on_enter.append(note("enter"))
+    inner.after_state_change.append(note("after"))
+    row = machine.fire(handle)
+    assert (row.source, row.dest, row.label) == (S.OBSERVE, S.THINK, "think")
+    assert state.state is S.THINK
+    observe, think, act = S.OBSERVE.value, S.THINK.value, S.ACT.value
+    assert seen == [
+        ("before", observe, observe),
+        ("exit", observe, observe),
+        ("enter", think, think),
+        ("after", think, think),
+    ]
+    seen.clear()
+    state.last_tool_calls = 1
+    assert machine.fire(handle).dest is S.ACT  # no state callbacks on this row: fast path
+    assert seen == [("before", think, think), ("after", act, act)]

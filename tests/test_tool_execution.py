@@ -121,6 +121,55 @@ def test_run_sync_returns_promptly_with_a_sync_tool_that_sleeps_far_past_its_tim
     assert "abandoned" in result.messages[-2].content
 
 
+def test_parallel_calls_each_time_out_at_their_own_deadline() -> None:
+    """One timer serves every deadline on a loop: a later call with an earlier deadline
+    re-arms it, after each expiry it re-arms for the next deadline still watched, and a call
+    with a distant deadline is left alone."""
+    stopped: dict[str, float] = {}
+
+    def sleeper(name: str, timeout_s: float, sleeps_s: float = 30) -> Tool:
+        async def fn() -> str:
+            try:
+                await asyncio.sleep(sleeps_s)
+            finally:
+                stopped[name] = time.monotonic()
+            return "slept"
+
+        return Tool(name, "Sleeps.", {"type": "object"}, fn, timeout_s=timeout_s)
+
+    tools = [sleeper("patient", 30, sleeps_s=0.4), sleeper("fast", 0.05), sleeper("middle", 0.2)]
+    agent = Agent(
+        model=ScriptedModel([reply("", call("patient"), call("fast"), call("middle")), "ok"]),
+        tools=tools,
+        limits=limits(),
+    )
+    started = time.monotonic()
+    result = agent.run_sync("go")
+    answers = {m.name: m.content for m in result.messages if m.role == "tool"}
+    assert answers["patient"] == "slept"
+    assert "timed out after 0.05 s" in answers["fast"]
+    assert "timed out after 0.2 s" in answers["middle"]
+    assert 0.05 <= stopped["fast"] - started < 0.2 <= stopped["middle"] - started
+    assert stopped["middle"] < stopped["patient"]
+
+
+def test_a_call_that_finishes_in_time_is_not_cancelled_by_the_shared_timer() -> None:
+    @tool(timeout_s=0.05)
+    async def quick() -> str:
+        """Finishes well within its deadline, then the loop idles past it."""
+        return "done"
+
+    async def scenario() -> tuple[Executed, Executed]:
+        registry = ToolRegistry([quick])
+        first = await execute(registry.prepare(call("quick")), Limits())
+        await asyncio.sleep(0.1)  # the timer armed for the first call fires with nothing due
+        second = await execute(registry.prepare(call("quick")), Limits())
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first.result.content == second.result.content == "done"
+
+
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
 
