@@ -207,6 +207,11 @@ class Run:
         Raises:
             RunError: when the run has already ended.
         """
+        row = await self._advance()
+        return TraceEntry.from_row(row, self._state.turns)
+
+    async def _advance(self) -> Row:
+        """``step`` without building the TraceEntry that ``run`` would throw away."""
         state = self._state
         if state.state in TERMINAL_STATES:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
@@ -224,7 +229,9 @@ class Run:
         else:
             await self._reflect()
         state.elapsed_s = self._config.clock() - self._started_at
-        return self._after(self._config.machine.fire(self._handle))
+        row = self._config.machine.fire(self._handle)
+        self._after(row)
+        return row
 
     async def iterate(self) -> AsyncIterator[TraceEntry]:
         """Step until the run ends, yielding each transition."""
@@ -234,7 +241,7 @@ class Run:
     async def run(self) -> RunResult:
         """Step until the run ends; return its result."""
         while self._state.state not in TERMINAL_STATES:
-            await self.step()
+            await self._advance()
         return self.result
 
     def _announce(self) -> None:
@@ -365,11 +372,10 @@ class Run:
 
     # -- after a transition -----------------------------------------------------------
 
-    def _after(self, row: Row) -> TraceEntry:
+    def _after(self, row: Row) -> None:
         state = self._state
         index = self._handle.taken if self._handle is not None else -1
         state.trace.append((index, state.turns))
-        entry = TraceEntry.from_row(row, state.turns)
         self._log.debug(
             "transition",
             source=row.source,
@@ -394,7 +400,6 @@ class Run:
             self._finish(row)
         elif self._config.checkpoint_every_transition and self._config.store is not None:
             self._config.store.save(state)
-        return entry
 
     def _finish(self, row: Row) -> None:
         state = self._state

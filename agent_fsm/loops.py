@@ -33,11 +33,15 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""Built once: ``json.dumps`` with options builds a new encoder on every call."""
+
+
 def canonical_arguments(parsed: Any, raw: str) -> str:
     """Arguments in a canonical text form: sorted keys, no whitespace; raw text if unparsed."""
     if parsed is None:
         return raw.strip()
-    return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(parsed)
 
 
 def record_calls(loop: LoopState, calls: Sequence[tuple[str, str]], limits: Limits) -> None:

@@ -62,6 +62,10 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=_json_default)
+"""Built once: ``json.dumps`` with options builds a new encoder on every call."""
+
+
 def serialise_output(value: Any) -> str:
     """Text for the model from a tool's return value: str as is, everything else as JSON.
 
@@ -71,11 +75,16 @@ def serialise_output(value: Any) -> str:
     Raises:
         TypeError, ValueError: when the value has no JSON form.
     """
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[no-any-return]
+    if kind is int:  # the commonest returns skip the encoder: same text as json.dumps
+        return str(value)
     if isinstance(value, str):
         return value
     if isinstance(value, BaseModel):
         return value.model_dump_json()
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default)
+    return _ENCODER.encode(value)
 
 
 def merge_runtime_details(details: JsonValue, runtime: dict[str, JsonValue]) -> JsonValue:
