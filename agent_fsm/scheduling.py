@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pydantic import JsonValue
 
 from agent_fsm.events import Event, ToolRetried, ToolStarted
-from agent_fsm.execution import ABANDONED_NOTE, Executed, execute
+from agent_fsm.execution import ABANDONED_NOTE, Executed, RetryHandler, execute
 from agent_fsm.journal import CallStatus, ToolJournal, journal_key
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolMessage
@@ -88,7 +88,12 @@ class TurnCalls:
             emit(ToolStarted(run_id=state.run_id, turn=state.turns, call=item.call))
         begun = self.clock()
         try:
-            executed = await self._execute(index, item)
+            if self.journal is None:
+                executed = await execute(
+                    item, self.limits, sleep=self.sleep, on_retry=self._retry_handler(item)
+                )
+            else:
+                executed = await self._journalled(index, item)
         except asyncio.CancelledError:
             self.cancelled(index)
             raise
@@ -116,30 +121,35 @@ class TurnCalls:
         self.results[index] = result
         self._record_finished(index, result)
 
-    async def _execute(self, index: int, item: PreparedCall) -> Executed:
+    def _retry_handler(self, item: PreparedCall) -> RetryHandler | None:
+        """Reports each retry of ``item`` as a ToolRetried event, when anyone listens."""
         state, emit = self.state, self.emit
-        on_retry = None
-        if emit is not None:
-            call = item.call
+        if emit is None:
+            return None
+        call = item.call
 
-            def on_retry(attempt: int, error: str, delay: float) -> None:
-                emit(
-                    ToolRetried(
-                        run_id=state.run_id,
-                        turn=state.turns,
-                        call_id=call.id,
-                        name=call.name,
-                        attempt=attempt,
-                        error=error,
-                        delay_s=delay,
-                    )
+        def on_retry(attempt: int, error: str, delay: float) -> None:
+            emit(
+                ToolRetried(
+                    run_id=state.run_id,
+                    turn=state.turns,
+                    call_id=call.id,
+                    name=call.name,
+                    attempt=attempt,
+                    error=error,
+                    delay_s=delay,
                 )
+            )
 
-        if self.journal is None:
-            return await execute(item, self.limits, sleep=self.sleep, on_retry=on_retry)
+        return on_retry
+
+    async def _journalled(self, index: int, item: PreparedCall) -> Executed:
+        """Run the call through the journal: answered from it when it holds the outcome,
+        recorded before and after it runs otherwise."""
         replayed = self._from_journal(index, item)
         if replayed is not None:
             return replayed
+        on_retry = self._retry_handler(item)
         executed = await execute(item, self.limits, sleep=self.sleep, on_retry=on_retry)
         self._record_finished(index, executed.result)
         return executed

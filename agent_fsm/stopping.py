@@ -67,8 +67,12 @@ class StopEvent:
 
     def remove_callback(self, callback: Callable[[], None]) -> None:
         """Forget ``callback``; unknown callbacks are ignored."""
+        callbacks = self._callbacks
+        if callbacks and callbacks[-1] is callback:  # the usual case: the latest one, by identity
+            callbacks.pop()
+            return
         with contextlib.suppress(ValueError):
-            self._callbacks.remove(callback)
+            callbacks.remove(callback)
 
 
 class StopScope:
@@ -84,7 +88,17 @@ class StopScope:
     own timeout) may nest inside it.
     """
 
-    __slots__ = ("_again", "_base", "_cancels", "_inside", "_loop", "_stop", "_task", "stopped")
+    __slots__ = (
+        "_again",
+        "_base",
+        "_callback",
+        "_cancels",
+        "_inside",
+        "_loop",
+        "_stop",
+        "_task",
+        "stopped",
+    )
 
     def __init__(self, stop: StopEvent) -> None:
         self._stop = stop
@@ -101,7 +115,8 @@ class StopScope:
         self._loop = asyncio.get_running_loop()
         self._base = task.cancelling()
         self._inside = True
-        self._stop.add_callback(self._on_stop)
+        self._callback = self._on_stop  # one bound method, removed by identity on exit
+        self._stop.add_callback(self._callback)
         return self
 
     def _on_stop(self) -> None:
@@ -122,7 +137,7 @@ class StopScope:
         traceback: TracebackType | None,
     ) -> bool:
         self._inside = False
-        self._stop.remove_callback(self._on_stop)
+        self._stop.remove_callback(self._callback)
         if self._again is not None:
             self._again.cancel()
         remaining = self._task.cancelling()
