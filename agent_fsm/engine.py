@@ -216,7 +216,7 @@ class Run:
         if state.state in TERMINAL_STATES:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
         if self._handle is None:
-            self._handle = self._config.machine.attach(state, self._config.limits)
+            self._handle = self._config.machine.handle(state, self._config.limits)
         if not self._announced:
             self._announce()
         work = state.state
@@ -412,9 +412,7 @@ class Run:
             state.output = None
         if row.source is AgentState.THINK and state.last_tool_calls:
             self._skip_open_calls(f"the run ended ({stop_reason.value}) before it could run")
-        if self._handle is not None:
-            self._config.machine.detach(self._handle)
-            self._handle = None
+        self._handle = None
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None

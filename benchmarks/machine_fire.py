@@ -22,7 +22,7 @@ TURN = (AgentState.OBSERVE, AgentState.THINK, AgentState.ACT, AgentState.REFLECT
 def main(rounds: int = 7, turns: int = 5_000) -> None:
     machine = AgentMachine()
     state = RunState(run_id="bench")
-    handle = machine.attach(state, Limits())
+    handle = machine.handle(state, Limits())
     samples = []
     for _ in range(rounds):
         started = time.perf_counter()
@@ -32,7 +32,6 @@ def main(rounds: int = 7, turns: int = 5_000) -> None:
                 state.last_tool_calls = 1  # THINK goes on to ACT, past every failure row
                 machine.fire(handle)
         samples.append((time.perf_counter() - started) / turns * 1e6)
-    machine.detach(handle)
     print(f"4 triggers (one turn): {statistics.median(samples):.1f} µs (median of {rounds})")
 
 

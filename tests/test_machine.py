@@ -150,7 +150,7 @@ def test_the_lean_event_classes_keep_transitions_callback_order() -> None:
     when a callback is registered through transitions, it runs as transitions would run it."""
     machine = AgentMachine()
     state = RunState(run_id="callbacks")
-    handle = machine.attach(state, Limits())
+    handle = machine.handle(state, Limits())
     seen: list[tuple[str, str, str]] = []
 
     def note(when: str) -> Callable[[EventData], None]:
