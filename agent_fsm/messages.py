@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from agent_fsm.records import quick_init
+
 __all__ = [
     "AssistantMessage",
     "FinishReason",
@@ -222,6 +224,7 @@ class TranscriptView(Sequence[Message]):
         return f"TranscriptView({self._length} messages)"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplyDelta:
     """A fragment of a reply still being streamed.
@@ -238,6 +241,7 @@ class ReplyDelta:
     arguments: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRequest:
     """One request to a Model.

@@ -13,6 +13,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
+from agent_fsm.records import quick_init
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
 
 __all__ = [
@@ -177,6 +178,7 @@ def status_for(final_state: AgentState, stop_reason: StopReason) -> RunStatus:
     return RunStatus.NEEDS_INPUT if stop_reason in _NEEDS_INPUT else RunStatus.COMPLETED
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceEntry:
     """One transition taken, with the guards of the row that decided it.
