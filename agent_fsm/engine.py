@@ -101,6 +101,9 @@ class Run:
         self._result: RunResult | None = None
         self._announced = False
         self._resumed = resumed
+        self._entries: list[TraceEntry] = []
+        """The trace entries of the transitions this Run object fired, for ``step`` and the
+        result (a resumed run's earlier ones are built from ``state.trace`` at the end)."""
         self._stop = StopEvent()
         """Set by abort() or the deadline: in-flight model and tool calls are cancelled."""
         self._thinking = Thinking(
@@ -207,11 +210,11 @@ class Run:
         Raises:
             RunError: when the run has already ended.
         """
-        row = await self._advance()
-        return TraceEntry.from_row(row, self._state.turns)
+        await self._advance()
+        return self._entries[-1]
 
     async def _advance(self) -> Row:
-        """``step`` without building the TraceEntry that ``run`` would throw away."""
+        """Do the current state's work and fire one trigger; return the row taken."""
         state = self._state
         if state.state in TERMINAL_STATES:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
@@ -378,6 +381,7 @@ class Run:
         state = self._state
         index = self._handle.taken if self._handle is not None else -1
         state.trace.append((index, state.turns))
+        self._entries.append(TraceEntry.from_row(row, state.turns))
         self._log.debug(
             "transition",
             source=row.source,
@@ -416,7 +420,7 @@ class Run:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        result = RunResult.from_state(state, self._config.machine.rows)
+        result = RunResult.from_state(state, self._config.machine.rows, self._entries)
         self._result = result
         self._checkpoint_final(stop_reason)
         self._log.info(
