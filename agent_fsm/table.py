@@ -108,8 +108,10 @@ TRIGGER_FOR_STATE: dict[AgentState, Trigger] = {
 
 TABLE: tuple[Row, ...] = (
     # OBSERVE: new input has been taken into the transcript; can the next prompt be afforded?
+    # (A resumed run arrives here without passing REFLECT, so the turn limit is checked too.)
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
+    Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     Row(T.OBSERVED, S.OBSERVE, S.THINK, (), "think"),
     # THINK: one model call was made (turn += 1); what did it produce?
     Row(T.THOUGHT, S.THINK, S.ERROR, ("abort_requested",), R.ABORTED),

@@ -38,7 +38,8 @@ stateDiagram-v2
     [*] --> OBSERVE
     OBSERVE --> ERROR : observed #1 [abort_requested] aborted
     OBSERVE --> ERROR : observed #2 [prompt_exceeds_budget] token_budget
-    OBSERVE --> THINK : observed #3 [else] think
+    OBSERVE --> ERROR : observed #3 [no_turns_left] max_turns
+    OBSERVE --> THINK : observed #4 [else] think
     THINK --> ERROR : thought #1 [abort_requested] aborted
     THINK --> ERROR : thought #2 [model_call_failed ∧ time_is_up] timeout
     THINK --> ERROR : thought #3 [model_call_failed ∧ model_error_is_permanent] model_error
@@ -134,7 +135,7 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
     assert sum(counts) == len(result.trace)
 
     mermaid = render(TABLE, "mermaid", run=result)
-    assert "    OBSERVE --> THINK : observed #3 [else] think ×3\n" in mermaid
+    assert "    OBSERVE --> THINK : observed #4 [else] think ×3\n" in mermaid
     assert "    THINK --> ACT : thought #9 [reply_has_tool_calls] act ×2\n" in mermaid
     assert "    REFLECT --> OBSERVE : reflected #11 [else] continue ×2\n" in mermaid
     assert "    THINK --> DONE : thought #12 [else] final_answer ×1\n" in mermaid
@@ -156,7 +157,7 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 def test_dot_overlay_colours_and_counts() -> None:
     result, _ = _two_tool_turns()
     dot = to_dot(TABLE, result)
-    think = _line(dot, 'OBSERVE -> THINK [label="observed #3')
+    think = _line(dot, 'OBSERVE -> THINK [label="observed #4')
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think

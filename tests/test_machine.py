@@ -42,6 +42,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
     assert _rows(S.OBSERVE) == [
         (("abort_requested",), "aborted"),
         (("prompt_exceeds_budget",), "token_budget"),
+        (("no_turns_left",), "max_turns"),
         ((), "think"),
     ]
     assert _rows(S.THINK) == [
@@ -99,10 +100,15 @@ def test_cycle_without_model_call_is_rejected() -> None:
 
 
 def test_ungated_model_call_is_rejected() -> None:
-    # Without REFLECT's max_turns row, OBSERVE -> THINK repeats with no turn budget check.
-    rows = tuple(r for r in TABLE if not (r.source is S.REFLECT and r.label == "max_turns"))
+    # Without the max_turns rows of REFLECT and OBSERVE, OBSERVE -> THINK repeats with no turn
+    # budget check. Either one alone gates the loop (OBSERVE's also gates a resumed run).
+    def without(*sources: AgentState) -> tuple[Row, ...]:
+        return tuple(r for r in TABLE if not (r.source in sources and r.label == "max_turns"))
+
     with pytest.raises(ConfigError, match="no_turns_left"):
-        verify_table(rows)
+        verify_table(without(S.REFLECT, S.OBSERVE))
+    verify_table(without(S.REFLECT))
+    verify_table(without(S.OBSERVE))
 
 
 def test_retry_without_turn_gate_is_rejected() -> None:
@@ -112,13 +118,15 @@ def test_retry_without_turn_gate_is_rejected() -> None:
 
 
 def test_state_that_cannot_terminate_is_rejected() -> None:
+    # Every row into DONE or ERROR goes round the loop instead.
+    onward = {S.OBSERVE: S.THINK, S.THINK: S.ACT, S.ACT: S.REFLECT, S.REFLECT: S.OBSERVE}
     rows = tuple(
-        dataclasses.replace(r, dest=S.OBSERVE, label="continue")
-        if r.source is S.REFLECT and r.dest in (S.DONE, S.ERROR)
+        dataclasses.replace(r, dest=onward[r.source], label="onward")
+        if r.dest in (S.DONE, S.ERROR)
         else r
         for r in TABLE
     )
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="can never reach DONE or ERROR"):
         verify_table(rows)
 
 
