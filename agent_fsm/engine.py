@@ -22,6 +22,7 @@ import structlog
 from agent_fsm.acting import act
 from agent_fsm.checkpoint import CheckpointStore
 from agent_fsm.context import estimate_message_tokens
+from agent_fsm.ending import RESUMABLE, describe_failure, ending_events
 from agent_fsm.errors import ConfigError, RunError
 from agent_fsm.events import (
     AbortRequested,
@@ -29,9 +30,6 @@ from agent_fsm.events import (
     EventBus,
     EventHandler,
     FollowUpQueued,
-    GuardTripped,
-    RunFinished,
-    RunPaused,
     RunResumed,
     RunStarted,
     StateChanged,
@@ -48,7 +46,7 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.models.base import Model
-from agent_fsm.state import LoopState, RunResult, RunState, RunStatus, TraceEntry
+from agent_fsm.state import LoopState, RunResult, RunState, TraceEntry
 from agent_fsm.stopping import StopEvent
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
 from agent_fsm.thinking import Thinking
@@ -80,12 +78,6 @@ class RunConfig:
     checkpoint_every_transition: bool = False
     """Save after every transition (a durable store), or only runs that end resumable
     (paused, aborted, timed out) so that ``Agent.resume`` works in-process."""
-
-
-_RESUMABLE = frozenset(
-    {StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED, StopReason.ABORTED, StopReason.TIMEOUT}
-)
-"""Runs that ended with these can be resumed."""
 
 
 class Run:
@@ -412,7 +404,7 @@ class Run:
         stop_reason = row.stop_reason
         assert stop_reason is not None
         if row.dest is AgentState.ERROR:
-            state.error = self._describe_failure(stop_reason)
+            state.error = describe_failure(state, self._config.limits, stop_reason)
             state.output = None
         if row.source is AgentState.THINK and state.last_tool_calls:
             self._skip_open_calls(f"the run ended ({stop_reason.value}) before it could run")
@@ -431,35 +423,8 @@ class Run:
             tokens=state.usage.total_tokens,
         )
         if self._bus:
-            if result.status is RunStatus.NEEDS_INPUT and state.control is not None:
-                self._bus.emit(
-                    RunPaused(
-                        run_id=state.run_id,
-                        stop_reason=stop_reason,
-                        question=state.control.text,
-                        pending_calls=state.control.pending_calls,
-                    )
-                )
-            self._bus.emit(
-                GuardTripped(
-                    run_id=state.run_id,
-                    state=row.source,
-                    guards=row.guards,
-                    stop_reason=stop_reason,
-                )
-            )
-            self._bus.emit(
-                RunFinished(
-                    run_id=state.run_id,
-                    status=result.status,
-                    stop_reason=stop_reason,
-                    final_state=result.final_state,
-                    turns=state.turns,
-                    usage=state.usage,
-                    output=result.output,
-                    error=result.error,
-                )
-            )
+            for event in ending_events(state, row, result):
+                self._bus.emit(event)
 
     def _checkpoint_final(self, stop_reason: StopReason) -> None:
         """Save the ended run: always in a durable store; in the in-process default store
@@ -467,7 +432,7 @@ class Run:
         store, state = self._config.store, self._state
         if store is None:
             return
-        if self._config.checkpoint_every_transition or stop_reason in _RESUMABLE:
+        if self._config.checkpoint_every_transition or stop_reason in RESUMABLE:
             store.save(state)
         elif store.exists(state.run_id):
             store.delete(state.run_id)
@@ -479,30 +444,6 @@ class Run:
             for tool_call in last.tool_calls:
                 self._append(skipped_result(tool_call, reason))
         self._state.last_tool_calls = 0
-
-    def _describe_failure(self, reason: StopReason) -> str:
-        state, limits = self._state, self._config.limits
-        failure = state.model_failure
-        descriptions = {
-            StopReason.ABORTED: state.abort_reason or "aborted",
-            StopReason.MODEL_ERROR: failure.message if failure else "the model call failed",
-            StopReason.CONTENT_FILTER: "the provider's content filter withheld the reply",
-            StopReason.CONSECUTIVE_ERRORS: (
-                f"{state.consecutive_errors} consecutive errors "
-                f"(limit {limits.max_consecutive_errors})"
-            ),
-            StopReason.TOKEN_BUDGET: (
-                f"token budget of {limits.token_budget} exhausted: used "
-                f"{state.usage.total_tokens}, next prompt needs about "
-                f"{state.prompt_tokens_estimate + state.tools_tokens_estimate}"
-            ),
-            StopReason.MAX_TURNS: f"all {limits.max_turns} model calls used",
-            StopReason.TIMEOUT: (
-                f"timed out after {state.elapsed_s:.3g} s (limit {limits.timeout_s:g} s)"
-            ),
-            StopReason.LOOP_DETECTED: f"loop detected: {state.loop.detected}",
-        }
-        return descriptions.get(reason, reason.value)
 
 
 def new_run_state(run_id: str, system_prompt: str, user_input: str, tools_tokens: int) -> RunState:

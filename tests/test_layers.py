@@ -39,6 +39,7 @@ LAYERS = [
     "scheduling",
     "acting",
     "thinking",
+    "ending",
     "engine",
     "resuming",
     "diagrams",
