@@ -118,7 +118,7 @@ def _fair_shares(sizes: Sequence[int], budget: int) -> list[int]:
 def _fit_turn(results: list[ToolMessage], limits: Limits) -> None:
     """Cut the longest outputs of the turn, in place, until together they fit the turn limit."""
     budget = limits.turn_max_output_chars
-    if sum(len(r.content) for r in results) <= budget:
+    if sum([len(r.content) for r in results]) <= budget:
         return
     sizes: list[int] = []
     originals: list[int] = []

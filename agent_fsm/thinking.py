@@ -194,7 +194,7 @@ class Thinking:
                     + state.tools_tokens_estimate,
                 )
             )
-            on_delta = self._delta_handler(state.turns)
+            on_delta = self._on_delta
         request = ModelRequest(
             messages=TranscriptView(state.messages),
             tools=self._tools,
@@ -204,13 +204,10 @@ class Thinking:
         )
         return await self._model.request(request)
 
-    def _delta_handler(self, turn: int) -> Callable[[ReplyDelta], None]:
-        bus, run_id = self._bus, self._state.run_id
-
-        def on_delta(delta: ReplyDelta) -> None:
-            bus.emit(MessageUpdated(run_id=run_id, turn=turn, delta=delta))
-
-        return on_delta
+    def _on_delta(self, delta: ReplyDelta) -> None:
+        """Streamed fragments of the reply in flight (its turn is the current one)."""
+        state = self._state
+        self._bus.emit(MessageUpdated(run_id=state.run_id, turn=state.turns, delta=delta))
 
     def _take_reply(self, response: object) -> None:
         state = self._state
