@@ -45,10 +45,12 @@ LAYERS = [
     "testing.behaviour",
     "testing.reproducer",
     "testing.harness",
+    "testing.tracking",
     "testing.exhaustive",
     "testing.recording",
     "testing.strategies",
     "testing.assertions",
+    "testing.stateful",
     "testing.plugin",
     "testing",
     "demo",
@@ -59,7 +61,12 @@ LAYERS = [
 ONLY_IN = {
     "transitions": {"machine"},
     "openai": {"models.openai_chat"},
-    "hypothesis": {"testing.strategies", "testing.assertions", "testing.plugin"},
+    "hypothesis": {
+        "testing.strategies",
+        "testing.assertions",
+        "testing.stateful",
+        "testing.plugin",
+    },
     "hypothesis_jsonschema": {"testing.strategies"},
 }
 

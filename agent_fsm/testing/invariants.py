@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from agent_fsm.events import Event, ModelResponded
 from agent_fsm.limits import Limits
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolStatus, Usage
-from agent_fsm.state import RunResult, RunStatus, TraceEntry, status_for
-from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, StopReason
+from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry, status_for
+from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, Row, StopReason
 from agent_fsm.verify import TerminationBound
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "InvariantViolation",
     "activations",
     "check_invariants",
+    "state_problems",
     "trace_problems",
     "transcript_problems",
 ]
@@ -176,6 +177,47 @@ def activations(trace: Sequence[TraceEntry], resumed_at: Sequence[int] = ()) -> 
     )
     edges = [0, *cuts, len(trace)]
     return [b - a for a, b in itertools.pairwise(edges) if b > a]
+
+
+def state_problems(
+    state: RunState,
+    rows: Sequence[Row],
+    *,
+    limits: Limits,
+    bound: TerminationBound | None = None,
+) -> list[str]:
+    """Every way a run breaks the invariants it keeps between two steps, ended or not.
+
+    Model calls stay within ``max_turns`` (all activations together); the trace is a path
+    to where the run is (``trace_problems``) whose last turn count is the run's, and no
+    activation exceeds the bound; every tool call is answered exactly once, in order, except
+    those of a reply the run is about to act on.
+
+    Args:
+        state: the run's state (``Run.state``, or a checkpoint), read between steps.
+        rows: the machine table the run follows (``agent.machine.rows``): the trace holds
+            row numbers.
+        limits: the limits it runs under.
+        bound: the agent's ``bound``, to check each activation's transitions against.
+    """
+    problems: list[str] = []
+    if state.turns > limits.max_turns:
+        problems.append(f"{state.turns} model calls exceed max_turns={limits.max_turns}")
+    trace = [TraceEntry.from_row(rows[row], turn) for row, turn in state.trace]
+    problems += trace_problems(trace, state.resumed_at, now=state.state)
+    if trace and trace[-1].turn != state.turns:
+        problems.append(f"the trace's last turn count {trace[-1].turn} is not {state.turns}")
+    if bound is not None:
+        problems += [
+            f"{taken} transitions in one activation exceed the bound {bound.transitions}"
+            for taken in activations(trace, state.resumed_at)
+            if taken > bound.transitions
+        ]
+    # In ACT between steps, the reply's calls have not run yet (unless the run resumed to
+    # carry out approved calls: those were answered when it paused).
+    open_turn = state.state is AgentState.ACT and not state.approvals
+    problems += transcript_problems(state.messages, open_turn=open_turn)
+    return problems
 
 
 def _control_problem(result: RunResult) -> str | None:
