@@ -15,6 +15,8 @@ from typing import ClassVar
 
 import pytest
 from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import run_state_machine_as_test
 from jsonschema import Draft202012Validator
 
 from agent_fsm import Agent, Limits, tool
@@ -24,7 +26,7 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.messages import FinishReason, ModelResponse
 from agent_fsm.state import RunState
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
-from agent_fsm.testing import InvariantViolation, ScriptedModel
+from agent_fsm.testing import Behaviour, InvariantViolation, ScriptedModel, call, reply
 from agent_fsm.testing.stateful import AgentStateMachine, agent_state_machine, assert_stateful
 from agent_fsm.testing.strategies import cooperative_replies_for
 from tests.conftest import add, echo
@@ -178,3 +180,19 @@ def test_a_cooperative_model_calls_tools_with_valid_arguments(step: object) -> N
             assert found is not None
             spec = next(s for s in agent.tools.specs if s.name == tool_call.name)
             assert Draft202012Validator(spec.parameters).is_valid(json.loads(tool_call.arguments))
+
+
+def test_your_own_behaviours_are_played() -> None:
+    asking = Behaviour(steps=(reply("", call("ask_user", question="Which city?")),), cycle=True)
+    machine = agent_state_machine(_agent(), behaviours=st.just(asking), max_runs=1)
+
+    class Asked(machine):  # type: ignore[misc,valid-type]
+        played: ClassVar[list[object]] = []
+
+        def teardown(self) -> None:
+            self.played.extend(item for t in self.runs for item in t.model.played)
+            super().teardown()
+
+    run_state_machine_as_test(Asked, settings=settings(QUICK, max_examples=10))
+    assert Asked.played
+    assert all(item == asking.steps[0] for item in Asked.played)

@@ -21,6 +21,7 @@ from agent_fsm.testing.invariants import (
     InvariantViolation,
     activations,
     check_invariants,
+    state_problems,
     trace_problems,
 )
 from agent_fsm.verify import TerminationBound
@@ -351,3 +352,23 @@ async def test_resuming_after_the_last_turn_makes_no_more_model_calls() -> None:
     resumed = await agent.resume(paused.run_id, "answer")
     assert resumed.turns <= agent.limits.max_turns  # fails: 3 model calls
     check_invariants(resumed, limits=agent.limits, bound=agent.bound)
+
+
+async def test_state_problems_between_steps() -> None:
+    agent = Agent(model=ScriptedModel(SCRIPT), tools=[echo], limits=limits(max_turns=3))
+    run = agent.start("Go")
+    rows = agent.machine.rows
+    seen = set()
+    while not run.done:
+        await run.step()
+        seen.add(run.state.state)
+        assert not state_problems(run.state, rows, limits=agent.limits, bound=agent.bound)
+    assert AgentState.ACT in seen  # checked while a reply's calls were still to run
+    acting = RUN_STATE_ADAPTER.validate_python(
+        {**RUN_STATE_ADAPTER.dump_python(run.state), "state": AgentState.ACT}
+    )
+    acting.trace[-1] = (next(i for i, r in enumerate(rows) if r.label == "act"), 3)
+    acting.turns = 4
+    found = state_problems(acting, rows, limits=agent.limits, bound=agent.bound)
+    assert "4 model calls exceed max_turns=3" in found
+    assert "the run is about to act, but its last message is no tool call" in found

@@ -5,8 +5,9 @@ and what users assert about their own agents. It returns nothing and raises
 ``InvariantViolation`` listing every rule that failed.
 
 A resumed run is one run: its trace holds every activation, and ``RunResult.resumed_at`` says
-where each resume began. ``trace_problems`` and ``transcript_problems`` are the pieces, also
-checkable on a run that has not ended (the stateful machine checks them after every step).
+where each resume began. ``state_problems`` (built on ``trace_problems`` and
+``transcript_problems``) checks a run that has not ended yet, between two steps: the stateful
+machine asks it after every transition.
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ def trace_problems(
         if entry.dest in TERMINAL_STATES and index + 1 < len(trace) and index + 1 not in resumes:
             problems.append(f"the trace continues after {entry.dest} ({entry.label}) at {index}")
         where = entry.dest
-    if now is not None and trace:
-        if len(trace) in resumes and trace[-1].dest in TERMINAL_STATES:
+    if now is not None:
+        if trace and len(trace) in resumes and trace[-1].dest in TERMINAL_STATES:
             where = _resumes_from(trace[-1], len(trace), problems)
         if where is not None and where is not now:
             problems.append(f"the trace ends in {where}, not {now}")
