@@ -8,9 +8,10 @@ never past the machine's termination bound, then checks every run invariant; the
 carries a pasteable reproducer. No hypothesis here: ``assert_terminates`` (generated cases)
 and ``check_exhaustively`` (enumerated cases) both build on it.
 
-Stateful testing (``stateful.py``) holds one ``Stage`` per example: each run of
-``stage.agent`` gets its own behaviour (``Stage.cast``), the machine moves ``stage.clock``
-itself, and a ``LoopRunner`` keeps the runs on one event loop between its rules.
+Stateful testing (``stateful.py``) builds on a ``Stage`` too, reset (``load``) for each
+example: each run of ``stage.agent`` gets its own behaviour (``Stage.cast``), the machine
+moves ``stage.clock`` itself, and a ``LoopRunner`` keeps the runs on one event loop between
+its rules.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ The strategies compose, and can be focused on one agent:
 - ``behaviours_for(agent)``: all of the above, as ``assert_terminates`` uses it.
 - ``cooperative_behaviours_for(agent)``: a model that mostly does its job (valid calls to
   every tool, ``ask_user``, answers), so that runs reach pauses, approvals and long tool turns;
-  the stateful machine plays these as often as the misbehaving ones.
+  the stateful machine plays these two times in three.
 """
 
 from __future__ import annotations
