@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unittest
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,11 @@ def test_the_testing_guide_runs(
     out = capsys.readouterr().out
     assert "Reproducer (paste into a test where `agent` is your agent)" in out
     assert "+++ replayed" in out
+    assert "the checkpoint holds 6 messages" in out  # the stateful machine caught the store
     # the example tests the guide defines pass too
     factory = scripted_agent.__wrapped__()  # type: ignore[attr-defined]
     namespace["test_weather_agent_finishes"](factory)  # type: ignore[operator]
     assert callable(namespace["test_weather_agent_terminates"])  # the profile decides its size
+    stateful = namespace["TestWeatherAgentStateful"]
+    assert isinstance(stateful, type)
+    assert issubclass(stateful, unittest.TestCase)

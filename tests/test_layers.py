@@ -49,10 +49,12 @@ LAYERS = [
     "testing.behaviour",
     "testing.reproducer",
     "testing.harness",
+    "testing.tracking",
     "testing.exhaustive",
     "testing.recording",
     "testing.strategies",
     "testing.assertions",
+    "testing.stateful",
     "testing.plugin",
     "testing",
     "demo",
@@ -63,7 +65,12 @@ LAYERS = [
 ONLY_IN = {
     "transitions": {"machine"},
     "openai": {"models.openai_chat"},
-    "hypothesis": {"testing.strategies", "testing.assertions", "testing.plugin"},
+    "hypothesis": {
+        "testing.strategies",
+        "testing.assertions",
+        "testing.stateful",
+        "testing.plugin",
+    },
     "hypothesis_jsonschema": {"testing.strategies"},
 }
 

@@ -3,12 +3,15 @@ record and replay. ``docs/testing.md`` walks through it.
 
     from agent_fsm.testing import ScriptedModel, FunctionModel, call, reply
     from agent_fsm.testing import assert_terminates, check_exhaustively, assert_replays
+    from agent_fsm.testing import assert_stateful, agent_state_machine, AgentStateMachine
 
-Everything here works without hypothesis except ``assert_terminates`` and
+Everything here works without hypothesis except ``assert_terminates``, the stateful machine
+(``assert_stateful``, ``agent_state_machine``, ``AgentStateMachine``) and
 ``agent_fsm.testing.strategies``, which need the ``testing`` extra
-(``pip install 'agent-fsm[testing]'``); ``assert_terminates`` is imported on first use.
+(``pip install 'agent-fsm[testing]'``); those names are imported on first use.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from agent_fsm.testing.behaviour import (
@@ -41,6 +44,11 @@ from agent_fsm.testing.recording import (
 
 if TYPE_CHECKING:
     from agent_fsm.testing.assertions import assert_terminates
+    from agent_fsm.testing.stateful import (
+        AgentStateMachine,
+        agent_state_machine,
+        assert_stateful,
+    )
 
 __all__ = [
     # fake models
@@ -55,6 +63,10 @@ __all__ = [
     "check_invariants",
     "assert_terminates",
     "HarnessFailure",
+    # stateful testing: runs interleaved with steering, aborts, crashes and resumes
+    "AgentStateMachine",
+    "agent_state_machine",
+    "assert_stateful",
     "CaseResult",
     "Stage",
     # what the harness plays
@@ -77,10 +89,17 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """``assert_terminates`` needs hypothesis: import it only when it is asked for."""
-    if name == "assert_terminates":
-        from agent_fsm.testing.assertions import assert_terminates
+_NEED_HYPOTHESIS = {
+    "assert_terminates": "agent_fsm.testing.assertions",
+    "AgentStateMachine": "agent_fsm.testing.stateful",
+    "agent_state_machine": "agent_fsm.testing.stateful",
+    "assert_stateful": "agent_fsm.testing.stateful",
+}
 
-        return assert_terminates
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    """The names that need hypothesis are imported only when they are asked for."""
+    module = _NEED_HYPOTHESIS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

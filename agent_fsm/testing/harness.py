@@ -8,10 +8,10 @@ never past the machine's termination bound, then checks every run invariant; the
 carries a pasteable reproducer. No hypothesis here: ``assert_terminates`` (generated cases)
 and ``check_exhaustively`` (enumerated cases) both build on it.
 
-The seam for stateful testing (a hypothesis ``RuleBasedStateMachine`` over resume, steering
-and checkpoints, still to come): hold one ``Stage``, ``load`` a behaviour, drive runs of
-``stage.agent`` step by step (start, step, steer, checkpoint, resume) in the rules, and call
-``check_invariants`` on every finished run.
+Stateful testing (``stateful.py``) builds on a ``Stage`` too, reset (``load``) for each
+example: each run of ``stage.agent`` gets its own behaviour (``Stage.cast``), the machine
+moves ``stage.clock`` itself, and a ``LoopRunner`` keeps the runs on one event loop between
+its rules.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from agent_fsm.tools import Tool
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent
 
-__all__ = ["DEFAULT_INPUT", "CaseResult", "HarnessFailure", "Stage", "run_sync"]
+__all__ = ["DEFAULT_INPUT", "CaseResult", "HarnessFailure", "LoopRunner", "Stage", "run_sync"]
 
 DEFAULT_INPUT = "Do the task."
 
@@ -61,6 +61,52 @@ def run_sync(make: Callable[[], Awaitable[T]]) -> T:
         return asyncio.run(main())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, main()).result()
+
+
+class LoopRunner:
+    """One event loop that outlives each call: for driving a run step by step from sync code.
+
+    A ``Run`` is bound to the loop it first stepped on (its deadline timer and stop event
+    live there), so code that steps a run from several synchronous calls (the rules of a
+    stateful test) must give every step the same loop; ``run_sync`` makes a new one each
+    time. Like ``run_sync``, it works inside a running event loop too: the loop then lives
+    in a worker thread, and every call is made there. ``close()`` when done.
+    """
+
+    def __init__(self) -> None:
+        self._runner = asyncio.Runner()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    def run(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run ``make()`` to completion on the loop and return its result."""
+
+        async def main() -> T:
+            return await make()
+
+        if self._pool is None:
+            return self._runner.run(main())
+        return self._pool.submit(lambda: self._runner.run(main())).result()
+
+    def call(self, function: Callable[[], T]) -> T:
+        """Call ``function`` on the loop's thread (for ``Run.abort`` and friends)."""
+
+        async def call() -> T:
+            return function()
+
+        return self.run(call)
+
+    def close(self) -> None:
+        """Close the loop (cancelling what is left on it) and its thread, if any."""
+        if self._pool is None:
+            self._runner.close()
+            return
+        self._pool.submit(self._runner.close).result()
+        self._pool.shutdown()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +145,19 @@ class HarnessFailure(AssertionError):
 
 
 class _StageModel:
-    """The model of the staged agent: delegates to the current case's BehaviourModel."""
+    """The model of the staged agent: delegates to the BehaviourModel cast for the request's
+    run, or to the current case's."""
 
     def __init__(self) -> None:
         self.current = BehaviourModel(Behaviour(steps=(), cycle=False))
+        self.by_run: dict[str, BehaviourModel] = {}
 
     @property
     def name(self) -> str:
         return "harness"
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        return await self.current.request(request)
+        return await self.by_run.get(request.run_id, self.current).request(request)
 
 
 class Stage:
@@ -146,15 +194,33 @@ class Stage:
 
         return replace(tool, fn=double)
 
+    @property
+    def clock(self) -> FakeClock:
+        """The staged agent's clock: it moves only when a run sleeps or a test moves it."""
+        return self._clock
+
     def load(self, behaviour: Behaviour) -> BehaviourModel:
         """Make ``behaviour`` what the staged model and tools do from now on, and reset the
         clock; returns the model playing it (its ``played`` and ``requests`` fill as runs of
         ``self.agent`` go)."""
         model = BehaviourModel(behaviour)
         self._model.current = model
+        self._model.by_run.clear()
         self._clock.now = 0.0
         self._outcomes = {name: outcomes for name, outcomes in behaviour.tools if outcomes}
         self._calls = {}
+        return model
+
+    def cast(self, run_id: str, behaviour: Behaviour) -> BehaviourModel:
+        """Make ``behaviour``'s model answer the requests of run ``run_id`` only, so that
+        several runs in flight each play their own; returns the model playing it. Tools are
+        shared by every run: when ``behaviour`` names tool outcomes, they replace the current
+        ones for all runs. The clock is left alone."""
+        model = BehaviourModel(behaviour)
+        self._model.by_run[run_id] = model
+        if behaviour.tools:
+            self._outcomes = {name: outcomes for name, outcomes in behaviour.tools if outcomes}
+            self._calls = {}
         return model
 
     def play(self, behaviour: Behaviour) -> CaseResult:

@@ -3,6 +3,11 @@
 ``check_invariants`` is what agent_fsm's own property tests assert after every generated run,
 and what users assert about their own agents. It returns nothing and raises
 ``InvariantViolation`` listing every rule that failed.
+
+A resumed run is one run: its trace holds every activation, and ``RunResult.resumed_at`` says
+where each resume began. ``state_problems`` (built on ``trace_problems`` and
+``transcript_problems``) checks a run that has not ended yet, between two steps: the stateful
+machine asks it after every transition.
 """
 
 from __future__ import annotations
@@ -13,20 +18,57 @@ from collections.abc import Sequence
 from agent_fsm.events import Event, ModelResponded
 from agent_fsm.limits import Limits
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolStatus, Usage
-from agent_fsm.state import RunResult, RunStatus, status_for
-from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, StopReason
+from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry, status_for
+from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, Row, StopReason
 from agent_fsm.verify import TerminationBound
 
-__all__ = ["InvariantViolation", "check_invariants", "transcript_problems"]
+__all__ = [
+    "RESUMES_IN",
+    "InvariantViolation",
+    "activations",
+    "check_invariants",
+    "state_problems",
+    "trace_problems",
+    "transcript_problems",
+]
+
+RESUMES_IN: dict[StopReason, AgentState] = {
+    StopReason.ASK_USER: AgentState.OBSERVE,
+    StopReason.ABORTED: AgentState.OBSERVE,
+    StopReason.TIMEOUT: AgentState.OBSERVE,
+    StopReason.APPROVAL_REQUIRED: AgentState.ACT,
+}
+"""The stops a run can be resumed from, and the state it continues in (``resuming.reopen``):
+the reply (or nothing) is observed, or the approved calls are carried out in ACT."""
 
 
 class InvariantViolation(AssertionError):
     """One or more run invariants failed; the message lists them all."""
 
 
-def transcript_problems(messages: Sequence[Message]) -> list[str]:
-    """Every way the transcript breaks "each tool call is answered exactly once, in order"."""
+def transcript_problems(messages: Sequence[Message], *, open_turn: bool = False) -> list[str]:
+    """Every way the transcript breaks "each tool call is answered exactly once, in order".
+
+    Args:
+        messages: the transcript.
+        open_turn: the transcript of a run in ACT, between steps: its last message is the
+            reply whose calls are about to run, so they are not owed yet (every call before
+            it still is). The engine answers a turn's calls all at once, so a reply that is
+            not last must be fully answered.
+    """
     problems: list[str] = []
+    if open_turn:
+        last = messages[-1] if messages else None
+        if not isinstance(last, AssistantMessage) or not last.tool_calls:
+            problems.append("the run is about to act, but its last message is no tool call")
+            return problems
+        problems = transcript_problems(messages[:-1])
+        ids = [c.id for c in last.tool_calls]
+        if len(set(ids)) != len(ids) or "" in ids:
+            problems.append(
+                f"message {len(messages) - 1}: tool call ids are empty or repeated: {ids}"
+            )
+        return problems
     expected: list[tuple[str, str]] = []  # (call id, name) still owed, in order
     for index, message in enumerate(messages):
         if isinstance(message, ToolMessage):
@@ -52,6 +94,130 @@ def transcript_problems(messages: Sequence[Message]) -> list[str]:
             expected = [(c.id, c.name) for c in message.tool_calls]
     if expected:
         problems.append(f"end of transcript: calls {[c for c, _ in expected]} left unanswered")
+    return problems
+
+
+def trace_problems(
+    trace: Sequence[TraceEntry], resumed_at: Sequence[int] = (), *, now: AgentState | None = None
+) -> list[str]:
+    """Every way ``trace`` fails to be the path of one run, resumes included.
+
+    A resume splits the trace into segments at the positions in ``resumed_at``. The first
+    starts in OBSERVE; within a segment each transition starts where the previous one ended,
+    and only the last may end the run. At a resume after a stop (the segment before ends in
+    DONE or ERROR), that stop must be one a run can be resumed from, and the next segment
+    starts where ``RESUMES_IN`` says; at a resume after a crash (the segment before ends in
+    a loop state), the next one continues from that state, so the path stays connected.
+    Turn counts never go back, across resumes too.
+
+    Args:
+        trace: the transitions taken, oldest first.
+        resumed_at: where each resume began (``RunResult.resumed_at``), in order; a position
+            may repeat (a run resumed again before it took a step) and may equal
+            ``len(trace)`` for a run resumed but not yet stepped.
+        now: the state the run is in; when given, the trace must lead there (for a resume
+            at the end, to the state the resume continues in).
+    """
+    problems: list[str] = []
+    positions = list(resumed_at)
+    if positions != sorted(positions) or any(not 0 <= p <= len(trace) for p in positions):
+        problems.append(f"resume positions {positions} are not in order within the trace")
+        return problems
+    resumes = set(positions)
+    where: AgentState | None = INITIAL_STATE  # where the next transition must start
+    for index, entry in enumerate(trace):
+        if index in resumes and index > 0:
+            before = trace[index - 1]
+            if before.dest in TERMINAL_STATES:
+                where = _resumes_from(before, index, problems)
+        if where is not None and entry.source is not where:
+            if index == 0:
+                problems.append(f"the trace starts in {entry.source}, not {INITIAL_STATE}")
+            elif index in resumes:
+                problems.append(
+                    f"transition {index}: the run resumed in {entry.source}, not {where}"
+                )
+            else:
+                problems.append(f"trace jumps from {where} to {entry.source} at {index}")
+        if index and entry.turn < trace[index - 1].turn:
+            problems.append(
+                f"transition {index}: the turn count goes back from "
+                f"{trace[index - 1].turn} to {entry.turn}"
+            )
+        if entry.dest in TERMINAL_STATES and index + 1 < len(trace) and index + 1 not in resumes:
+            problems.append(f"the trace continues after {entry.dest} ({entry.label}) at {index}")
+        where = entry.dest
+    if now is not None:
+        if trace and len(trace) in resumes and trace[-1].dest in TERMINAL_STATES:
+            where = _resumes_from(trace[-1], len(trace), problems)
+        if where is not None and where is not now:
+            problems.append(f"the trace ends in {where}, not {now}")
+    return problems
+
+
+_REASONS = frozenset(reason.value for reason in StopReason)
+
+
+def _resumes_from(stop: TraceEntry, index: int, problems: list[str]) -> AgentState | None:
+    """Where a run that stopped with ``stop`` continues; None (and a problem) if it cannot."""
+    continues_in = RESUMES_IN.get(StopReason(stop.label)) if stop.label in _REASONS else None
+    if continues_in is None:
+        problems.append(
+            f"transition {index}: the run resumed after {stop.dest} ({stop.label}), "
+            "which cannot be resumed"
+        )
+    return continues_in
+
+
+def activations(trace: Sequence[TraceEntry], resumed_at: Sequence[int] = ()) -> list[int]:
+    """How many transitions each activation took: the trace split at the resumes that
+    followed a stop. A resume after a crash does not split it: the path goes on as if the
+    process had not died, so it is bounded together with what came before."""
+    cuts = sorted(
+        {p for p in resumed_at if 0 < p <= len(trace) and trace[p - 1].dest in TERMINAL_STATES}
+    )
+    edges = [0, *cuts, len(trace)]
+    return [b - a for a, b in itertools.pairwise(edges) if b > a]
+
+
+def state_problems(
+    state: RunState,
+    rows: Sequence[Row],
+    *,
+    limits: Limits,
+    bound: TerminationBound | None = None,
+) -> list[str]:
+    """Every way a run breaks the invariants it keeps between two steps, ended or not.
+
+    Model calls stay within ``max_turns`` (all activations together); the trace is a path
+    to where the run is (``trace_problems``) whose last turn count is the run's, and no
+    activation exceeds the bound; every tool call is answered exactly once, in order, except
+    those of a reply the run is about to act on.
+
+    Args:
+        state: the run's state (``Run.state``, or a checkpoint), read between steps.
+        rows: the machine table the run follows (``agent.machine.rows``): the trace holds
+            row numbers.
+        limits: the limits it runs under.
+        bound: the agent's ``bound``, to check each activation's transitions against.
+    """
+    problems: list[str] = []
+    if state.turns > limits.max_turns:
+        problems.append(f"{state.turns} model calls exceed max_turns={limits.max_turns}")
+    trace = [TraceEntry.from_row(rows[row], turn) for row, turn in state.trace]
+    problems += trace_problems(trace, state.resumed_at, now=state.state)
+    if trace and trace[-1].turn != state.turns:
+        problems.append(f"the trace's last turn count {trace[-1].turn} is not {state.turns}")
+    if bound is not None:
+        problems += [
+            f"{taken} transitions in one activation exceed the bound {bound.transitions}"
+            for taken in activations(trace, state.resumed_at)
+            if taken > bound.transitions
+        ]
+    # In ACT between steps, the reply's calls have not run yet (unless the run resumed to
+    # carry out approved calls: those were answered when it paused).
+    open_turn = state.state is AgentState.ACT and not state.approvals
+    problems += transcript_problems(state.messages, open_turn=open_turn)
     return problems
 
 
@@ -99,12 +265,21 @@ def check_invariants(
     finish_task); with ``events``, usage is the sum of the replies' usage and no model call
     started once the token budget was spent, so it is overshot by at most the call in flight.
 
+    A resumed run (``result.resumed_at``) is checked as one run: ``max_turns``, the token
+    budget and the model-call bound hold for all its activations together, as the engine
+    counts them (turns and usage carry over a resume; only the time limit restarts). Its
+    trace may jump back into the loop only where it was resumed, after a stop it can be
+    resumed from (see ``trace_problems``), and each activation (the transitions between
+    two resumes from a stop) stays within the transition bound, since each starts afresh
+    from OBSERVE or ACT.
+
     Args:
         result: the finished run.
         limits: the limits it ran under.
         bound: the agent's ``bound``; the transition count is checked against it when given.
-        events: the run's events; when given, usage is checked to add up call by call and
-            the token budget to be overshot by at most the last call.
+        events: the run's events (of every activation, for a resumed run); when given,
+            usage is checked to add up call by call and the token budget to be overshot by
+            at most the last call.
     """
     problems: list[str] = []
     if result.final_state not in TERMINAL_STATES:
@@ -115,21 +290,21 @@ def check_invariants(
         )
     if result.turns > limits.max_turns:
         problems.append(f"{result.turns} model calls exceed max_turns={limits.max_turns}")
-    if bound is not None and len(result.trace) > bound.transitions:
-        problems.append(f"{len(result.trace)} transitions exceed the bound {bound.transitions}")
     trace = result.trace
+    if bound is not None:
+        for number, taken in enumerate(activations(trace, result.resumed_at), 1):
+            if taken > bound.transitions:
+                which = f" in activation {number}" if result.resumed_at else ""
+                problems.append(f"{taken} transitions{which} exceed the bound {bound.transitions}")
     if not trace:
         problems.append("the trace is empty")
     else:
-        if trace[0].source is not INITIAL_STATE:
-            problems.append(f"the trace starts in {trace[0].source}, not {INITIAL_STATE}")
-        for before, after in itertools.pairwise(trace):
-            if before.dest is not after.source:
-                problems.append(f"trace jumps from {before.dest} to {after.source}")
-        if trace[-1].dest is not result.final_state:
-            problems.append(f"the trace ends in {trace[-1].dest}, not {result.final_state}")
-        if any(entry.dest in TERMINAL_STATES for entry in trace[:-1]):
-            problems.append("the trace continues after a terminal state")
+        problems.extend(trace_problems(trace, result.resumed_at, now=result.final_state))
+        if result.resumed_at and result.resumed_at[-1] >= len(trace):
+            problems.append(
+                f"the run was resumed at transition {result.resumed_at[-1]} but its trace "
+                "ends there"
+            )
     if result.usage.requests > result.turns:
         problems.append(
             f"usage counts {result.usage.requests} replies but only {result.turns} model calls"
@@ -147,9 +322,10 @@ def check_invariants(
                 f"the last transition is {str(last.label)!r} but the stop reason is "
                 f"{result.stop_reason.value!r}"
             )
-        turns = [entry.turn for entry in trace]
-        if any(b < a for a, b in itertools.pairwise(turns)) or turns[-1] != result.turns:
-            problems.append(f"the trace's turn counts {turns} do not rise to {result.turns}")
+        if last.turn != result.turns:
+            problems.append(
+                f"the trace's last turn count {last.turn} is not the run's {result.turns}"
+            )
     problems.extend(transcript_problems(result.messages))
     control = _control_problem(result)
     if control:

@@ -15,12 +15,16 @@ The strategies compose, and can be focused on one agent:
 - ``repetitions(steps)``: one step forever, or a short cycle of steps forever.
 - ``tool_outcomes()`` / ``tool_behaviours(names)``: success, exception, timeout, huge output.
 - ``behaviours_for(agent)``: all of the above, as ``assert_terminates`` uses it.
+- ``cooperative_behaviours_for(agent)``: a model that mostly does its job (valid calls to
+  every tool, ``ask_user``, answers), so that runs reach pauses, approvals and long tool turns;
+  the stateful machine plays these two times in three.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -40,12 +44,15 @@ from agent_fsm.testing.behaviour import (
     user_tools,
 )
 from agent_fsm.testing.models import reply
+from agent_fsm.tools import ASK_USER, FINISH_TASK
 
 __all__ = [
     "Behaviour",
     "BehaviourModel",
     # focused on one agent
     "behaviours_for",
+    "cooperative_behaviours_for",
+    "cooperative_replies_for",
     "replies_for",
     "tool_calls_for",
     "arguments_for",
@@ -373,6 +380,55 @@ def behaviours_for(
         ),
         models,
         tool_behaviours(names),
+    )
+
+
+def cooperative_replies_for(target: Agent | Sequence[ToolSpec]) -> st.SearchStrategy[object]:
+    """One step of a model that mostly does its job: in three cases out of six a reply with
+    one to three valid calls, in two a text answer, else a transient error, garbage or an
+    edge reply. Each of the agent's own tools is called twice as often as ``ask_user`` or
+    ``finish_task``, so that runs go on for several turns and still pause often."""
+    specs = _specs(target)
+    control = {ASK_USER.name, FINISH_TASK.name}
+
+    def to(name: str) -> Any:
+        return lambda arguments: ToolCall(id="", name=name, arguments=arguments)
+
+    def calls(chosen: list[ToolSpec]) -> list[st.SearchStrategy[ToolCall]]:
+        return [arguments_for(spec).map(to(spec.name)) for spec in chosen]
+
+    own = calls([spec for spec in specs if spec.name not in control])
+    flow = calls([spec for spec in specs if spec.name in control])
+    answer = st.builds(reply, st.sampled_from(["Done.", "The answer is 4."]))
+    if not own and not flow:
+        return answer
+    valid = st.one_of(*own, *own, *flow) if own else st.one_of(*flow)
+    with_calls = st.builds(
+        lambda text, found: reply(text, *found),
+        st.sampled_from(["", "Let me check."]),
+        st.lists(valid, min_size=1, max_size=3),
+    )
+    hiccup = st.one_of(
+        st.just(ModelCallError("overloaded", transient=True)), edge_replies(), st.just(None)
+    )
+    return st.one_of(with_calls, with_calls, with_calls, answer, answer, hiccup)
+
+
+def cooperative_behaviours_for(
+    agent: Agent, *, tool_failures: bool = True, max_steps: int = 12
+) -> st.SearchStrategy[Behaviour]:
+    """Endless cycles of one to ``max_steps`` steps of ``cooperative_replies_for(agent)``
+    (a cooperative model does not run out of replies), with tool doubles that may misbehave
+    unless ``tool_failures`` is False."""
+    steps = cooperative_replies_for(agent)
+    models = st.lists(steps, min_size=1, max_size=max_steps).map(
+        lambda found: Behaviour(steps=tuple(found), cycle=True)
+    )
+    if not tool_failures:
+        return models
+    names = [t.name for t in user_tools(agent)]
+    return st.builds(
+        lambda behaviour, tools: replace(behaviour, tools=tools), models, tool_behaviours(names)
     )
 
 
