@@ -25,7 +25,7 @@ from agent_fsm.checkpoint_sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import FinishReason, ModelResponse
 from agent_fsm.state import RunState
-from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
+from agent_fsm.table import TABLE, AgentState, Row
 from agent_fsm.testing import Behaviour, InvariantViolation, ScriptedModel, call, reply
 from agent_fsm.testing.stateful import AgentStateMachine, agent_state_machine, assert_stateful
 from agent_fsm.testing.strategies import cooperative_replies_for
@@ -43,25 +43,11 @@ def delete(path: str) -> str:
     return f"deleted {path}"
 
 
-def _gated_table() -> tuple[Row, ...]:
-    """The default table plus OBSERVE -> ERROR max_turns [no_turns_left]: the fix for the
-    engine bug below, so that the machine can pass an agent until the engine has it."""
-    gate = Row(
-        Trigger.OBSERVED, AgentState.OBSERVE, AgentState.ERROR, ("no_turns_left",),
-        StopReason.MAX_TURNS,
-    )  # fmt: skip
-    if gate in TABLE:
-        return TABLE
-    rows = list(TABLE)
-    rows.insert(next(i for i, r in enumerate(rows) if r.label == "think"), gate)
-    return tuple(rows)
-
-
 def _agent(table: tuple[Row, ...] | None = None, *, max_turns: int = 5) -> Agent:
     return Agent(
         model=ScriptedModel([]),
         tools=[echo, add, delete],
-        table=table if table is not None else _gated_table(),
+        table=table if table is not None else TABLE,
         limits=Limits(max_turns=max_turns, retry_backoff_s=0, retry_backoff_max_s=0),
     )
 
@@ -96,20 +82,24 @@ def test_runs_with_approvals_and_questions_keep_every_invariant() -> None:
         assert any(line.startswith(what) for line in Seen.seen), f"never {what}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="engine bug: a run resumed after it stopped on its last turn makes one model "
-    "call more than max_turns (see tests/test_invariants_resumed.py)",
-)
 def test_the_default_table_keeps_max_turns_through_resumes() -> None:
+    """Found the engine bug this table's OBSERVE max_turns row fixes: a run resumed after it
+    stopped on its last turn made one model call more than max_turns."""
     assert_stateful(_agent(TABLE, max_turns=1), max_examples=500, steps=20, settings=FIND)
+
+
+def test_a_table_without_the_observe_turn_gate_is_caught_exceeding_max_turns() -> None:
+    rows = tuple(
+        r for r in TABLE if not (r.source is AgentState.OBSERVE and r.label == "max_turns")
+    )
+    with pytest.raises(InvariantViolation, match="max_turns"):
+        assert_stateful(_agent(rows, max_turns=1), max_examples=500, steps=20, settings=FIND)
 
 
 def test_a_table_without_the_follow_up_row_drops_messages() -> None:
     """Without THINK -> REFLECT [input_waiting], a final answer ends the run over a queued
     steering or follow-up message (the verifier accepts the table: it still terminates)."""
-    rows = tuple(r for r in _gated_table() if r.label != "follow_up")
+    rows = tuple(r for r in TABLE if r.label != "follow_up")
     with pytest.raises(InvariantViolation, match="waited unread") as found:
         assert_stateful(_agent(rows), max_examples=500, steps=20, settings=FIND)
     report = str(found.value)

@@ -336,12 +336,6 @@ def test_a_live_trace_resumed_but_not_yet_stepped_leads_to_its_resume_state() ->
 # -- an engine bug the resumed-run invariants found ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: a run resumed after stopping on its last turn (ask_user, abort, "
-    "timeout) makes one more model call than max_turns: OBSERVE -> THINK has no "
-    "no_turns_left gate, and only REFLECT checks the turn budget",
-)
 async def test_resuming_after_the_last_turn_makes_no_more_model_calls() -> None:
     model = ScriptedModel(
         [reply("", call("echo", text="a")), reply("", call("ask_user", question="q?")), "x"]
@@ -350,7 +344,8 @@ async def test_resuming_after_the_last_turn_makes_no_more_model_calls() -> None:
     paused = await agent.run("Go")
     assert (paused.stop_reason, paused.turns) == (StopReason.ASK_USER, 2)
     resumed = await agent.resume(paused.run_id, "answer")
-    assert resumed.turns <= agent.limits.max_turns  # fails: 3 model calls
+    assert (resumed.stop_reason, resumed.turns) == (StopReason.MAX_TURNS, 2)
+    assert resumed.messages[-1].content == "answer"  # the reply is kept, then the run stops
     check_invariants(resumed, limits=agent.limits, bound=agent.bound)
 
 

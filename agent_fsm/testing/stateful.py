@@ -84,7 +84,7 @@ class AgentStateMachine(RuleBasedStateMachine):
     Attributes:
         agent: the agent under test. It is never modified and its model is never called:
             every example uses a copy (``harness.Stage``) with a generated model behaviour
-            per run, tool doubles, a fake clock, its own machine and a fresh store.
+            per run, tool doubles, a fake clock and a fresh store.
         user_input: the message every run starts with.
         behaviours: what each started run's model (and the tools) do; by default, two times
             in three ``cooperative_behaviours_for(agent)`` (a model doing its job, so runs
@@ -122,10 +122,9 @@ class AgentStateMachine(RuleBasedStateMachine):
         self.stage = stage[1]
         self.stage.load(Behaviour(steps=(), cycle=False))
         self.store = cls.make_store()
-        # Its own machine (a copy of the table): runs abandoned by a crash stay attached to
-        # it, and go with it at the end of the example.
-        rows = self.stage.agent.machine.rows
-        self.staged = self.stage.agent.replace(store=self.store, table=(*rows,))
+        # Runs hold no registration on the shared machine, so a run abandoned by a "crash"
+        # leaves nothing behind but its checkpoint.
+        self.staged = self.stage.agent.replace(store=self.store)
         self.rows = self.staged.machine.rows
         self.limits, self.bound = self.staged.limits, self.staged.bound
         self.loop = LoopRunner()
