@@ -85,7 +85,7 @@ def test_runs_with_approvals_and_questions_keep_every_invariant() -> None:
 def test_the_default_table_keeps_max_turns_through_resumes() -> None:
     """Found the engine bug this table's OBSERVE max_turns row fixes: a run resumed after it
     stopped on its last turn made one model call more than max_turns."""
-    assert_stateful(_agent(TABLE, max_turns=1), max_examples=500, steps=20, settings=FIND)
+    assert_stateful(_agent(TABLE, max_turns=1), max_examples=200, steps=20, settings=FIND)
 
 
 def test_a_table_without_the_observe_turn_gate_is_caught_exceeding_max_turns() -> None:
@@ -93,7 +93,7 @@ def test_a_table_without_the_observe_turn_gate_is_caught_exceeding_max_turns() -
         r for r in TABLE if not (r.source is AgentState.OBSERVE and r.label == "max_turns")
     )
     with pytest.raises(InvariantViolation, match="max_turns"):
-        assert_stateful(_agent(rows, max_turns=1), max_examples=500, steps=20, settings=FIND)
+        assert_stateful(_agent(rows, max_turns=1), max_examples=200, steps=20, settings=FIND)
 
 
 def test_a_table_without_the_follow_up_row_drops_messages() -> None:
