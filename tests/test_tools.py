@@ -108,6 +108,25 @@ def test_arguments_that_are_not_json() -> None:
     assert "must be a JSON object, not list" in result.content
 
 
+@pytest.mark.parametrize(
+    ("arguments", "parsed"),
+    [
+        ('  {"text": "x"}  ', {"text": "x"}),
+        ('{"text": "a", "text": "b"}', {"text": "b"}),  # the last duplicate wins, as in json
+        ('{"text": "x"} trailing', None),
+        ('{"text": "\\ud800"}', None),  # a lone surrogate cannot reach the model as UTF-8
+        ("", {}),
+    ],
+)
+def test_argument_parsing_edge_cases(arguments: str, parsed: dict[str, str] | None) -> None:
+    prepared = ToolRegistry([echo]).prepare(raw_call("echo", arguments))
+    if parsed is None:
+        assert prepared.error is not None
+        assert "not valid JSON" in prepared.error
+    else:
+        assert prepared.arguments == parsed
+
+
 def test_every_schema_violation_is_listed_with_its_path() -> None:
     nested = Tool(
         "nested",
