@@ -91,20 +91,6 @@ class _Transition(Transition):
             cast(_GuardCondition, c.func).guard for c in self.conditions
         )
 
-    def passes(self, run_state: RunState, limits: Limits) -> bool:
-        # A plain loop, not all(<generator>): this runs for every row tried on every trigger.
-        for guard in self.guards:  # noqa: SIM110
-            if not guard(run_state, limits):
-                return False
-        return True
-
-    def execute(self, event_data: EventData) -> bool:
-        handle = cast(RunHandle, event_data.model)
-        if not self.passes(handle.run_state, handle.limits):
-            return False
-        self.take(event_data.event, handle, event_data.args, event_data.kwargs)
-        return True
-
     def take(self, event: Event, handle: RunHandle, args: Any, kwargs: Any) -> None:
         """The state change of a row whose guards passed: before → exit → set → enter →
         record → after, as the stock Transition does. The EventData that callbacks receive

@@ -8,13 +8,13 @@ the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_fsm.context import estimate_message_tokens
 from agent_fsm.errors import ScriptExhaustedError
 from agent_fsm.events import EventBus, MessageUpdated, ModelFailed, ModelRequested, ModelResponded
+from agent_fsm.execution import retry_delay
 from agent_fsm.limits import Limits
 from agent_fsm.loops import record_reply_text
 from agent_fsm.messages import (
@@ -67,12 +67,9 @@ def with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
 
 
 def backoff_s(failure: ModelFailure, attempt: int, limits: Limits) -> float:
-    """The pause before retry number ``attempt`` (1-based): exponential with jitter (half to
-    all of ``retry_backoff_s * 2**(attempt-1)``, capped at ``retry_backoff_max_s``), never
-    shorter than the server's Retry-After."""
-    delay = min(limits.retry_backoff_max_s, limits.retry_backoff_s * 2.0 ** (attempt - 1))
-    delay *= 0.5 + random.random() / 2
-    return max(delay, failure.retry_after_s or 0.0)
+    """The pause before model retry number ``attempt`` (1-based): the tool runtime's
+    exponential backoff with jitter, never shorter than the server's Retry-After."""
+    return max(retry_delay(attempt, limits), failure.retry_after_s or 0.0)
 
 
 def interruption_text(state: RunState, limits: Limits) -> str:
@@ -139,14 +136,14 @@ class Thinking:
             if scope.stopped:  # the model turned our cancellation into an error of its own
                 self._interrupted()
             else:
-                self.failed(failure_from(exc))
+                self._failed(failure_from(exc))
             return
         if scope.stopped:
             self._interrupted()
             return
         self._take_reply(response)
 
-    def failed(self, failure: ModelFailure, *, counts: bool = True) -> None:
+    def _failed(self, failure: ModelFailure, *, counts: bool = True) -> None:
         """Record a failed model call (``counts``: towards the consecutive-error limit)."""
         state = self._state
         state.model_failure = failure
@@ -173,7 +170,7 @@ class Thinking:
         """The call was cancelled by abort() or the deadline: the run stops, and it is no
         model error, so it does not count towards the consecutive-error limit."""
         message = f"the model call was interrupted: {interruption_text(self._state, self._limits)}"
-        self.failed(ModelFailure(message=message, permanent=True), counts=False)
+        self._failed(ModelFailure(message=message, permanent=True), counts=False)
 
     async def _call_model(self, previous: ModelFailure | None) -> object:
         """Back off if this is a retry, then make one model call (turn += 1)."""
@@ -212,7 +209,7 @@ class Thinking:
     def _take_reply(self, response: object) -> None:
         state = self._state
         if not isinstance(response, ModelResponse):
-            self.failed(
+            self._failed(
                 ModelFailure(
                     message=f"the model returned {type(response).__name__}, not a ModelResponse",
                     permanent=False,
@@ -245,7 +242,7 @@ class Thinking:
             )
         empty = not message.content and not message.tool_calls
         if empty and response.finish_reason in (FinishReason.STOP, FinishReason.TOOL_CALLS):
-            self.failed(ModelFailure(message="the model returned an empty reply", permanent=False))
+            self._failed(ModelFailure(message="the model returned an empty reply", permanent=False))
             return
         if message.tool_calls:
             message = with_call_ids(message, state.turns)

@@ -12,7 +12,9 @@ import structlog
 from hypothesis import HealthCheck, settings
 
 from agent_fsm import Agent, Limits, Tool, tool
+from agent_fsm.checkpoint import MemoryStore
 from agent_fsm.events import Event
+from agent_fsm.state import RUN_STATE_ADAPTER, RunState
 from agent_fsm.testing import ScriptedModel, ScriptItem
 
 
@@ -105,3 +107,15 @@ class Recorder(list[Event]):
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+class SpyStore(MemoryStore):
+    """A MemoryStore that keeps every checkpoint it was given, as JSON."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: list[bytes] = []
+
+    def save(self, state: RunState) -> None:
+        super().save(state)
+        self.saved.append(RUN_STATE_ADAPTER.dump_json(state))

@@ -22,19 +22,7 @@ from agent_fsm.messages import ModelRequest, ModelResponse, ToolStatus, UserMess
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState, RunStatus
 from agent_fsm.testing import FunctionModel, ScriptedModel, call, reply
 from agent_fsm.testing.invariants import transcript_problems
-from tests.conftest import Recorder, echo, limits
-
-
-class SpyStore(MemoryStore):
-    """A MemoryStore that keeps every checkpoint it was given, as JSON."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.saved: list[bytes] = []
-
-    def save(self, state: RunState) -> None:
-        super().save(state)
-        self.saved.append(RUN_STATE_ADAPTER.dump_json(state))
+from tests.conftest import Recorder, SpyStore, echo, limits
 
 
 def _user_texts(state_messages: object) -> list[str]:

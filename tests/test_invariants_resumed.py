@@ -14,7 +14,7 @@ from agent_fsm.checkpoint import MemoryStore
 from agent_fsm.checkpoint_sqlite import SQLiteStore
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ModelRequest
-from agent_fsm.state import RUN_STATE_ADAPTER, RunResult, RunState
+from agent_fsm.state import RUN_STATE_ADAPTER, RunResult
 from agent_fsm.table import AgentState
 from agent_fsm.testing import FakeClock, FunctionModel, ScriptedModel, call, reply
 from agent_fsm.testing.invariants import (
@@ -25,7 +25,7 @@ from agent_fsm.testing.invariants import (
     trace_problems,
 )
 from agent_fsm.verify import TerminationBound
-from tests.conftest import Recorder, echo, limits
+from tests.conftest import Recorder, SpyStore, echo, limits
 
 
 def _check(result: RunResult, agent: Agent, events: Recorder | None = None) -> None:
@@ -156,18 +156,6 @@ def _crash_after(snapshot: bytes, store: MemoryStore | SQLiteStore) -> str:
     state = RUN_STATE_ADAPTER.validate_json(snapshot)
     store.save(state)
     return state.run_id
-
-
-class SpyStore(MemoryStore):
-    """Keeps every checkpoint it was given, as JSON."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.saved: list[bytes] = []
-
-    def save(self, state: RunState) -> None:
-        super().save(state)
-        self.saved.append(RUN_STATE_ADAPTER.dump_json(state))
 
 
 SCRIPT = [reply("", call("echo", text="a")), reply("", call("echo", text="b")), "done"]
