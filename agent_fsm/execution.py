@@ -139,39 +139,47 @@ class _Watchdog:
     a call whose deadline falls after the armed time costs no timer operation at all. When
     the timer fires it expires what is due and re-arms itself for the earliest deadline still
     watched, if any.
+
+    It refers to its loop and to its timer (which refers to the loop) only weakly: it is the
+    value of a registry keyed weakly by the loop, and a strong path back to the key would keep
+    every event loop that ever ran a tool alive.
     """
 
-    __slots__ = ("__weakref__", "_active", "_armed_for", "_loop", "_timer")
+    __slots__ = ("_active", "_armed_for", "_loop", "_timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._loop = weakref.ref(loop)
         self._active: set[_Deadline] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: weakref.ref[asyncio.TimerHandle] | None = None
         self._armed_for = math.inf
 
-    def watch(self, deadline: _Deadline) -> None:
+    def watch(self, deadline: _Deadline, loop: asyncio.AbstractEventLoop) -> None:
         self._active.add(deadline)
         if deadline.when < self._armed_for:
-            self._arm(deadline.when)
+            self._arm(deadline.when, loop)
 
     def forget(self, deadline: _Deadline) -> None:
         self._active.discard(deadline)
 
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+    def _arm(self, when: float, loop: asyncio.AbstractEventLoop) -> None:
+        timer = self._timer() if self._timer is not None else None
+        if timer is not None:
+            timer.cancel()
         self._armed_for = when
-        self._timer = self._loop.call_at(when, self._fire)
+        self._timer = weakref.ref(loop.call_at(when, self._fire))
 
     def _fire(self) -> None:
         self._timer = None
         self._armed_for = math.inf
-        now = self._loop.time() + _CLOCK_RESOLUTION
+        loop = self._loop()
+        if loop is None:  # cannot happen: the loop is running this callback
+            return
+        now = loop.time() + _CLOCK_RESOLUTION
         for deadline in [d for d in self._active if d.when <= now]:
             self._active.discard(deadline)
             deadline.expire()
         if self._active:
-            self._arm(min(d.when for d in self._active))
+            self._arm(min(d.when for d in self._active), loop)
 
 
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
@@ -179,6 +187,21 @@ _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 _WATCHDOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = (
     weakref.WeakKeyDictionary()
 )
+_latest: tuple[weakref.ref[asyncio.AbstractEventLoop], _Watchdog] | None = None
+"""The last loop looked up and its watchdog: a run's calls all come from one loop, and this
+skips the registry's lookup (a new weak reference each time)."""
+
+
+def _watchdog_for(loop: asyncio.AbstractEventLoop) -> _Watchdog:
+    global _latest
+    latest = _latest  # one read: another thread may replace it meanwhile
+    if latest is not None and latest[0]() is loop:
+        return latest[1]
+    watchdog = _WATCHDOGS.get(loop)
+    if watchdog is None:
+        watchdog = _WATCHDOGS[loop] = _Watchdog(loop)
+    _latest = (weakref.ref(loop), watchdog)
+    return watchdog
 
 
 class _Deadline:
@@ -200,11 +223,8 @@ class _Deadline:
         self._base = task.cancelling()
         self.expired = False
         self.when = loop.time() + seconds
-        watchdog = _WATCHDOGS.get(loop)
-        if watchdog is None:
-            watchdog = _WATCHDOGS[loop] = _Watchdog(loop)
-        self._watchdog = watchdog
-        watchdog.watch(self)
+        self._watchdog = watchdog = _watchdog_for(loop)
+        watchdog.watch(self, loop)
 
     def expire(self) -> None:
         self.expired = True

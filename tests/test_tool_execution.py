@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import gc
 import math
 import threading
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -171,6 +173,26 @@ def test_a_call_that_finishes_in_time_is_not_cancelled_by_the_shared_timer() -> 
 
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+def test_the_shared_timer_does_not_keep_finished_event_loops_alive() -> None:
+    """Each run_sync makes a loop; the deadline machinery must let every one of them go."""
+
+    @tool(timeout_s=30)
+    async def quick() -> str:
+        """Finishes at once, leaving the shared timer armed for its distant deadline."""
+        return "done"
+
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def scenario() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        await execute(ToolRegistry([quick]).prepare(call("quick")), Limits())
+
+    for _ in range(3):
+        asyncio.run(scenario())
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]
 
 
 def test_sync_tools_run_off_the_event_loop_thread_with_the_callers_context() -> None:
