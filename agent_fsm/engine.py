@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -48,13 +50,29 @@ from agent_fsm.messages import (
 from agent_fsm.models.base import Model
 from agent_fsm.state import LoopState, RunResult, RunState, TraceEntry
 from agent_fsm.stopping import StopEvent
-from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
+from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason, Trigger
 from agent_fsm.thinking import Thinking
 from agent_fsm.tools import ToolRegistry, skipped_result
 
 __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 
 _logger = structlog.get_logger("agent_fsm")
+
+_TRIGGER_NAMES = {trigger: trigger.value for trigger in Trigger}
+
+
+def _debug_enabled(log: Any) -> bool:
+    """Whether ``log`` emits debug lines, asked once per run so that the line logged on every
+    transition costs nothing when it is filtered out. A logger that cannot say (structlog
+    before 25.1, a custom wrapper class) is assumed to emit, and filters by itself."""
+    check = getattr(log, "is_enabled_for", None)
+    if check is None:
+        return True
+    try:
+        return bool(check(logging.DEBUG))
+    except Exception:
+        return True
+
 
 Reflector = Callable[[RunState], bool | Awaitable[bool]]
 """Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
@@ -87,6 +105,7 @@ class Run:
         self._config = config
         self._state = state
         self._log = _logger.bind(run_id=state.run_id)
+        self._debug = _debug_enabled(self._log)
         self._bus = EventBus(config.handlers, on_handler_error=self._handler_failed)
         self._started_at = config.clock() - state.elapsed_s
         self._handle: RunHandle | None = None
@@ -374,21 +393,23 @@ class Run:
         index = self._handle.taken if self._handle is not None else -1
         state.trace.append((index, state.turns))
         self._entries.append(TraceEntry.from_row(row, state.turns))
-        self._log.debug(
-            "transition",
-            source=row.source,
-            dest=row.dest,
-            guards=row.guards,
-            label=row.label,
-            turn=state.turns,
-        )
-        if self._bus:
-            self._bus.emit(
+        if self._debug:
+            self._log.debug(
+                "transition",
+                source=row.source,
+                dest=row.dest,
+                guards=row.guards,
+                label=row.label,
+                turn=state.turns,
+            )
+        emit = self._bus.emitter
+        if emit is not None:
+            emit(
                 StateChanged(
                     run_id=state.run_id,
                     source=row.source,
                     dest=row.dest,
-                    trigger=row.trigger.value,
+                    trigger=_TRIGGER_NAMES[row.trigger],
                     guards=row.guards,
                     label=row.label,
                     turn=state.turns,
@@ -422,9 +443,10 @@ class Run:
             turns=state.turns,
             tokens=state.usage.total_tokens,
         )
-        if self._bus:
+        emit = self._bus.emitter
+        if emit is not None:
             for event in ending_events(state, row, result):
-                self._bus.emit(event)
+                emit(event)
 
     def _checkpoint_final(self, stop_reason: StopReason) -> None:
         """Save the ended run: always in a durable store; in the in-process default store

@@ -308,10 +308,11 @@ class EventBus:
     ``emit`` delivers an event to each; a handler that raises is reported to
     ``on_handler_error`` (the engine logs it) and the others still get the event, because an
     observer must never break the run it observes. ``emitter`` is ``emit`` while anyone listens
-    and None otherwise, so hot paths skip building events nobody reads.
+    and None otherwise, so hot paths skip building events nobody reads (a plain attribute,
+    kept current by ``subscribe``, because it is read several times per turn).
     """
 
-    __slots__ = ("_handlers", "_on_handler_error")
+    __slots__ = ("_handlers", "_on_handler_error", "emitter")
 
     def __init__(
         self,
@@ -321,9 +322,11 @@ class EventBus:
     ) -> None:
         self._handlers = list(handlers)
         self._on_handler_error = on_handler_error
+        self.emitter: EventHandler | None = self.emit if self._handlers else None
 
     def subscribe(self, handler: EventHandler) -> None:
         self._handlers.append(handler)
+        self.emitter = self.emit
 
     def emit(self, event: Event) -> None:
         for handler in self._handlers:
@@ -332,10 +335,6 @@ class EventBus:
             except Exception:
                 if self._on_handler_error is not None:
                     self._on_handler_error(event)
-
-    @property
-    def emitter(self) -> EventHandler | None:
-        return self.emit if self._handlers else None
 
     def __bool__(self) -> bool:
         return bool(self._handlers)

@@ -87,6 +87,7 @@ class _Transition(Transition):
         super().__init__(*args, **kwargs)
         self.row_index = row_index
         self.dest_name = cast(str, self.dest)
+        self.dest_state = _STATE_NAMED[self.dest_name]
         self.guards: tuple[Guard, ...] = tuple(
             cast(_GuardCondition, c.func).guard for c in self.conditions
         )
@@ -105,7 +106,8 @@ class _Transition(Transition):
             or machine.before_state_change
             or machine.after_state_change
         ):
-            handle.state = self.dest_name
+            handle._name = self.dest_name  # the property setter, without its lookup
+            handle.run_state.state = self.dest_state
             handle.taken = self.row_index
             return
         event_data = EventData(source, event, machine, handle, args=args, kwargs=kwargs)
@@ -133,7 +135,7 @@ class _Event(Event):
     def trigger(self, model: object, *args: Any, **kwargs: Any) -> bool:
         handle: RunHandle = model  # type: ignore[assignment]  # only RunHandles are attached
         run_state, limits = handle.run_state, handle.limits
-        rows: list[_Transition] = self.transitions[handle.state]  # type: ignore[assignment]
+        rows: list[_Transition] = self.transitions[handle._name]  # type: ignore[assignment]
         for transition in rows:
             for guard in transition.guards:
                 if not guard(run_state, limits):
@@ -178,9 +180,11 @@ class AgentMachine:
         unsupported = (machine.has_queue, machine.prepare_event, machine.finalize_event)
         if any(unsupported) or machine.on_exception or machine.on_final:
             raise ConfigError("the lean event classes support no queued or machine callbacks")
-        self._events = {
-            trigger: self._machine.events[trigger.value] for trigger in TRIGGER_FOR_STATE.values()
+        self._event_in: dict[str, Event] = {
+            state.value: machine.events[trigger.value]
+            for state, trigger in TRIGGER_FOR_STATE.items()
         }
+        """The event each non-terminal state fires, by state name (the handle's own key)."""
 
     def bound(self, limits: Limits) -> TerminationBound:
         """Bounds that hold for every run of this machine under ``limits``."""
@@ -192,12 +196,11 @@ class AgentMachine:
 
     def fire(self, handle: RunHandle) -> Row:
         """Fire the trigger of the handle's current state; return the row that was taken."""
-        state = handle.run_state.state
-        trigger = TRIGGER_FOR_STATE.get(state)
-        if trigger is None:
-            raise RunError(f"run {handle.run_state.run_id} has already ended in {state}")
+        event = self._event_in.get(handle._name)
+        if event is None:
+            raise RunError(f"run {handle.run_state.run_id} has already ended in {handle._name}")
         handle.taken = -1
-        self._events[trigger].trigger(handle)
+        event.trigger(handle)
         if handle.taken < 0:  # impossible for a verified table: every group ends with "else"
-            raise RunError(f"no transition fired from {state}")
+            raise RunError(f"no transition fired from {handle._name}")
         return self.rows[handle.taken]

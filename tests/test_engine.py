@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
+import structlog
+import structlog.testing
 
 from agent_fsm import (
     Agent,
@@ -261,3 +264,54 @@ def test_replace_keeps_the_configuration_and_swaps_what_is_given() -> None:
     assert agent.run_sync("hi").output == "first"
     with pytest.raises(ConfigError, match="unknown option"):
         agent.replace(modle=ScriptedModel([]))
+
+
+def _log_at(level: int) -> None:
+    """Configure structlog for one test (conftest's autouse fixture restores the suite's)."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+
+
+def test_every_transition_is_logged_at_debug_with_the_run_id() -> None:
+    _log_at(logging.DEBUG)
+    agent, _ = make_agent([reply("", call("echo", text="x")), "done"])
+    with structlog.testing.capture_logs() as logs:
+        result = agent.run_sync("go")
+    lines = [line for line in logs if line["event"] == "transition"]
+    assert [(line["source"], line["dest"], line["label"]) for line in lines] == [
+        (entry.source, entry.dest, entry.label) for entry in result.trace
+    ]
+    assert {line["run_id"] for line in lines} == {result.run_id}
+    assert all(line["log_level"] == "debug" for line in lines)
+
+
+def test_filtered_debug_lines_are_not_built_and_info_lines_still_are() -> None:
+    _log_at(logging.INFO)
+    agent, _ = make_agent(["done"])
+    with structlog.testing.capture_logs() as logs:
+        result = agent.run_sync("go")
+    assert [line["event"] for line in logs] == ["run_finished"]
+    assert logs[0]["run_id"] == result.run_id
+
+
+def test_a_logger_that_cannot_tell_its_level_gets_every_transition_line() -> None:
+    lines: list[tuple[str, dict[str, object]]] = []
+
+    class Plain:
+        """A custom wrapper class without ``is_enabled_for``: it filters for itself."""
+
+        def __init__(self, logger: object, processors: object, context: dict[str, object]):
+            self._context = context
+
+        def bind(self, **values: object) -> Plain:
+            return Plain(None, None, {**self._context, **values})
+
+        def _log(self, event: str, **values: object) -> None:
+            lines.append((event, {**self._context, **values}))
+
+        debug = info = warning = exception = _log
+
+    structlog.configure(wrapper_class=Plain, cache_logger_on_first_use=False)
+    agent, _ = make_agent(["done"])
+    result = agent.run_sync("go")
+    assert [event for event, _ in lines] == ["transition", "transition", "run_finished"]
+    assert all(values["run_id"] == result.run_id for _, values in lines)
