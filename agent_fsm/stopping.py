@@ -94,7 +94,6 @@ class StopScope:
         "_callback",
         "_cancels",
         "_inside",
-        "_loop",
         "_stop",
         "_task",
         "stopped",
@@ -107,12 +106,14 @@ class StopScope:
         self._cancels = 0
         self._again: asyncio.TimerHandle | None = None
 
+    # Entering and leaving run twice per turn, so they touch the event's callback list
+    # directly (same module) and ask the task for its loop only when a stop arrives.
+
     def __enter__(self) -> StopScope:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("StopScope must be used inside a task")
         self._task = task
-        self._loop = asyncio.get_running_loop()
         self._base = task.cancelling()
         self._inside = True
         self._callback = self._on_stop  # one bound method, removed by identity on exit
@@ -120,7 +121,7 @@ class StopScope:
         return self
 
     def _on_stop(self) -> None:
-        self._loop.call_soon(self._cancel)
+        self._task.get_loop().call_soon(self._cancel)
 
     def _cancel(self) -> None:
         if not self._inside:  # the work finished before the stop reached it: its result stands
@@ -128,7 +129,7 @@ class StopScope:
         self.stopped = True
         self._cancels += 1
         self._task.cancel()
-        self._again = self._loop.call_later(REGRACE_S, self._cancel)
+        self._again = self._task.get_loop().call_later(REGRACE_S, self._cancel)
 
     def __exit__(
         self,
@@ -137,11 +138,17 @@ class StopScope:
         traceback: TracebackType | None,
     ) -> bool:
         self._inside = False
-        self._stop.remove_callback(self._callback)
+        callbacks = self._stop._callbacks
+        if callbacks and callbacks[-1] is self._callback:  # the usual case: still the latest
+            callbacks.pop()
+        else:
+            self._stop.remove_callback(self._callback)
+        if not self._cancels:  # the usual case: the stop never reached the work
+            return False
         if self._again is not None:
             self._again.cancel()
         remaining = self._task.cancelling()
         for _ in range(self._cancels):
             remaining = self._task.uncancel()
         # Absorb the CancelledError only when every cancellation it carries was ours.
-        return exc_type is asyncio.CancelledError and self._cancels > 0 and remaining <= self._base
+        return exc_type is asyncio.CancelledError and remaining <= self._base
