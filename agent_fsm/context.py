@@ -26,13 +26,15 @@ def estimate_text_tokens(text: str) -> int:
 
 
 def estimate_message_tokens(message: Message) -> int:
-    """Estimated tokens one message adds to a prompt."""
-    tokens = MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(message.content)
+    """Estimated tokens one message adds to a prompt: ``estimate_text_tokens`` of each part,
+    written out here because every message of a run passes through this once."""
+    tokens = MESSAGE_OVERHEAD_TOKENS - (-len(message.content) // CHARS_PER_TOKEN)
     if isinstance(message, AssistantMessage):
         for call in message.tool_calls:
-            tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(call.name + call.arguments)
+            text_chars = len(call.name) + len(call.arguments)
+            tokens += MESSAGE_OVERHEAD_TOKENS - (-text_chars // CHARS_PER_TOKEN)
     elif isinstance(message, ToolMessage):
-        tokens += estimate_text_tokens(message.tool_call_id)
+        tokens -= -len(message.tool_call_id) // CHARS_PER_TOKEN
     return tokens
 
 

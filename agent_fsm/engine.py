@@ -48,6 +48,7 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.models.base import Model
+from agent_fsm.records import builder
 from agent_fsm.state import LoopState, RunResult, RunState, TraceEntry
 from agent_fsm.stopping import StopEvent
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason, Trigger
@@ -59,6 +60,7 @@ __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 _logger = structlog.get_logger("agent_fsm")
 
 _TRIGGER_NAMES = {trigger: trigger.value for trigger in Trigger}
+_state_changed = builder(StateChanged)
 
 
 def _debug_enabled(log: Any) -> bool:
@@ -405,7 +407,7 @@ class Run:
         emit = self._bus.emitter
         if emit is not None:
             emit(
-                StateChanged(
+                _state_changed(
                     run_id=state.run_id,
                     source=row.source,
                     dest=row.dest,

@@ -40,8 +40,9 @@ from agent_fsm.tools import PreparedCall, Tool
 
 __all__ = ["ABANDONED_NOTE", "Executed", "RetryHandler", "execute", "retry_delay", "run_in_thread"]
 
-RetryHandler = Callable[[int, str, float], None]
-"""Told ``(failed attempt, error text, delay before the next one)`` before each retry."""
+RetryHandler = Callable[[ToolCall, int, str, float], None]
+"""Told ``(call, failed attempt, error text, delay before the next one)`` before each retry
+(the call is passed so that one handler serves every call, with no closure per call)."""
 
 ABANDONED_NOTE = (
     " It runs in a worker thread that cannot be stopped, so it was abandoned: it may still "
@@ -302,7 +303,7 @@ async def execute(
             delay = retry_delay(attempt, limits)
             history.append({"attempt": attempt, "error": message, "delay_s": delay})
             if on_retry is not None:
-                on_retry(attempt, message, delay)
+                on_retry(call, attempt, message, delay)
             await sleep(delay)
             continue
         if history:

@@ -43,12 +43,19 @@ def fingerprint(text: str) -> str:
     return "#" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+_NESTED = (dict, list)
+
+
 def _keys_sorted(value: Any) -> Any:
-    """A parsed JSON value with every object's keys in sorted order."""
+    """A parsed JSON value with every object's keys in sorted order (scalars are taken as
+    they are, without a call each: most arguments are flat objects)."""
     if type(value) is dict:
-        return {key: _keys_sorted(value[key]) for key in sorted(value)}
+        return {
+            key: _keys_sorted(item) if type(item) in _NESTED else item
+            for key, item in sorted(value.items())
+        }
     if type(value) is list:
-        return [_keys_sorted(item) for item in value]
+        return [_keys_sorted(item) if type(item) in _NESTED else item for item in value]
     return value
 
 

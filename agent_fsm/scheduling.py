@@ -18,13 +18,16 @@ from agent_fsm.events import Event, ToolRetried, ToolStarted
 from agent_fsm.execution import ABANDONED_NOTE, Executed, RetryHandler, execute
 from agent_fsm.journal import CallStatus, ToolJournal, journal_key
 from agent_fsm.limits import Limits
-from agent_fsm.messages import ToolMessage
+from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.outputs import error_result, merge_runtime_details, skipped_result
+from agent_fsm.records import builder
 from agent_fsm.state import RunState
 from agent_fsm.stopping import StopEvent, StopScope
 from agent_fsm.tools import PreparedCall
 
 __all__ = ["STOPPED", "TurnCalls", "run_until_stopped", "waves"]
+
+_tool_started = builder(ToolStarted)  # built on every tool call (see records.builder)
 
 STOPPED = "the run was stopped before this call started"
 """Why a call that had not started when the run was stopped was skipped."""
@@ -32,6 +35,24 @@ STOPPED = "the run was stopped before this call started"
 
 class TurnCalls:
     """The execution of one turn's runnable calls; fills ``results`` by call index."""
+
+    __slots__ = (
+        "attempts",
+        "clock",
+        "durations",
+        "emit",
+        "halted",
+        "interruption",
+        "journal",
+        "limits",
+        "on_retry",
+        "open_keys",
+        "prepared",
+        "results",
+        "sleep",
+        "started",
+        "state",
+    )
 
     def __init__(
         self,
@@ -61,6 +82,7 @@ class TurnCalls:
         """Journal keys recorded as started and not yet finished, by call index."""
         self.halted: str | None = None
         """Why calls not yet started are skipped (steering or a stop); None to go on."""
+        self.on_retry: RetryHandler | None = self._report_retry if emit is not None else None
 
     async def run_groups(self, groups: Sequence[Sequence[int]]) -> None:
         for group in groups:
@@ -85,12 +107,12 @@ class TurnCalls:
         self.started[index] = True
         state, emit = self.state, self.emit
         if emit is not None:
-            emit(ToolStarted(run_id=state.run_id, turn=state.turns, call=item.call))
+            emit(_tool_started(run_id=state.run_id, turn=state.turns, call=item.call))
         begun = self.clock()
         try:
             if self.journal is None:
                 executed = await execute(
-                    item, self.limits, sleep=self.sleep, on_retry=self._retry_handler(item)
+                    item, self.limits, sleep=self.sleep, on_retry=self.on_retry
                 )
             else:
                 executed = await self._journalled(index, item)
@@ -121,27 +143,21 @@ class TurnCalls:
         self.results[index] = result
         self._record_finished(index, result)
 
-    def _retry_handler(self, item: PreparedCall) -> RetryHandler | None:
-        """Reports each retry of ``item`` as a ToolRetried event, when anyone listens."""
-        state, emit = self.state, self.emit
-        if emit is None:
-            return None
-        call = item.call
-
-        def on_retry(attempt: int, error: str, delay: float) -> None:
-            emit(
-                ToolRetried(
-                    run_id=state.run_id,
-                    turn=state.turns,
-                    call_id=call.id,
-                    name=call.name,
-                    attempt=attempt,
-                    error=error,
-                    delay_s=delay,
-                )
+    def _report_retry(self, call: ToolCall, attempt: int, error: str, delay: float) -> None:
+        """The retry handler while anyone listens: each retry is a ToolRetried event."""
+        assert self.emit is not None
+        state = self.state
+        self.emit(
+            ToolRetried(
+                run_id=state.run_id,
+                turn=state.turns,
+                call_id=call.id,
+                name=call.name,
+                attempt=attempt,
+                error=error,
+                delay_s=delay,
             )
-
-        return on_retry
+        )
 
     async def _journalled(self, index: int, item: PreparedCall) -> Executed:
         """Run the call through the journal: answered from it when it holds the outcome,
@@ -149,8 +165,7 @@ class TurnCalls:
         replayed = self._from_journal(index, item)
         if replayed is not None:
             return replayed
-        on_retry = self._retry_handler(item)
-        executed = await execute(item, self.limits, sleep=self.sleep, on_retry=on_retry)
+        executed = await execute(item, self.limits, sleep=self.sleep, on_retry=self.on_retry)
         self._record_finished(index, executed.result)
         return executed
 

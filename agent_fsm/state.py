@@ -14,7 +14,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
-from agent_fsm.records import quick_init
+from agent_fsm.records import builder, quick_init
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
 
 __all__ = [
@@ -198,9 +198,9 @@ class TraceEntry:
     turn: int
     """Model calls made when the transition fired."""
 
-    @classmethod
-    def from_row(cls, row: Row, turn: int) -> TraceEntry:
-        return cls(
+    @staticmethod
+    def from_row(row: Row, turn: int) -> TraceEntry:
+        return _trace_entry(
             trigger=row.trigger,
             source=row.source,
             dest=row.dest,
@@ -208,6 +208,9 @@ class TraceEntry:
             label=row.label,
             turn=turn,
         )
+
+
+_trace_entry = builder(TraceEntry)  # one per transition (see records.builder)
 
 
 class RunResult(BaseModel):

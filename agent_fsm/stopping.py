@@ -116,8 +116,12 @@ class StopScope:
         self._task = task
         self._base = task.cancelling()
         self._inside = True
-        self._callback = self._on_stop  # one bound method, removed by identity on exit
-        self._stop.add_callback(self._callback)
+        self._callback = callback = self._on_stop  # one bound method, removed by identity
+        stop = self._stop
+        if stop._set:
+            callback()
+        else:
+            stop._callbacks.append(callback)
         return self
 
     def _on_stop(self) -> None:

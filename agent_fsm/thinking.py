@@ -30,10 +30,16 @@ from agent_fsm.messages import (
     Usage,
 )
 from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.records import builder
 from agent_fsm.state import ModelFailure, RunState
 from agent_fsm.stopping import StopEvent, StopScope
 
 __all__ = ["Thinking", "backoff_s", "failure_from", "interruption_text", "with_call_ids"]
+
+# Built on every model call (see records.builder).
+_model_request = builder(ModelRequest)
+_model_requested = builder(ModelRequested)
+_model_responded = builder(ModelResponded)
 
 
 def failure_from(exc: BaseException) -> ModelFailure:
@@ -54,16 +60,21 @@ def with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
     Each result must name its call; a model that omits or repeats ids would otherwise make
     the transcript ambiguous. Ids the model chose are kept whenever they are usable.
     """
+    chosen = {tool_call.id for tool_call in message.tool_calls}
+    if len(chosen) == len(message.tool_calls) and "" not in chosen:
+        return message  # the usual case: nothing to fix
     seen: set[str] = set()
     fixed: list[ToolCall] = []
-    changed = False
     for index, tool_call in enumerate(message.tool_calls):
         if not tool_call.id or tool_call.id in seen:
-            tool_call = tool_call.model_copy(update={"id": f"call_{turn}_{index}"})
-            changed = True
+            new_id, attempt = f"call_{turn}_{index}", 0
+            while new_id in chosen or new_id in seen:  # never take an id the model used
+                attempt += 1
+                new_id = f"call_{turn}_{index}_{attempt}"
+            tool_call = tool_call.model_copy(update={"id": new_id})
         seen.add(tool_call.id)
         fixed.append(tool_call)
-    return message.model_copy(update={"tool_calls": tuple(fixed)}) if changed else message
+    return message.model_copy(update={"tool_calls": tuple(fixed)})
 
 
 def backoff_s(failure: ModelFailure, attempt: int, limits: Limits) -> float:
@@ -183,7 +194,7 @@ class Thinking:
         on_delta = None
         if emit is not None:
             emit(
-                ModelRequested(
+                _model_requested(
                     run_id=state.run_id,
                     turn=state.turns,
                     messages=len(state.messages),
@@ -192,7 +203,7 @@ class Thinking:
                 )
             )
             on_delta = self._on_delta
-        request = ModelRequest(
+        request = _model_request(
             messages=TranscriptView(state.messages),
             tools=self._tools,
             run_id=state.run_id,
@@ -231,7 +242,7 @@ class Thinking:
         emit = self._bus.emitter
         if emit is not None:
             emit(
-                ModelResponded(
+                _model_responded(
                     run_id=state.run_id,
                     turn=state.turns,
                     text=message.content,

@@ -350,3 +350,20 @@ async def test_the_diagram_of_a_checkpointed_run_by_id() -> None:
     assert "run did not finish﹕ last state ACT, 1 turn" in agent.diagram(run="seen")
     with pytest.raises(CheckpointError, match="nope"):
         agent.diagram(run="nope")
+
+
+async def test_denying_every_pending_call_is_no_failed_turn() -> None:
+    """Nothing ran, so nothing failed: even a limit of one consecutive error is not hit."""
+
+    @tool(requires_approval=True)
+    def delete(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    model = ScriptedModel([reply("", call("delete", path="/prod/a")), "finished"])
+    agent = Agent(model=model, tools=[delete], limits=limits(max_consecutive_errors=1))
+    paused = await agent.run("Clean up")
+    assert paused.pending is not None
+    pending = paused.pending.pending_calls[0].id
+    final = await agent.resume(paused.run_id, approvals={pending: False})
+    assert (final.stop_reason, final.output) == (StopReason.FINAL_ANSWER, "finished")

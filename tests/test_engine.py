@@ -172,6 +172,28 @@ def test_missing_and_duplicate_call_ids_are_made_unique() -> None:
     check_invariants(result, limits=agent.limits)
 
 
+def test_a_made_up_call_id_never_takes_one_the_model_chose() -> None:
+    """The made-up id for the second call of turn 1 would be call_1_1, which the model
+    already gave to the first call (and a later call's own id is not taken either)."""
+    agent, _ = make_agent(
+        [
+            reply(
+                "",
+                raw_call("echo", '{"text": "a"}', id="call_1_1"),
+                raw_call("echo", '{"text": "b"}', id=""),
+                raw_call("echo", '{"text": "c"}', id=""),
+                raw_call("echo", '{"text": "d"}', id="call_1_2"),
+            ),
+            "done",
+        ]
+    )
+    result = agent.run_sync("go")
+    ids = [m.tool_call_id for m in result.messages if isinstance(m, ToolMessage)]
+    assert (ids[0], ids[3]) == ("call_1_1", "call_1_2")
+    assert len(set(ids)) == 4
+    check_invariants(result, limits=agent.limits)
+
+
 def test_parallel_calls_answer_in_call_order() -> None:
     @tool
     async def wait(ms: int) -> int:

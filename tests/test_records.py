@@ -1,5 +1,5 @@
-"""quick_init: the same records as the dataclass would build, and refusals for classes it
-cannot speed up safely."""
+"""quick_init and builder: the same records as the dataclass would build, and refusals for
+classes they cannot speed up safely."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from agent_fsm.messages import ModelRequest
-from agent_fsm.records import quick_init
+from agent_fsm.records import builder, quick_init
 from agent_fsm.state import TraceEntry
 from agent_fsm.table import TABLE
 
@@ -33,9 +33,26 @@ def test_it_builds_the_same_frozen_record_with_the_same_signature() -> None:
     with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'x'"):
         Point()  # type: ignore[call-arg]
     with pytest.raises(TypeError):
-        Point(1)  # type: ignore[misc]
+        Point(1)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="unexpected keyword argument 'z'"):
         Point(x=1, z=2)  # type: ignore[call-arg]
+
+
+def test_a_builder_makes_the_same_record_as_the_class() -> None:
+    make_point = builder(Point)
+    point = make_point(x=1, label="p")
+    assert type(point) is Point
+    assert point == Point(x=1, label="p")
+    assert (point.x, point.y, point.label) == (1, 0, "p")
+    assert hash(point) == hash(Point(x=1, label="p"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        point.y = 2  # type: ignore[misc]
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'x'"):
+        make_point()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        make_point(1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'z'"):
+        make_point(x=1, z=2)  # type: ignore[call-arg]
 
 
 def test_the_engine_records_use_it() -> None:
@@ -78,3 +95,7 @@ def test_classes_it_cannot_speed_up_are_refused() -> None:
     ]:
         with pytest.raises(TypeError, match=message):
             quick_init(cls)
+        with pytest.raises(TypeError, match=message):
+            builder(cls)
+    with pytest.raises(TypeError, match="not a class"):
+        builder(lambda: None)

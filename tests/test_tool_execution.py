@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from agent_fsm import Agent, Limits, StopReason, Tool, ToolResult, tool
 from agent_fsm.execution import Executed, execute, retry_delay
-from agent_fsm.messages import ToolStatus
+from agent_fsm.messages import ToolCall, ToolStatus
 from agent_fsm.testing import ScriptedModel, call, reply
 from agent_fsm.tools import ToolRegistry
 from tests.conftest import limits
@@ -44,7 +44,8 @@ def run(
     registry = ToolRegistry([made])
     prepared = registry.prepare(call(made.name, **arguments))
 
-    def on_retry(attempt: int, error: str, delay: float) -> None:
+    def on_retry(retried_call: ToolCall, attempt: int, error: str, delay: float) -> None:
+        assert retried_call is prepared.call
         if retried is not None:
             retried.append((attempt, error, delay))
 
