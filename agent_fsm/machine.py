@@ -91,6 +91,8 @@ class _Transition(Transition):
         self.guards: tuple[Guard, ...] = tuple(
             cast(_GuardCondition, c.func).guard for c in self.conditions
         )
+        self.later_guards = self.guards[1:]
+        """The guards after the first, which ``_Event.trigger`` asks for the whole group."""
 
     def take(self, event: Event, handle: RunHandle, args: Any, kwargs: Any) -> None:
         """The state change of a row whose guards passed: before → exit → set → enter →
@@ -130,19 +132,45 @@ class _Event(Event):
     """Tries the rows of the model's current state in order; the first that passes wins.
 
     Guards are evaluated directly on the run's state, with no EventData per row tried.
+    Consecutive rows that start with the same guard form a group, and a group whose first
+    guard fails is skipped without asking it again: guards are pure, and nothing changes
+    while one trigger decides (THINK's six rows led by ``model_call_failed`` ask it once).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._groups: dict[str, list[tuple[Guard | None, list[_Transition]]]] = {}
+
+    def add_transition(self, transition: Transition) -> None:
+        super().add_transition(transition)
+        self._groups.pop(transition.source, None)  # regrouped on the next trigger
+
+    def _grouped(self, source: str) -> list[tuple[Guard | None, list[_Transition]]]:
+        groups: list[tuple[Guard | None, list[_Transition]]] = []
+        rows: list[_Transition] = self.transitions[source]  # type: ignore[assignment]
+        for transition in rows:
+            first = transition.guards[0] if transition.guards else None
+            if groups and first is not None and groups[-1][0] is first:
+                groups[-1][1].append(transition)
+            else:
+                groups.append((first, [transition]))
+        self._groups[source] = groups
+        return groups
 
     def trigger(self, model: object, *args: Any, **kwargs: Any) -> bool:
         handle: RunHandle = model  # type: ignore[assignment]  # only RunHandles are attached
         run_state, limits = handle.run_state, handle.limits
-        rows: list[_Transition] = self.transitions[handle._name]  # type: ignore[assignment]
-        for transition in rows:
-            for guard in transition.guards:
-                if not guard(run_state, limits):
-                    break
-            else:
-                transition.take(self, handle, args, kwargs)
-                return True
+        groups = self._groups.get(handle._name) or self._grouped(handle._name)
+        for first, rows in groups:
+            if first is not None and not first(run_state, limits):
+                continue
+            for transition in rows:
+                for guard in transition.later_guards:
+                    if not guard(run_state, limits):
+                        break
+                else:
+                    transition.take(self, handle, args, kwargs)
+                    return True
         return False
 
 

@@ -6,12 +6,15 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transitions import EventData
 
 from agent_fsm import ConfigError, Limits
 from agent_fsm.guards import GUARDS
 from agent_fsm.machine import AgentMachine
-from agent_fsm.state import RunState
+from agent_fsm.messages import FinishReason, Usage
+from agent_fsm.state import ControlKind, ControlRequest, ModelFailure, RunState
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
 from agent_fsm.verify import verify_table
 
@@ -188,3 +191,76 @@ def test_the_lean_event_classes_keep_transitions_callback_order() -> None:
     state.last_tool_calls = 1
     assert machine.fire(handle).dest is S.ACT  # no state callbacks on this row: fast path
     assert seen == [("before", think, think), ("after", act, act)]
+
+
+_MACHINE = AgentMachine()
+_KINDS = st.sampled_from([None, *ControlKind])
+_FINISH = st.sampled_from([None, *FinishReason])
+
+
+@st.composite
+def _run_states(draw: st.DrawFn) -> RunState:
+    failure = draw(st.sampled_from([None, True, False]))
+    kind = draw(_KINDS)
+    state = RunState(
+        run_id="decide",
+        turns=draw(st.integers(0, 4)),
+        usage=Usage(input_tokens=draw(st.integers(0, 120))),
+        prompt_tokens_estimate=draw(st.integers(0, 60)),
+        consecutive_errors=draw(st.integers(0, 3)),
+        model_failure=None if failure is None else ModelFailure(message="x", permanent=failure),
+        last_tool_calls=draw(st.integers(0, 2)),
+        last_finish_reason=draw(_FINISH),
+        control=None if kind is None else ControlRequest(kind=kind, text="t", tool_call_id="c"),
+        reflector_done=draw(st.booleans()),
+        elapsed_s=draw(st.sampled_from([0.0, 5.0])),
+        timed_out=draw(st.booleans()),
+        abort_reason=draw(st.sampled_from([None, "stop"])),
+        pending_input=draw(st.lists(st.just("more"), max_size=1)),
+    )
+    if draw(st.booleans()):
+        state.loop.detected = "a loop"
+    return state
+
+
+@given(_run_states(), st.sampled_from([S.OBSERVE, S.THINK, S.ACT, S.REFLECT]))
+def test_the_machine_takes_the_first_row_whose_guards_all_pass(
+    state: RunState, source: AgentState
+) -> None:
+    """The reference is the table read literally: rows of the state in order, every guard
+    asked. The machine asks a shared leading guard once per group; it must agree."""
+    limits = Limits(max_turns=3, token_budget=100, timeout_s=4.0, max_consecutive_errors=2)
+    state.state = source
+    expected = next(
+        row
+        for row in TABLE
+        if row.source is source and all(GUARDS[name](state, limits) for name in row.guards)
+    )
+    assert _MACHINE.fire(_MACHINE.handle(state, limits)) is expected
+    assert state.state is expected.dest
+
+
+def test_a_guard_that_leads_several_rows_is_asked_once_per_trigger() -> None:
+    asked: list[str] = []
+
+    def counted(name: str) -> Callable[[RunState, Limits], bool]:
+        guard = GUARDS[name]
+
+        def ask(state: RunState, limits: Limits) -> bool:
+            asked.append(name)
+            return guard(state, limits)
+
+        return ask
+
+    machine = AgentMachine(TABLE, {name: counted(name) for name in GUARDS})
+    state = RunState(run_id="once", state=S.THINK, turns=1, last_tool_calls=1)
+    assert machine.fire(machine.handle(state, Limits())).label == "act"
+    leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
+    assert leading.count("model_call_failed") == 6
+    assert asked.count("model_call_failed") == 1
+    assert asked == [
+        "abort_requested",
+        "model_call_failed",
+        "reply_was_filtered",
+        "reply_has_tool_calls",
+    ]
