@@ -28,7 +28,14 @@ from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolMessage
 from agent_fsm.state import LoopState
 
-__all__ = ["canonical_arguments", "record_calls", "record_reply_text", "record_turn_results"]
+__all__ = [
+    "VERBATIM_CHARS",
+    "canonical_arguments",
+    "fingerprint",
+    "record_calls",
+    "record_reply_text",
+    "record_turn_results",
+]
 
 
 VERBATIM_CHARS = 64
