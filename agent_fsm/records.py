@@ -34,6 +34,8 @@ def _storing_function(cls: type, name: str, prologue: str, epilogue: str) -> Any
     params = getattr(cls, "__dataclass_params__", None)
     if params is None or not params.frozen or "__slots__" not in cls.__dict__:
         raise TypeError(f"{cls.__name__} must be a frozen dataclass with slots")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}.__post_init__ would not run: it is not supported")
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     parameters: list[str] = []
     body: list[str] = [prologue] if prologue else []
@@ -66,7 +68,8 @@ def quick_init(cls: type[T]) -> type[T]:
     ``@dataclass(frozen=True, slots=True, kw_only=True)``); the signature is unchanged.
 
     Raises:
-        TypeError: for any other kind of class, or a field with a default factory.
+        TypeError: for any other kind of class, a field with a default factory, or a
+            ``__post_init__``.
     """
     cls.__init__ = _storing_function(cls, "__init__", "", "")  # type: ignore[method-assign]
     return cls

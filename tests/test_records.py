@@ -87,7 +87,15 @@ def test_classes_it_cannot_speed_up_are_refused() -> None:
     class Factory:
         xs: list[int] = field(default_factory=list)
 
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class PostInit:
+        x: int
+
+        def __post_init__(self) -> None:
+            pass
+
     for cls, message in [
+        (PostInit, "__post_init__ would not run"),
         (Mutable, "frozen dataclass with slots"),
         (NoSlots, "frozen dataclass with slots"),
         (Positional, "keyword-only"),
