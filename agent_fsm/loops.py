@@ -84,8 +84,10 @@ def record_calls(loop: LoopState, calls: Sequence[tuple[str, str]], limits: Limi
         return
     k = limits.loop_threshold
     max_period = limits.loop_max_period
-    if len(loop.period_matches) != max_period + 1:
-        loop.period_matches = [0] * (max_period + 1)
+    matches = loop.period_matches
+    if len(matches) != max_period + 1:
+        matches = loop.period_matches = [0] * (max_period + 1)
+    recent = loop.recent_calls
     for name, arguments in calls:
         signature = f"{name}:{fingerprint(arguments)}"
         if signature == loop.last_call:
@@ -94,17 +96,17 @@ def record_calls(loop: LoopState, calls: Sequence[tuple[str, str]], limits: Limi
             loop.last_call, loop.call_repeats = signature, 1
         if loop.call_repeats >= k and loop.detected is None:
             loop.detected = f"the same call {name}({arguments}) {k} times in a row"
-        recent = loop.recent_calls
         recent.append(signature)
+        size = len(recent)
         for period in range(2, max_period + 1):
-            if len(recent) > period and recent[-1 - period] == signature:
-                loop.period_matches[period] += 1
-                if loop.period_matches[period] >= period * (k - 1) and loop.detected is None:
+            if size > period and recent[-1 - period] == signature:
+                matches[period] += 1
+                if matches[period] >= period * (k - 1) and loop.detected is None:
                     cycle = " → ".join(s.split(":", 1)[0] for s in recent[-period:])
                     loop.detected = f"a cycle of {period} calls ({cycle}) repeated {k} times"
             else:
-                loop.period_matches[period] = 0
-        if len(recent) > max_period + 1:
+                matches[period] = 0
+        if size > max_period + 1:
             del recent[0]
 
 
