@@ -25,23 +25,21 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from pydantic import JsonValue
 
-from agent_fsm.events import Event, ToolFinished, ToolStarted
+from agent_fsm.events import Event, ToolFinished
 from agent_fsm.journal import ToolJournal
 from agent_fsm.limits import Limits
 from agent_fsm.loops import canonical_arguments, record_calls, record_turn_results
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
 from agent_fsm.outputs import error_result, merge_runtime_details, skipped_result, truncate
 from agent_fsm.records import builder
-from agent_fsm.scheduling import STOPPED, TurnCalls, run_until_stopped, waves
+from agent_fsm.scheduling import STOPPED, TurnCalls, run_until_stopped, tool_started, waves
 from agent_fsm.state import ControlKind, ControlRequest, RunState
 from agent_fsm.stopping import StopEvent
 from agent_fsm.tools import PreparedCall, ToolRegistry
 
 __all__ = ["act"]
 
-# Built on every tool call (see records.builder).
-_tool_started = builder(ToolStarted)
-_tool_finished = builder(ToolFinished)
+_tool_finished = builder(ToolFinished)  # built on every tool call (see records.builder)
 
 _CONTROL_PRIORITY = (ControlKind.ASK_USER, ControlKind.FINISH_TASK)
 
@@ -237,7 +235,7 @@ async def act(
         run_id, number = state.run_id, state.turns
         for index, result in enumerate(final):
             if not turn.started[index]:
-                emit(_tool_started(run_id=run_id, turn=number, call=prepared[index].call))
+                emit(tool_started(run_id=run_id, turn=number, call=prepared[index].call))
             emit(
                 _tool_finished(
                     run_id=run_id,

@@ -26,15 +26,13 @@ def estimate_text_tokens(text: str) -> int:
 
 
 def estimate_message_tokens(message: Message) -> int:
-    """Estimated tokens one message adds to a prompt: ``estimate_text_tokens`` of each part,
-    written out here because every message of a run passes through this once."""
-    tokens = MESSAGE_OVERHEAD_TOKENS - (-len(message.content) // CHARS_PER_TOKEN)
+    """Estimated tokens one message adds to a prompt."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(message.content)
     if isinstance(message, AssistantMessage):
         for call in message.tool_calls:
-            text_chars = len(call.name) + len(call.arguments)
-            tokens += MESSAGE_OVERHEAD_TOKENS - (-text_chars // CHARS_PER_TOKEN)
+            tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(call.name + call.arguments)
     elif isinstance(message, ToolMessage):
-        tokens -= -len(message.tool_call_id) // CHARS_PER_TOKEN
+        tokens += estimate_text_tokens(message.tool_call_id)
     return tokens
 
 

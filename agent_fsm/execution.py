@@ -173,8 +173,7 @@ class _Watchdog:
         self._timer = None
         self._armed_for = math.inf
         loop = self._loop()
-        if loop is None:  # cannot happen: the loop is running this callback
-            return
+        assert loop is not None, "the loop is running this callback"
         now = loop.time() + _CLOCK_RESOLUTION
         for deadline in [d for d in self._active if d.when <= now]:
             self._active.discard(deadline)
@@ -188,20 +187,12 @@ _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 _WATCHDOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = (
     weakref.WeakKeyDictionary()
 )
-_latest: tuple[weakref.ref[asyncio.AbstractEventLoop], _Watchdog] | None = None
-"""The last loop looked up and its watchdog: a run's calls all come from one loop, and this
-skips the registry's lookup (a new weak reference each time)."""
 
 
 def _watchdog_for(loop: asyncio.AbstractEventLoop) -> _Watchdog:
-    global _latest
-    latest = _latest  # one read: another thread may replace it meanwhile
-    if latest is not None and latest[0]() is loop:
-        return latest[1]
     watchdog = _WATCHDOGS.get(loop)
     if watchdog is None:
         watchdog = _WATCHDOGS[loop] = _Watchdog(loop)
-    _latest = (weakref.ref(loop), watchdog)
     return watchdog
 
 

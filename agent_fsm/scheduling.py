@@ -25,9 +25,10 @@ from agent_fsm.state import RunState
 from agent_fsm.stopping import StopEvent, StopScope
 from agent_fsm.tools import PreparedCall
 
-__all__ = ["STOPPED", "TurnCalls", "run_until_stopped", "waves"]
+__all__ = ["STOPPED", "TurnCalls", "run_until_stopped", "tool_started", "waves"]
 
-_tool_started = builder(ToolStarted)  # built on every tool call (see records.builder)
+tool_started = builder(ToolStarted)
+"""Builds ToolStarted on every tool call (see records.builder); acting uses it too."""
 
 STOPPED = "the run was stopped before this call started"
 """Why a call that had not started when the run was stopped was skipped."""
@@ -107,7 +108,7 @@ class TurnCalls:
         self.started[index] = True
         state, emit = self.state, self.emit
         if emit is not None:
-            emit(_tool_started(run_id=state.run_id, turn=state.turns, call=item.call))
+            emit(tool_started(run_id=state.run_id, turn=state.turns, call=item.call))
         begun = self.clock()
         try:
             if self.journal is None:
