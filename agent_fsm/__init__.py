@@ -5,9 +5,8 @@ support from ``agent_fsm.testing``.
 """
 
 from agent_fsm.agent import Agent
-from agent_fsm.checkpoint import CheckpointStore, MemoryStore, RunSummary
-from agent_fsm.checkpoint_sqlite import SQLiteStore
-from agent_fsm.engine import Run
+from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore, RunSummary
+from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import (
     AgentFSMError,
     CheckpointError,
@@ -35,6 +34,7 @@ from agent_fsm.events import (
     ToolStarted,
 )
 from agent_fsm.limits import Limits
+from agent_fsm.loop.verify import TerminationBound
 from agent_fsm.messages import (
     AssistantMessage,
     Message,
@@ -44,11 +44,11 @@ from agent_fsm.messages import (
     Usage,
     UserMessage,
 )
-from agent_fsm.outputs import ToolResult
+from agent_fsm.run.engine import Run
 from agent_fsm.state import Approval, RunResult, RunState, RunStatus, TraceEntry
 from agent_fsm.table import AgentState, StopReason
-from agent_fsm.tools import Tool, tool
-from agent_fsm.verify import TerminationBound
+from agent_fsm.tools.results import ToolResult
+from agent_fsm.tools.tool import Tool, tool
 
 __all__ = [
     # running agents

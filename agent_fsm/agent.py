@@ -14,19 +14,19 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Literal, overload
 
-from agent_fsm.checkpoint import CheckpointStore, MemoryStore
-from agent_fsm.context import estimate_tools_tokens
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
-from agent_fsm.engine import Reflector, Run, RunConfig, new_run_state
+from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
 from agent_fsm.errors import ConfigError, RunError
 from agent_fsm.events import Event, EventHandler, RunFinished
 from agent_fsm.limits import Limits
-from agent_fsm.machine import AgentMachine, TerminationBound
+from agent_fsm.loop.machine import AgentMachine, TerminationBound
 from agent_fsm.models.base import Model
-from agent_fsm.resuming import Decisions, reopen
+from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
+from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.state import RunResult
 from agent_fsm.table import TABLE, Row
-from agent_fsm.tools import ASK_USER, FINISH_TASK, Tool, ToolRegistry
+from agent_fsm.tokens import estimate_tools_tokens
+from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
 
 __all__ = ["Agent"]
 
@@ -304,7 +304,7 @@ class Agent:
             format: ``"mermaid"`` or ``"dot"`` (text, no system program needed), ``"svg"``
                 (text) or ``"png"`` (bytes), which need the graphviz ``dot`` program.
             run: a ``RunResult``, a ``RecordedRun`` read from a trace file
-                (``agent_fsm.tracefile.read_run``), or the id of a run in this agent's
+                (``agent_fsm.durable.tracefile.read_run``), or the id of a run in this agent's
                 checkpoint store, to overlay: visited states, how many times each edge was
                 taken, and the state and reason the run stopped with (or where it is, for a
                 run that has not ended).

@@ -24,9 +24,16 @@ from typing import Protocol, TextIO
 import structlog
 
 from agent_fsm.agent import Agent
-from agent_fsm.checkpoint import RunSummary
-from agent_fsm.checkpoint_sqlite import SQLiteStore
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
+from agent_fsm.durable.checkpoint import RunSummary
+from agent_fsm.durable.sqlite import SQLiteStore
+from agent_fsm.durable.tracefile import (
+    RecordedRun,
+    TraceWriter,
+    read_trace,
+    recorded_runs,
+    select_run,
+)
 from agent_fsm.errors import AgentFSMError
 from agent_fsm.events import (
     Event,
@@ -40,7 +47,6 @@ from agent_fsm.events import (
 from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
 from agent_fsm.state import RunState, RunStatus
 from agent_fsm.table import TABLE, AgentState, StopReason
-from agent_fsm.tracefile import RecordedRun, TraceWriter, read_trace, recorded_runs, select_run
 
 __all__ = ["main"]
 
@@ -425,7 +431,7 @@ def _parser() -> argparse.ArgumentParser:
         "replay",
         aliases=["trace"],
         help="print a recorded run step by step",
-        description="Print a run recorded with --trace (or agent_fsm.tracefile.TraceWriter): "
+        description="Print a run recorded with --trace (or agent_fsm.durable.TraceWriter): "
         "every transition (turn, from, to, guards, label) with the model's text and tool "
         "calls, then the outcome. Exits 1 if the recorded run failed or never finished.",
     )

@@ -15,7 +15,7 @@ from typing import Literal
 from agent_fsm.agent import Agent
 from agent_fsm.limits import Limits
 from agent_fsm.testing.models import ScriptedModel, ScriptItem, call, reply
-from agent_fsm.tools import Tool, tool
+from agent_fsm.tools.tool import Tool, tool
 
 __all__ = ["DEMO_QUESTION", "calculator", "demo_agent", "demo_script", "get_weather"]
 

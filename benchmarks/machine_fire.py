@@ -12,7 +12,7 @@ import statistics
 import time
 
 from agent_fsm.limits import Limits
-from agent_fsm.machine import AgentMachine
+from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.state import RunState
 from agent_fsm.table import AgentState
 

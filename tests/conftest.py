@@ -12,7 +12,7 @@ import structlog
 from hypothesis import HealthCheck, settings
 
 from agent_fsm import Agent, Limits, Tool, tool
-from agent_fsm.checkpoint import MemoryStore
+from agent_fsm.durable.checkpoint import MemoryStore
 from agent_fsm.events import Event
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
 from agent_fsm.testing import ScriptedModel, ScriptItem

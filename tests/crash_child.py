@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from agent_fsm import Agent, Limits, RunResult, tool
-from agent_fsm.checkpoint_sqlite import SQLiteStore
+from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse
 from agent_fsm.table import TERMINAL_STATES
 from agent_fsm.testing import FunctionModel, call, reply

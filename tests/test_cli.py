@@ -16,9 +16,9 @@ import pytest
 
 from agent_fsm.cli import main
 from agent_fsm.diagrams import render
+from agent_fsm.durable.tracefile import TraceWriter, read_run
 from agent_fsm.table import TABLE
 from agent_fsm.testing import call, reply
-from agent_fsm.tracefile import TraceWriter, read_run
 from tests.conftest import make_agent
 
 

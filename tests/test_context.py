@@ -5,12 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_fsm.context import (
+from agent_fsm.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
+from agent_fsm.tokens import (
     MESSAGE_OVERHEAD_TOKENS,
     estimate_message_tokens,
     estimate_text_tokens,
 )
-from agent_fsm.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
 
 texts = st.text(max_size=40)
 calls = st.builds(ToolCall, id=texts, name=texts, arguments=texts)

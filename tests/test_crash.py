@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_fsm.checkpoint_sqlite import SQLiteStore
+from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.messages import AssistantMessage, ToolMessage
 from agent_fsm.table import AgentState
 from agent_fsm.testing.invariants import transcript_problems

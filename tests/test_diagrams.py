@@ -13,11 +13,7 @@ import pytest
 
 from agent_fsm import AgentState, RunResult, StopReason, TraceEntry
 from agent_fsm.diagrams import DiagramError, edge_counts, render, to_dot, to_mermaid
-from agent_fsm.events import MessageUpdated, RunFinished, RunStarted, StateChanged
-from agent_fsm.messages import ReplyDelta
-from agent_fsm.table import TABLE, Trigger
-from agent_fsm.testing import call, reply
-from agent_fsm.tracefile import (
+from agent_fsm.durable.tracefile import (
     RecordedRun,
     TraceFileError,
     TraceWriter,
@@ -26,6 +22,10 @@ from agent_fsm.tracefile import (
     recorded_runs,
     select_run,
 )
+from agent_fsm.events import MessageUpdated, RunFinished, RunStarted, StateChanged
+from agent_fsm.messages import ReplyDelta
+from agent_fsm.table import TABLE, Trigger
+from agent_fsm.testing import call, reply
 from tests.conftest import Recorder, make_agent
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from agent_fsm import Agent, AgentState, Approval, StopReason, ToolMessage, tool
-from agent_fsm.checkpoint import MemoryStore
+from agent_fsm.durable.checkpoint import MemoryStore
 from agent_fsm.errors import CheckpointError, ResumeError
 from agent_fsm.events import (
     AbortRequested,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent_fsm import Agent, Limits, StopReason, tool
+from agent_fsm.durable.tracefile import TraceWriter
 from agent_fsm.errors import TraceFileError
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.table import TABLE
@@ -21,7 +22,6 @@ from agent_fsm.testing import (
     replay,
     reply,
 )
-from agent_fsm.tracefile import TraceWriter
 
 CALLS: list[str] = []
 

@@ -20,8 +20,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from jsonschema import Draft202012Validator
 
 from agent_fsm import Agent, Limits, tool
-from agent_fsm.checkpoint import MemoryStore
-from agent_fsm.checkpoint_sqlite import SQLiteStore
+from agent_fsm.durable.checkpoint import MemoryStore
+from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import FinishReason, ModelResponse
 from agent_fsm.state import RunState

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from agent_fsm import Agent, Approval, StopReason, tool
-from agent_fsm.checkpoint import MemoryStore
-from agent_fsm.checkpoint_sqlite import SQLiteStore
+from agent_fsm.durable.checkpoint import MemoryStore
+from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.limits import Limits
+from agent_fsm.loop.verify import TerminationBound
 from agent_fsm.messages import ModelRequest
 from agent_fsm.state import RUN_STATE_ADAPTER, RunResult
 from agent_fsm.table import AgentState
@@ -24,7 +25,6 @@ from agent_fsm.testing.invariants import (
     state_problems,
     trace_problems,
 )
-from agent_fsm.verify import TerminationBound
 from tests.conftest import Recorder, SpyStore, echo, limits
 
 

@@ -10,38 +10,52 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agent_fsm"
 
 # The layout, top to bottom: a module may import only modules listed before it.
 LAYERS = [
+    # the bottom: plain data and the vocabulary every package shares
     "errors",
     "records",
     "table",
     "messages",
     "limits",
     "state",
-    "journal",
-    "guards",
-    "loops",
-    "schemas",
-    "outputs",
+    "events",
+    "tokens",
+    "cancellation",
+    # loop/: table-driven deciding, no I/O
+    "loop.detection",
+    "loop.guards",
+    "loop.verify",
+    "loop.machine",
+    "loop",
+    # durable/: what outlives a process
+    "durable.journal",
+    "durable.checkpoint",
+    "durable.sqlite",
+    "durable.tracefile",
+    "durable",
+    # tools/: a tool call from definition to answer
+    "tools.schemas",
+    "tools.results",
+    "tools.tool",
+    "tools.execution",
+    "tools.scheduling",
     "tools",
-    "stopping",
-    "execution",
-    "context",
+    # models/: the Model protocol and its adapters
     "models.base",
     "models.openai_schema",
     "models.openai_convert",
     "models.openai_chat",
     "models",
-    "events",
-    "tracefile",
-    "checkpoint",
-    "checkpoint_sqlite",
-    "verify",
-    "machine",
-    "scheduling",
-    "acting",
-    "thinking",
-    "ending",
-    "engine",
-    "resuming",
+    # run/: one run
+    "run.context",
+    "run.observing",
+    "run.thinking",
+    "run.acting",
+    "run.reflecting",
+    "run.outcome",
+    "run.resuming",
+    "run.engine",
+    "run",
+    # the top
     "diagrams",
     "agent",
     "testing.models",
@@ -63,7 +77,7 @@ LAYERS = [
 ]
 
 ONLY_IN = {
-    "transitions": {"machine"},
+    "transitions": {"loop.machine"},
     "openai": {"models.openai_chat"},
     "hypothesis": {
         "testing.strategies",

@@ -9,7 +9,7 @@ from pydantic_core import from_json
 
 from agent_fsm import StopReason
 from agent_fsm.limits import Limits
-from agent_fsm.loops import VERBATIM_CHARS, canonical_arguments, fingerprint, record_calls
+from agent_fsm.loop.detection import VERBATIM_CHARS, canonical_arguments, fingerprint, record_calls
 from agent_fsm.state import LoopState
 from agent_fsm.testing import raw_call, reply
 from tests.conftest import make_agent

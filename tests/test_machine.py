@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from transitions import EventData
 
 from agent_fsm import ConfigError, Limits
-from agent_fsm.guards import GUARDS
-from agent_fsm.machine import AgentMachine
+from agent_fsm.loop.guards import GUARDS
+from agent_fsm.loop.machine import AgentMachine
+from agent_fsm.loop.verify import verify_table
 from agent_fsm.messages import FinishReason, Usage
 from agent_fsm.state import ControlKind, ControlRequest, ModelFailure, RunState
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
-from agent_fsm.verify import verify_table
 
 S, T = AgentState, Trigger
 

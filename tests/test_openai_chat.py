@@ -48,7 +48,7 @@ from agent_fsm.models.openai_convert import (
     usage_from,
 )
 from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
-from agent_fsm.tools import Tool, ToolRegistry
+from agent_fsm.tools.tool import Tool, ToolRegistry
 from tests.openai_payloads import (
     COMPLETION_ID,
     SERVED_MODEL,

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from agent_fsm import Agent, AgentState, StopReason, tool
+from agent_fsm.cancellation import REGRACE_S, StopEvent, StopScope
 from agent_fsm.events import Event, ToolStarted
 from agent_fsm.messages import ToolMessage, ToolStatus
-from agent_fsm.stopping import REGRACE_S, StopEvent, StopScope
 from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
 from tests.conftest import echo, limits
 

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_fsm import Limits, StopReason, Tool, ToolCall, ToolMessage, tool
-from agent_fsm.acting import act
-from agent_fsm.engine import new_run_state
 from agent_fsm.events import EVENT_ADAPTER, Event, ToolFinished, ToolRetried, ToolStarted
 from agent_fsm.messages import ToolStatus
+from agent_fsm.run.acting import act
+from agent_fsm.run.engine import new_run_state
 from agent_fsm.state import RunState
 from agent_fsm.testing import call, reply
-from agent_fsm.tools import ToolRegistry
+from agent_fsm.tools.tool import ToolRegistry
 from tests.conftest import make_agent
 
 

@@ -17,10 +17,10 @@ import pytest
 from pydantic import BaseModel
 
 from agent_fsm import Agent, Limits, StopReason, Tool, ToolResult, tool
-from agent_fsm.execution import Executed, execute, retry_delay
 from agent_fsm.messages import ToolCall, ToolStatus
 from agent_fsm.testing import ScriptedModel, call, reply
-from agent_fsm.tools import ToolRegistry
+from agent_fsm.tools.execution import Executed, execute, retry_delay
+from agent_fsm.tools.tool import ToolRegistry
 from tests.conftest import limits
 
 

@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 from agent_fsm import Limits, ToolMessage, tool
+from agent_fsm.cancellation import StopEvent
+from agent_fsm.durable.journal import CallStatus, MemoryJournal, journal_key
 from agent_fsm.events import Event, ToolFinished
-from agent_fsm.journal import CallStatus, MemoryJournal, journal_key
 from agent_fsm.messages import ToolStatus
-from agent_fsm.stopping import StopEvent
-from agent_fsm.tools import ASK_USER
+from agent_fsm.tools.tool import ASK_USER
 from tests.test_tool_acting import act_on, c, fresh_state
 
 runs: list[str] = []

@@ -16,10 +16,10 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
 
 from agent_fsm import ConfigError, Limits, Tool, tool
-from agent_fsm.execution import execute
 from agent_fsm.messages import ToolMessage
 from agent_fsm.testing import call
-from agent_fsm.tools import ToolRegistry
+from agent_fsm.tools.execution import execute
+from agent_fsm.tools.tool import ToolRegistry
 
 
 class Address(BaseModel):

@@ -18,8 +18,8 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.models.base import ModelCallError
-from agent_fsm.outputs import ToolResult
-from agent_fsm.tools import Tool
+from agent_fsm.tools.results import ToolResult
+from agent_fsm.tools.tool import Tool
 
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent

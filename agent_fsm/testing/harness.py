@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agent_fsm.engine import Run
 from agent_fsm.events import Event
 from agent_fsm.messages import ModelRequest, ModelResponse
+from agent_fsm.run.engine import Run
 from agent_fsm.state import RunResult
 from agent_fsm.testing.behaviour import (
     Behaviour,
@@ -36,7 +36,7 @@ from agent_fsm.testing.behaviour import (
 )
 from agent_fsm.testing.invariants import InvariantViolation, check_invariants
 from agent_fsm.testing.reproducer import reproducer
-from agent_fsm.tools import Tool
+from agent_fsm.tools.tool import Tool
 
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent

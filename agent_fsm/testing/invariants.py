@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 from agent_fsm.events import Event, ModelResponded
 from agent_fsm.limits import Limits
+from agent_fsm.loop.verify import TerminationBound
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolStatus, Usage
 from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry, status_for
 from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, Row, StopReason
-from agent_fsm.verify import TerminationBound
 
 __all__ = [
     "RESUMES_IN",

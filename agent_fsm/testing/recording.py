@@ -1,6 +1,6 @@
 """Record a run, replay it offline, and assert it takes the same transitions.
 
-A recording is a trace file (``agent_fsm.tracefile``, JSON Lines): the events of a run hold
+A recording is a trace file (``agent_fsm.durable.tracefile``, JSON Lines): the events of a run hold
 every model reply (``ModelResponded``), every failed model call (``ModelFailed``), every tool
 result (``ToolFinished``) and every transition (``StateChanged``). So any run recorded with a
 ``TraceWriter`` (in production, or by ``agent-fsm run --trace``) is already a regression test:
@@ -25,16 +25,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent_fsm.durable.tracefile import RecordedRun, TraceWriter, read_run
 from agent_fsm.events import Event, ModelFailed, ModelResponded, ToolFinished, ToolStarted
 from agent_fsm.messages import AssistantMessage, ModelResponse, ToolCall, ToolStatus
 from agent_fsm.models.base import ModelCallError
-from agent_fsm.outputs import ToolResult
 from agent_fsm.state import RunResult, TraceEntry
 from agent_fsm.testing.behaviour import FakeClock, user_tools
 from agent_fsm.testing.harness import run_sync
 from agent_fsm.testing.models import ScriptedModel, ScriptItem
-from agent_fsm.tools import Tool
-from agent_fsm.tracefile import RecordedRun, TraceWriter, read_run
+from agent_fsm.tools.results import ToolResult
+from agent_fsm.tools.tool import Tool
 
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent

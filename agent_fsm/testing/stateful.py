@@ -47,9 +47,9 @@ from hypothesis.stateful import (
 )
 
 from agent_fsm.agent import Agent
-from agent_fsm.checkpoint import CheckpointStore, MemoryStore
-from agent_fsm.engine import Run
+from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
 from agent_fsm.errors import ConfigError, ResumeError
+from agent_fsm.run.engine import Run
 from agent_fsm.state import RUN_STATE_ADAPTER, Approval, RunState
 from agent_fsm.table import StopReason
 from agent_fsm.testing.behaviour import Behaviour

@@ -44,7 +44,7 @@ from agent_fsm.testing.behaviour import (
     user_tools,
 )
 from agent_fsm.testing.models import reply
-from agent_fsm.tools import ASK_USER, FINISH_TASK
+from agent_fsm.tools.tool import ASK_USER, FINISH_TASK
 
 __all__ = [
     "Behaviour",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent_fsm.checkpoint import CheckpointStore
-from agent_fsm.engine import Run
+from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.events import Event
 from agent_fsm.limits import Limits
+from agent_fsm.loop.verify import TerminationBound
 from agent_fsm.messages import Message
+from agent_fsm.run.engine import Run
 from agent_fsm.state import RunState
 from agent_fsm.table import Row, StopReason
 from agent_fsm.testing.behaviour import BehaviourModel
@@ -25,7 +26,6 @@ from agent_fsm.testing.invariants import (
     state_problems,
 )
 from agent_fsm.testing.reproducer import item_source
-from agent_fsm.verify import TerminationBound
 
 __all__ = ["TrackedRun"]
 

@@ -25,17 +25,17 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from pydantic import JsonValue
 
+from agent_fsm.cancellation import StopEvent
+from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.events import Event, ToolFinished
-from agent_fsm.journal import ToolJournal
 from agent_fsm.limits import Limits
-from agent_fsm.loops import canonical_arguments, record_calls, record_turn_results
+from agent_fsm.loop.detection import canonical_arguments, record_calls, record_turn_results
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
-from agent_fsm.outputs import error_result, merge_runtime_details, skipped_result, truncate
 from agent_fsm.records import builder
-from agent_fsm.scheduling import STOPPED, TurnCalls, run_until_stopped, tool_started, waves
 from agent_fsm.state import ControlKind, ControlRequest, RunState
-from agent_fsm.stopping import StopEvent
-from agent_fsm.tools import PreparedCall, ToolRegistry
+from agent_fsm.tools.results import error_result, merge_runtime_details, skipped_result, truncate
+from agent_fsm.tools.scheduling import STOPPED, TurnCalls, run_until_stopped, tool_started, waves
+from agent_fsm.tools.tool import PreparedCall, ToolRegistry
 
 __all__ = ["act"]
 

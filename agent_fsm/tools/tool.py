@@ -29,9 +29,9 @@ from pydantic_core import from_json
 
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ToolCall, ToolSpec
-from agent_fsm.outputs import ToolResult, error_result, serialise_output, skipped_result
-from agent_fsm.schemas import derive_schema, describe_function, fast_check
 from agent_fsm.state import ControlKind
+from agent_fsm.tools.results import ToolResult, error_result, serialise_output, skipped_result
+from agent_fsm.tools.schemas import derive_schema, describe_function, fast_check
 
 __all__ = [
     "ASK_USER",

@@ -21,10 +21,8 @@ from typing import Any
 
 import structlog
 
-from agent_fsm.acting import act
-from agent_fsm.checkpoint import CheckpointStore
-from agent_fsm.context import estimate_message_tokens
-from agent_fsm.ending import RESUMABLE, describe_failure, ending_events
+from agent_fsm.cancellation import StopEvent
+from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.errors import ConfigError, RunError
 from agent_fsm.events import (
     AbortRequested,
@@ -38,7 +36,7 @@ from agent_fsm.events import (
     SteeringQueued,
 )
 from agent_fsm.limits import Limits
-from agent_fsm.machine import AgentMachine, RunHandle
+from agent_fsm.loop.machine import AgentMachine, RunHandle
 from agent_fsm.messages import (
     AssistantMessage,
     Message,
@@ -49,11 +47,13 @@ from agent_fsm.messages import (
 )
 from agent_fsm.models.base import Model
 from agent_fsm.records import builder
+from agent_fsm.run.acting import act
+from agent_fsm.run.outcome import RESUMABLE, describe_failure, ending_events
+from agent_fsm.run.thinking import Thinking
 from agent_fsm.state import LoopState, RunResult, RunState, TraceEntry
-from agent_fsm.stopping import StopEvent
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason, Trigger
-from agent_fsm.thinking import Thinking
-from agent_fsm.tools import ToolRegistry, skipped_result
+from agent_fsm.tokens import estimate_message_tokens
+from agent_fsm.tools.tool import ToolRegistry, skipped_result
 
 __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 

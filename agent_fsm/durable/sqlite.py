@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent_fsm.checkpoint import (
+from agent_fsm.durable.checkpoint import (
     MESSAGE_ADAPTER,
     ClosingStore,
     RunSummary,
@@ -40,8 +40,8 @@ from agent_fsm.checkpoint import (
     summarize,
     unknown_run,
 )
+from agent_fsm.durable.journal import CallStatus, JournalEntry, ToolJournal
 from agent_fsm.errors import CheckpointError
-from agent_fsm.journal import CallStatus, JournalEntry, ToolJournal
 from agent_fsm.messages import Message, ToolCall, ToolMessage
 from agent_fsm.state import RunState
 from agent_fsm.table import AgentState

@@ -29,14 +29,14 @@ from pydantic import JsonValue
 
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
-from agent_fsm.outputs import (
+from agent_fsm.tools.results import (
     ToolResult,
     error_result,
     merge_runtime_details,
     serialise_output,
     truncate,
 )
-from agent_fsm.tools import PreparedCall, Tool
+from agent_fsm.tools.tool import PreparedCall, Tool
 
 __all__ = ["ABANDONED_NOTE", "Executed", "RetryHandler", "execute", "retry_delay", "run_in_thread"]
 

@@ -35,8 +35,8 @@ from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
 from pydantic import TypeAdapter, ValidationError
 
+from agent_fsm.durable.journal import MemoryJournal, ToolJournal
 from agent_fsm.errors import CheckpointError
-from agent_fsm.journal import MemoryJournal, ToolJournal
 from agent_fsm.messages import Message
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
 from agent_fsm.table import AgentState

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from functools import cache
 
 from agent_fsm.errors import ConfigError
-from agent_fsm.guards import GUARDS, Guard
 from agent_fsm.limits import Limits
+from agent_fsm.loop.guards import GUARDS, Guard
 from agent_fsm.table import (
     INITIAL_STATE,
     TERMINAL_STATES,

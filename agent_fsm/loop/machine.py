@@ -17,11 +17,11 @@ from transitions import EventData, Machine
 from transitions.core import Event, Transition
 
 from agent_fsm.errors import ConfigError, RunError
-from agent_fsm.guards import GUARDS, Guard
 from agent_fsm.limits import Limits
+from agent_fsm.loop.guards import GUARDS, Guard
+from agent_fsm.loop.verify import TerminationBound, termination_bound, verify_table
 from agent_fsm.state import RunState
 from agent_fsm.table import INITIAL_STATE, TABLE, TRIGGER_FOR_STATE, AgentState, Row
-from agent_fsm.verify import TerminationBound, termination_bound, verify_table
 
 __all__ = ["AgentMachine", "RunHandle", "TerminationBound", "verify_table"]
 

@@ -14,16 +14,16 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from pydantic import JsonValue
 
+from agent_fsm.cancellation import StopEvent, StopScope
+from agent_fsm.durable.journal import CallStatus, ToolJournal, journal_key
 from agent_fsm.events import Event, ToolRetried, ToolStarted
-from agent_fsm.execution import ABANDONED_NOTE, Executed, RetryHandler, execute
-from agent_fsm.journal import CallStatus, ToolJournal, journal_key
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolCall, ToolMessage
-from agent_fsm.outputs import error_result, merge_runtime_details, skipped_result
 from agent_fsm.records import builder
 from agent_fsm.state import RunState
-from agent_fsm.stopping import StopEvent, StopScope
-from agent_fsm.tools import PreparedCall
+from agent_fsm.tools.execution import ABANDONED_NOTE, Executed, RetryHandler, execute
+from agent_fsm.tools.results import error_result, merge_runtime_details, skipped_result
+from agent_fsm.tools.tool import PreparedCall
 
 __all__ = ["STOPPED", "TurnCalls", "run_until_stopped", "tool_started", "waves"]
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agent_fsm.context import estimate_message_tokens
+from agent_fsm.cancellation import StopEvent, StopScope
 from agent_fsm.errors import ScriptExhaustedError
 from agent_fsm.events import EventBus, MessageUpdated, ModelFailed, ModelRequested, ModelResponded
-from agent_fsm.execution import retry_delay
 from agent_fsm.limits import Limits
-from agent_fsm.loops import record_reply_text
+from agent_fsm.loop.detection import record_reply_text
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
@@ -32,7 +31,8 @@ from agent_fsm.messages import (
 from agent_fsm.models.base import Model, ModelCallError
 from agent_fsm.records import builder
 from agent_fsm.state import ModelFailure, RunState
-from agent_fsm.stopping import StopEvent, StopScope
+from agent_fsm.tokens import estimate_message_tokens
+from agent_fsm.tools.execution import retry_delay
 
 __all__ = ["Thinking", "backoff_s", "failure_from", "interruption_text", "with_call_ids"]
 
