@@ -206,7 +206,7 @@ class Agent:
         if not isinstance(run_id, str):
             raise ConfigError(f"run_id must be a str, got {type(run_id).__name__}")
         state = self.store.load(run_id)
-        answered = reopen(state, self._config.machine.rows, reply, approvals)
+        answered = reopen(state, self._config.machine, self._config.limits, reply, approvals)
         run = Run(self._config, state, resumed=answered)
         for handler in self._handlers:
             run.subscribe(handler)

@@ -2,7 +2,9 @@
 
 Rendering the rows directly (rather than asking ``transitions`` to draw itself) gives better
 labels: each edge shows its trigger, its priority within its state, its guards, and its stop
-reason; the fallback row is labelled ``else``; DONE and ERROR are drawn as final.
+reason; the fallback row is labelled ``else``; DONE and ERROR are drawn as final. Resume rows,
+which a person's answer takes out of a stop, are dashed (DOT, SVG, PNG) or marked ``⟲``
+(mermaid, which cannot dash a single edge).
 
 Formats: ``mermaid`` (``stateDiagram-v2`` text, renders on GitHub, needs nothing) and ``dot``
 (Graphviz text) are pure Python; ``svg`` and ``png`` pipe the DOT text through the graphviz
@@ -91,6 +93,10 @@ class StoredRunOverlay:
         return cls(state.run_id, trace, state.state, stop_reason, state.turns)
 
 
+RESUME_MARK = "⟲ "
+"""Starts the label of a resume row in mermaid, which cannot dash one edge (DOT dashes it)."""
+
+
 def _edge_label(row: Row, priority: int) -> str:
     guards = " ∧ ".join(row.guards) if row.guards else "else"
     return f"{row.trigger} #{priority} [{guards}] {row.label}"
@@ -174,6 +180,8 @@ def to_mermaid(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
         label = _edge_label(row, priority).replace(":", "﹕")
         if overlay is not None:
             label += _times(overlay.counts[i])
+        if row.resumes:
+            label = RESUME_MARK + label
         lines.append(f"    {row.source} --> {row.dest} : {label}")
     lines.extend(f"    {state} --> [*]" for state in sorted(TERMINAL_STATES))
     if overlay is not None:
@@ -237,6 +245,8 @@ def to_dot(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
                 style = f', color="{_VISITED[1]}", fontcolor="{_VISITED[1]}", penwidth={width}'
             else:
                 style = f', color="{_UNTAKEN[0]}", fontcolor="{_UNTAKEN[1]}"'
+        if row.resumes:
+            style += ", style=dashed"
         lines.append(f"    {row.source} -> {row.dest} [label={_quote(label)}{style}];")
     lines.append("}")
     return "\n".join(lines) + "\n"

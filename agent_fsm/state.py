@@ -8,19 +8,22 @@ tool results live only in ``messages``; the trace stores row numbers, not copies
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
 from agent_fsm.records import builder, quick_init
-from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
+from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger, resumable_stops
 
 __all__ = [
     "Approval",
     "ControlKind",
     "ControlRequest",
+    "Decision",
+    "Lifetime",
     "LoopState",
     "ModelFailure",
     "RunResult",
@@ -28,6 +31,7 @@ __all__ = [
     "RunStatus",
     "TraceEntry",
     "RUN_STATE_ADAPTER",
+    "reopen_fields",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -68,6 +72,15 @@ class Approval(BaseModel):
     reason: str | None = None
 
 
+class Decision(BaseModel):
+    """A call that waited for approval, and the decision a person gave on resume."""
+
+    model_config = _FROZEN
+
+    call: ToolCall
+    approval: Approval
+
+
 class ModelFailure(BaseModel):
     """The last model call failed; read by the THINK guards, cleared by a successful call."""
 
@@ -106,55 +119,113 @@ class LoopState:
     """A description of the loop found, once one is found."""
 
 
+class Lifetime(StrEnum):
+    """How long a RunState field's value lasts. Every field declares one (``_declared``), and
+    ``reopen_fields`` applies them, so a new field cannot silently survive a resume."""
+
+    RUN = "run"
+    """Kept for the whole run, across every stop, resume and crash."""
+    STOP = "stop"
+    """Says how and why the run stopped; back to its default when a resume row is taken."""
+    ACTIVATION = "activation"
+    """Belongs to one activation (one process driving the run from a start or a resume);
+    back to its default whenever the run is reopened, after a crash too."""
+
+
+def _declared(
+    lifetime: Lifetime, writers: str, default: Any = MISSING, factory: Any = MISSING
+) -> Any:
+    """A RunState field with its lifetime and the modules (under ``agent_fsm.``, space
+    separated) that may assign it after construction; ``tests/test_state_fields.py`` holds the
+    code to the declaration."""
+    metadata = {"lifetime": lifetime, "writers": frozenset(writers.split())}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+L = Lifetime
+
+
 @dataclass(slots=True, kw_only=True)
 class RunState:
-    """Everything one run knows. Mutated only by the engine, between triggers.
+    """Everything one run knows, and what a checkpoint stores.
 
-    A slotted dataclass rather than a pydantic model because the engine assigns a few dozen
-    fields per turn and pydantic's ``__setattr__`` made that a measurable share of the
-    per-turn cost. ``RUN_STATE_ADAPTER`` gives it the same validation and JSON form.
+    Written between triggers by the work of each state (``agent_fsm.run``) and by the machine
+    (``state``); each field below names the modules that write it and how long its value
+    lasts. A slotted dataclass rather than a pydantic model because fields are assigned on
+    every turn; ``RUN_STATE_ADAPTER`` gives it the same validation and JSON form.
     """
 
-    run_id: str
-    state: AgentState = AgentState.OBSERVE
-    turns: int = 0
-    """Model calls made so far, retries included."""
-    usage: Usage = field(default_factory=Usage)
-    messages: list[Message] = field(default_factory=list)
-    """The transcript, append-only."""
-    pending_input: list[str] = field(default_factory=list)
-    """User messages (the input, steering, answers) not yet observed; all are taken at the
-    next OBSERVE."""
-    follow_ups: list[str] = field(default_factory=list)
+    run_id: str = _declared(L.RUN, "")
+    state: AgentState = _declared(L.RUN, "loop.machine", AgentState.OBSERVE)
+    """Where the run is; moved only by the machine, when a row is taken."""
+    turns: int = _declared(L.RUN, "run.thinking", 0)
+    """Model calls made so far, retries included, over every activation."""
+    usage: Usage = _declared(L.RUN, "run.thinking", factory=Usage)
+    messages: list[Message] = _declared(L.RUN, "run.context", factory=list)
+    """The transcript, append-only (``RunContext.append``)."""
+    pending_input: list[str] = _declared(
+        L.RUN, "run.observing run.engine run.resuming run.acting", factory=list
+    )
+    """User messages (the input, steering, answers, approval outcomes) not yet observed; all
+    are taken at the next OBSERVE."""
+    follow_ups: list[str] = _declared(L.RUN, "run.engine run.observing", factory=list)
     """Follow-up messages, delivered one at a time when the run would otherwise end."""
-    prompt_tokens_estimate: int = 0
+    prompt_tokens_estimate: int = _declared(L.RUN, "run.context", 0)
     """Running estimate of the transcript's size in tokens (kept incrementally)."""
-    tools_tokens_estimate: int = 0
+    tools_tokens_estimate: int = _declared(L.RUN, "", 0)
     """Estimate of the tool definitions' size in tokens, sent with every request."""
-    consecutive_errors: int = 0
-    last_finish_reason: FinishReason | None = None
-    last_tool_calls: int = 0
-    """Tool calls in the last reply."""
-    model_failure: ModelFailure | None = None
-    control: ControlRequest | None = None
-    approvals: dict[str, Approval] = field(default_factory=dict)
-    """Decisions given on resume, by call id, for the calls in ``control.pending_calls``;
-    consumed by the ACT state that carries them out."""
-    loop: LoopState = field(default_factory=LoopState)
-    reflector_done: bool = False
-    elapsed_s: float = 0.0
-    """Wall-clock seconds of this activation (since the run started or was last resumed), as
-    of the last completed step."""
-    timed_out: bool = False
+    consecutive_errors: int = _declared(L.STOP, "run.context", 0)
+    """Failed model calls and all-failed tool turns in a row (``RunContext.count_turn``)."""
+    last_finish_reason: FinishReason | None = _declared(L.STOP, "run.thinking", None)
+    last_tool_calls: int = _declared(L.STOP, "run.thinking run.outcome", 0)
+    """Tool calls in the last reply (0 once they are answered by the end of the run)."""
+    model_failure: ModelFailure | None = _declared(L.STOP, "run.thinking", None)
+    control: ControlRequest | None = _declared(L.STOP, "run.acting", None)
+    decisions: list[Decision] = _declared(L.RUN, "run.resuming run.acting", factory=list)
+    """Approval decisions given on resume, with their calls; carried out and emptied by the
+    ACT state the resume leads to (so empty at every stop)."""
+    loop: LoopState = _declared(L.RUN, "run.observing", factory=LoopState)
+    """Loop-detector memory; its own fields are kept by ``loop.detection``."""
+    reflector_done: bool = _declared(L.STOP, "run.reflecting", False)
+    elapsed_s: float = _declared(L.ACTIVATION, "run.engine", 0.0)
+    """Wall-clock seconds of this activation, as of the last completed step."""
+    timed_out: bool = _declared(L.ACTIVATION, "run.engine", False)
     """The activation's deadline timer fired (``Limits.timeout_s``)."""
-    resumed_at: list[int] = field(default_factory=list)
-    """For each resume (after a pause, an abort or a crash), how many transitions the trace
-    held then: the trace jumps from a stop back into the loop at these positions."""
-    abort_reason: str | None = None
-    output: str | None = None
-    error: str | None = None
-    trace: list[tuple[int, int]] = field(default_factory=list)
+    resumed_at: list[int] = _declared(L.RUN, "run.resuming", factory=list)
+    """For each reopening (after a stop or a crash), how many transitions the trace held then;
+    after a stop, the transition at that position is the resume row."""
+    abort_reason: str | None = _declared(L.STOP, "run.engine", None)
+    output: str | None = _declared(L.STOP, "run.thinking run.acting run.outcome", None)
+    error: str | None = _declared(L.STOP, "run.outcome", None)
+    stop_reason: StopReason | None = _declared(L.STOP, "run.outcome run.resuming", None)
+    """Why the run stopped, while it is in DONE or ERROR; what the resume rows' guards read."""
+    trace: list[tuple[int, int]] = _declared(L.RUN, "run.engine", factory=list)
     """(row index in the machine's table, turn) for every transition taken."""
+
+
+def _check_declarations(cls: type) -> None:
+    """Refuse a RunState field that does not say how long it lives and who writes it."""
+    for item in fields(cls):
+        if (
+            not isinstance(item.metadata.get("lifetime"), Lifetime)
+            or "writers" not in item.metadata
+        ):
+            raise TypeError(f"RunState.{item.name} must be declared with _declared(...)")
+
+
+_check_declarations(RunState)
+
+
+def reopen_fields(state: RunState, *, stopped: bool) -> None:
+    """Reset, by their declared lifetime, the fields a reopened run must not carry over:
+    ACTIVATION fields always, and STOP fields too when the run leaves a stop (``stopped``)."""
+    reset = {Lifetime.ACTIVATION, Lifetime.STOP} if stopped else {Lifetime.ACTIVATION}
+    for item in fields(state):
+        if item.metadata["lifetime"] in reset:
+            value = item.default_factory() if item.default_factory is not MISSING else item.default
+            setattr(state, item.name, value)
 
 
 RUN_STATE_ADAPTER: TypeAdapter[RunState] = TypeAdapter(RunState)
@@ -169,14 +240,16 @@ class RunStatus(StrEnum):
     FAILED = "failed"
 
 
-_NEEDS_INPUT = frozenset({StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED})
-
-
-def status_for(final_state: AgentState, stop_reason: StopReason) -> RunStatus:
-    """The status implied by a terminal state and stop reason."""
+def status_for(
+    final_state: AgentState, stop_reason: StopReason, rows: tuple[Row, ...] = TABLE
+) -> RunStatus:
+    """The status implied by a terminal state and stop reason: a run that ended in DONE with
+    a stop its table can resume waits for a person (ask_user, approvals)."""
     if final_state is AgentState.ERROR:
         return RunStatus.FAILED
-    return RunStatus.NEEDS_INPUT if stop_reason in _NEEDS_INPUT else RunStatus.COMPLETED
+    if stop_reason in resumable_stops(rows):
+        return RunStatus.NEEDS_INPUT
+    return RunStatus.COMPLETED
 
 
 @quick_init
@@ -253,7 +326,7 @@ class RunResult(BaseModel):
         last_row = table[state.trace[-1][0]]
         stop_reason = last_row.stop_reason
         assert stop_reason is not None  # a row into a terminal state always has one
-        status = status_for(state.state, stop_reason)
+        status = status_for(state.state, stop_reason, table)
         missing = len(state.trace) - len(entries)
         if missing < 0:
             raise ValueError(f"{len(entries)} trace entries for a trace of {len(state.trace)}")

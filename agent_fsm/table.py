@@ -16,16 +16,21 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 __all__ = [
+    "ANSWER_GUARDS",
     "INITIAL_STATE",
     "TABLE",
     "TERMINAL_STATES",
     "TRIGGER_FOR_STATE",
+    "RESUME_TRIGGER",
+    "STOP_GUARDS",
     "TURN_BUDGET_GUARD",
     "TURN_STATE",
     "AgentState",
     "Row",
     "StopReason",
     "Trigger",
+    "Verb",
+    "resumable_stops",
 ]
 
 
@@ -41,12 +46,15 @@ class AgentState(StrEnum):
 
 
 class Trigger(StrEnum):
-    """One trigger per non-terminal state, fired when that state's work is finished."""
+    """One trigger per non-terminal state, fired when that state's work is finished, and the
+    resume trigger, fired on a stopped run that was answered."""
 
     OBSERVED = "observed"
     THOUGHT = "thought"
     ACTED = "acted"
     REFLECTED = "reflected"
+    RESUMED = "resumed"
+    """Fired by ``Agent.resume`` on a stopped run: the only trigger that leaves DONE or ERROR."""
 
 
 class StopReason(StrEnum):
@@ -68,6 +76,25 @@ class StopReason(StrEnum):
     REFLECTOR_DONE = "reflector_done"
 
 
+class Verb(StrEnum):
+    """What a row that keeps the run going does (rows into DONE/ERROR carry a StopReason)."""
+
+    THINK = "think"
+    RETRY = "retry"
+    ACT = "act"
+    FOLLOW_UP = "follow_up"
+    REFLECT = "reflect"
+    CONTINUE = "continue"
+    ANSWER = "answer"
+    """Resume: the person's reply to ask_user is observed."""
+    CARRY_OUT = "carry_out"
+    """Resume: the decided approvals are carried out."""
+    RESUME = "resume"
+    """Resume: an aborted or timed-out run goes on."""
+    RECOVER = "recover"
+    """Resume: a run that a transient model failure stopped tries again."""
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     """One transition: taken on ``trigger`` from ``source`` when every guard passes."""
@@ -77,18 +104,31 @@ class Row:
     dest: AgentState
     guards: tuple[str, ...]
     """Names of pure guard functions that must all be true; empty means "else"."""
-    label: str
-    """The stop reason for rows into a terminal state, otherwise a short verb."""
+    outcome: StopReason | Verb
+    """The stop reason of a row into DONE/ERROR, the verb of any other row (the verifier
+    checks that each row has the kind its destination calls for)."""
 
     @property
     def stop_reason(self) -> StopReason | None:
         """The StopReason this row ends the run with, or None if it continues the loop."""
-        return StopReason(self.label) if self.dest in TERMINAL_STATES else None
+        outcome = self.outcome
+        return outcome if isinstance(outcome, StopReason) else None
+
+    @property
+    def label(self) -> str:
+        """The outcome as text, as diagrams, events and trace entries show it."""
+        return self.outcome.value
+
+    @property
+    def resumes(self) -> bool:
+        """A resume row: it leaves a stop and takes the run back into the loop."""
+        return self.trigger is Trigger.RESUMED
 
 
 S = AgentState
 T = Trigger
 R = StopReason
+V = Verb
 
 INITIAL_STATE = S.OBSERVE
 TERMINAL_STATES = frozenset({S.DONE, S.ERROR})
@@ -98,6 +138,22 @@ TURN_STATE = S.THINK
 
 TURN_BUDGET_GUARD = "no_turns_left"
 """The guard that is true when no model call remains; it gates every cycle of the loop."""
+
+RESUME_TRIGGER = T.RESUMED
+"""The trigger of the resume rows: fired only on a stopped run, by ``Agent.resume``."""
+
+STOP_GUARDS: dict[str, frozenset[StopReason]] = {
+    "stopped_to_ask_user": frozenset({R.ASK_USER}),
+    "stopped_for_approval": frozenset({R.APPROVAL_REQUIRED}),
+    "stopped_by_interruption": frozenset({R.ABORTED, R.TIMEOUT}),
+    "stopped_by_transient_model_failure": frozenset({R.MODEL_ERROR}),
+}
+"""The guards that say which stop a resume row leaves, and the stop reasons each accepts. Every
+resume row names exactly one of them (the verifier checks), so the rows alone say which stops
+can be resumed: ``resumable_stops``."""
+
+ANSWER_GUARDS = frozenset({"reply_given", "approvals_decided"})
+"""The guards of resume rows that read the answer a resume gives, rather than the stop."""
 
 TRIGGER_FOR_STATE: dict[AgentState, Trigger] = {
     S.OBSERVE: T.OBSERVED,
@@ -112,7 +168,7 @@ TABLE: tuple[Row, ...] = (
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
-    Row(T.OBSERVED, S.OBSERVE, S.THINK, (), "think"),
+    Row(T.OBSERVED, S.OBSERVE, S.THINK, (), V.THINK),
     # THINK: one model call was made (turn += 1); what did it produce?
     Row(T.THOUGHT, S.THINK, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "time_is_up"), R.TIMEOUT),
@@ -128,16 +184,16 @@ TABLE: tuple[Row, ...] = (
     Row(
         T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "prompt_exceeds_budget"), R.TOKEN_BUDGET
     ),
-    Row(T.THOUGHT, S.THINK, S.THINK, ("model_call_failed",), "retry"),
+    Row(T.THOUGHT, S.THINK, S.THINK, ("model_call_failed",), V.RETRY),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_filtered",), R.CONTENT_FILTER),
-    Row(T.THOUGHT, S.THINK, S.ACT, ("reply_has_tool_calls",), "act"),
+    Row(T.THOUGHT, S.THINK, S.ACT, ("reply_has_tool_calls",), V.ACT),
     # A reply that would end the run, while the caller has queued more input: go round again
     # (through REFLECT, so the budget guards still decide).
-    Row(T.THOUGHT, S.THINK, S.REFLECT, ("input_waiting",), "follow_up"),
+    Row(T.THOUGHT, S.THINK, S.REFLECT, ("input_waiting",), V.FOLLOW_UP),
     Row(T.THOUGHT, S.THINK, S.DONE, ("reply_was_truncated",), R.MAX_TOKENS),
     Row(T.THOUGHT, S.THINK, S.DONE, (), R.FINAL_ANSWER),
     # ACT: the reply's tool calls have all been answered.
-    Row(T.ACTED, S.ACT, S.REFLECT, (), "reflect"),
+    Row(T.ACTED, S.ACT, S.REFLECT, (), V.REFLECT),
     # REFLECT: evaluate the run; the order below is the guard priority.
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("ask_user_called",), R.ASK_USER),
@@ -149,6 +205,24 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("time_is_up",), R.TIMEOUT),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("is_looping",), R.LOOP_DETECTED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("reflector_says_done",), R.REFLECTOR_DONE),
-    Row(T.REFLECTED, S.REFLECT, S.OBSERVE, (), "continue"),
+    Row(T.REFLECTED, S.REFLECT, S.OBSERVE, (), V.CONTINUE),
+    # RESUMED: a stopped run was answered (Agent.resume). There is no "else" row: a stop that
+    # no row leaves cannot be resumed, and resume refuses it before changing anything.
+    Row(T.RESUMED, S.DONE, S.OBSERVE, ("stopped_to_ask_user", "reply_given"), V.ANSWER),
+    Row(T.RESUMED, S.DONE, S.ACT, ("stopped_for_approval", "approvals_decided"), V.CARRY_OUT),
+    Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_interruption",), V.RESUME),
+    Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_transient_model_failure",), V.RECOVER),
 )
 """The loop, in priority order. Change it and ``machine.py`` re-verifies it at construction."""
+
+
+def resumable_stops(rows: tuple[Row, ...]) -> frozenset[StopReason]:
+    """The stop reasons some resume row of ``rows`` may leave (a row may still refuse a given
+    run: a model failure must have been transient). The one place this set is known."""
+    return frozenset(
+        reason
+        for row in rows
+        if row.resumes
+        for guard in row.guards
+        for reason in STOP_GUARDS.get(guard, ())
+    )

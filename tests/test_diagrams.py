@@ -64,6 +64,10 @@ stateDiagram-v2
     REFLECT --> ERROR : reflected #9 [is_looping] loop_detected
     REFLECT --> DONE : reflected #10 [reflector_says_done] reflector_done
     REFLECT --> OBSERVE : reflected #11 [else] continue
+    DONE --> OBSERVE : ⟲ resumed #1 [stopped_to_ask_user ∧ reply_given] answer
+    DONE --> ACT : ⟲ resumed #2 [stopped_for_approval ∧ approvals_decided] carry_out
+    ERROR --> OBSERVE : ⟲ resumed #1 [stopped_by_interruption] resume
+    ERROR --> OBSERVE : ⟲ resumed #2 [stopped_by_transient_model_failure] recover
     DONE --> [*]
     ERROR --> [*]
 """

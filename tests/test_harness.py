@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-import agent_fsm.run.engine
+import agent_fsm.run.acting
 from agent_fsm import Agent, ConfigError, Limits, tool
 from agent_fsm.messages import ModelResponse, ToolMessage, ToolStatus
 from agent_fsm.table import TABLE, Row, StopReason
@@ -98,13 +98,13 @@ def test_the_seeded_priority_bug_is_found_with_a_pasteable_reproducer() -> None:
 
 
 def test_a_runtime_that_drops_a_tool_result_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_act = agent_fsm.run.engine.act
+    real_answer_calls = agent_fsm.run.acting.answer_calls
 
-    async def dropping_act(*args: Any, **kwargs: Any) -> list[ToolMessage]:
-        results = await real_act(*args, **kwargs)
+    async def dropping(*args: Any, **kwargs: Any) -> list[ToolMessage]:
+        results = await real_answer_calls(*args, **kwargs)
         return results[:-1]  # the seeded bug: the last call of every turn goes unanswered
 
-    monkeypatch.setattr(agent_fsm.run.engine, "act", dropping_act)
+    monkeypatch.setattr(agent_fsm.run.acting, "answer_calls", dropping)
     with pytest.raises(HarnessFailure) as caught:
         assert_terminates(AGENT, max_examples=500)
     assert "left unanswered" in str(caught.value)

@@ -88,12 +88,14 @@ def test_the_default_table_keeps_max_turns_through_resumes() -> None:
     assert_stateful(_agent(TABLE, max_turns=1), max_examples=200, steps=20, settings=FIND)
 
 
-def test_a_table_without_the_observe_turn_gate_is_caught_exceeding_max_turns() -> None:
+def test_a_table_without_the_observe_turn_gate_is_refused_by_the_verifier() -> None:
+    """The stateful harness once found that a resumed run could exceed max_turns without
+    OBSERVE's gate; with resume rows in the table, the verifier proves it at construction."""
     rows = tuple(
         r for r in TABLE if not (r.source is AgentState.OBSERVE and r.label == "max_turns")
     )
-    with pytest.raises(InvariantViolation, match="max_turns"):
-        assert_stateful(_agent(rows, max_turns=1), max_examples=200, steps=20, settings=FIND)
+    with pytest.raises(ConfigError, match="no_turns_left"):
+        _agent(rows, max_turns=1)
 
 
 def test_a_table_without_the_follow_up_row_drops_messages() -> None:

@@ -12,11 +12,12 @@ import pytest
 from agent_fsm import Agent, Approval, StopReason, tool
 from agent_fsm.durable.checkpoint import MemoryStore
 from agent_fsm.durable.sqlite import SQLiteStore
+from agent_fsm.errors import ResumeError
 from agent_fsm.limits import Limits
 from agent_fsm.loop.verify import TerminationBound
 from agent_fsm.messages import ModelRequest
 from agent_fsm.state import RUN_STATE_ADAPTER, RunResult
-from agent_fsm.table import AgentState
+from agent_fsm.table import AgentState, Trigger
 from agent_fsm.testing import FakeClock, FunctionModel, ScriptedModel, call, reply
 from agent_fsm.testing.invariants import (
     InvariantViolation,
@@ -89,8 +90,13 @@ async def test_approvals_allowed_then_denied() -> None:
     assert paused.stop_reason is StopReason.APPROVAL_REQUIRED
     again = await agent.resume(paused.run_id, approvals=True)
     assert again.stop_reason is StopReason.APPROVAL_REQUIRED
-    # the approved turn continues in ACT: the trace jumps from DONE to ACT there
-    assert again.trace[again.resumed_at[0]].source is AgentState.ACT
+    # the approved turn continues in ACT: the resume row goes from DONE to ACT there
+    resumed = again.trace[again.resumed_at[0]]
+    assert (resumed.trigger, resumed.source, resumed.dest) == (
+        Trigger.RESUMED,
+        AgentState.DONE,
+        AgentState.ACT,
+    )
     _check(again, agent, events)
     final = await agent.resume(paused.run_id, approvals=Approval(allow=False, reason="no"))
     assert final.output == "finished"
@@ -196,11 +202,17 @@ async def test_crash_before_the_first_step_and_right_after_a_resume() -> None:
     assert paused.resumed_at == (0,)
     assert paused.stop_reason is StopReason.ASK_USER
     _check(paused, agent)
-    # answered, checkpointed on its first step, then killed before a transition
+    # answered, but killed before the resume row was taken: the answer was never accepted,
+    # so the checkpoint still waits for it
     reopened = agent.reopen("r", "Oslo")
-    store.save(reopened.state)
+    assert store.load("r").pending_input == []
+    with pytest.raises(ResumeError, match="pass the answer"):
+        agent.reopen("r")
+    # answered, the resume row taken (and checkpointed), then killed
+    await reopened.step()
+    assert store.load("r").state is AgentState.OBSERVE
     done = await agent.resume("r")
-    assert done.resumed_at == (0, len(paused.trace), len(paused.trace))
+    assert done.resumed_at == (0, len(paused.trace), len(paused.trace) + 1)
     assert done.output == "Sunny"
     _check(done, agent)
 
@@ -211,8 +223,8 @@ async def test_crash_before_the_first_step_and_right_after_a_resume() -> None:
 async def test_losing_the_resume_positions_is_flagged() -> None:
     agent, done, _ = await _ask_user_run()
     found = _violations(done.model_copy(update={"resumed_at": ()}), agent)
-    assert "trace jumps from DONE to OBSERVE" in found
-    assert "the trace continues after DONE (ask_user)" in found
+    first = done.resumed_at[0]
+    assert f"transition {first} resumes the run, which was not reopened there" in found
 
 
 async def test_a_resume_position_moved_off_the_jump_is_flagged() -> None:
@@ -220,7 +232,7 @@ async def test_a_resume_position_moved_off_the_jump_is_flagged() -> None:
     first, second = done.resumed_at
     moved = done.model_copy(update={"resumed_at": (first - 1, second)})
     found = _violations(moved, agent)
-    assert f"trace jumps from DONE to OBSERVE at {first}" in found
+    assert f"transition {first} resumes the run, which was not reopened there" in found
 
 
 async def test_a_resume_after_a_finished_run_is_flagged() -> None:
@@ -229,16 +241,17 @@ async def test_a_resume_after_a_finished_run_is_flagged() -> None:
     stop = done.resumed_at[0] - 1
     trace[stop] = dataclasses.replace(trace[stop], label=StopReason.FINISH_TASK.value)
     found = _violations(done.model_copy(update={"trace": tuple(trace)}), agent)
-    assert "resumed after DONE (finish_task), which cannot be resumed" in found
+    at = stop + 1
+    assert f"transition {at} resumes the run after DONE (finish_task), which its row" in found
 
 
 async def test_a_resume_in_the_wrong_state_is_flagged() -> None:
     agent, done, _ = await _ask_user_run()
     trace = list(done.trace)
     at = done.resumed_at[0]
-    trace[at] = dataclasses.replace(trace[at], source=AgentState.ACT)  # as after approvals
+    trace[at] = dataclasses.replace(trace[at], source=AgentState.ACT)
     found = _violations(done.model_copy(update={"trace": tuple(trace)}), agent)
-    assert f"transition {at}: the run resumed in ACT, not OBSERVE" in found
+    assert f"trace jumps from DONE to ACT at {at}" in found
 
 
 async def test_turn_counts_going_back_across_a_resume_are_flagged() -> None:
@@ -263,18 +276,21 @@ async def test_impossible_resume_positions_are_flagged() -> None:
 
 async def test_the_bound_holds_per_activation() -> None:
     agent, done, _ = await _ask_user_run()
-    sizes = activations(done.trace, done.resumed_at)
+    sizes = activations(done.trace)
     assert sum(sizes) == len(done.trace)
-    assert len(sizes) == 3
+    assert len(sizes) == 3  # split before each resume row
     check_invariants(done, limits=agent.limits, bound=agent.bound)
-    # the whole trace is longer than the longest activation: a bound between the two
-    # passes the resumed run and fails it once its resumes are forgotten
-    tight = TerminationBound(model_calls=20, transitions=max(sizes), formula="test")
+    # each activation fits max(sizes), but the whole run needs what its two resumes add
+    tight = TerminationBound(
+        model_calls=20, transitions=max(sizes), per_resume=len(done.trace), formula="test"
+    )
     check_invariants(done, limits=agent.limits, bound=tight)
-    forgotten = done.model_copy(update={"resumed_at": ()})
-    with pytest.raises(InvariantViolation, match=f"{len(done.trace)} transitions exceed"):
-        check_invariants(forgotten, limits=agent.limits, bound=tight)
-    tighter = TerminationBound(model_calls=20, transitions=max(sizes) - 1, formula="test")
+    no_room = TerminationBound(model_calls=20, transitions=max(sizes), per_resume=0, formula="t")
+    with pytest.raises(InvariantViolation, match="of a run resumed 2 times"):
+        check_invariants(done, limits=agent.limits, bound=no_room)
+    tighter = TerminationBound(
+        model_calls=20, transitions=max(sizes) - 1, per_resume=0, formula="test"
+    )
     with pytest.raises(InvariantViolation, match="transitions in activation"):
         check_invariants(done, limits=agent.limits, bound=tighter)
 
@@ -300,7 +316,7 @@ async def test_a_crash_resume_must_continue_where_the_checkpoint_was() -> None:
     trace = list(resumed.trace)
     trace[3] = dataclasses.replace(trace[3], source=AgentState.OBSERVE)
     found = _violations(resumed.model_copy(update={"trace": tuple(trace)}), again)
-    assert "transition 3: the run resumed in OBSERVE, not REFLECT" in found
+    assert "trace jumps from REFLECT to OBSERVE at 3" in found
     assert len(finished.trace) == len(resumed.trace)
 
 
@@ -312,13 +328,17 @@ def test_a_live_trace_resumed_but_not_yet_stepped_leads_to_its_resume_state() ->
     run = agent.reopen(paused.run_id, "answer")
     trace = paused.trace
     assert run.state.resumed_at == [len(trace)]
-    assert not trace_problems(trace, run.state.resumed_at, now=AgentState.OBSERVE)
+    assert run.state.state is AgentState.DONE  # the resume row is its first step
+    assert not trace_problems(trace, run.state.resumed_at, now=AgentState.DONE)
     assert trace_problems(trace, run.state.resumed_at, now=AgentState.ACT) == [
-        "the trace ends in OBSERVE, not ACT"
+        "the trace ends in DONE, not ACT"
     ]
-    assert trace_problems(trace, (), now=AgentState.OBSERVE) == [
-        "the trace ends in DONE, not OBSERVE"
-    ]
+    entry = asyncio.run(run.step())
+    assert (entry.trigger, entry.source, entry.dest) == (
+        Trigger.RESUMED,
+        AgentState.DONE,
+        AgentState.OBSERVE,
+    )
 
 
 # -- an engine bug the resumed-run invariants found ---------------------------------------

@@ -49,6 +49,7 @@ LAYERS = [
     "run.context",
     "run.observing",
     "run.thinking",
+    "run.approvals",
     "run.acting",
     "run.reflecting",
     "run.outcome",

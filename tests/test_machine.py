@@ -16,7 +16,7 @@ from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.loop.verify import verify_table
 from agent_fsm.messages import FinishReason, Usage
 from agent_fsm.state import ControlKind, ControlRequest, ModelFailure, RunState
-from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger
+from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger, Verb
 
 S, T = AgentState, Trigger
 
@@ -111,7 +111,10 @@ def test_ungated_model_call_is_rejected() -> None:
     with pytest.raises(ConfigError, match="no_turns_left"):
         verify_table(without(S.REFLECT, S.OBSERVE))
     verify_table(without(S.REFLECT))
-    verify_table(without(S.OBSERVE))
+    # A resume enters OBSERVE with every turn possibly used: only OBSERVE's row gates that.
+    with pytest.raises(ConfigError, match=r"OBSERVE --observed \[else\]--> THINK"):
+        verify_table(without(S.OBSERVE))
+    verify_table(tuple(r for r in without(S.OBSERVE) if not r.resumes))
 
 
 def test_retry_without_turn_gate_is_rejected() -> None:
@@ -124,7 +127,7 @@ def test_state_that_cannot_terminate_is_rejected() -> None:
     # Every row into DONE or ERROR goes round the loop instead.
     onward = {S.OBSERVE: S.THINK, S.THINK: S.ACT, S.ACT: S.REFLECT, S.REFLECT: S.OBSERVE}
     rows = tuple(
-        dataclasses.replace(r, dest=onward[r.source], label="onward")
+        dataclasses.replace(r, dest=onward[r.source], outcome=Verb.CONTINUE)
         if r.dest in (S.DONE, S.ERROR)
         else r
         for r in TABLE

@@ -6,19 +6,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
+import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_fsm import Limits, StopReason, Tool, ToolCall, ToolMessage, tool
-from agent_fsm.events import EVENT_ADAPTER, Event, ToolFinished, ToolRetried, ToolStarted
+from agent_fsm.cancellation import StopEvent
+from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.events import EVENT_ADAPTER, Event, EventBus, ToolFinished, ToolRetried, ToolStarted
+from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import ToolStatus
-from agent_fsm.run.acting import act
+from agent_fsm.run.acting import answer_calls
+from agent_fsm.run.context import RunConfig, RunContext
 from agent_fsm.run.engine import new_run_state
 from agent_fsm.state import RunState
-from agent_fsm.testing import call, reply
+from agent_fsm.testing import ScriptedModel, call, reply
 from agent_fsm.tools.tool import ToolRegistry
 from tests.conftest import make_agent
 
@@ -28,7 +33,9 @@ def c(index: int, name: str, **arguments: Any) -> ToolCall:
 
 
 def fresh_state() -> RunState:
+    """A run in its first turn, its input already observed."""
     state = new_run_state("run", "", "go", 0)
+    state.pending_input.clear()
     state.turns = 1
     return state
 
@@ -41,18 +48,28 @@ async def act_on(
     parallel: bool = True,
     state: RunState | None = None,
     events: list[Event] | None = None,
-    **hooks: Any,
+    journal: ToolJournal | None = None,
+    stop: StopEvent | None = None,
+    approved: Collection[str] = (),
 ) -> list[ToolMessage]:
-    return await act(
-        state or fresh_state(),
-        calls,
-        ToolRegistry(tools),
-        lim or Limits(retry_backoff_s=0, retry_backoff_max_s=0),
-        parallel=parallel,
-        emit=events.append if events is not None else None,
+    """The ACT step's ``answer_calls`` on its own, with a context built for it."""
+    config = RunConfig(
+        model=ScriptedModel([]),
+        tools=ToolRegistry(tools),
+        limits=lim or Limits(retry_backoff_s=0, retry_backoff_max_s=0),
+        machine=AgentMachine(),
+        parallel_tool_calls=parallel,
         clock=time.monotonic,
-        **hooks,
     )
+    ctx = RunContext(
+        state=state or fresh_state(),
+        config=config,
+        bus=EventBus([events.append] if events is not None else []),
+        stop=stop or StopEvent(),
+        journal=journal,
+        log=structlog.get_logger("test"),
+    )
+    return await answer_calls(ctx, calls, approved)
 
 
 class Tracker:

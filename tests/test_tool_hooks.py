@@ -104,43 +104,43 @@ def test_a_journal_that_cannot_record_means_the_call_is_not_run() -> None:
     assert "was not run: its call could not be recorded (OSError: disk full)" in result.content
 
 
-# -- interruption -----------------------------------------------------------------------------
+# -- steering ---------------------------------------------------------------------------------
 
 
-def test_interruption_skips_the_calls_not_yet_started() -> None:
-    asked: list[int] = []
+STEERED = "Skipped: a new user message arrived, so this call was not run"
 
-    def steer() -> str | None:
-        asked.append(len(runs))
-        return "the user sent a new message" if runs else None
 
-    calls = [c(i, "lookup", key=str(i)) for i in range(4)]
-    results = asyncio.run(act_on([lookup], calls, parallel=False, interruption=steer))
+def test_steering_skips_the_calls_not_yet_started() -> None:
+    state = fresh_state()
+
+    @tool
+    def lookup_and_steer(key: str) -> str:
+        """Read a value; the user steers the run meanwhile."""
+        runs.append(f"lookup {key}")
+        state.pending_input.append("Actually, stop.")
+        return key
+
+    calls = [c(i, "lookup_and_steer", key=str(i)) for i in range(4)]
+    results = asyncio.run(act_on([lookup_and_steer], calls, parallel=False, state=state))
     assert runs == ["lookup 0"]
     assert [r.status for r in results] == [ToolStatus.OK] + [ToolStatus.SKIPPED] * 3
-    assert results[1].content == "Skipped: the user sent a new message"
-    assert asked == [1]  # asked after each finished call, until it gave a reason
+    assert results[1].content == STEERED
 
 
-def test_interruption_lets_running_parallel_calls_finish() -> None:
+def test_steering_lets_running_parallel_calls_finish() -> None:
     finished: list[int] = []
+    state = fresh_state()
 
     @tool
     async def work(n: int) -> str:
-        """Work a little."""
+        """Work a little; the first to finish steers the run."""
         await asyncio.sleep(0.002 * (n + 1))
         finished.append(n)
+        state.pending_input.append("steered")
         return str(n)
 
     calls = [c(i, "work", n=i) for i in range(5)]
-    results = asyncio.run(
-        act_on(
-            [work],
-            calls,
-            lim=Limits(max_parallel_tools=2),
-            interruption=lambda: "steered" if finished else None,
-        )
-    )
+    results = asyncio.run(act_on([work], calls, lim=Limits(max_parallel_tools=2), state=state))
     # 0 and 1 started together; 0 finished first and steered; 1 was running, so it finished.
     assert [r.status for r in results] == [ToolStatus.OK] * 2 + [ToolStatus.SKIPPED] * 3
     assert sorted(finished) == [0, 1]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from agent_fsm.limits import Limits
 from agent_fsm.messages import FinishReason
 from agent_fsm.state import ControlKind, RunState
+from agent_fsm.table import STOP_GUARDS
 
 __all__ = ["GUARDS", "Guard"]
 
@@ -105,6 +106,49 @@ def reflector_says_done(state: RunState, limits: Limits) -> bool:
     return state.reflector_done
 
 
+# -- resume rows: which stop the run is in, and what the resume answered ---------------------
+
+
+def stopped_to_ask_user(state: RunState, limits: Limits) -> bool:
+    """The run stopped on ask_user."""
+    return state.stop_reason in STOP_GUARDS["stopped_to_ask_user"]
+
+
+def stopped_for_approval(state: RunState, limits: Limits) -> bool:
+    """The run stopped for a person to approve tool calls."""
+    return state.stop_reason in STOP_GUARDS["stopped_for_approval"]
+
+
+def stopped_by_interruption(state: RunState, limits: Limits) -> bool:
+    """The run was aborted or ran out of time; its transcript is valid and it can go on."""
+    return state.stop_reason in STOP_GUARDS["stopped_by_interruption"]
+
+
+def stopped_by_transient_model_failure(state: RunState, limits: Limits) -> bool:
+    """The run stopped on model errors whose cause may pass (unreachable server, reset
+    connection, timeout, 429, 5xx): retrying later can help, unlike a 400 or a 401."""
+    failure = state.model_failure
+    return (
+        state.stop_reason in STOP_GUARDS["stopped_by_transient_model_failure"]
+        and failure is not None
+        and not failure.permanent
+    )
+
+
+def reply_given(state: RunState, limits: Limits) -> bool:
+    """A user message (the resume's reply) waits to be observed."""
+    return bool(state.pending_input)
+
+
+def approvals_decided(state: RunState, limits: Limits) -> bool:
+    """Every call that waited for approval has a decision."""
+    control = state.control
+    if control is None or not state.decisions:
+        return False
+    decided = {decision.call.id for decision in state.decisions}
+    return all(call.id in decided for call in control.pending_calls)
+
+
 GUARDS: dict[str, Guard] = {
     guard.__name__: guard
     for guard in (
@@ -125,6 +169,12 @@ GUARDS: dict[str, Guard] = {
         time_is_up,
         is_looping,
         reflector_says_done,
+        stopped_to_ask_user,
+        stopped_for_approval,
+        stopped_by_interruption,
+        stopped_by_transient_model_failure,
+        reply_given,
+        approvals_decided,
     )
 }
 """Every guard by name: the vocabulary the table may use."""

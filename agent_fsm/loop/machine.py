@@ -21,7 +21,17 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.guards import GUARDS, Guard
 from agent_fsm.loop.verify import TerminationBound, termination_bound, verify_table
 from agent_fsm.state import RunState
-from agent_fsm.table import INITIAL_STATE, TABLE, TRIGGER_FOR_STATE, AgentState, Row
+from agent_fsm.table import (
+    ANSWER_GUARDS,
+    INITIAL_STATE,
+    RESUME_TRIGGER,
+    TABLE,
+    TERMINAL_STATES,
+    TRIGGER_FOR_STATE,
+    AgentState,
+    Row,
+    resumable_stops,
+)
 
 __all__ = ["AgentMachine", "RunHandle", "TerminationBound", "verify_table"]
 
@@ -185,6 +195,8 @@ class AgentMachine:
     def __init__(self, rows: tuple[Row, ...] = TABLE, guards: Mapping[str, Guard] = GUARDS):
         verify_table(rows, guards)
         self.rows = rows
+        self.resumable = resumable_stops(rows)
+        """The stops some resume row of this table may leave."""
         transitions: list[dict[str, Any]] = [
             {
                 "trigger": row.trigger.value,
@@ -213,6 +225,8 @@ class AgentMachine:
             for state, trigger in TRIGGER_FOR_STATE.items()
         }
         """The event each non-terminal state fires, by state name (the handle's own key)."""
+        self._resume_event = machine.events[RESUME_TRIGGER.value]
+        self._guards = guards
 
     def bound(self, limits: Limits) -> TerminationBound:
         """Bounds that hold for every run of this machine under ``limits``."""
@@ -221,6 +235,41 @@ class AgentMachine:
     def handle(self, run_state: RunState, limits: Limits) -> RunHandle:
         """What one run fires this machine with; nothing to release when the run ends."""
         return RunHandle(run_state, limits)
+
+    def resume_row(self, run_state: RunState, limits: Limits) -> Row | None:
+        """The resume row that would leave the run's stop, without taking it (guards are
+        pure); None when no row accepts the run as it is."""
+        for row in self.rows:
+            if (
+                row.resumes
+                and row.source is run_state.state
+                and all(self._guards[name](run_state, limits) for name in row.guards)
+            ):
+                return row
+        return None
+
+    def can_resume(self, run_state: RunState, limits: Limits) -> bool:
+        """Some resume row leaves the run's stop, given the right answer: its guards pass
+        except those that read the answer (``ANSWER_GUARDS``)."""
+        return any(
+            row.resumes
+            and row.source is run_state.state
+            and all(
+                self._guards[name](run_state, limits)
+                for name in row.guards
+                if name not in ANSWER_GUARDS
+            )
+            for row in self.rows
+        )
+
+    def resume(self, handle: RunHandle) -> Row | None:
+        """Fire the resume trigger on a stopped run; return the row taken, or None when no
+        resume row accepts it (the run then stays where it is)."""
+        if handle.run_state.state not in TERMINAL_STATES:
+            raise RunError(f"run {handle.run_state.run_id} has not stopped ({handle._name})")
+        handle.taken = -1
+        self._resume_event.trigger(handle)
+        return self.rows[handle.taken] if handle.taken >= 0 else None
 
     def fire(self, handle: RunHandle) -> Row:
         """Fire the trigger of the handle's current state; return the row that was taken."""

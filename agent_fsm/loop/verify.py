@@ -30,12 +30,15 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.guards import GUARDS, Guard
 from agent_fsm.table import (
     INITIAL_STATE,
+    RESUME_TRIGGER,
+    STOP_GUARDS,
     TERMINAL_STATES,
     TRIGGER_FOR_STATE,
     TURN_BUDGET_GUARD,
     TURN_STATE,
     AgentState,
     Row,
+    StopReason,
 )
 
 __all__ = ["TerminationBound", "termination_bound", "verify_table"]
@@ -46,9 +49,18 @@ class TerminationBound:
     """Upper bounds on one run, computed from the table and the limits before it starts."""
 
     model_calls: int
+    """Model calls in the whole run, every activation together."""
     transitions: int
+    """Transitions of a run that is never resumed."""
+    per_resume: int
+    """What each resume may add to ``transitions``: the resume row and the longest way its
+    new activation can take beyond its model calls."""
     formula: str
     """The transitions bound as a formula of max_turns, e.g. ``4·max_turns + 1``."""
+
+    def with_resumes(self, resumes: int) -> int:
+        """The transitions bound of a run resumed ``resumes`` times (after stops)."""
+        return self.transitions + resumes * self.per_resume
 
 
 def _describe(row: Row, index: int) -> str:
@@ -100,27 +112,67 @@ def verify_table(rows: tuple[Row, ...], guards: Mapping[str, Guard] = GUARDS) ->
     """Check the rules in the module docstring; raise ConfigError naming the offender."""
     if not rows:
         raise ConfigError("the machine table has no rows")
-    for i, row in enumerate(rows):
-        unknown = [g for g in row.guards if g not in guards]
-        if unknown:
-            raise ConfigError(f"{_describe(row, i)} names unknown guard(s) {unknown}")
-        if row.source in TERMINAL_STATES:
-            raise ConfigError(f"{_describe(row, i)} leaves terminal state {row.source}")
-        if TRIGGER_FOR_STATE.get(row.source) != row.trigger:
+    for i in range(len(rows)):
+        _check_row(rows, i, guards)
+    _check_ways_out(rows)
+    loop_rows = tuple(row for row in rows if not row.resumes)
+    edges: dict[AgentState, set[AgentState]] = {}
+    for row in loop_rows:
+        edges.setdefault(row.source, set()).add(row.dest)
+    for state in TRIGGER_FOR_STATE:
+        if not _reaches(edges, state, TERMINAL_STATES):
+            raise ConfigError(f"state {state} can never reach DONE or ERROR")
+    _check_cycles_count_turns(loop_rows)
+    _check_turns_are_gated(rows)
+
+
+def _check_row(rows: tuple[Row, ...], i: int, guards: Mapping[str, Guard]) -> None:
+    """One row: known guards, the right trigger for its source, an outcome of the kind its
+    destination calls for, and not shadowed by an earlier row of its group."""
+    row = rows[i]
+    unknown = [g for g in row.guards if g not in guards]
+    if unknown:
+        raise ConfigError(f"{_describe(row, i)} names unknown guard(s) {unknown}")
+    if row.resumes:
+        _check_resume_row(row, i)
+    elif row.source in TERMINAL_STATES:
+        raise ConfigError(
+            f"{_describe(row, i)} leaves terminal state {row.source}: only a "
+            f"{RESUME_TRIGGER} row may"
+        )
+    elif TRIGGER_FOR_STATE.get(row.source) != row.trigger:
+        raise ConfigError(
+            f"{_describe(row, i)}: state {row.source} is left only by trigger "
+            f"{TRIGGER_FOR_STATE.get(row.source)}"
+        )
+    ends = row.dest in TERMINAL_STATES
+    if ends != isinstance(row.outcome, StopReason):
+        wanted = "a StopReason" if ends else "a Verb"
+        raise ConfigError(f"{_describe(row, i)}: its outcome must be {wanted}")
+    for j, earlier in enumerate(rows[:i]):
+        if (earlier.trigger, earlier.source) == (row.trigger, row.source) and set(
+            earlier.guards
+        ) <= set(row.guards):
             raise ConfigError(
-                f"{_describe(row, i)}: state {row.source} is left only by trigger "
-                f"{TRIGGER_FOR_STATE.get(row.source)}"
+                f"{_describe(row, i)} can never fire: {_describe(earlier, j)} comes first "
+                "and needs no more than it"
             )
-        for j, earlier in enumerate(rows[:i]):
-            if (earlier.trigger, earlier.source) == (row.trigger, row.source) and set(
-                earlier.guards
-            ) <= set(row.guards):
-                raise ConfigError(
-                    f"{_describe(row, i)} can never fire: {_describe(earlier, j)} comes first "
-                    "and needs no more than it"
-                )
-        if row.dest in TERMINAL_STATES:
-            row.stop_reason  # noqa: B018 - raises ValueError for a label that is no StopReason
+
+
+def _check_resume_row(row: Row, i: int) -> None:
+    """A resume row leaves a stop for the loop, and names the one stop it leaves."""
+    if row.source not in TERMINAL_STATES or row.dest in TERMINAL_STATES:
+        raise ConfigError(f"{_describe(row, i)}: a resume row goes from DONE/ERROR into the loop")
+    stops = [g for g in row.guards if g in STOP_GUARDS]
+    if len(stops) != 1:
+        raise ConfigError(
+            f"{_describe(row, i)} must name exactly one of {sorted(STOP_GUARDS)}, which say "
+            "which stop it resumes"
+        )
+
+
+def _check_ways_out(rows: tuple[Row, ...]) -> None:
+    """Every loop state has rows, the last of them unguarded (a step always moves)."""
     for state, trigger in TRIGGER_FOR_STATE.items():
         group = [r for r in rows if r.source == state]
         if not group:
@@ -131,15 +183,12 @@ def verify_table(rows: tuple[Row, ...], guards: Mapping[str, Guard] = GUARDS) ->
                 "the run would be stuck"
             )
 
-    edges: dict[AgentState, set[AgentState]] = {}
-    for row in rows:
-        edges.setdefault(row.source, set()).add(row.dest)
-    for state in TRIGGER_FOR_STATE:
-        if not _reaches(edges, state, TERMINAL_STATES):
-            raise ConfigError(f"state {state} can never reach DONE or ERROR")
 
+def _check_cycles_count_turns(loop_rows: tuple[Row, ...]) -> None:
+    """Within an activation, every cycle makes a model call (resume rows are taken only when
+    a person answers, once each)."""
     uncounted: dict[AgentState, set[AgentState]] = {}
-    for row in rows:
+    for row in loop_rows:
         if row.dest != TURN_STATE:
             uncounted.setdefault(row.source, set()).add(row.dest)
     cycle = _find_cycle(uncounted)
@@ -148,13 +197,16 @@ def verify_table(rows: tuple[Row, ...], guards: Mapping[str, Guard] = GUARDS) ->
             f"cycle {' -> '.join(cycle)} makes no model call, so no turn budget bounds it"
         )
 
+
+def _check_turns_are_gated(rows: tuple[Row, ...]) -> None:
+    """No model call can start, after the previous one or after a resume (when every turn may
+    be used already), without passing the turn-budget guard."""
     free = _ungated_count_free_edges(rows)
+    starts = {TURN_STATE} | {row.dest for row in rows if row.resumes}
     for i, row in enumerate(rows):
-        if (
-            row.dest == TURN_STATE
-            and not _is_gated(rows, i)
-            and _reaches(free, TURN_STATE, {row.source})
-        ):
+        if row.dest != TURN_STATE or _is_gated(rows, i):
+            continue
+        if row.resumes or any(_reaches(free, start, {row.source}) for start in starts):
             raise ConfigError(
                 f"{_describe(row, i)} can start another model call without passing the "
                 f"'{TURN_BUDGET_GUARD}' guard after the previous one, so max_turns does "
@@ -166,7 +218,7 @@ def _ungated_count_free_edges(rows: tuple[Row, ...]) -> dict[AgentState, set[Age
     """Edges of rows that neither count a turn nor are gated by the turn budget."""
     graph: dict[AgentState, set[AgentState]] = {}
     for i, row in enumerate(rows):
-        if row.dest != TURN_STATE and not _is_gated(rows, i):
+        if row.dest != TURN_STATE and not row.resumes and not _is_gated(rows, i):
             graph.setdefault(row.source, set()).add(row.dest)
     return graph
 
@@ -189,13 +241,19 @@ def _reaches(
 
 
 def _longest_path(rows: tuple[Row, ...], start: AgentState, goal: Callable[[Row], bool]) -> int:
-    """Most transitions on a count-free path from ``start`` ending with a row where ``goal``
-    holds (that row included when it is not a counting row); -1 when there is none."""
-    count_free = [r for r in rows if r.dest != TURN_STATE]
+    """Most transitions on a count-free path within one activation from ``start`` ending with
+    a row where ``goal`` holds (that row included when it is not a counting row); -1 when
+    there is none."""
+    loop_rows = [r for r in rows if not r.resumes]
+    count_free = [r for r in loop_rows if r.dest != TURN_STATE]
 
     @cache
     def longest(state: AgentState) -> int:
-        best = 0 if any(goal(r) and r.dest == TURN_STATE for r in rows if r.source == state) else -1
+        best = (
+            0
+            if any(goal(r) and r.dest == TURN_STATE for r in loop_rows if r.source == state)
+            else -1
+        )
         for row in count_free:
             if row.source != state:
                 continue
@@ -209,26 +267,42 @@ def _longest_path(rows: tuple[Row, ...], start: AgentState, goal: Callable[[Row]
     return longest(start)
 
 
-def _bound_terms(rows: tuple[Row, ...]) -> tuple[int, int, int, int]:
-    def counting(row: Row) -> bool:
-        return row.dest == TURN_STATE
+def _counting(row: Row) -> bool:
+    return row.dest == TURN_STATE
 
-    def terminal(row: Row) -> bool:
-        return row.dest in TERMINAL_STATES
 
-    a = _longest_path(rows, INITIAL_STATE, counting)
-    b = _longest_path(rows, TURN_STATE, counting)
-    c = _longest_path(rows, TURN_STATE, terminal)
-    z = _longest_path(rows, INITIAL_STATE, terminal)
-    return a, max(b, 0), c, z
+def _terminal(row: Row) -> bool:
+    return row.dest in TERMINAL_STATES
+
+
+def _activation_constant(rows: tuple[Row, ...], entry: AgentState, b: int, c: int) -> int:
+    """The transitions an activation entered at ``entry`` takes beyond ``(1 + b)`` per model
+    call: ``a + c - b`` when it makes a call, ``z`` when it makes none."""
+    a = _longest_path(rows, entry, _counting)
+    z = _longest_path(rows, entry, _terminal)
+    return max(a + c - b if a >= 0 else 0, z)
 
 
 def termination_bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound:
-    """Bounds that hold for every run of a verified table under ``limits``."""
-    a, b, c, z = _bound_terms(rows)
+    """Bounds that hold for every run of a verified table under ``limits``.
+
+    With ``M = max_turns`` model calls for the whole run (resumes continue the count), an
+    activation entered at ``e`` that makes ``m`` calls takes at most
+    ``a_e + m·(1 + b) - b + c`` transitions (``z_e`` when ``m = 0``). The first activation
+    gives ``transitions``; each resume adds its own row and its entry's constant:
+    ``per_resume``.
+    """
+    b = max(_longest_path(rows, TURN_STATE, _counting), 0)
+    c = _longest_path(rows, TURN_STATE, _terminal)
+    first = _activation_constant(rows, INITIAL_STATE, b, c)
+    per_resume = max(
+        (1 + _activation_constant(rows, row.dest, b, c) for row in rows if row.resumes),
+        default=0,
+    )
     m = limits.max_turns
     return TerminationBound(
         model_calls=m,
-        transitions=max(z, a + m + (m - 1) * b + c),
-        formula=f"{1 + b}·max_turns + {a + c - b}",
+        transitions=m * (1 + b) + first,
+        per_resume=per_resume,
+        formula=f"{1 + b}·max_turns + {first}",
     )

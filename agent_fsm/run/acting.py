@@ -1,43 +1,45 @@
-"""The ACT state's work: answer every tool call of one reply, exactly once, in order.
+"""ACT: answer every tool call of one reply, exactly once, in order.
 
-Control-flow tools go first and alone: when a valid ``ask_user`` (or, failing that, a valid
-``finish_task``) appears *anywhere* among the calls, however often, it wins the turn, is
-answered once, and every other call is answered "skipped" without running. Checking the whole
-turn rather than the last call is what stops ``finish_task`` from repeating forever.
+``act(ctx)`` is the whole of the ACT state's work. It carries out approval decisions when a
+resume brought the run here (``carry_out``); otherwise it answers the calls of the last reply
+(``answer_calls``), in named steps:
 
-Otherwise a valid call whose tool needs approval is answered "skipped, awaiting approval" and
-recorded as a pending ``ControlRequest(kind=APPROVAL)``, which ends the run for a person to
-decide; every other call runs: concurrently (at most ``Limits.max_parallel_tools`` at once)
-unless the agent says not to, a ``sequential`` tool alone, with results in call order. Must
-not raise for anything a model or a tool does.
+1. **control-tool winner**: when a valid ``ask_user`` (or, failing that, a valid
+   ``finish_task``) appears *anywhere* among the calls, it wins the turn, is answered once, and
+   every other call is answered "skipped" without running. Checking the whole turn rather than
+   the last call is what stops ``finish_task`` from repeating forever;
+2. **gating**: a call that cannot run is answered with its error; a call that needs approval is
+   answered "awaiting approval" and becomes part of a pending request (``approvals.py``);
+3. **running** the rest through ``tools.scheduling`` (concurrently unless the agent says not
+   to, through the journal, until steering interrupts or the run is stopped);
+4. **fair share**: the turn's outputs are cut to fit ``Limits.turn_max_output_chars``;
+5. **counters**: the consecutive-error count and the loop detector see the turn.
 
-Three optional hooks serve durable and steerable runs: a ``ToolJournal`` (never run a call
-twice across a crash, see ``journal.py``), ``interruption`` (steering: once it names a reason,
-calls not yet started are skipped) and ``stop`` (the run is aborted: in-flight calls are
-cancelled, the rest skipped, and ``act`` returns promptly).
+Must not raise for anything a model or a tool does.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
+from functools import partial
 
-from pydantic import JsonValue
-
-from agent_fsm.cancellation import StopEvent
-from agent_fsm.durable.journal import ToolJournal
-from agent_fsm.events import Event, ToolFinished
-from agent_fsm.limits import Limits
+from agent_fsm.events import ToolFinished
 from agent_fsm.loop.detection import canonical_arguments, record_calls, record_turn_results
-from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
+from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, ToolStatus
 from agent_fsm.records import builder
-from agent_fsm.state import ControlKind, ControlRequest, RunState
-from agent_fsm.tools.results import error_result, merge_runtime_details, skipped_result, truncate
+from agent_fsm.run.approvals import (
+    approval_request,
+    awaiting_approval,
+    needs_approval,
+    outcome_message,
+)
+from agent_fsm.run.context import RunContext
+from agent_fsm.state import ControlKind, ControlRequest
+from agent_fsm.tools.results import error_result, fit_turn, skipped_result
 from agent_fsm.tools.scheduling import STOPPED, TurnCalls, run_until_stopped, tool_started, waves
-from agent_fsm.tools.tool import PreparedCall, ToolRegistry
+from agent_fsm.tools.tool import PreparedCall
 
-__all__ = ["act"]
+__all__ = ["act", "answer_calls", "carry_out"]
 
 _tool_finished = builder(ToolFinished)  # built on every tool call (see records.builder)
 
@@ -49,10 +51,84 @@ _CONTROL_ANSWER = {
     ControlKind.FINISH_TASK: "The task is marked as finished.",
 }
 
-_AWAITING_APPROVAL = (
-    "Awaiting the user's approval: this call was not run. The decision (and the result, if "
-    "approved) will arrive in the next user message."
-)
+
+async def act(ctx: RunContext) -> None:
+    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls."""
+    state = ctx.state
+    if state.decisions:
+        await carry_out(ctx)
+        return
+    last = state.messages[-1]
+    calls = last.tool_calls if isinstance(last, AssistantMessage) else ()
+    for result in await answer_calls(ctx, calls):
+        ctx.append(result)
+
+
+async def carry_out(ctx: RunContext) -> None:
+    """Run the calls a person allowed, skip the denied ones, and tell the model the outcome of
+    each in the next user message (the calls were answered "awaiting approval" when the run
+    paused, so nothing is appended to the transcript here)."""
+    state = ctx.state
+    decisions = state.decisions
+    allowed = [d.call for d in decisions if d.approval.allow]
+    results = await answer_calls(ctx, allowed, approved={call.id for call in allowed})
+    state.pending_input.append(outcome_message(decisions, {r.tool_call_id: r for r in results}))
+    state.decisions = []
+
+
+async def answer_calls(
+    ctx: RunContext, calls: Sequence[ToolCall], approved: Collection[str] = ()
+) -> list[ToolMessage]:
+    """Answer ``calls``, one result each in call order (the caller appends them); record a
+    control request, the error count and loop signals in the run state.
+
+    Args:
+        approved: ids of calls a person already approved: they run without asking again.
+    """
+    state = ctx.state
+    state.control = None
+    prepared = [ctx.config.tools.prepare(call) for call in calls]
+    turn = _turn_calls(ctx, prepared)
+    winner = _control_winner(prepared)
+    if winner is not None:
+        _answer_control(ctx, winner, prepared, turn.results)
+    else:
+        runnable, pending = _gate(prepared, approved, turn.results)
+        if runnable:
+            groups = waves(prepared, runnable, ctx.config.parallel_tool_calls)
+            await run_until_stopped(turn, groups, ctx.stop)
+        if pending:
+            state.control = approval_request(pending)
+            state.output = state.control.text
+    final = [
+        result if result is not None else skipped_result(prepared[index].call, STOPPED)
+        for index, result in enumerate(turn.results)
+    ]
+    fit_turn(final, ctx.limits.turn_max_output_chars)
+    _report(ctx, turn, prepared, final)
+    _count(ctx, winner is not None, prepared, final)
+    return final
+
+
+def _turn_calls(ctx: RunContext, prepared: Sequence[PreparedCall]) -> TurnCalls:
+    config = ctx.config
+    return TurnCalls(
+        ctx.state,
+        prepared,
+        config.limits,
+        ctx.bus.emitter,
+        config.clock,
+        config.sleep,
+        ctx.journal,
+        partial(_steered, ctx),
+    )
+
+
+def _steered(ctx: RunContext) -> str | None:
+    """Asked after each tool call: a steering message skips the calls not yet started."""
+    if ctx.state.pending_input:
+        return "a new user message arrived, so this call was not run"
+    return None
 
 
 def _control_winner(prepared: Sequence[PreparedCall]) -> PreparedCall | None:
@@ -64,204 +140,101 @@ def _control_winner(prepared: Sequence[PreparedCall]) -> PreparedCall | None:
     return None
 
 
-def _control_request(winner: PreparedCall) -> ControlRequest:
+def _answer_control(
+    ctx: RunContext,
+    winner: PreparedCall,
+    prepared: Sequence[PreparedCall],
+    results: list[ToolMessage | None],
+) -> None:
+    """The control call wins the turn: record its request, answer it, skip every other call."""
     assert winner.tool is not None
     assert winner.tool.control is not None
     assert winner.arguments is not None
     kind = winner.tool.control
     text = winner.arguments.get("question" if kind is ControlKind.ASK_USER else "summary", "")
-    return ControlRequest(kind=kind, text=str(text), tool_call_id=winner.call.id)
-
-
-def _approval_request(pending: Sequence[PreparedCall]) -> ControlRequest:
-    """A short human summary of the calls that wait for approval, and the calls themselves."""
-    shown = []
-    for item in pending:
-        arguments = json.dumps(item.arguments, ensure_ascii=False, separators=(", ", "="))
-        arguments = arguments[1:-1].replace('"', "") if arguments.startswith("{") else arguments
-        if len(arguments) > 120:
-            arguments = arguments[:119] + "…"
-        shown.append(f"{item.call.name}({arguments})")
-    if len(shown) == 1:
-        text = f"Approval needed to run {shown[0]}"
-    else:
-        text = f"Approval needed to run {len(shown)} tool calls: " + "; ".join(shown)
-    return ControlRequest(
-        kind=ControlKind.APPROVAL,
-        text=text,
-        tool_call_id=pending[0].call.id,
-        pending_calls=tuple(item.call for item in pending),
-    )
-
-
-def _awaiting_approval(call: ToolCall) -> ToolMessage:
-    return ToolMessage(
-        tool_call_id=call.id,
-        name=call.name,
-        content=_AWAITING_APPROVAL,
-        status=ToolStatus.SKIPPED,
-        details={"runtime": {"awaiting_approval": True}},
-    )
-
-
-def _fair_shares(sizes: Sequence[int], budget: int) -> list[int]:
-    """Characters each output may keep so that together they fit ``budget``: outputs below
-    an equal share keep everything, and what they leave is shared among the longer ones."""
-    shares = list(sizes)
-    left, count = budget, len(sizes)
-    for index in sorted(range(len(sizes)), key=sizes.__getitem__):
-        share = left // count
-        if sizes[index] > share:
-            shares[index] = share
-        left -= shares[index]
-        count -= 1
-    return shares
-
-
-def _fit_turn(results: list[ToolMessage], limits: Limits) -> None:
-    """Cut the longest outputs of the turn, in place, until together they fit the turn limit."""
-    budget = limits.turn_max_output_chars
-    if sum([len(r.content) for r in results]) <= budget:
-        return
-    sizes: list[int] = []
-    originals: list[int] = []
-    for result in results:
-        runtime = result.details.get("runtime") if isinstance(result.details, dict) else None
-        shown = runtime.get("shown_chars") if isinstance(runtime, dict) else None
-        original = runtime.get("original_chars") if isinstance(runtime, dict) else None
-        # An output the tool's own limit already cut counts at the size it was cut to.
-        sizes.append(shown if isinstance(shown, int) else len(result.content))
-        originals.append(original if isinstance(original, int) else len(result.content))
-    for index, share in enumerate(_fair_shares(sizes, budget)):
-        if share >= sizes[index]:
-            continue
-        result = results[index]
-        runtime_update: dict[str, JsonValue] = {
-            "original_chars": originals[index],
-            "shown_chars": share,
-            "cut_by_turn_limit": True,
-        }
-        results[index] = result.model_copy(
-            update={
-                "content": truncate(result.content, share, result.name, originals[index]),
-                "details": merge_runtime_details(result.details, runtime_update),
-            }
+    control = ControlRequest(kind=kind, text=str(text), tool_call_id=winner.call.id)
+    ctx.state.control = control
+    ctx.state.output = control.text
+    reason = f"{winner.call.name} ended the turn, so this call was not run."
+    for index, item in enumerate(prepared):
+        results[index] = (
+            ToolMessage(
+                tool_call_id=item.call.id, name=item.call.name, content=_CONTROL_ANSWER[kind]
+            )
+            if item is winner
+            else skipped_result(item.call, reason)
         )
 
 
-async def act(
-    state: RunState,
-    calls: Sequence[ToolCall],
-    registry: ToolRegistry,
-    limits: Limits,
-    *,
-    parallel: bool,
-    emit: Callable[[Event], None] | None,
-    clock: Callable[[], float],
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    journal: ToolJournal | None = None,
-    interruption: Callable[[], str | None] | None = None,
-    stop: StopEvent | None = None,
-    approved: Collection[str] = (),
-) -> list[ToolMessage]:
-    """Answer ``calls``; record control requests, error counts and loop signals in ``state``.
+def _gate(
+    prepared: Sequence[PreparedCall],
+    approved: Collection[str],
+    results: list[ToolMessage | None],
+) -> tuple[list[int], list[PreparedCall]]:
+    """Answer the calls that cannot run (their error) and those that wait for approval;
+    return the indices of the calls that run, and the calls that wait."""
+    runnable: list[int] = []
+    pending: list[PreparedCall] = []
+    for index, item in enumerate(prepared):
+        if item.error is not None or item.tool is None:
+            results[index] = error_result(item.call, item.error or "the call cannot run")
+        elif needs_approval(item, approved):
+            results[index] = awaiting_approval(item.call)
+            pending.append(item)
+        else:
+            runnable.append(index)
+    return runnable, pending
 
-    Args:
-        parallel: run the calls of the reply concurrently (results stay in call order).
-        emit: where events go; None when nobody listens.
-        clock: the time source for durations.
-        sleep: awaited for retry backoff (a fake one keeps tests instant).
-        journal: records each executed call before and after it runs; a call it already
-            holds is answered from it (finished) or, when it started but never finished,
-            re-run only if its tool is idempotent.
-        interruption: asked after each call finishes; once it returns a reason, calls not
-            yet started are answered "skipped" with that reason.
-        stop: once set, running calls are cancelled (a sync tool's thread is abandoned) and
-            answered with an error, calls not yet started are skipped, and ``act`` returns.
-        approved: ids of calls a person already approved (a resumed approval pause): they
-            run without asking again.
 
-    Returns the results in call order; the caller appends them to the transcript.
-    """
-    state.control = None
-    prepared = [registry.prepare(call) for call in calls]
-    winner = _control_winner(prepared)
-    turn = TurnCalls(state, prepared, limits, emit, clock, sleep, journal, interruption)
-    results = turn.results
-    if winner is not None:
-        control = _control_request(winner)
-        state.control = control
-        state.output = control.text
-        reason = f"{winner.call.name} ended the turn, so this call was not run."
-        answer = _CONTROL_ANSWER[control.kind]
-        for index, item in enumerate(prepared):
-            results[index] = (
-                ToolMessage(tool_call_id=item.call.id, name=item.call.name, content=answer)
-                if item is winner
-                else skipped_result(item.call, reason)
+def _report(
+    ctx: RunContext,
+    turn: TurnCalls,
+    prepared: Sequence[PreparedCall],
+    final: Sequence[ToolMessage],
+) -> None:
+    """A ToolFinished for every call (and a ToolStarted for those that never started)."""
+    emit = ctx.bus.emitter
+    if emit is None:
+        return
+    run_id, number = ctx.state.run_id, ctx.state.turns
+    for index, result in enumerate(final):
+        if not turn.started[index]:
+            emit(tool_started(run_id=run_id, turn=number, call=prepared[index].call))
+        emit(
+            _tool_finished(
+                run_id=run_id,
+                turn=number,
+                call_id=result.tool_call_id,
+                name=result.name,
+                status=result.status,
+                output=result.content,
+                duration_s=turn.durations[index],
+                is_error=result.status is ToolStatus.ERROR,
+                output_chars=len(result.content),
+                details=result.details,
+                attempts=turn.attempts[index],
             )
-    else:
-        runnable: list[int] = []
-        pending: list[PreparedCall] = []
-        for index, item in enumerate(prepared):
-            if item.error is not None or item.tool is None:
-                results[index] = error_result(item.call, item.error or "the call cannot run")
-            elif (
-                item.tool.requires_approval is not False
-                and item.call.id not in approved
-                and item.tool.needs_approval(item.arguments or {})
-            ):
-                results[index] = _awaiting_approval(item.call)
-                pending.append(item)
-            else:
-                runnable.append(index)
-        if runnable:
-            groups = waves(prepared, runnable, parallel)
-            if stop is None:
-                await turn.run_groups(groups)
-            else:
-                await run_until_stopped(turn, groups, stop)
-        if pending:
-            control = _approval_request(pending)
-            state.control = control
-            state.output = control.text
-    final: list[ToolMessage] = [
-        result if result is not None else skipped_result(prepared[index].call, STOPPED)
-        for index, result in enumerate(results)
-    ]
-    _fit_turn(final, limits)
+        )
 
-    if emit is not None:
-        run_id, number = state.run_id, state.turns
-        for index, result in enumerate(final):
-            if not turn.started[index]:
-                emit(tool_started(run_id=run_id, turn=number, call=prepared[index].call))
-            emit(
-                _tool_finished(
-                    run_id=run_id,
-                    turn=number,
-                    call_id=result.tool_call_id,
-                    name=result.name,
-                    status=result.status,
-                    output=result.content,
-                    duration_s=turn.durations[index],
-                    is_error=result.status is ToolStatus.ERROR,
-                    output_chars=len(result.content),
-                    details=result.details,
-                    attempts=turn.attempts[index],
-                )
-            )
 
-    if winner is None:
+def _count(
+    ctx: RunContext,
+    controlled: bool,
+    prepared: Sequence[PreparedCall],
+    final: Sequence[ToolMessage],
+) -> None:
+    """Feed the turn to the error count (a turn won by a control tool counts neither way) and
+    to the loop detector."""
+    if not controlled:
         statuses = {r.status for r in final}
         if ToolStatus.OK in statuses:
-            state.consecutive_errors = 0
+            ctx.clear_failures()
         elif statuses == {ToolStatus.ERROR}:
-            state.consecutive_errors += 1
+            ctx.count_failure()
+    loop, limits = ctx.state.loop, ctx.limits
     record_calls(
-        state.loop,
+        loop,
         [(p.call.name, canonical_arguments(p.arguments, p.call.arguments)) for p in prepared],
         limits,
     )
-    record_turn_results(state.loop, final, limits)
-    return final
+    record_turn_results(loop, final, limits)

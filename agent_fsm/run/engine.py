@@ -12,17 +12,13 @@ counts and loop-detector state are kept incrementally, and the model receives a 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from agent_fsm.cancellation import StopEvent
-from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.errors import ConfigError, RunError
 from agent_fsm.events import (
     AbortRequested,
@@ -35,25 +31,18 @@ from agent_fsm.events import (
     StateChanged,
     SteeringQueued,
 )
-from agent_fsm.limits import Limits
-from agent_fsm.loop.machine import AgentMachine, RunHandle
-from agent_fsm.messages import (
-    AssistantMessage,
-    Message,
-    SystemMessage,
-    ToolCall,
-    ToolMessage,
-    UserMessage,
-)
-from agent_fsm.models.base import Model
+from agent_fsm.loop.machine import RunHandle
+from agent_fsm.messages import SystemMessage
 from agent_fsm.records import builder
 from agent_fsm.run.acting import act
-from agent_fsm.run.outcome import RESUMABLE, describe_failure, ending_events
-from agent_fsm.run.thinking import Thinking
-from agent_fsm.state import LoopState, RunResult, RunState, TraceEntry
+from agent_fsm.run.context import Reflector, RunConfig, RunContext
+from agent_fsm.run.observing import observe
+from agent_fsm.run.outcome import ending_events, record_stop
+from agent_fsm.run.reflecting import reflect
+from agent_fsm.run.thinking import think
+from agent_fsm.state import RunResult, RunState, TraceEntry, reopen_fields
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason, Trigger
 from agent_fsm.tokens import estimate_message_tokens
-from agent_fsm.tools.tool import ToolRegistry, skipped_result
 
 __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 
@@ -61,6 +50,14 @@ _logger = structlog.get_logger("agent_fsm")
 
 _TRIGGER_NAMES = {trigger: trigger.value for trigger in Trigger}
 _state_changed = builder(StateChanged)
+
+_WORK: dict[AgentState, Callable[[RunContext], Awaitable[None] | None]] = {
+    AgentState.OBSERVE: observe,
+    AgentState.THINK: think,
+    AgentState.ACT: act,
+    AgentState.REFLECT: reflect,
+}
+"""The work done in each loop state before its trigger fires."""
 
 
 def _debug_enabled(log: Any) -> bool:
@@ -76,39 +73,26 @@ def _debug_enabled(log: Any) -> bool:
         return True
 
 
-Reflector = Callable[[RunState], bool | Awaitable[bool]]
-"""Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunConfig:
-    """What a run needs from its agent: frozen, shared by every run of the agent."""
-
-    model: Model
-    tools: ToolRegistry
-    limits: Limits
-    machine: AgentMachine
-    tools_tokens: int = 0
-    reflector: Reflector | None = None
-    parallel_tool_calls: bool = True
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    handlers: tuple[EventHandler, ...] = ()
-    store: CheckpointStore | None = None
-    checkpoint_every_transition: bool = False
-    """Save after every transition (a durable store), or only runs that end resumable
-    (paused, aborted, timed out) so that ``Agent.resume`` works in-process."""
-
-
 class Run:
     """One run of an agent. Create it with ``Agent.start``; drive it with ``step``/``run``."""
 
     def __init__(self, config: RunConfig, state: RunState, *, resumed: str | None = None) -> None:
+        log = _logger.bind(run_id=state.run_id)
         self._config = config
         self._state = state
-        self._log = _logger.bind(run_id=state.run_id)
-        self._debug = _debug_enabled(self._log)
-        self._bus = EventBus(config.handlers, on_handler_error=self._handler_failed)
+        self._debug = _debug_enabled(log)
+        self._ctx = RunContext(
+            state=state,
+            config=config,
+            bus=EventBus(config.handlers, on_handler_error=self._handler_failed),
+            stop=StopEvent(),
+            journal=(
+                config.store.journal(state.run_id)
+                if config.store is not None and config.checkpoint_every_transition
+                else None
+            ),
+            log=log,
+        )
         self._started_at = config.clock() - state.elapsed_s
         self._handle: RunHandle | None = None
         self._result: RunResult | None = None
@@ -117,25 +101,7 @@ class Run:
         self._entries: list[TraceEntry] = []
         """The trace entries of the transitions this Run object fired, for ``step`` and the
         result (a resumed run's earlier ones are built from ``state.trace`` at the end)."""
-        self._stop = StopEvent()
-        """Set by abort() or the deadline: in-flight model and tool calls are cancelled."""
-        self._thinking = Thinking(
-            state,
-            model=config.model,
-            tools=config.tools.specs,
-            limits=config.limits,
-            sleep=config.sleep,
-            stop=self._stop,
-            bus=self._bus,
-            append=self._append,
-            log=self._log,
-        )
         self._deadline: asyncio.TimerHandle | None = None
-        self._journal = (
-            config.store.journal(state.run_id)
-            if config.store is not None and config.checkpoint_every_transition
-            else None
-        )
 
     # -- public surface ---------------------------------------------------------------
 
@@ -150,7 +116,20 @@ class Run:
 
     @property
     def done(self) -> bool:
-        return self._state.state in TERMINAL_STATES
+        """The run has stopped and is not waiting to take its resume row."""
+        return self._state.state in TERMINAL_STATES and not self._resumed_from_stop
+
+    @property
+    def resumable(self) -> bool:
+        """The run has stopped in a way ``Agent.resume`` can continue (with the answer its
+        stop asks for): a row of the table's resume rows leaves it."""
+        config = self._config
+        return self.done and config.machine.can_resume(self._state, config.limits)
+
+    @property
+    def _resumed_from_stop(self) -> bool:
+        """Reopened after a stop, and the resume row is still to be taken (the first step)."""
+        return self._resumed not in (None, "crashed") and not self._entries
 
     @property
     def result(self) -> RunResult:
@@ -161,7 +140,7 @@ class Run:
 
     def subscribe(self, handler: EventHandler) -> None:
         """Deliver this run's events to ``handler`` from now on."""
-        self._bus.subscribe(handler)
+        self._ctx.bus.subscribe(handler)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop the run promptly: a model or tool call in flight is cancelled (its tool call
@@ -175,7 +154,7 @@ class Run:
         if state.abort_reason is not None or self.done:
             return
         state.abort_reason = reason
-        self._bus.emit(AbortRequested(run_id=state.run_id, reason=reason, turn=state.turns))
+        self._ctx.bus.emit(AbortRequested(run_id=state.run_id, reason=reason, turn=state.turns))
         self._interrupt()
 
     def steer(self, message: str) -> None:
@@ -192,7 +171,9 @@ class Run:
         """
         self._check_queueable(message)
         self._state.pending_input.append(message)
-        self._bus.emit(SteeringQueued(run_id=self.run_id, message=message, turn=self._state.turns))
+        self._ctx.bus.emit(
+            SteeringQueued(run_id=self.run_id, message=message, turn=self._state.turns)
+        )
 
     def follow_up(self, message: str) -> None:
         """Queue a user message for when the run would otherwise end (a final answer): the
@@ -205,7 +186,9 @@ class Run:
         """
         self._check_queueable(message)
         self._state.follow_ups.append(message)
-        self._bus.emit(FollowUpQueued(run_id=self.run_id, message=message, turn=self._state.turns))
+        self._ctx.bus.emit(
+            FollowUpQueued(run_id=self.run_id, message=message, turn=self._state.turns)
+        )
 
     def _check_queueable(self, message: object) -> None:
         if not isinstance(message, str):
@@ -228,26 +211,24 @@ class Run:
 
     async def _advance(self) -> Row:
         """Do the current state's work and fire one trigger; return the row taken."""
-        state = self._state
-        if state.state in TERMINAL_STATES:
+        state, config = self._state, self._config
+        if self.done:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
         if self._handle is None:
-            self._handle = self._config.machine.handle(state, self._config.limits)
+            self._handle = config.machine.handle(state, config.limits)
         if not self._announced:
             self._announce()
-        work = state.state
-        if work is AgentState.OBSERVE:
-            self._observe()
-        elif work is AgentState.THINK:
-            await self._thinking.think()
-        elif work is AgentState.ACT:
-            await self._act()
+        if state.state in TERMINAL_STATES:  # reopened after a stop: take the resume row
+            row = config.machine.resume(self._handle)
+            if row is None:  # reopen checked that one accepts it; nothing changed since
+                raise RunError(f"run {state.run_id}: no resume row accepts it any more")
+            reopen_fields(state, stopped=True)
         else:
-            state.reflector_done = False
-            if self._config.reflector is not None and state.control is None:
-                await self._reflect()
-        state.elapsed_s = self._config.clock() - self._started_at
-        row = self._config.machine.fire(self._handle)
+            work = _WORK[state.state](self._ctx)
+            if work is not None:
+                await work
+            state.elapsed_s = config.clock() - self._started_at
+            row = config.machine.fire(self._handle)
         self._after(row)
         return row
 
@@ -258,7 +239,7 @@ class Run:
 
     async def run(self) -> RunResult:
         """Step until the run ends; return its result."""
-        while self._state.state not in TERMINAL_STATES:
+        while not self.done:
             await self._advance()
         return self.result
 
@@ -269,19 +250,28 @@ class Run:
         self._started_at = config.clock() - state.elapsed_s
         remaining = max(config.limits.timeout_s - state.elapsed_s, 0.0)
         self._deadline = asyncio.get_running_loop().call_later(remaining, self._time_up)
+        bus = self._ctx.bus
         if self._resumed is None:
             first = state.pending_input[0] if state.pending_input else ""
-            self._bus.emit(RunStarted(run_id=state.run_id, input=first))
+            bus.emit(RunStarted(run_id=state.run_id, input=first))
         else:
-            self._bus.emit(
+            resume_row = config.machine.resume_row(state, config.limits)
+            continues_in = resume_row.dest if resume_row is not None else state.state
+            bus.emit(
                 RunResumed(
                     run_id=state.run_id,
-                    state=state.state,
+                    state=continues_in,
                     answered=self._resumed,
                     turn=state.turns,
                 )
             )
-        if config.store is not None and config.checkpoint_every_transition:
+        # A run reopened after a stop is saved once its resume row is taken: until then its
+        # answer is not accepted, and a crash leaves the stop as it was.
+        if (
+            config.store is not None
+            and config.checkpoint_every_transition
+            and not (self._resumed_from_stop)
+        ):
             config.store.save(state)
 
     def _time_up(self) -> None:
@@ -291,102 +281,12 @@ class Run:
     def _interrupt(self) -> None:
         """Cancel what is in flight: the model call or the tool calls, through the stop
         event their scopes watch."""
-        self._stop.set()
+        self._ctx.stop.set()
 
     # -- events -----------------------------------------------------------------------
 
     def _handler_failed(self, event: Event) -> None:
-        self._log.exception("event_handler_failed", kind=event.kind)
-
-    # -- the work of each state --------------------------------------------------------
-
-    def _append(self, message: Message) -> None:
-        self._state.messages.append(message)
-        self._state.prompt_tokens_estimate += estimate_message_tokens(message)
-
-    def _observe(self) -> None:
-        state = self._state
-        taken = bool(state.pending_input)
-        while state.pending_input:
-            self._append(UserMessage(content=state.pending_input.pop(0)))
-        if not taken and state.follow_ups and state.turns and not state.last_tool_calls:
-            # The last reply would have ended the run: deliver one follow-up.
-            self._append(UserMessage(content=state.follow_ups.pop(0)))
-            taken = True
-        if taken and state.turns:
-            # New words from the user change the situation: repeats before them are no loop.
-            state.loop = LoopState()
-
-    async def _act(self) -> None:
-        state = self._state
-        if state.approvals:
-            await self._carry_out_approvals()
-            return
-        last = state.messages[-1]
-        calls = last.tool_calls if isinstance(last, AssistantMessage) else ()
-        for result in await self._run_tools(calls):
-            self._append(result)
-
-    async def _run_tools(
-        self, calls: Sequence[ToolCall], approved: Collection[str] = ()
-    ) -> list[ToolMessage]:
-        state, config = self._state, self._config
-        return await act(
-            state,
-            calls,
-            config.tools,
-            config.limits,
-            parallel=config.parallel_tool_calls,
-            emit=self._bus.emitter,
-            clock=config.clock,
-            sleep=config.sleep,
-            journal=self._journal,
-            interruption=self._steered,
-            stop=self._stop,
-            approved=approved,
-        )
-
-    def _steered(self) -> str | None:
-        """Asked after each tool call: a steering message skips the calls not yet started."""
-        if self._state.pending_input:
-            return "a new user message arrived, so this call was not run"
-        return None
-
-    async def _carry_out_approvals(self) -> None:
-        """Run the calls a person allowed, refuse the others, and tell the model the outcome
-        of each in the next user message (the calls were answered "awaiting approval" when
-        the run paused, so the transcript is valid throughout)."""
-        state = self._state
-        control = state.control
-        assert control is not None
-        decisions = state.approvals
-        allowed = [call for call in control.pending_calls if decisions[call.id].allow]
-        allowed_ids = {call.id for call in allowed}
-        results = {r.tool_call_id: r for r in await self._run_tools(allowed, allowed_ids)}
-        lines = ["Decisions on the tool calls that awaited approval:"]
-        for call in control.pending_calls:
-            decision = decisions[call.id]
-            why = f" Reason given: {decision.reason}" if decision.reason else ""
-            result = results.get(call.id)
-            if result is None:
-                lines.append(f"- {call.name} (call {call.id}): denied, so it was not run.{why}")
-            else:
-                outcome = "approved, but it failed" if result.is_error else "approved and run"
-                lines.append(
-                    f"- {call.name} (call {call.id}): {outcome}.{why} Result: {result.content}"
-                )
-        state.pending_input.append("\n".join(lines))
-        state.approvals = {}
-        state.control = None
-
-    async def _reflect(self) -> None:
-        """Ask the agent's reflector (there is one, and no control tool ended the turn)."""
-        reflector = self._config.reflector
-        assert reflector is not None
-        verdict = reflector(self._state)
-        if inspect.isawaitable(verdict):
-            verdict = await verdict
-        self._state.reflector_done = bool(verdict)
+        self._ctx.log.exception("event_handler_failed", kind=event.kind)
 
     # -- after a transition -----------------------------------------------------------
 
@@ -396,7 +296,7 @@ class Run:
         state.trace.append((index, state.turns))
         self._entries.append(TraceEntry.from_row(row, state.turns))
         if self._debug:
-            self._log.debug(
+            self._ctx.log.debug(
                 "transition",
                 source=row.source,
                 dest=row.dest,
@@ -404,7 +304,7 @@ class Run:
                 label=row.label,
                 turn=state.turns,
             )
-        emit = self._bus.emitter
+        emit = self._ctx.bus.emitter
         if emit is not None:
             emit(
                 _state_changed(
@@ -423,29 +323,23 @@ class Run:
             self._config.store.save(state)
 
     def _finish(self, row: Row) -> None:
-        state = self._state
-        stop_reason = row.stop_reason
-        assert stop_reason is not None
-        if row.dest is AgentState.ERROR:
-            state.error = describe_failure(state, self._config.limits, stop_reason)
-            state.output = None
-        if row.source is AgentState.THINK and state.last_tool_calls:
-            self._skip_open_calls(f"the run ended ({stop_reason.value}) before it could run")
+        state, config = self._state, self._config
+        record_stop(self._ctx, row)
         self._handle = None
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        result = RunResult.from_state(state, self._config.machine.rows, self._entries)
+        result = RunResult.from_state(state, config.machine.rows, self._entries)
         self._result = result
-        self._checkpoint_final(stop_reason)
-        self._log.info(
+        self._checkpoint_final(result.stop_reason)
+        self._ctx.log.info(
             "run_finished",
             status=result.status.value,
-            stop_reason=stop_reason.value,
+            stop_reason=result.stop_reason.value,
             turns=state.turns,
             tokens=state.usage.total_tokens,
         )
-        emit = self._bus.emitter
+        emit = self._ctx.bus.emitter
         if emit is not None:
             for event in ending_events(state, row, result):
                 emit(event)
@@ -453,21 +347,14 @@ class Run:
     def _checkpoint_final(self, stop_reason: StopReason) -> None:
         """Save the ended run: always in a durable store; in the in-process default store
         only while it can be resumed (and drop it once it cannot)."""
-        store, state = self._config.store, self._state
+        config, state = self._config, self._state
+        store = config.store
         if store is None:
             return
-        if self._config.checkpoint_every_transition or stop_reason in RESUMABLE:
+        if config.checkpoint_every_transition or stop_reason in config.machine.resumable:
             store.save(state)
         elif store.exists(state.run_id):
             store.delete(state.run_id)
-
-    def _skip_open_calls(self, reason: str) -> None:
-        """Answer the calls of a reply the run will not act on, so none is left orphaned."""
-        last = self._state.messages[-1]
-        if isinstance(last, AssistantMessage):
-            for tool_call in last.tool_calls:
-                self._append(skipped_result(tool_call, reason))
-        self._state.last_tool_calls = 0
 
 
 def new_run_state(run_id: str, system_prompt: str, user_input: str, tools_tokens: int) -> RunState:

@@ -1,19 +1,37 @@
-"""How a run ends: the error text for each stop reason, the events that announce the end, and
-which ends can be resumed. Pure functions of the final state; the engine applies them."""
+"""How a run ends: what the run state records when a row into DONE or ERROR is taken (the stop
+reason, the error text with the numbers that tripped the guard, an answer for every call of a
+reply the run will not act on), and the events that announce the end."""
 
 from __future__ import annotations
 
 from agent_fsm.events import Event, GuardTripped, RunFinished, RunPaused
 from agent_fsm.limits import Limits
+from agent_fsm.messages import AssistantMessage
+from agent_fsm.run.context import RunContext
 from agent_fsm.state import RunResult, RunState, RunStatus
-from agent_fsm.table import Row, StopReason
+from agent_fsm.table import AgentState, Row, StopReason
+from agent_fsm.tools.results import skipped_result
 
-__all__ = ["RESUMABLE", "describe_failure", "ending_events"]
+__all__ = ["describe_failure", "ending_events", "record_stop"]
 
-RESUMABLE = frozenset(
-    {StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED, StopReason.ABORTED, StopReason.TIMEOUT}
-)
-"""Runs that ended with these can be resumed."""
+
+def record_stop(ctx: RunContext, row: Row) -> None:
+    """The run took ``row`` into DONE or ERROR: record why, say what went wrong, and answer
+    the calls of a reply it will not act on, so none is left orphaned."""
+    state = ctx.state
+    stop_reason = row.stop_reason
+    assert stop_reason is not None  # a verified row into a terminal state has one
+    state.stop_reason = stop_reason
+    if row.dest is AgentState.ERROR:
+        state.error = describe_failure(state, ctx.limits, stop_reason)
+        state.output = None
+    if row.source is AgentState.THINK and state.last_tool_calls:
+        last = state.messages[-1]
+        if isinstance(last, AssistantMessage):
+            reason = f"the run ended ({stop_reason.value}) before it could run"
+            for tool_call in last.tool_calls:
+                ctx.append(skipped_result(tool_call, reason))
+        state.last_tool_calls = 0
 
 
 def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str:

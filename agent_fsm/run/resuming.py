@@ -1,142 +1,149 @@
-"""Reopening a checkpointed run: check that the answer fits the way it stopped, then put the
-run back into the state it continues from.
+"""Reopening a checkpointed run: check that the answer fits the way it stopped, and hand the
+machine a run its resume rows can take back into the loop.
 
-A run can continue when it
+Which stops can be resumed, and into which state, is the table's to say: its ``resumed`` rows
+(``table.py``) leave DONE after ask_user (to OBSERVE, where the reply is observed) and after
+approvals (to ACT, which carries the decisions out), and ERROR after an abort, a timeout or a
+transient model failure (to OBSERVE). ``reopen`` reads the rows to know what answer a stop
+takes, puts the answer in the run state, asks the machine which row would fire, and leaves
+taking it to the run's first step (``Run.step``), so the resume is a transition like any
+other: traced, drawn, verified and checkpointed.
 
-- paused on ``ask_user``: the ``reply`` becomes the next user message (OBSERVE);
-- paused on approvals: every pending call gets a decision, and the run continues in ACT,
-  which runs the allowed calls and tells the model the outcome of each;
-- was aborted or timed out: it continues in OBSERVE (with ``reply`` as a new user message,
-  if one is given), and its transcript is already valid because every cancelled call was
-  answered;
-- was interrupted without ending (the process died): it continues from its last checkpoint,
-  and the tool journal keeps any side effect from happening twice.
+A run that was interrupted without ending (its process died) continues from its last
+checkpoint with no resume row, and the tool journal keeps any side effect from happening
+twice.
 
-Anything else (a finished run, a reply to an approval, a decision for an unknown call) is a
-``ResumeError`` saying what the run is waiting for, and the state is left untouched.
+Anything else (a finished run, a reply to an approval, a decision for an unknown call, a
+permanent model error) is a ``ResumeError`` saying what the run is waiting for, and the state
+is left untouched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from agent_fsm.errors import ResumeError
-from agent_fsm.state import Approval, RunState
-from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
+from agent_fsm.limits import Limits
+from agent_fsm.loop.machine import AgentMachine
+from agent_fsm.run.approvals import Decisions, decide
+from agent_fsm.state import Decision, RunState, reopen_fields
+from agent_fsm.table import STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
 
 __all__ = ["Decisions", "reopen"]
 
-Decisions = Mapping[str, bool | Approval] | bool | Approval
-"""Approval decisions: per call id, or one decision for every pending call."""
-
-_INTERRUPTED = frozenset({StopReason.ABORTED, StopReason.TIMEOUT})
-
-
-def _decisions(run_id: str, state: RunState, approvals: Decisions | None) -> dict[str, Approval]:
-    assert state.control is not None
-    pending = [call.id for call in state.control.pending_calls]
-    listing = ", ".join(
-        f"{call.id} ({call.name} {call.arguments})" for call in state.control.pending_calls
-    )
-    if approvals is None:
-        raise ResumeError(
-            f"run {run_id} waits for approval of {listing}: pass approvals={{call_id: True | "
-            "False | Approval(allow=..., reason=...)}} (or one decision for all)"
-        )
-    if isinstance(approvals, bool | Approval):
-        approvals = dict.fromkeys(pending, approvals)
-    if not isinstance(approvals, Mapping):
-        raise ResumeError(
-            f"approvals must map call ids to decisions, got {type(approvals).__name__}"
-        )
-    unknown = sorted(set(approvals) - set(pending))
-    missing = [call_id for call_id in pending if call_id not in approvals]
-    if unknown or missing:
-        problems = []
-        if missing:
-            problems.append(f"no decision for {missing}")
-        if unknown:
-            problems.append(f"{unknown} are not pending")
-        raise ResumeError(f"run {run_id}: {'; '.join(problems)} (pending: {listing})")
-    decided: dict[str, Approval] = {}
-    for call_id in pending:
-        decision = approvals[call_id]
-        if isinstance(decision, bool):
-            decision = Approval(allow=decision)
-        elif not isinstance(decision, Approval):
-            raise ResumeError(
-                f"the decision for {call_id} must be True, False or an Approval, "
-                f"got {type(decision).__name__}"
-            )
-        decided[call_id] = decision
-    return decided
+_ANSWERED = {
+    Verb.ANSWER: "reply",
+    Verb.CARRY_OUT: "approvals",
+    Verb.RESUME: "interrupted",
+    Verb.RECOVER: "recovered",
+}
+"""What ``RunResumed.answered`` says for each resume row's verb."""
 
 
 def reopen(
     state: RunState,
-    rows: tuple[Row, ...],
+    machine: AgentMachine,
+    limits: Limits,
     reply: str | None = None,
     approvals: Decisions | None = None,
 ) -> str:
-    """Make ``state`` continue; return what was answered ("reply", "approvals",
-    "interrupted" or "crashed").
+    """Make ``state`` ready to continue; return what was answered ("reply", "approvals",
+    "interrupted", "recovered" or "crashed").
 
     Raises:
         ResumeError: when the run cannot continue, or not with this answer. ``state`` is then
             unchanged.
     """
-    run_id = state.run_id
     if reply is not None and not isinstance(reply, str):
         raise ResumeError(f"reply must be a str, got {type(reply).__name__}")
     if state.state not in TERMINAL_STATES:
         if reply is not None or approvals is not None:
             raise ResumeError(
-                f"run {run_id} was interrupted in {state.state}, not paused: resume it "
+                f"run {state.run_id} was interrupted in {state.state}, not paused: resume it "
                 "without a reply or approvals"
             )
         answered = "crashed"
     else:
-        stop_reason = rows[state.trace[-1][0]].stop_reason if state.trace else None
-        if stop_reason is StopReason.ASK_USER:
-            question = state.control.text if state.control else ""
-            if approvals is not None:
-                raise ResumeError(
-                    f"run {run_id} asked the user {question!r}: answer with reply=..., "
-                    "not approvals"
-                )
-            if not reply:
-                raise ResumeError(
-                    f"run {run_id} asked the user {question!r}: pass the answer as reply=..."
-                )
-            state.pending_input.append(reply)
-            state.state, answered = AgentState.OBSERVE, "reply"
-        elif stop_reason is StopReason.APPROVAL_REQUIRED:
-            if reply is not None:
-                raise ResumeError(
-                    f"run {run_id} waits for approvals, not a reply: pass approvals=..."
-                )
-            state.approvals = _decisions(run_id, state, approvals)
-            state.state, answered = AgentState.ACT, "approvals"
-        elif stop_reason in _INTERRUPTED:
-            if approvals is not None:
-                raise ResumeError(f"run {run_id} ended {stop_reason}; it has nothing to approve")
-            if reply is not None:
-                state.pending_input.append(reply)
-            state.state, answered = AgentState.OBSERVE, "interrupted"
-        else:
-            reason = stop_reason.value if stop_reason else state.state.value
-            raise ResumeError(
-                f"run {run_id} has finished ({reason}); only a run that paused (ask_user, "
-                "approvals), was aborted, timed out or was interrupted can be resumed"
-            )
-        if answered != "approvals":
-            state.control = None
-        state.abort_reason = None
-        state.error = None
-        state.output = None
-        state.model_failure = None
-        state.reflector_done = False
-    state.timed_out = False
-    state.elapsed_s = 0.0
+        answered = _answer_stop(state, machine, limits, reply, approvals)
+    reopen_fields(state, stopped=False)
     state.resumed_at.append(len(state.trace))
     return answered
+
+
+def _answer_stop(
+    state: RunState,
+    machine: AgentMachine,
+    limits: Limits,
+    reply: str | None,
+    approvals: Decisions | None,
+) -> str:
+    """Put the answer into a stopped run and find the resume row that will take it; undo and
+    raise when none will."""
+    if state.stop_reason is None and state.trace:  # a checkpoint from before 0.2 kept no reason
+        state.stop_reason = machine.rows[state.trace[-1][0]].stop_reason
+    stop = state.stop_reason
+    candidates = _rows_leaving(machine.rows, state, stop)
+    if not candidates:
+        reason = stop.value if stop else state.state.value
+        raise ResumeError(
+            f"run {state.run_id} has finished ({reason}); only a run that paused (ask_user, "
+            "approvals), was aborted, timed out, stopped on a transient model error or was "
+            "interrupted can be resumed"
+        )
+    decisions = _check_answer(state, candidates, reply, approvals)
+    if reply is not None:
+        state.pending_input.append(reply)
+    state.decisions = decisions
+    row = machine.resume_row(state, limits)
+    if row is None:
+        if reply is not None:
+            state.pending_input.pop()
+        state.decisions = []
+        failure = state.model_failure
+        detail = f": {failure.message}" if failure is not None and failure.permanent else ""
+        raise ResumeError(
+            f"run {state.run_id} stopped with {stop.value if stop else state.state.value}"
+            f"{detail}, and no resume row accepts it (a permanent model error cannot be "
+            "resumed)"
+        )
+    assert isinstance(row.outcome, Verb)
+    return _ANSWERED.get(row.outcome, row.outcome.value)
+
+
+def _rows_leaving(rows: tuple[Row, ...], state: RunState, stop: StopReason | None) -> list[Row]:
+    """The resume rows whose stop guard accepts the run's stop."""
+    return [
+        row
+        for row in rows
+        if row.resumes
+        and row.source is state.state
+        and any(stop in STOP_GUARDS.get(guard, ()) for guard in row.guards)
+    ]
+
+
+def _check_answer(
+    state: RunState, candidates: list[Row], reply: str | None, approvals: Decisions | None
+) -> list[Decision]:
+    """Check the answer against what the stop's rows need: a reply (``reply_given``), approval
+    decisions (``approvals_decided``), or neither (an optional reply); return the decisions."""
+    run_id = state.run_id
+    needs = {guard for row in candidates for guard in row.guards}
+    control = state.control
+    if "approvals_decided" in needs:
+        if reply is not None:
+            raise ResumeError(f"run {run_id} waits for approvals, not a reply: pass approvals=...")
+        assert control is not None  # an approval stop always records its request
+        return decide(run_id, control, approvals)
+    if "reply_given" in needs:
+        question = control.text if control else ""
+        if approvals is not None:
+            raise ResumeError(
+                f"run {run_id} asked the user {question!r}: answer with reply=..., not approvals"
+            )
+        if not reply:
+            raise ResumeError(
+                f"run {run_id} asked the user {question!r}: pass the answer as reply=..."
+            )
+        return []
+    if approvals is not None:
+        stop = state.stop_reason.value if state.stop_reason else state.state.value
+        raise ResumeError(f"run {run_id} ended {stop}; it has nothing to approve")
+    return []

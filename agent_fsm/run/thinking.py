@@ -1,6 +1,6 @@
 """THINK: one model call, and what the run takes from its reply or its failure.
 
-``Thinking.think`` is the whole of the THINK state's work. It never raises for anything the
+``think(ctx)`` is the whole of the THINK state's work. It never raises for anything the
 model does: an exception, a reply that is not a ``ModelResponse``, an empty reply, or a call
 cut short by ``abort()`` or the deadline each become a ``ModelFailure`` in the run state, which
 the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
@@ -8,33 +8,29 @@ the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-from agent_fsm.cancellation import StopEvent, StopScope
+from agent_fsm.cancellation import StopScope
 from agent_fsm.errors import ScriptExhaustedError
-from agent_fsm.events import EventBus, MessageUpdated, ModelFailed, ModelRequested, ModelResponded
+from agent_fsm.events import MessageUpdated, ModelFailed, ModelRequested, ModelResponded
 from agent_fsm.limits import Limits
 from agent_fsm.loop.detection import record_reply_text
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
-    Message,
     ModelRequest,
     ModelResponse,
     ReplyDelta,
     ToolCall,
-    ToolSpec,
     TranscriptView,
     Usage,
 )
-from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.models.base import ModelCallError
 from agent_fsm.records import builder
-from agent_fsm.state import ModelFailure, RunState
+from agent_fsm.run.context import RunContext
+from agent_fsm.state import ModelFailure
 from agent_fsm.tokens import estimate_message_tokens
 from agent_fsm.tools.execution import retry_delay
 
-__all__ = ["Thinking", "backoff_s", "failure_from", "interruption_text", "with_call_ids"]
+__all__ = ["backoff_s", "failure_from", "think", "with_call_ids"]
 
 # Built on every model call (see records.builder).
 _model_request = builder(ModelRequest)
@@ -83,183 +79,139 @@ def backoff_s(failure: ModelFailure, attempt: int, limits: Limits) -> float:
     return max(retry_delay(attempt, limits), failure.retry_after_s or 0.0)
 
 
-def interruption_text(state: RunState, limits: Limits) -> str:
-    """Why in-flight work was stopped: the abort reason, or the time limit."""
-    if state.abort_reason is not None:
-        return state.abort_reason
-    return f"the run's time limit of {limits.timeout_s:g} s was reached"
-
-
-class Thinking:
-    """The THINK work of one run; holds what it needs from the run and the agent."""
-
-    __slots__ = (
-        "_append",
-        "_bus",
-        "_limits",
-        "_log",
-        "_model",
-        "_sleep",
-        "_state",
-        "_stop",
-        "_tools",
-    )
-
-    def __init__(
-        self,
-        state: RunState,
-        *,
-        model: Model,
-        tools: tuple[ToolSpec, ...],
-        limits: Limits,
-        sleep: Callable[[float], Awaitable[None]],
-        stop: StopEvent,
-        bus: EventBus,
-        append: Callable[[Message], None],
-        log: Any,
-    ) -> None:
-        self._state = state
-        self._model = model
-        self._tools = tools
-        self._limits = limits
-        self._sleep = sleep
-        self._stop = stop
-        self._bus = bus
-        self._append = append
-        self._log = log
-
-    async def think(self) -> None:
-        """Make one model call (after a backoff, if the last one failed) and take in its reply,
-        or record why there is none."""
-        state = self._state
-        previous = state.model_failure
-        state.model_failure = None
-        state.last_finish_reason = None
-        state.last_tool_calls = 0
-        if self._stop.is_set():
-            self._interrupted()
-            return
-        scope = StopScope(self._stop)
-        try:
-            with scope:
-                response = await self._call_model(previous)
-        except Exception as exc:
-            if scope.stopped:  # the model turned our cancellation into an error of its own
-                self._interrupted()
-            else:
-                self._failed(failure_from(exc))
-            return
-        if scope.stopped:
-            self._interrupted()
-            return
-        self._take_reply(response)
-
-    def _failed(self, failure: ModelFailure, *, counts: bool = True) -> None:
-        """Record a failed model call (``counts``: towards the consecutive-error limit)."""
-        state = self._state
-        state.model_failure = failure
-        if counts:
-            state.consecutive_errors += 1
-        self._log.warning(
-            "model_call_failed",
-            turn=state.turns,
-            error=failure.message,
-            permanent=failure.permanent,
-        )
-        emit = self._bus.emitter
-        if emit is not None:
-            emit(
-                ModelFailed(
-                    run_id=state.run_id,
-                    turn=state.turns,
-                    message=failure.message,
-                    permanent=failure.permanent,
-                )
-            )
-
-    def _interrupted(self) -> None:
-        """The call was cancelled by abort() or the deadline: the run stops, and it is no
-        model error, so it does not count towards the consecutive-error limit."""
-        message = f"the model call was interrupted: {interruption_text(self._state, self._limits)}"
-        self._failed(ModelFailure(message=message, permanent=True), counts=False)
-
-    async def _call_model(self, previous: ModelFailure | None) -> object:
-        """Back off if this is a retry, then make one model call (turn += 1)."""
-        state = self._state
-        if previous is not None:
-            attempt = max(state.consecutive_errors, 1)
-            await self._sleep(backoff_s(previous, attempt, self._limits))
-        state.turns += 1
-        emit = self._bus.emitter
-        on_delta = None
-        if emit is not None:
-            emit(
-                _model_requested(
-                    run_id=state.run_id,
-                    turn=state.turns,
-                    messages=len(state.messages),
-                    estimated_prompt_tokens=state.prompt_tokens_estimate
-                    + state.tools_tokens_estimate,
-                )
-            )
-            on_delta = self._on_delta
-        request = _model_request(
-            messages=TranscriptView(state.messages),
-            tools=self._tools,
-            run_id=state.run_id,
-            turn=state.turns,
-            on_delta=on_delta,
-        )
-        return await self._model.request(request)
-
-    def _on_delta(self, delta: ReplyDelta) -> None:
-        """Streamed fragments of the reply in flight (its turn is the current one)."""
-        state = self._state
-        self._bus.emit(MessageUpdated(run_id=state.run_id, turn=state.turns, delta=delta))
-
-    def _take_reply(self, response: object) -> None:
-        state = self._state
-        if not isinstance(response, ModelResponse):
-            self._failed(
-                ModelFailure(
-                    message=f"the model returned {type(response).__name__}, not a ModelResponse",
-                    permanent=False,
-                )
-            )
-            return
-        message = response.message
-        usage = response.usage
-        if usage is None:
-            usage = Usage(
-                input_tokens=state.prompt_tokens_estimate + state.tools_tokens_estimate,
-                output_tokens=estimate_message_tokens(message),
-                requests=1,
-                estimated=True,
-            )
-        elif usage.requests != 1:
-            usage = usage.model_copy(update={"requests": 1})
-        state.usage = state.usage + usage
-        emit = self._bus.emitter
-        if emit is not None:
-            emit(
-                _model_responded(
-                    run_id=state.run_id,
-                    turn=state.turns,
-                    text=message.content,
-                    tool_calls=message.tool_calls,
-                    finish_reason=response.finish_reason,
-                    usage=usage,
-                )
-            )
-        empty = not message.content and not message.tool_calls
-        if empty and response.finish_reason in (FinishReason.STOP, FinishReason.TOOL_CALLS):
-            self._failed(ModelFailure(message="the model returned an empty reply", permanent=False))
-            return
-        if message.tool_calls:
-            message = with_call_ids(message, state.turns)
+async def think(ctx: RunContext) -> None:
+    """THINK's work: one model call (after a backoff, if the last one failed), and its reply
+    taken in, or why there is none recorded as a ``ModelFailure``. Must not raise for
+    anything the model does."""
+    state = ctx.state
+    previous = state.model_failure
+    state.model_failure = None
+    state.last_finish_reason = None
+    state.last_tool_calls = 0
+    if ctx.stop.is_set():
+        _interrupted(ctx)
+        return
+    scope = StopScope(ctx.stop)
+    try:
+        with scope:
+            response = await _call_model(ctx, previous)
+    except Exception as exc:
+        if scope.stopped:  # the model turned our cancellation into an error of its own
+            _interrupted(ctx)
         else:
-            state.output = message.content
-        self._append(message)
-        state.last_finish_reason = response.finish_reason
-        state.last_tool_calls = len(message.tool_calls)
-        record_reply_text(state.loop, message.content, self._limits)
+            _failed(ctx, failure_from(exc))
+        return
+    if scope.stopped:
+        _interrupted(ctx)
+        return
+    _take_reply(ctx, response)
+
+
+def _failed(ctx: RunContext, failure: ModelFailure, *, counts: bool = True) -> None:
+    """Record a failed model call (``counts``: towards the consecutive-error limit)."""
+    state = ctx.state
+    state.model_failure = failure
+    if counts:
+        ctx.count_failure()
+    ctx.log.warning(
+        "model_call_failed", turn=state.turns, error=failure.message, permanent=failure.permanent
+    )
+    emit = ctx.bus.emitter
+    if emit is not None:
+        emit(
+            ModelFailed(
+                run_id=state.run_id,
+                turn=state.turns,
+                message=failure.message,
+                permanent=failure.permanent,
+            )
+        )
+
+
+def _interrupted(ctx: RunContext) -> None:
+    """The call was cancelled by abort() or the deadline: the run stops, and it is no model
+    error, so it does not count towards the consecutive-error limit."""
+    message = f"the model call was interrupted: {ctx.why_stopped()}"
+    _failed(ctx, ModelFailure(message=message, permanent=True), counts=False)
+
+
+async def _call_model(ctx: RunContext, previous: ModelFailure | None) -> object:
+    """Back off if this is a retry, then make one model call (turn += 1)."""
+    state, config = ctx.state, ctx.config
+    if previous is not None:
+        attempt = max(state.consecutive_errors, 1)
+        await config.sleep(backoff_s(previous, attempt, config.limits))
+    state.turns += 1
+    emit = ctx.bus.emitter
+    on_delta = None
+    if emit is not None:
+        emit(
+            _model_requested(
+                run_id=state.run_id,
+                turn=state.turns,
+                messages=len(state.messages),
+                estimated_prompt_tokens=state.prompt_tokens_estimate + state.tools_tokens_estimate,
+            )
+        )
+
+        def on_delta(delta: ReplyDelta) -> None:
+            """Streamed fragments of the reply in flight (its turn is the current one)."""
+            ctx.bus.emit(MessageUpdated(run_id=state.run_id, turn=state.turns, delta=delta))
+
+    request = _model_request(
+        messages=TranscriptView(state.messages),
+        tools=config.tools.specs,
+        run_id=state.run_id,
+        turn=state.turns,
+        on_delta=on_delta,
+    )
+    return await config.model.request(request)
+
+
+def _take_reply(ctx: RunContext, response: object) -> None:
+    state = ctx.state
+    if not isinstance(response, ModelResponse):
+        _failed(
+            ctx,
+            ModelFailure(
+                message=f"the model returned {type(response).__name__}, not a ModelResponse",
+                permanent=False,
+            ),
+        )
+        return
+    message = response.message
+    usage = response.usage
+    if usage is None:
+        usage = Usage(
+            input_tokens=state.prompt_tokens_estimate + state.tools_tokens_estimate,
+            output_tokens=estimate_message_tokens(message),
+            requests=1,
+            estimated=True,
+        )
+    elif usage.requests != 1:
+        usage = usage.model_copy(update={"requests": 1})
+    state.usage = state.usage + usage
+    emit = ctx.bus.emitter
+    if emit is not None:
+        emit(
+            _model_responded(
+                run_id=state.run_id,
+                turn=state.turns,
+                text=message.content,
+                tool_calls=message.tool_calls,
+                finish_reason=response.finish_reason,
+                usage=usage,
+            )
+        )
+    empty = not message.content and not message.tool_calls
+    if empty and response.finish_reason in (FinishReason.STOP, FinishReason.TOOL_CALLS):
+        _failed(ctx, ModelFailure(message="the model returned an empty reply", permanent=False))
+        return
+    if message.tool_calls:
+        message = with_call_ids(message, state.turns)
+    else:
+        state.output = message.content
+    ctx.append(message)
+    state.last_finish_reason = response.finish_reason
+    state.last_tool_calls = len(message.tool_calls)
+    record_reply_text(state.loop, message.content, ctx.limits)

@@ -20,26 +20,26 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.verify import TerminationBound
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolStatus, Usage
 from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry, status_for
-from agent_fsm.table import INITIAL_STATE, TERMINAL_STATES, AgentState, Row, StopReason
+from agent_fsm.table import (
+    INITIAL_STATE,
+    STOP_GUARDS,
+    TABLE,
+    TERMINAL_STATES,
+    AgentState,
+    Row,
+    StopReason,
+    Trigger,
+)
 
 __all__ = [
-    "RESUMES_IN",
     "InvariantViolation",
     "activations",
+    "bound_problems",
     "check_invariants",
     "state_problems",
     "trace_problems",
     "transcript_problems",
 ]
-
-RESUMES_IN: dict[StopReason, AgentState] = {
-    StopReason.ASK_USER: AgentState.OBSERVE,
-    StopReason.ABORTED: AgentState.OBSERVE,
-    StopReason.TIMEOUT: AgentState.OBSERVE,
-    StopReason.APPROVAL_REQUIRED: AgentState.ACT,
-}
-"""The stops a run can be resumed from, and the state it continues in (``resuming.reopen``):
-the reply (or nothing) is observed, or the approved calls are carried out in ACT."""
 
 
 class InvariantViolation(AssertionError):
@@ -102,82 +102,92 @@ def trace_problems(
 ) -> list[str]:
     """Every way ``trace`` fails to be the path of one run, resumes included.
 
-    A resume splits the trace into segments at the positions in ``resumed_at``. The first
-    starts in OBSERVE; within a segment each transition starts where the previous one ended,
-    and only the last may end the run. At a resume after a stop (the segment before ends in
-    DONE or ERROR), that stop must be one a run can be resumed from, and the next segment
-    starts where ``RESUMES_IN`` says; at a resume after a crash (the segment before ends in
-    a loop state), the next one continues from that state, so the path stays connected.
-    Turn counts never go back, across resumes too.
+    A run's trace is one connected path from OBSERVE: each transition starts where the
+    previous one ended, across resumes too, because a resume after a stop is itself a
+    transition (a ``resumed`` row out of DONE or ERROR), and a resume after a crash continues
+    from the state of the last checkpoint. Only a resume row may leave DONE or ERROR, and only
+    where the run was reopened (``resumed_at``). Turn counts never go back.
 
     Args:
         trace: the transitions taken, oldest first.
-        resumed_at: where each resume began (``RunResult.resumed_at``), in order; a position
-            may repeat (a run resumed again before it took a step) and may equal
-            ``len(trace)`` for a run resumed but not yet stepped.
-        now: the state the run is in; when given, the trace must lead there (for a resume
-            at the end, to the state the resume continues in).
+        resumed_at: where each reopening began (``RunResult.resumed_at``), in order; a position
+            may repeat (a run reopened again before it took a step) and may equal
+            ``len(trace)`` for a run reopened but not yet stepped.
+        now: the state the run is in; when given, the trace must lead there.
     """
-    problems: list[str] = []
     positions = list(resumed_at)
     if positions != sorted(positions) or any(not 0 <= p <= len(trace) for p in positions):
-        problems.append(f"resume positions {positions} are not in order within the trace")
-        return problems
-    resumes = set(positions)
-    where: AgentState | None = INITIAL_STATE  # where the next transition must start
+        return [f"resume positions {positions} are not in order within the trace"]
+    problems: list[str] = []
+    reopened = set(positions)
+    where = INITIAL_STATE  # where the next transition must start
     for index, entry in enumerate(trace):
-        if index in resumes and index > 0:
-            before = trace[index - 1]
-            if before.dest in TERMINAL_STATES:
-                where = _resumes_from(before, index, problems)
-        if where is not None and entry.source is not where:
-            if index == 0:
-                problems.append(f"the trace starts in {entry.source}, not {INITIAL_STATE}")
-            elif index in resumes:
-                problems.append(
-                    f"transition {index}: the run resumed in {entry.source}, not {where}"
-                )
-            else:
-                problems.append(f"trace jumps from {where} to {entry.source} at {index}")
-        if index and entry.turn < trace[index - 1].turn:
-            problems.append(
-                f"transition {index}: the turn count goes back from "
-                f"{trace[index - 1].turn} to {entry.turn}"
-            )
-        if entry.dest in TERMINAL_STATES and index + 1 < len(trace) and index + 1 not in resumes:
-            problems.append(f"the trace continues after {entry.dest} ({entry.label}) at {index}")
+        problems += _step_problems(trace, index, where, reopened)
         where = entry.dest
-    if now is not None:
-        if trace and len(trace) in resumes and trace[-1].dest in TERMINAL_STATES:
-            where = _resumes_from(trace[-1], len(trace), problems)
-        if where is not None and where is not now:
-            problems.append(f"the trace ends in {where}, not {now}")
+    if now is not None and where is not now:
+        problems.append(f"the trace ends in {where}, not {now}")
     return problems
 
 
-_REASONS = frozenset(reason.value for reason in StopReason)
-
-
-def _resumes_from(stop: TraceEntry, index: int, problems: list[str]) -> AgentState | None:
-    """Where a run that stopped with ``stop`` continues; None (and a problem) if it cannot."""
-    continues_in = RESUMES_IN.get(StopReason(stop.label)) if stop.label in _REASONS else None
-    if continues_in is None:
+def _step_problems(
+    trace: Sequence[TraceEntry], index: int, where: AgentState, reopened: set[int]
+) -> list[str]:
+    """What is wrong with transition ``index`` of a path that has reached ``where``."""
+    entry = trace[index]
+    problems: list[str] = []
+    if entry.source is not where:
+        if index == 0:
+            problems.append(f"the trace starts in {entry.source}, not {INITIAL_STATE}")
+        else:
+            problems.append(f"trace jumps from {where} to {entry.source} at {index}")
+    resumes = entry.trigger is Trigger.RESUMED
+    if where in TERMINAL_STATES and not resumes:
+        problems.append(f"the trace continues after {where} ({trace[index - 1].label}) at {index}")
+    if resumes and index not in reopened:
+        problems.append(f"transition {index} resumes the run, which was not reopened there")
+    if resumes and index:
+        stop = trace[index - 1].label
+        accepted = {r.value for g in entry.guards for r in STOP_GUARDS.get(g, ())}
+        if stop not in accepted:
+            problems.append(
+                f"transition {index} resumes the run after {where} ({stop}), which its row "
+                "does not resume"
+            )
+    if index and entry.turn < trace[index - 1].turn:
         problems.append(
-            f"transition {index}: the run resumed after {stop.dest} ({stop.label}), "
-            "which cannot be resumed"
+            f"transition {index}: the turn count goes back from "
+            f"{trace[index - 1].turn} to {entry.turn}"
         )
-    return continues_in
+    return problems
 
 
-def activations(trace: Sequence[TraceEntry], resumed_at: Sequence[int] = ()) -> list[int]:
-    """How many transitions each activation took: the trace split at the resumes that
-    followed a stop. A resume after a crash does not split it: the path goes on as if the
-    process had not died, so it is bounded together with what came before."""
-    cuts = sorted(
-        {p for p in resumed_at if 0 < p <= len(trace) and trace[p - 1].dest in TERMINAL_STATES}
-    )
+def activations(trace: Sequence[TraceEntry]) -> list[int]:
+    """How many transitions each activation took: the trace split before each resume row.
+    A resume after a crash takes no resume row and does not split it: the path goes on as if
+    the process had not died, so it is bounded together with what came before."""
+    cuts = [i for i, entry in enumerate(trace) if i and entry.trigger is Trigger.RESUMED]
     edges = [0, *cuts, len(trace)]
     return [b - a for a, b in itertools.pairwise(edges) if b > a]
+
+
+def bound_problems(trace: Sequence[TraceEntry], bound: TerminationBound) -> list[str]:
+    """The transitions of each activation, and of the whole run, against the bound: the first
+    activation within ``bound.transitions``, each resumed one within what a resume may add,
+    and the run within ``bound.with_resumes(resumes)``."""
+    sizes = activations(trace)
+    problems: list[str] = []
+    for number, taken in enumerate(sizes, 1):
+        limit = bound.transitions if number == 1 else bound.with_resumes(1)
+        if taken > limit:
+            which = f" in activation {number}" if len(sizes) > 1 else ""
+            problems.append(f"{taken} transitions{which} exceed the bound {limit}")
+    resumes = len(sizes) - 1
+    if resumes and len(trace) > bound.with_resumes(resumes):
+        problems.append(
+            f"{len(trace)} transitions exceed the bound {bound.with_resumes(resumes)} of a run "
+            f"resumed {resumes} times"
+        )
+    return problems
 
 
 def state_problems(
@@ -209,14 +219,10 @@ def state_problems(
     if trace and trace[-1].turn != state.turns:
         problems.append(f"the trace's last turn count {trace[-1].turn} is not {state.turns}")
     if bound is not None:
-        problems += [
-            f"{taken} transitions in one activation exceed the bound {bound.transitions}"
-            for taken in activations(trace, state.resumed_at)
-            if taken > bound.transitions
-        ]
+        problems += bound_problems(trace, bound)
     # In ACT between steps, the reply's calls have not run yet (unless the run resumed to
     # carry out approved calls: those were answered when it paused).
-    open_turn = state.state is AgentState.ACT and not state.approvals
+    open_turn = state.state is AgentState.ACT and not state.decisions
     problems += transcript_problems(state.messages, open_turn=open_turn)
     return problems
 
@@ -253,6 +259,7 @@ def check_invariants(
     limits: Limits,
     bound: TerminationBound | None = None,
     events: Sequence[Event] | None = None,
+    rows: Sequence[Row] | None = None,
 ) -> None:
     """Assert every run invariant; raise InvariantViolation naming each one broken.
 
@@ -265,13 +272,11 @@ def check_invariants(
     finish_task); with ``events``, usage is the sum of the replies' usage and no model call
     started once the token budget was spent, so it is overshot by at most the call in flight.
 
-    A resumed run (``result.resumed_at``) is checked as one run: ``max_turns``, the token
-    budget and the model-call bound hold for all its activations together, as the engine
-    counts them (turns and usage carry over a resume; only the time limit restarts). Its
-    trace may jump back into the loop only where it was resumed, after a stop it can be
-    resumed from (see ``trace_problems``), and each activation (the transitions between
-    two resumes from a stop) stays within the transition bound, since each starts afresh
-    from OBSERVE or ACT.
+    A resumed run is checked as one run: ``max_turns``, the token budget and the model-call
+    bound hold for all its activations together, as the engine counts them (turns and usage
+    carry over a resume; only the time limit restarts). Its trace leaves a stop only by a
+    resume row, where it was reopened (see ``trace_problems``), and each activation stays
+    within what the bound allows it (``bound_problems``).
 
     Args:
         result: the finished run.
@@ -280,31 +285,38 @@ def check_invariants(
         events: the run's events (of every activation, for a resumed run); when given,
             usage is checked to add up call by call and the token budget to be overshot by
             at most the last call.
+        rows: the agent's table (``agent.machine.rows``), which says which stops wait for a
+            person; the default table when not given.
     """
+    problems = _outcome_problems(result, limits, bound, rows)
+    problems += _trace_problems_of(result, bound)
+    problems += transcript_problems(result.messages)
+    control = _control_problem(result)
+    if control:
+        problems.append(control)
+    if events is not None:
+        problems += _usage_problems(result, limits, events)
+    if problems:
+        raise InvariantViolation(
+            f"run {result.run_id} ({result.stop_reason.value}) broke {len(problems)} "
+            "invariant(s):\n- " + "\n- ".join(problems)
+        )
+
+
+def _outcome_problems(
+    result: RunResult, limits: Limits, bound: TerminationBound | None, rows: Sequence[Row] | None
+) -> list[str]:
+    """Final state, status, error and model-call counts."""
     problems: list[str] = []
     if result.final_state not in TERMINAL_STATES:
         problems.append(f"final state {result.final_state} is not terminal")
-    if result.status is not status_for(result.final_state, result.stop_reason):
+    table = tuple(rows) if rows is not None else TABLE
+    if result.status is not status_for(result.final_state, result.stop_reason, table):
         problems.append(
             f"status {result.status} disagrees with {result.final_state}/{result.stop_reason}"
         )
     if result.turns > limits.max_turns:
         problems.append(f"{result.turns} model calls exceed max_turns={limits.max_turns}")
-    trace = result.trace
-    if bound is not None:
-        for number, taken in enumerate(activations(trace, result.resumed_at), 1):
-            if taken > bound.transitions:
-                which = f" in activation {number}" if result.resumed_at else ""
-                problems.append(f"{taken} transitions{which} exceed the bound {bound.transitions}")
-    if not trace:
-        problems.append("the trace is empty")
-    else:
-        problems.extend(trace_problems(trace, result.resumed_at, now=result.final_state))
-        if result.resumed_at and result.resumed_at[-1] >= len(trace):
-            problems.append(
-                f"the run was resumed at transition {result.resumed_at[-1]} but its trace "
-                "ends there"
-            )
     if result.usage.requests > result.turns:
         problems.append(
             f"usage counts {result.usage.requests} replies but only {result.turns} model calls"
@@ -315,40 +327,48 @@ def check_invariants(
         problems.append("the run failed but carries no error")
     if result.status is not RunStatus.FAILED and result.error:
         problems.append(f"the run did not fail but carries the error {result.error!r}")
-    if trace:
-        last = trace[-1]
-        if last.dest in TERMINAL_STATES and last.label != result.stop_reason.value:
-            problems.append(
-                f"the last transition is {str(last.label)!r} but the stop reason is "
-                f"{result.stop_reason.value!r}"
-            )
-        if last.turn != result.turns:
-            problems.append(
-                f"the trace's last turn count {last.turn} is not the run's {result.turns}"
-            )
-    problems.extend(transcript_problems(result.messages))
-    control = _control_problem(result)
-    if control:
-        problems.append(control)
-    if events is not None:
-        calls = [e.usage for e in events if isinstance(e, ModelResponded)]
-        total = sum(calls, Usage())
-        if (total.input_tokens, total.output_tokens, total.requests) != (
-            result.usage.input_tokens,
-            result.usage.output_tokens,
-            result.usage.requests,
-        ):
-            problems.append(f"usage {result.usage} is not the sum of the calls' usage {total}")
-        if len(calls) != result.usage.requests:
-            problems.append(
-                f"{len(calls)} replies were received but usage counts {result.usage.requests}"
-            )
-        if calls and total.total_tokens - calls[-1].total_tokens >= limits.token_budget:
-            problems.append(
-                f"a model call started with the budget of {limits.token_budget} already spent"
-            )
-    if problems:
-        raise InvariantViolation(
-            f"run {result.run_id} ({result.stop_reason.value}) broke {len(problems)} "
-            "invariant(s):\n- " + "\n- ".join(problems)
+    return problems
+
+
+def _trace_problems_of(result: RunResult, bound: TerminationBound | None) -> list[str]:
+    """The trace: a connected path within the bound, ending with the stop reason's row."""
+    trace = result.trace
+    if not trace:
+        return ["the trace is empty"]
+    problems = bound_problems(trace, bound) if bound is not None else []
+    problems += trace_problems(trace, result.resumed_at, now=result.final_state)
+    if result.resumed_at and result.resumed_at[-1] >= len(trace):
+        problems.append(
+            f"the run was resumed at transition {result.resumed_at[-1]} but its trace ends there"
         )
+    last = trace[-1]
+    if last.dest in TERMINAL_STATES and last.label != result.stop_reason.value:
+        problems.append(
+            f"the last transition is {str(last.label)!r} but the stop reason is "
+            f"{result.stop_reason.value!r}"
+        )
+    if last.turn != result.turns:
+        problems.append(f"the trace's last turn count {last.turn} is not the run's {result.turns}")
+    return problems
+
+
+def _usage_problems(result: RunResult, limits: Limits, events: Sequence[Event]) -> list[str]:
+    """Usage adds up call by call, and no call started with the budget already spent."""
+    problems: list[str] = []
+    calls = [e.usage for e in events if isinstance(e, ModelResponded)]
+    total = sum(calls, Usage())
+    if (total.input_tokens, total.output_tokens, total.requests) != (
+        result.usage.input_tokens,
+        result.usage.output_tokens,
+        result.usage.requests,
+    ):
+        problems.append(f"usage {result.usage} is not the sum of the calls' usage {total}")
+    if len(calls) != result.usage.requests:
+        problems.append(
+            f"{len(calls)} replies were received but usage counts {result.usage.requests}"
+        )
+    if calls and total.total_tokens - calls[-1].total_tokens >= limits.token_budget:
+        problems.append(
+            f"a model call started with the budget of {limits.token_budget} already spent"
+        )
+    return problems

@@ -54,7 +54,6 @@ from agent_fsm.state import RUN_STATE_ADAPTER, Approval, RunState
 from agent_fsm.table import StopReason
 from agent_fsm.testing.behaviour import Behaviour
 from agent_fsm.testing.harness import DEFAULT_INPUT, LoopRunner, Stage
-from agent_fsm.testing.invariants import RESUMES_IN
 from agent_fsm.testing.strategies import behaviours_for, cooperative_behaviours_for
 from agent_fsm.testing.tracking import TrackedRun
 
@@ -274,7 +273,7 @@ class AgentStateMachine(RuleBasedStateMachine):
         wrong: dict[str, Any] = {"approvals": True}  # only an approval pause takes these
         if reason is StopReason.APPROVAL_REQUIRED:
             wrong = {"reply": "yes"}
-        elif reason not in RESUMES_IN:
+        elif not tracked.resumable:
             wrong = {"reply": "more"}
         try:
             self.staged.reopen(tracked.run_id, **wrong)

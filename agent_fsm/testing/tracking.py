@@ -20,7 +20,6 @@ from agent_fsm.state import RunState
 from agent_fsm.table import Row, StopReason
 from agent_fsm.testing.behaviour import BehaviourModel
 from agent_fsm.testing.invariants import (
-    RESUMES_IN,
     InvariantViolation,
     check_invariants,
     state_problems,
@@ -69,7 +68,7 @@ class TrackedRun:
     def resumable(self) -> bool:
         """It stopped in a way ``Agent.resume`` can continue."""
         run = self.run
-        return run is not None and run.done and run.result.stop_reason in RESUMES_IN
+        return run is not None and run.resumable
 
     def note(self, what: str) -> None:
         self.log.append(what)

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import enum
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, JsonValue
@@ -24,6 +25,7 @@ __all__ = [
     "merge_runtime_details",
     "serialise_output",
     "skipped_result",
+    "fit_turn",
     "truncate",
 ]
 
@@ -133,3 +135,49 @@ def skipped_result(call: ToolCall, reason: str) -> ToolMessage:
         tool_call_id=call.id, name=call.name, content=f"Skipped: {reason}",
         status=ToolStatus.SKIPPED,
     )  # fmt: skip
+
+
+def _fair_shares(sizes: Sequence[int], budget: int) -> list[int]:
+    """Characters each output may keep so that together they fit ``budget``: outputs below
+    an equal share keep everything, and what they leave is shared among the longer ones."""
+    shares = list(sizes)
+    left, count = budget, len(sizes)
+    for index in sorted(range(len(sizes)), key=sizes.__getitem__):
+        share = left // count
+        if sizes[index] > share:
+            shares[index] = share
+        left -= shares[index]
+        count -= 1
+    return shares
+
+
+def _runtime_int(result: ToolMessage, key: str) -> int:
+    """``details["runtime"][key]`` when it is an int, else the output's own length."""
+    runtime = result.details.get("runtime") if isinstance(result.details, dict) else None
+    value = runtime.get(key) if isinstance(runtime, dict) else None
+    return value if isinstance(value, int) else len(result.content)
+
+
+def fit_turn(results: list[ToolMessage], budget: int) -> None:
+    """Cut the longest outputs of one turn, in place, until together they fit ``budget``
+    characters (``Limits.turn_max_output_chars``), each keeping a fair share."""
+    if sum([len(r.content) for r in results]) <= budget:
+        return
+    # An output the tool's own limit already cut counts at the size it was cut to.
+    sizes = [_runtime_int(r, "shown_chars") for r in results]
+    originals = [_runtime_int(r, "original_chars") for r in results]
+    for index, share in enumerate(_fair_shares(sizes, budget)):
+        if share >= sizes[index]:
+            continue
+        result = results[index]
+        runtime_update: dict[str, JsonValue] = {
+            "original_chars": originals[index],
+            "shown_chars": share,
+            "cut_by_turn_limit": True,
+        }
+        results[index] = result.model_copy(
+            update={
+                "content": truncate(result.content, share, result.name, originals[index]),
+                "details": merge_runtime_details(result.details, runtime_update),
+            }
+        )

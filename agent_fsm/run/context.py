@@ -1,0 +1,92 @@
+"""What the work of every state receives: one ``RunContext`` per run.
+
+Each state's work (``observing``, ``thinking``, ``acting``, ``reflecting``) is a function of
+the context alone: the run's state, the agent's frozen configuration, the event bus, the stop
+signal, the tool journal, the clock and the logger. The few writes that several states share
+(the transcript and its size estimate, the consecutive-error count) are methods here, so each
+RunState field has the writers ``state.py`` declares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent_fsm.cancellation import StopEvent
+from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.events import EventBus, EventHandler
+from agent_fsm.limits import Limits
+from agent_fsm.loop.machine import AgentMachine
+from agent_fsm.messages import Message
+from agent_fsm.models.base import Model
+from agent_fsm.state import RunState
+from agent_fsm.tokens import estimate_message_tokens
+from agent_fsm.tools.tool import ToolRegistry
+
+__all__ = ["Reflector", "RunConfig", "RunContext"]
+
+Reflector = Callable[[RunState], bool | Awaitable[bool]]
+"""Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """What a run needs from its agent: frozen, shared by every run of the agent."""
+
+    model: Model
+    tools: ToolRegistry
+    limits: Limits
+    machine: AgentMachine
+    tools_tokens: int = 0
+    reflector: Reflector | None = None
+    parallel_tool_calls: bool = True
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    handlers: tuple[EventHandler, ...] = ()
+    store: CheckpointStore | None = None
+    checkpoint_every_transition: bool = False
+    """Save after every transition (a durable store), or only runs that end resumable
+    (paused, aborted, timed out) so that ``Agent.resume`` works in-process."""
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class RunContext:
+    """One run's state with everything its work may use; built once per ``Run``."""
+
+    state: RunState
+    config: RunConfig
+    bus: EventBus
+    stop: StopEvent
+    """Set by ``Run.abort`` or the deadline: in-flight model and tool calls are cancelled."""
+    journal: ToolJournal | None
+    """Records every tool call before and after it runs (durable stores only)."""
+    log: Any
+    """The structlog logger, with the run id bound."""
+
+    @property
+    def limits(self) -> Limits:
+        return self.config.limits
+
+    def append(self, message: Message) -> None:
+        """Add ``message`` to the transcript and its size to the prompt estimate."""
+        state = self.state
+        state.messages.append(message)
+        state.prompt_tokens_estimate += estimate_message_tokens(message)
+
+    def count_failure(self) -> None:
+        """One more failure in a row: a failed model call, or a turn whose calls all failed."""
+        self.state.consecutive_errors += 1
+
+    def clear_failures(self) -> None:
+        """A tool call succeeded: the run is making progress again."""
+        self.state.consecutive_errors = 0
+
+    def why_stopped(self) -> str:
+        """Why in-flight work was stopped: the abort reason, or the time limit."""
+        if self.state.abort_reason is not None:
+            return self.state.abort_reason
+        return f"the run's time limit of {self.limits.timeout_s:g} s was reached"

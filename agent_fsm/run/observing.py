@@ -1,0 +1,25 @@
+"""OBSERVE: new input joins the transcript before the next model call."""
+
+from __future__ import annotations
+
+from agent_fsm.messages import UserMessage
+from agent_fsm.run.context import RunContext
+from agent_fsm.state import LoopState
+
+__all__ = ["observe"]
+
+
+def observe(ctx: RunContext) -> None:
+    """OBSERVE's work: every queued user message (input, steering, a resume's reply, approval
+    outcomes) joins the transcript; when there is none and the last reply would have ended the
+    run, one follow-up does. New words from the user change the situation, so repeats before
+    them are no loop: the loop detector starts over."""
+    state = ctx.state
+    taken = bool(state.pending_input)
+    while state.pending_input:
+        ctx.append(UserMessage(content=state.pending_input.pop(0)))
+    if not taken and state.follow_ups and state.turns and not state.last_tool_calls:
+        ctx.append(UserMessage(content=state.follow_ups.pop(0)))
+        taken = True
+    if taken and state.turns:
+        state.loop = LoopState()
