@@ -163,8 +163,10 @@ class RunState:
     turns: int = _declared(L.RUN, "run.thinking", 0)
     """Model calls made so far, retries included, over every activation."""
     usage: Usage = _declared(L.RUN, "run.thinking", factory=Usage)
-    messages: list[Message] = _declared(L.RUN, "run.context", factory=list)
-    """The transcript, append-only (``RunContext.append``)."""
+    messages: list[Message] = _declared(
+        L.RUN, "run.context durable.checkpoint durable.sqlite", factory=list
+    )
+    """The transcript, append-only (``RunContext.append``; the stores refill it on load)."""
     pending_input: list[str] = _declared(
         L.RUN, "run.observing run.engine run.resuming run.acting", factory=list
     )
@@ -201,7 +203,9 @@ class RunState:
     error: str | None = _declared(L.STOP, "run.outcome", None)
     stop_reason: StopReason | None = _declared(L.STOP, "run.outcome run.resuming", None)
     """Why the run stopped, while it is in DONE or ERROR; what the resume rows' guards read."""
-    trace: list[tuple[int, int]] = _declared(L.RUN, "run.engine", factory=list)
+    trace: list[tuple[int, int]] = _declared(
+        L.RUN, "run.engine durable.checkpoint durable.sqlite", factory=list
+    )
     """(row index in the machine's table, turn) for every transition taken."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import re
 import sqlite3
 import subprocess
@@ -29,7 +30,14 @@ from agent_fsm.messages import (
     Usage,
     UserMessage,
 )
-from agent_fsm.state import ControlKind, ControlRequest, LoopState, ModelFailure, RunState
+from agent_fsm.state import (
+    RUN_STATE_ADAPTER,
+    ControlKind,
+    ControlRequest,
+    LoopState,
+    ModelFailure,
+    RunState,
+)
 from agent_fsm.table import TABLE, AgentState
 
 STORES = ["memory", "sqlite"]
@@ -385,6 +393,33 @@ def test_sqlite_journal_is_durable_and_shared(tmp_path: Path) -> None:
 # --- schema versions and corruption ----------------------------------------------------------
 
 
+def _save_as_version_1(store: CheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patched:
+        patched.setattr(checkpoint_module, "CHECKPOINT_SCHEMA_VERSION", 1)
+        store.save(rich_state())
+
+
+def test_a_version_1_approval_pause_migrates_to_decisions_with_their_calls() -> None:
+    """Version 1 kept approval decisions by call id (a run that crashed while carrying them
+    out); version 2 keeps each decision with its call, so the reset rule can clear the
+    pending request on resume."""
+    pending = ToolCall(id="c1", name="send", arguments='{"to": "bob"}')
+    header = RUN_STATE_ADAPTER.dump_python(RunState(run_id="r", state=AgentState.ACT), mode="json")
+    for new_field in ("decisions", "stop_reason", "messages", "trace"):
+        header.pop(new_field)
+    header["control"] = {
+        "kind": "approval",
+        "text": "send?",
+        "pending_calls": [pending.model_dump(mode="json")],
+    }
+    header["approvals"] = {"c1": {"allow": True, "reason": "fine"}}
+    state = checkpoint_module.decode_header("r", 1, json.dumps(header))
+    assert [(d.call, d.approval.allow, d.approval.reason) for d in state.decisions] == [
+        (pending, True, "fine")
+    ]
+    assert state.stop_reason is None
+
+
 def test_newer_schema_is_refused(store: CheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as patched:
         patched.setattr(checkpoint_module, "CHECKPOINT_SCHEMA_VERSION", 7)
@@ -396,7 +431,7 @@ def test_newer_schema_is_refused(store: CheckpointStore, monkeypatch: pytest.Mon
 def test_older_schema_is_migrated_step_by_step(
     store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.save(rich_state())  # version 1
+    _save_as_version_1(store, monkeypatch)
 
     def one_to_two(header: dict[str, Any]) -> dict[str, Any]:
         header["output"] = "v2"
@@ -418,7 +453,7 @@ def test_older_schema_is_migrated_step_by_step(
 def test_older_schema_without_a_migration_is_refused(
     store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.save(rich_state())
+    _save_as_version_1(store, monkeypatch)
     monkeypatch.setattr(checkpoint_module, "CHECKPOINT_SCHEMA_VERSION", 3)
     monkeypatch.setattr(checkpoint_module, "MIGRATIONS", {1: lambda header: header})
     with pytest.raises(
@@ -431,7 +466,7 @@ def test_older_schema_without_a_migration_is_refused(
 def test_a_migration_that_breaks_the_header_is_an_error(
     store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.save(rich_state())
+    _save_as_version_1(store, monkeypatch)
     monkeypatch.setattr(checkpoint_module, "CHECKPOINT_SCHEMA_VERSION", 2)
     monkeypatch.setattr(checkpoint_module, "MIGRATIONS", {1: lambda header: {"turns": "many"}})
     with pytest.raises(CheckpointError, match="'run-1' is unreadable"):

@@ -55,7 +55,7 @@ __all__ = [
     "unknown_run",
 ]
 
-CHECKPOINT_SCHEMA_VERSION: int = 1
+CHECKPOINT_SCHEMA_VERSION: int = 2
 """The version of the checkpoint encoding this code writes. Raise it, and register a
 migration from the previous version, whenever a change to RunState would make an older
 header decode differently (a renamed field, a new required field, a changed meaning)."""
@@ -63,9 +63,25 @@ header decode differently (a renamed field, a new required field, a changed mean
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 """Upgrades a decoded header from version n to n + 1 (it may mutate and return its input)."""
 
-MIGRATIONS: dict[int, Migration] = {}
-"""``MIGRATIONS[n]`` upgrades a header of version n to n + 1. Empty while only version 1
-exists."""
+def _decisions_with_their_calls(header: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 to 2: approval decisions (``approvals``, by call id) become ``decisions``
+    that carry their calls, taken from the pending request. The stop reason is new in
+    version 2 and absent here: a reopened run derives it from its trace."""
+    if "approvals" not in header:
+        return header
+    approvals = header.pop("approvals") or {}
+    control = header.get("control") or {}
+    calls = {call.get("id"): call for call in control.get("pending_calls") or ()}
+    header["decisions"] = [
+        {"call": calls[call_id], "approval": approval}
+        for call_id, approval in approvals.items()
+        if call_id in calls
+    ]
+    return header
+
+
+MIGRATIONS: dict[int, Migration] = {1: _decisions_with_their_calls}
+"""``MIGRATIONS[n]`` upgrades a header of version n to n + 1."""
 
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 """Encodes and decodes one transcript message."""

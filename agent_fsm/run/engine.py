@@ -32,7 +32,7 @@ from agent_fsm.events import (
     SteeringQueued,
 )
 from agent_fsm.loop.machine import RunHandle
-from agent_fsm.messages import SystemMessage
+from agent_fsm.messages import Message, SystemMessage
 from agent_fsm.records import builder
 from agent_fsm.run.acting import act
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
@@ -359,10 +359,11 @@ class Run:
 
 def new_run_state(run_id: str, system_prompt: str, user_input: str, tools_tokens: int) -> RunState:
     """The state of a run that has not taken a step yet."""
-    state = RunState(run_id=run_id, tools_tokens_estimate=tools_tokens)
-    if system_prompt:
-        system = SystemMessage(content=system_prompt)
-        state.messages.append(system)
-        state.prompt_tokens_estimate += estimate_message_tokens(system)
-    state.pending_input.append(user_input)
-    return state
+    messages: list[Message] = [SystemMessage(content=system_prompt)] if system_prompt else []
+    return RunState(
+        run_id=run_id,
+        messages=messages,
+        prompt_tokens_estimate=sum(estimate_message_tokens(m) for m in messages),
+        tools_tokens_estimate=tools_tokens,
+        pending_input=[user_input],
+    )
