@@ -21,7 +21,6 @@ Must not raise for anything a model or a tool does.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from functools import partial
 
 from agent_fsm.events import ToolFinished
 from agent_fsm.loop.detection import canonical_arguments, record_calls, record_turn_results
@@ -88,7 +87,7 @@ async def answer_calls(
     state = ctx.state
     state.control = None
     prepared = [ctx.config.tools.prepare(call) for call in calls]
-    turn = _turn_calls(ctx, prepared)
+    turn = TurnCalls(ctx, prepared)
     winner = _control_winner(prepared)
     if winner is not None:
         _answer_control(ctx, winner, prepared, turn.results)
@@ -96,7 +95,7 @@ async def answer_calls(
         runnable, pending = _gate(prepared, approved, turn.results)
         if runnable:
             groups = waves(prepared, runnable, ctx.config.parallel_tool_calls)
-            await run_until_stopped(turn, groups, ctx.stop)
+            await run_until_stopped(turn, groups)
         if pending:
             state.control = approval_request(pending)
             state.output = state.control.text
@@ -108,27 +107,6 @@ async def answer_calls(
     _report(ctx, turn, prepared, final)
     _count(ctx, winner is not None, prepared, final)
     return final
-
-
-def _turn_calls(ctx: RunContext, prepared: Sequence[PreparedCall]) -> TurnCalls:
-    config = ctx.config
-    return TurnCalls(
-        ctx.state,
-        prepared,
-        config.limits,
-        ctx.bus.emitter,
-        config.clock,
-        config.sleep,
-        ctx.journal,
-        partial(_steered, ctx),
-    )
-
-
-def _steered(ctx: RunContext) -> str | None:
-    """Asked after each tool call: a steering message skips the calls not yet started."""
-    if ctx.state.pending_input:
-        return "a new user message arrived, so this call was not run"
-    return None
 
 
 def _control_winner(prepared: Sequence[PreparedCall]) -> PreparedCall | None:

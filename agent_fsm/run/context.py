@@ -71,6 +71,22 @@ class RunContext:
     def limits(self) -> Limits:
         return self.config.limits
 
+    def clock(self) -> float:
+        return self.config.clock()
+
+    async def sleep(self, seconds: float) -> None:
+        await self.config.sleep(seconds)
+
+    def emitter(self) -> EventHandler | None:
+        """Where events go while anyone listens; None when nobody does."""
+        return self.bus.emitter
+
+    def steered(self) -> str | None:
+        """Asked after each tool call: a steering message skips the calls not yet started."""
+        if self.state.pending_input:
+            return "a new user message arrived, so this call was not run"
+        return None
+
     def append(self, message: Message) -> None:
         """Add ``message`` to the transcript and its size to the prompt estimate."""
         state = self.state

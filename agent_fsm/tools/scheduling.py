@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from pydantic import JsonValue
 
@@ -25,7 +26,7 @@ from agent_fsm.tools.execution import ABANDONED_NOTE, Executed, RetryHandler, ex
 from agent_fsm.tools.results import error_result, merge_runtime_details, skipped_result
 from agent_fsm.tools.tool import PreparedCall
 
-__all__ = ["STOPPED", "TurnCalls", "run_until_stopped", "tool_started", "waves"]
+__all__ = ["STOPPED", "CallSite", "TurnCalls", "run_until_stopped", "tool_started", "waves"]
 
 tool_started = builder(ToolStarted)
 """Builds ToolStarted on every tool call (see records.builder); acting uses it too."""
@@ -34,46 +35,45 @@ STOPPED = "the run was stopped before this call started"
 """Why a call that had not started when the run was stopped was skipped."""
 
 
+class CallSite(Protocol):
+    """What running one turn's calls needs from the run (``RunContext`` provides it)."""
+
+    @property
+    def state(self) -> RunState: ...
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def journal(self) -> ToolJournal | None: ...
+    @property
+    def stop(self) -> StopEvent: ...
+    def clock(self) -> float: ...
+    async def sleep(self, seconds: float) -> None: ...
+    def emitter(self) -> Callable[[Event], None] | None: ...
+    def steered(self) -> str | None:
+        """Asked after each call finishes: a reason to skip the calls not yet started."""
+        ...
+
+
 class TurnCalls:
     """The execution of one turn's runnable calls; fills ``results`` by call index."""
 
     __slots__ = (
         "attempts",
-        "clock",
         "durations",
         "emit",
         "halted",
-        "interruption",
-        "journal",
-        "limits",
         "on_retry",
         "open_keys",
         "prepared",
         "results",
-        "sleep",
+        "site",
         "started",
-        "state",
     )
 
-    def __init__(
-        self,
-        state: RunState,
-        prepared: Sequence[PreparedCall],
-        limits: Limits,
-        emit: Callable[[Event], None] | None,
-        clock: Callable[[], float],
-        sleep: Callable[[float], Awaitable[None]],
-        journal: ToolJournal | None,
-        interruption: Callable[[], str | None] | None,
-    ) -> None:
-        self.state = state
+    def __init__(self, site: CallSite, prepared: Sequence[PreparedCall]) -> None:
+        self.site = site
         self.prepared = prepared
-        self.limits = limits
-        self.emit = emit
-        self.clock = clock
-        self.sleep = sleep
-        self.journal = journal
-        self.interruption = interruption
+        self.emit = site.emitter()
         count = len(prepared)
         self.results: list[ToolMessage | None] = [None] * count
         self.durations = [0.0] * count
@@ -83,7 +83,7 @@ class TurnCalls:
         """Journal keys recorded as started and not yet finished, by call index."""
         self.halted: str | None = None
         """Why calls not yet started are skipped (steering or a stop); None to go on."""
-        self.on_retry: RetryHandler | None = self._report_retry if emit is not None else None
+        self.on_retry: RetryHandler | None = self._report_retry if self.emit is not None else None
 
     async def run_groups(self, groups: Sequence[Sequence[int]]) -> None:
         for group in groups:
@@ -93,7 +93,7 @@ class TurnCalls:
             # A few workers share one iterator: calls start in call order, at most
             # max_parallel_tools at a time, without a semaphore per call.
             pending = iter(group)
-            width = min(self.limits.max_parallel_tools, len(group))
+            width = min(self.site.limits.max_parallel_tools, len(group))
             await asyncio.gather(*(self._worker(pending) for _ in range(width)))
 
     async def _worker(self, pending: Iterator[int]) -> None:
@@ -106,14 +106,15 @@ class TurnCalls:
             self.results[index] = skipped_result(item.call, self.halted)
             return
         self.started[index] = True
-        state, emit = self.state, self.emit
+        site, emit = self.site, self.emit
+        state = site.state
         if emit is not None:
             emit(tool_started(run_id=state.run_id, turn=state.turns, call=item.call))
-        begun = self.clock()
+        begun = site.clock()
         try:
-            if self.journal is None:
+            if site.journal is None:
                 executed = await execute(
-                    item, self.limits, sleep=self.sleep, on_retry=self.on_retry
+                    item, site.limits, sleep=site.sleep, on_retry=self.on_retry
                 )
             else:
                 executed = await self._journalled(index, item)
@@ -121,14 +122,11 @@ class TurnCalls:
             self.cancelled(index)
             raise
         finally:
-            self.durations[index] = self.clock() - begun
+            self.durations[index] = site.clock() - begun
         self.results[index] = executed.result
         self.attempts[index] = executed.attempts
-        if self.interruption is not None and self.halted is None:
-            try:
-                self.halted = self.interruption() or None
-            except Exception:  # a broken steering hook must not break the run
-                self.halted = None
+        if self.halted is None:
+            self.halted = site.steered()
 
     def cancelled(self, index: int) -> None:
         """Answer a call that was running when the run was stopped."""
@@ -147,7 +145,7 @@ class TurnCalls:
     def _report_retry(self, call: ToolCall, attempt: int, error: str, delay: float) -> None:
         """The retry handler while anyone listens: each retry is a ToolRetried event."""
         assert self.emit is not None
-        state = self.state
+        state = self.site.state
         self.emit(
             ToolRetried(
                 run_id=state.run_id,
@@ -166,17 +164,19 @@ class TurnCalls:
         replayed = self._from_journal(index, item)
         if replayed is not None:
             return replayed
-        executed = await execute(item, self.limits, sleep=self.sleep, on_retry=self.on_retry)
+        executed = await execute(
+            item, self.site.limits, sleep=self.site.sleep, on_retry=self.on_retry
+        )
         self._record_finished(index, executed.result)
         return executed
 
     def _from_journal(self, index: int, item: PreparedCall) -> Executed | None:
         """The answer the journal already holds for this call, or None after recording that
         the call starts now (it then must run)."""
-        journal, call, tool = self.journal, item.call, item.tool
+        journal, call, tool = self.site.journal, item.call, item.tool
         assert journal is not None
         assert tool is not None
-        key = journal_key(self.state.turns, index, call.id)
+        key = journal_key(self.site.state.turns, index, call.id)
         try:
             entry = journal.lookup(key)
             if entry is not None and entry.status is CallStatus.FINISHED and entry.result:
@@ -208,11 +208,12 @@ class TurnCalls:
 
     def _record_finished(self, index: int, result: ToolMessage) -> None:
         key = self.open_keys.pop(index, None)
-        if key is None or self.journal is None:
+        journal = self.site.journal
+        if key is None or journal is None:
             return
         # If the store fails the answer stands; a resume will call the outcome unknown.
         with contextlib.suppress(Exception):
-            self.journal.record_finished(key, result)
+            journal.record_finished(key, result)
 
 
 def waves(prepared: Sequence[PreparedCall], runnable: list[int], parallel: bool) -> list[list[int]]:
@@ -234,9 +235,10 @@ def waves(prepared: Sequence[PreparedCall], runnable: list[int], parallel: bool)
     return groups
 
 
-async def run_until_stopped(turn: TurnCalls, groups: list[list[int]], stop: StopEvent) -> None:
-    """Run the groups in this task; when ``stop`` is set first, cancel what runs (answered
-    "cancelled") and skip the rest."""
+async def run_until_stopped(turn: TurnCalls, groups: list[list[int]]) -> None:
+    """Run the groups in this task; when the run's stop is set first, cancel what runs
+    (answered "cancelled") and skip the rest."""
+    stop = turn.site.stop
     if stop.is_set():
         turn.halted = STOPPED
         return
