@@ -63,6 +63,7 @@ header decode differently (a renamed field, a new required field, a changed mean
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 """Upgrades a decoded header from version n to n + 1 (it may mutate and return its input)."""
 
+
 def _decisions_with_their_calls(header: dict[str, Any]) -> dict[str, Any]:
     """Version 1 to 2: approval decisions (``approvals``, by call id) become ``decisions``
     that carry their calls, taken from the pending request. The stop reason is new in
