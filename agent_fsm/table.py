@@ -1,13 +1,19 @@
 """THE TABLE: the agent loop as plain data.
 
-Everything about the loop's control flow lives here and nowhere else: ``machine.py`` builds the
-``transitions`` machine from these rows, verifies them and computes the termination bound;
-``diagrams.py`` draws them. Rows for one (trigger, source) pair are tried top to bottom and the
-first row whose guards all pass wins, so **row order is guard priority**: safety first (abort),
-then control-flow tools, then limits, then loop detection, then "continue".
+Everything about the loop's control flow lives here and nowhere else: ``loop/machine.py``
+builds the ``transitions`` machine from these rows, ``loop/verify.py`` proves they terminate
+and computes the termination bound, ``diagrams.py`` draws them. Rows for one (trigger, source)
+pair are tried top to bottom and the first row whose guards all pass wins, so **row order is
+guard priority**: safety first (abort), then control-flow tools, then limits, then loop
+detection, then "continue".
 
-Guards are referenced by name; ``guards.py`` defines a pure function for each name and
-``machine.py`` refuses a table that names an unknown guard.
+The ``resumed`` rows are the only way out of DONE and ERROR: a person's answer (``Agent.resume``)
+takes a stopped run back into the loop. Which stops can be resumed is derived from them
+(``resumable_stops``), nowhere else.
+
+Each row's ``outcome`` is a ``StopReason`` (rows into DONE/ERROR) or a ``Verb`` (rows that keep
+the run going). Guards are referenced by name; ``loop/guards.py`` defines a pure function for
+each name and the verifier refuses a table that names an unknown guard.
 """
 
 from __future__ import annotations

@@ -13,10 +13,18 @@ proof applies whatever executes the table. ``verify_table`` proves that every ru
    ``{no_turns_left} ∪ S`` with ``S ⊆ guards(R)``: whenever R could fire with no turn left,
    that earlier row fires instead. Hence model calls ≤ max_turns.
 
+Resume rows (trigger ``resumed``) leave DONE or ERROR for a loop state, each naming exactly
+one of the stop guards (``table.STOP_GUARDS``); they need no "else" row (a stop no row leaves
+cannot be resumed). They are taken once per answer a person gives, so rules 3 and 4 apply
+within each activation: a resume's destination counts as a start for rule 4 (every turn may
+be used already when a run is resumed), and each resume adds a bounded number of transitions.
+
 From 3 and 4 the bound on transitions follows: with ``a`` the longest count-free path from the
 initial state to a counting row, ``b`` from THINK back to one, ``c`` from THINK to a terminal
 and ``z`` from the initial state to a terminal, a run takes at most
-``max(z, a + M + (M-1)·b + c)`` transitions for ``M = max_turns``.
+``max(z, a + M + (M-1)·b + c)`` transitions for ``M = max_turns``; each resume into state
+``e`` adds at most ``1 + max(a_e + c - b, z_e)`` (``TerminationBound.per_resume``), since the
+model calls of every activation together stay within ``M``.
 """
 
 from __future__ import annotations
