@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
@@ -44,128 +46,118 @@ def _machine_for(table: tuple[Row, ...]) -> AgentMachine:
     return AgentMachine(table)
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
 class Agent:
     """An LLM tool-calling agent run as a verified finite-state machine.
 
-    Args:
-        model: anything implementing the ``Model`` protocol.
-        tools: the tools the model may call (``@tool`` functions or ``Tool`` objects).
-        system_prompt: instructions sent first in every run.
-        limits: the run budgets; ``Limits()`` by default (all finite).
-        control_tools: built-in control-flow tools offered to the model: ``"ask_user"`` and
-            ``"finish_task"`` by default; pass ``()`` for none.
-        reflector: optional hook called in REFLECT; returning True ends the run as done.
-        parallel_tool_calls: run several calls of one reply concurrently (results stay in
-            call order); False runs them one after another.
-        table: the transition table (advanced: for testing alternative machines).
-        clock, sleep: time sources, replaceable for deterministic tests.
-        store: where runs are checkpointed. With a store (``SQLiteStore(path)`` is the
-            embedded default for durable runs), the run is saved after every transition and
-            can be resumed in another process after a crash. Without one, runs that pause,
-            abort or time out are kept in memory so ``resume`` works in this process.
+    Frozen, keyword-only configuration: ``dataclasses.replace(agent, model=...)`` (or
+    ``agent.replace(...)``) makes a changed copy, and ``subscribe`` returns one too, so an
+    agent shared between tasks or tests never changes under them.
 
     Raises:
         ConfigError: for a model that is not a Model, invalid tools, duplicate tool names,
-            unknown control tools or a table that fails verification.
+            unknown control tools, a store that is no CheckpointStore, or a table that fails
+            verification.
     """
 
-    __slots__ = ("_config", "_handlers", "_options", "_system_prompt")
+    model: Model
+    """Anything implementing the ``Model`` protocol."""
+    tools: Sequence[Tool] = ()
+    """The tools the model may call (``@tool`` functions or ``Tool`` objects)."""
+    system_prompt: str = ""
+    """Instructions sent first in every run."""
+    limits: Limits = field(default_factory=Limits)
+    """The run budgets; all finite."""
+    control_tools: Sequence[str] = ("ask_user", "finish_task")
+    """Built-in control-flow tools offered to the model; ``()`` for none."""
+    reflector: Reflector | None = None
+    """Optional hook called in REFLECT; returning True ends the run as done."""
+    parallel_tool_calls: bool = True
+    """Run several calls of one reply concurrently (results stay in call order)."""
+    table: tuple[Row, ...] = TABLE
+    """The transition table (advanced: for testing alternative machines)."""
+    clock: Callable[[], float] = time.monotonic
+    """Time source, replaceable for deterministic tests."""
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """Awaited for retry backoff; a fake one keeps tests instant."""
+    store: CheckpointStore | None = None
+    """Where runs are checkpointed. With a store (``SQLiteStore(path)`` is the embedded
+    default for durable runs) a run is saved after every transition and can be resumed in
+    another process after a crash. Without one, runs that stop resumable are kept in an
+    in-memory store of this agent, so ``resume`` works in this process."""
+    handlers: Sequence[EventHandler] = ()
+    """Receive the events of every run of this agent (see ``subscribe``)."""
+    _config: RunConfig = field(init=False, repr=False)
 
-    def __init__(
-        self,
-        *,
-        model: Model,
-        tools: Iterable[Tool] = (),
-        system_prompt: str = "",
-        limits: Limits | None = None,
-        control_tools: Sequence[str] = ("ask_user", "finish_task"),
-        reflector: Reflector | None = None,
-        parallel_tool_calls: bool = True,
-        table: tuple[Row, ...] = TABLE,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        store: CheckpointStore | None = None,
-    ) -> None:
+    def __post_init__(self) -> None:
+        model, limits, store = self.model, self.limits, self.store
+        if not isinstance(limits, Limits) and limits is None:  # None: the default limits
+            limits = Limits()
+            object.__setattr__(self, "limits", limits)
         if not isinstance(model, Model):
             raise ConfigError(
                 f"model must implement the Model protocol (a `name` and an async "
                 f"`request(ModelRequest)`), got {type(model).__name__}"
             )
-        if limits is None:
-            limits = Limits()
-        elif not isinstance(limits, Limits):
+        if not isinstance(limits, Limits):
             raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")
         if store is not None and not isinstance(store, CheckpointStore):
             raise ConfigError(
                 f"store must implement CheckpointStore (MemoryStore, SQLiteStore), got "
                 f"{type(store).__name__}"
             )
-        unknown = [name for name in control_tools if name not in _CONTROL_TOOLS]
+        unknown = [name for name in self.control_tools if name not in _CONTROL_TOOLS]
         if unknown:
             raise ConfigError(
                 f"unknown control tool(s) {unknown}; available: {sorted(_CONTROL_TOOLS)}"
             )
-        if isinstance(tools, Tool):
-            tools = [tools]
-        tools = tuple(tools)
-        self._options: dict[str, Any] = {
-            "model": model,
-            "tools": tools,
-            "system_prompt": system_prompt,
-            "limits": limits,
-            "control_tools": tuple(control_tools),
-            "reflector": reflector,
-            "parallel_tool_calls": parallel_tool_calls,
-            "table": table,
-            "clock": clock,
-            "sleep": sleep,
-            "store": store,
-        }
-        registry = ToolRegistry([*tools, *(_CONTROL_TOOLS[name] for name in control_tools)])
-        self._system_prompt = system_prompt
-        self._handlers: list[EventHandler] = []
-        self._config = RunConfig(
+        tools = (self.tools,) if isinstance(self.tools, Tool) else tuple(self.tools)
+        _set = object.__setattr__  # a frozen dataclass normalises its own fields here
+        _set(self, "tools", tools)
+        _set(self, "control_tools", tuple(self.control_tools))
+        _set(self, "handlers", tuple(self.handlers))
+        registry = ToolRegistry([*tools, *(_CONTROL_TOOLS[name] for name in self.control_tools)])
+        config = RunConfig(
             model=model,
             tools=registry,
             limits=limits,
-            machine=_machine_for(table),
+            machine=_machine_for(self.table),
             tools_tokens=estimate_tools_tokens(registry.specs),
-            reflector=reflector,
-            parallel_tool_calls=parallel_tool_calls,
-            clock=clock,
-            sleep=sleep,
+            reflector=self.reflector,
+            parallel_tool_calls=self.parallel_tool_calls,
+            clock=self.clock,
+            sleep=self.sleep,
+            handlers=tuple(self.handlers),
             store=store if store is not None else MemoryStore(),
             checkpoint_every_transition=store is not None,
         )
+        _set(self, "_config", config)
 
     def replace(self, **changes: Any) -> Agent:
-        """A new agent with the same configuration except ``changes`` (constructor keywords).
-
-        The test harness uses it to run a user's agent against a fake model or fake tools;
-        subscribers are not carried over.
+        """``dataclasses.replace(self, **changes)``: a new agent with the same configuration
+        except ``changes`` (the test harness runs a user's agent against a fake model this
+        way). Its runs are kept in a store of its own unless ``store`` is shared.
 
         Raises:
             ConfigError: for a keyword the constructor does not take, or an invalid value.
         """
-        unknown = sorted(set(changes) - set(self._options))
+        unknown = sorted(set(changes) - _FIELDS)
         if unknown:
             raise ConfigError(f"Agent.replace() got unknown option(s) {unknown}")
-        return Agent(**{**self._options, **changes})
+        return dataclasses.replace(self, **changes)
+
+    def subscribe(self, handler: EventHandler) -> Agent:
+        """A copy of this agent whose runs also deliver their events to ``handler``.
+
+        **Returns a new agent; this one is unchanged** (``agent = agent.subscribe(h)``), so
+        subscribing never changes an agent someone else holds. To follow one run only, use
+        ``Run.subscribe`` on ``agent.start(...)``.
+        """
+        return dataclasses.replace(self, handlers=(*self.handlers, handler))
 
     @property
-    def system_prompt(self) -> str:
-        return self._system_prompt
-
-    @property
-    def model(self) -> Model:
-        return self._config.model
-
-    @property
-    def limits(self) -> Limits:
-        return self._config.limits
-
-    @property
-    def tools(self) -> ToolRegistry:
+    def registry(self) -> ToolRegistry:
+        """The tools offered to the model, control tools included, validated."""
         return self._config.tools
 
     @property
@@ -177,24 +169,18 @@ class Agent:
         """What every run of this agent is guaranteed to stay within."""
         return self._config.machine.bound(self._config.limits)
 
-    def subscribe(self, handler: EventHandler) -> None:
-        """Deliver the events of every run started after this call to ``handler``."""
-        self._handlers.append(handler)
-
     def start(self, user_input: str, *, run_id: str | None = None) -> Run:
         """A new run, not yet stepped: drive it with ``step()``, ``iterate()`` or ``run()``."""
         if not isinstance(user_input, str):
             raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
         run_id = run_id or uuid.uuid4().hex
-        state = new_run_state(run_id, self._system_prompt, user_input, self._config.tools_tokens)
-        run = Run(self._config, state)
-        for handler in self._handlers:
-            run.subscribe(handler)
-        return run
+        state = new_run_state(run_id, self.system_prompt, user_input, self._config.tools_tokens)
+        return Run(self._config, state)
 
     @property
-    def store(self) -> CheckpointStore:
-        """Where this agent's runs are checkpointed (an in-memory store by default)."""
+    def checkpoints(self) -> CheckpointStore:
+        """Where this agent's runs are checkpointed: ``store``, or this agent's own in-memory
+        store when none was given."""
         store = self._config.store
         assert store is not None
         return store
@@ -205,12 +191,9 @@ class Agent:
         """A stopped run, made ready to continue (not yet stepped): see ``resume``."""
         if not isinstance(run_id, str):
             raise ConfigError(f"run_id must be a str, got {type(run_id).__name__}")
-        state = self.store.load(run_id)
+        state = self.checkpoints.load(run_id)
         answered = reopen(state, self._config.machine, self._config.limits, reply, approvals)
-        run = Run(self._config, state, resumed=answered)
-        for handler in self._handlers:
-            run.subscribe(handler)
-        return run
+        return Run(self._config, state, resumed=answered)
 
     async def resume(
         self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
@@ -316,5 +299,8 @@ class Agent:
         """
         rows = self._config.machine.rows
         if isinstance(run, str):
-            run = StoredRunOverlay.of(self.store.load(run), rows)
+            run = StoredRunOverlay.of(self.checkpoints.load(run), rows)
         return render(rows, format, run=run)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Agent) if f.init)

@@ -178,9 +178,9 @@ def _summary(out: TextIO, outcome: _Outcome) -> None:
 
 def _run_agent(agent: Agent, question: str, out: TextIO, trace: str | None) -> int:
     writer = TraceWriter(trace) if trace else None  # a bad path fails before the run
-    agent.subscribe(_Printer(out, live=out.isatty(), max_turns=agent.limits.max_turns))
+    agent = agent.subscribe(_Printer(out, live=out.isatty(), max_turns=agent.limits.max_turns))
     if writer is not None:
-        agent.subscribe(writer)
+        agent = agent.subscribe(writer)
     bound = agent.bound
     print(f"question: {question}", file=out)
     print(

@@ -60,7 +60,7 @@ async def _agent_fsm(turns: int) -> float:
         tools=[step],
         limits=Limits(max_turns=turns + 1, token_budget=10**9),
     )
-    agent.subscribe(count)
+    agent = agent.subscribe(count)
     started = time.perf_counter()
     result = await agent.run("go")
     elapsed = time.perf_counter() - started

@@ -5,7 +5,8 @@ python examples/loop_detection.py
 
 from __future__ import annotations
 
-from agent_fsm import Agent, Limits, StopReason, ToolMessage, tool
+from agent_fsm import Agent, Limits, StopReason, tool
+from agent_fsm.messages import ToolMessage
 from agent_fsm.testing import ScriptedModel, call, reply
 
 

@@ -65,8 +65,8 @@ def build_agent(db: str, log: Path) -> Agent:
 async def main(db: str, log: str, run_id: str) -> int:
     agent = build_agent(db, Path(log))
     print("ready", flush=True)
-    if agent.store.exists(run_id):
-        state = agent.store.load(run_id)
+    if agent.checkpoints.exists(run_id):
+        state = agent.checkpoints.load(run_id)
         if state.state in TERMINAL_STATES:  # killed after its last checkpoint
             result = RunResult.from_state(state)
         else:

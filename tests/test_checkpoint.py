@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from agent_fsm import CheckpointError, CheckpointStore, MemoryStore, RunSummary, SQLiteStore
+from agent_fsm import CheckpointError, CheckpointStore, MemoryStore, SQLiteStore
+from agent_fsm.durable import RunSummary
 from agent_fsm.durable import checkpoint as checkpoint_module
 from agent_fsm.durable.journal import CallStatus, ToolJournal, journal_key
 from agent_fsm.messages import (

@@ -126,7 +126,7 @@ def test_diagram_svg_without_graphviz_exits_2(
 def test_replay_of_a_failed_run_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "failed.jsonl"
     agent, _ = make_agent([reply("", call("echo", text=str(i))) for i in range(5)], max_turns=2)
-    agent.subscribe(TraceWriter(path))
+    agent = agent.subscribe(TraceWriter(path))
     live = agent.run_sync("go")
     assert main(["replay", str(path)]) == 1
     out = capsys.readouterr().out

@@ -79,7 +79,7 @@ def _two_tool_turns() -> tuple[RunResult, Recorder]:
         [reply("", call("echo", text="a")), reply("", call("add", a=1, b=2)), "3, and a."]
     )
     recorder = Recorder()
-    agent.subscribe(recorder)
+    agent = agent.subscribe(recorder)
     return agent.run_sync("go"), recorder
 
 
@@ -309,8 +309,8 @@ def test_trace_file_round_trip(tmp_path: Path) -> None:
         [reply("", call("echo", text="a")), reply("", call("add", a=1, b=2)), "3, and a."]
     )
     recorder = Recorder()
-    agent.subscribe(recorder)
-    agent.subscribe(TraceWriter(path))
+    agent = agent.subscribe(recorder)
+    agent = agent.subscribe(TraceWriter(path))
     result = agent.run_sync("go")
 
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -337,7 +337,7 @@ def test_trace_file_round_trip(tmp_path: Path) -> None:
 def test_one_writer_records_every_run_of_an_agent(tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     agent, _ = make_agent(["one", "two"])
-    agent.subscribe(TraceWriter(path))
+    agent = agent.subscribe(TraceWriter(path))
     first = agent.run_sync("a")
     second = agent.run_sync("b")
     runs = recorded_runs(read_trace(path))

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from agent_fsm import Agent, AgentState, Approval, StopReason, ToolMessage, tool
+from agent_fsm import Agent, AgentState, Approval, StopReason, tool
 from agent_fsm.durable.checkpoint import MemoryStore
 from agent_fsm.errors import CheckpointError, ResumeError
 from agent_fsm.events import (
@@ -18,7 +18,7 @@ from agent_fsm.events import (
     RunResumed,
     SteeringQueued,
 )
-from agent_fsm.messages import ModelRequest, ModelResponse, ToolStatus, UserMessage
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, ToolStatus, UserMessage
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState, RunStatus
 from agent_fsm.testing import FunctionModel, ScriptedModel, call, reply
 from agent_fsm.testing.invariants import transcript_problems
@@ -36,7 +36,7 @@ async def test_ask_user_pauses_and_resume_continues_with_the_reply() -> None:
     )
     agent = Agent(model=model, tools=[echo], limits=limits())
     events = Recorder()
-    agent.subscribe(events)
+    agent = agent.subscribe(events)
     paused = await agent.run("Weather?")
     assert (paused.status, paused.stop_reason) == (RunStatus.NEEDS_INPUT, StopReason.ASK_USER)
     assert paused.pending is not None

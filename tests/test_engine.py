@@ -9,19 +9,9 @@ import pytest
 import structlog
 import structlog.testing
 
-from agent_fsm import (
-    Agent,
-    AgentState,
-    ConfigError,
-    Limits,
-    RunError,
-    StopReason,
-    ToolMessage,
-    UserMessage,
-    tool,
-)
+from agent_fsm import Agent, AgentState, ConfigError, Limits, RunError, StopReason, tool
 from agent_fsm.events import EVENT_ADAPTER, RunFinished, StateChanged, ToolFinished
-from agent_fsm.messages import ToolCall, TranscriptView
+from agent_fsm.messages import ToolCall, ToolMessage, TranscriptView, UserMessage
 from agent_fsm.testing import ScriptedModel, call, raw_call, reply
 from agent_fsm.testing.invariants import check_invariants
 from tests.conftest import Recorder, echo, limits, make_agent
@@ -65,7 +55,7 @@ def test_result_of_an_unfinished_run_is_an_error() -> None:
 
 def test_events_in_order(recorder: Recorder) -> None:
     agent, _ = make_agent([reply("", call("echo", text="x")), "done"])
-    agent.subscribe(recorder)
+    agent = agent.subscribe(recorder)
     result = agent.run_sync("go")
     assert recorder.kinds() == [
         "run_started",
@@ -99,8 +89,8 @@ def test_a_failing_subscriber_does_not_break_the_run(recorder: Recorder) -> None
         raise ValueError("subscriber bug")
 
     agent, _ = make_agent(["hi"])
-    agent.subscribe(broken)
-    agent.subscribe(recorder)
+    agent = agent.subscribe(broken)
+    agent = agent.subscribe(recorder)
     assert agent.run_sync("go").output == "hi"
     assert recorder.kinds()[-1] == "run_finished"
 
@@ -281,7 +271,7 @@ def test_replace_keeps_the_configuration_and_swaps_what_is_given() -> None:
     other = agent.replace(model=ScriptedModel([reply("second")]))
     assert other.limits == agent.limits
     assert other.system_prompt == "be brief"
-    assert [t.name for t in other.tools.specs] == [t.name for t in agent.tools.specs]
+    assert [t.name for t in other.registry.specs] == [t.name for t in agent.registry.specs]
     assert other.run_sync("hi").output == "second"
     assert agent.run_sync("hi").output == "first"
     with pytest.raises(ConfigError, match="unknown option"):

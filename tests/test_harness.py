@@ -170,7 +170,7 @@ def test_tool_doubles_misbehave_as_told() -> None:
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_generated_arguments_follow_each_tools_schema(data: st.DataObject) -> None:
-    for spec in AGENT.tools.specs:
+    for spec in AGENT.registry.specs:
         validator = Draft202012Validator(spec.parameters)
         assert validator.is_valid(json.loads(data.draw(arguments_for(spec))))
         assert not validator.is_valid(json.loads(data.draw(invalid_arguments_for(spec))))
@@ -193,7 +193,7 @@ def test_reproducer_source_rebuilds_every_generated_step(step: object) -> None:
         assert rebuilt == step
     if isinstance(step, ModelResponse):
         names = {c.name for c in step.message.tool_calls}
-        known = {s.name for s in AGENT.tools.specs}
+        known = {s.name for s in AGENT.registry.specs}
         assert names <= known | {"nope", "GET_WEATHER", "finish", "ask-user", "missing"}
 
 

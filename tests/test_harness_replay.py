@@ -101,7 +101,7 @@ def test_a_changed_table_fails_the_replay(recorded: Path) -> None:
 def test_a_trace_file_with_several_runs_needs_a_run_id(tmp_path: Path) -> None:
     path = tmp_path / "prod.jsonl"
     agent = _agent()
-    agent.subscribe(TraceWriter(path, append=True))
+    agent = agent.subscribe(TraceWriter(path, append=True))
     agent.run_sync("first", run_id="one")
     agent.replace(model=ScriptedModel(["Just text."])).run_sync("x")  # not recorded
     agent.replace(model=ScriptedModel(SCRIPT)).run_sync("y")  # replace drops subscribers

@@ -168,9 +168,9 @@ def test_a_cooperative_model_calls_tools_with_valid_arguments(step: object) -> N
     agent = _agent()
     if isinstance(step, ModelResponse) and step.finish_reason is FinishReason.TOOL_CALLS:
         for tool_call in step.message.tool_calls:
-            found = agent.tools.get(tool_call.name)
+            found = agent.registry.get(tool_call.name)
             assert found is not None
-            spec = next(s for s in agent.tools.specs if s.name == tool_call.name)
+            spec = next(s for s in agent.registry.specs if s.name == tool_call.name)
             assert Draft202012Validator(spec.parameters).is_valid(json.loads(tool_call.arguments))
 
 

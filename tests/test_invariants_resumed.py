@@ -52,7 +52,7 @@ async def _ask_user_run() -> tuple[Agent, RunResult, Recorder]:
     )
     agent = Agent(model=model, tools=[echo], limits=limits())
     events = Recorder()
-    agent.subscribe(events)
+    agent = agent.subscribe(events)
     paused = await agent.run("Weather?")
     again = await agent.resume(paused.run_id, "Oslo")
     assert again.stop_reason is StopReason.ASK_USER
@@ -85,7 +85,7 @@ async def test_approvals_allowed_then_denied() -> None:
     )
     agent = Agent(model=model, tools=[delete, echo], limits=limits())
     events = Recorder()
-    agent.subscribe(events)
+    agent = agent.subscribe(events)
     paused = await agent.run("Clean up")
     assert paused.stop_reason is StopReason.APPROVAL_REQUIRED
     again = await agent.resume(paused.run_id, approvals=True)
@@ -107,7 +107,7 @@ async def test_abort_between_steps_then_resume_with_a_reply() -> None:
     model = ScriptedModel([reply("", call("echo", text="a")), "after the abort"])
     agent = Agent(model=model, tools=[echo], limits=limits())
     events = Recorder()
-    agent.subscribe(events)
+    agent = agent.subscribe(events)
     run = agent.start("Go")
     await run.step()
     await run.step()  # THINK -> ACT: the abort lands in ACT
@@ -130,7 +130,7 @@ async def test_abort_during_a_model_call_then_resume() -> None:
 
     agent = Agent(model=FunctionModel(slow_then_fast), limits=limits())
     events = Recorder()
-    agent.subscribe(events)
+    agent = agent.subscribe(events)
     run = agent.start("Go")
     task = asyncio.create_task(run.run())
     await started.wait()

@@ -1182,7 +1182,7 @@ async def test_an_agent_streams_retries_and_finishes_through_the_real_sdk(
         sleep=no_sleep,
     )
     events: list[Event] = []
-    agent.subscribe(events.append)
+    agent = agent.subscribe(events.append)
     result = await agent.run("Weather in Beijing?")
 
     assert result.stop_reason is StopReason.FINAL_ANSWER

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent_fsm import Agent, AgentState, Run, RunStatus, StopReason, ToolMessage
-from agent_fsm.messages import ModelRequest, ModelResponse, ToolStatus
+from agent_fsm import Agent, AgentState, Run, RunStatus, StopReason
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, ToolStatus
 from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
 from tests.conftest import limits, make_agent

@@ -32,7 +32,7 @@ def _run(behaviour: Behaviour, run_limits: Limits, tick: float) -> None:
         clock=lambda: float(next(clock)),
     )
     recorder = Recorder()
-    agent.subscribe(recorder)
+    agent = agent.subscribe(recorder)
     run = agent.start("do the task")
     model.on_abort = run.abort
     result = asyncio.run(run.run())

@@ -136,10 +136,10 @@ def test_a_permanent_model_failure_cannot_be_resumed_and_nothing_changes() -> No
     agent = _outage_agent(ModelCallError("401 invalid API key", transient=False))
     failed = agent.run_sync("Hello?")
     assert failed.stop_reason is StopReason.MODEL_ERROR
-    before = agent.store.load(failed.run_id)
+    before = agent.checkpoints.load(failed.run_id)
     with pytest.raises(ResumeError, match=r"401 invalid API key.*no resume row accepts it"):
         agent.resume_sync(failed.run_id)
-    assert agent.store.load(failed.run_id) == before
+    assert agent.checkpoints.load(failed.run_id) == before
 
 
 def test_a_finished_run_is_refused_with_what_can_be_resumed() -> None:

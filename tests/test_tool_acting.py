@@ -13,12 +13,12 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_fsm import Limits, StopReason, Tool, ToolCall, ToolMessage, tool
+from agent_fsm import Limits, StopReason, Tool, tool
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.events import EVENT_ADAPTER, Event, EventBus, ToolFinished, ToolRetried, ToolStarted
 from agent_fsm.loop.machine import AgentMachine
-from agent_fsm.messages import ToolStatus
+from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
 from agent_fsm.run.acting import answer_calls
 from agent_fsm.run.context import RunConfig, RunContext
 from agent_fsm.run.engine import new_run_state

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent_fsm import Agent, RunStatus, StopReason, ToolMessage, tool
-from agent_fsm.messages import ToolStatus
+from agent_fsm import Agent, RunStatus, StopReason, tool
+from agent_fsm.messages import ToolMessage, ToolStatus
 from agent_fsm.state import ControlKind
 from agent_fsm.table import AgentState
 from agent_fsm.testing import ScriptedModel, call, reply
@@ -55,7 +55,7 @@ def _run(*calls: Any) -> tuple[Any, Agent, Recorder]:
         limits=limits(),
     )
     recorder = Recorder()
-    agent.subscribe(recorder)
+    agent = agent.subscribe(recorder)
     result = agent.run_sync("go")
     check_invariants(result, limits=agent.limits, bound=agent.bound, events=recorder)
     return result, agent, recorder

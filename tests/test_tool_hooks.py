@@ -8,11 +8,11 @@ import threading
 import time
 from typing import Any
 
-from agent_fsm import Limits, ToolMessage, tool
+from agent_fsm import Limits, tool
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.durable.journal import CallStatus, MemoryJournal, journal_key
 from agent_fsm.events import Event, ToolFinished
-from agent_fsm.messages import ToolStatus
+from agent_fsm.messages import ToolMessage, ToolStatus
 from agent_fsm.tools.tool import ASK_USER
 from tests.test_tool_acting import act_on, c, fresh_state
 

@@ -7,8 +7,8 @@ from typing import Literal
 
 import pytest
 
-from agent_fsm import Agent, ConfigError, Limits, StopReason, Tool, ToolCall, ToolMessage, tool
-from agent_fsm.messages import ToolStatus
+from agent_fsm import Agent, ConfigError, Limits, StopReason, Tool, tool
+from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
 from agent_fsm.testing import ScriptedModel, call, raw_call, reply
 from agent_fsm.tools.execution import execute
 from agent_fsm.tools.tool import ToolRegistry

@@ -162,7 +162,7 @@ def tool_double(tool: Tool, outcomes: Sequence[ToolOutcome]) -> Tool:
 
 def user_tools(agent: Agent) -> list[Tool]:
     """The agent's own tools, in order, without the built-in control-flow tools."""
-    found = (agent.tools.get(spec.name) for spec in agent.tools.specs)
+    found = (agent.registry.get(spec.name) for spec in agent.registry.specs)
     return [t for t in found if t is not None and t.control is None]
 
 

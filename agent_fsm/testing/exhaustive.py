@@ -73,7 +73,7 @@ def default_alphabet(agent: Agent) -> dict[str, EventFactory]:
     ``ask_user``), a transient model error, and a repeat of the previous item (the first
     event of a sequence repeats nothing: it is a tool call)."""
     tools = user_tools(agent)
-    specs = {spec.name: spec for spec in agent.tools.specs}
+    specs = {spec.name: spec for spec in agent.registry.specs}
     tool_reply = reply("", _call_of(tools[0].spec)) if tools else reply("", call("missing"))
     control_name = next((n for n in ("finish_task", "ask_user") if n in specs), "finish_task")
     control_reply = (

@@ -87,6 +87,6 @@ def scripted_agent() -> Callable[..., Agent]:
 
     def make(script: Iterable[ScriptItem], *, tools: Iterable[Any] = (), **options: Any) -> Agent:
         options.setdefault("limits", Limits(retry_backoff_s=0.0, retry_backoff_max_s=0.0))
-        return Agent(model=ScriptedModel(script), tools=tools, **options)
+        return Agent(model=ScriptedModel(script), tools=tuple(tools), **options)
 
     return make

@@ -153,7 +153,7 @@ def _replay_double(tool: Tool, answers: list[ToolFinished]) -> Tool:
 def _offline(agent: Agent, recording: Recording) -> tuple[Agent, ScriptedModel]:
     executed: dict[str, list[ToolFinished]] = {}
     for call, finished in recording.tool_results:
-        if finished.status is ToolStatus.SKIPPED or agent.tools.prepare(call).error is not None:
+        if finished.status is ToolStatus.SKIPPED or agent.registry.prepare(call).error is not None:
             continue  # never reached the tool: the agent answers it again itself
         executed.setdefault(call.name, []).append(finished)
     model = ScriptedModel(recording.replies, name="replay")

@@ -140,7 +140,7 @@ def reproducer(
         lines.append(f"replayed = with_tool_doubles(replayed, {{{doubles}}})")
     lines += [
         "events = []",
-        "replayed.subscribe(events.append)",
+        "replayed = replayed.subscribe(events.append)",
         f"result = replayed.run_sync({user_input!r})",
         "check_invariants(result, limits=replayed.limits, bound=replayed.bound, events=events)",
     ]

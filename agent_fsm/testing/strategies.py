@@ -216,7 +216,7 @@ def replies(tool_names: Sequence[str]) -> st.SearchStrategy[object]:
 
 
 def _specs(target: Agent | Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
-    return target.tools.specs if isinstance(target, Agent) else tuple(target)
+    return target.registry.specs if isinstance(target, Agent) else tuple(target)
 
 
 def _values(schema: Any) -> st.SearchStrategy[Any]:
@@ -309,7 +309,7 @@ def tool_calls_for(target: Agent | Sequence[ToolSpec]) -> st.SearchStrategy[Tool
 def replies_for(
     target: Agent | Sequence[ToolSpec], *, retry_after: bool = True
 ) -> st.SearchStrategy[object]:
-    """One model step focused on an agent's real tools (``agent.tools.specs``): a reply,
+    """One model step focused on an agent's real tools (``agent.registry.specs``): a reply,
     an exception to raise, or garbage that is not a reply at all. ``retry_after`` as in
     ``model_errors`` (on by default: the harness runs on a ``FakeClock``)."""
     return _reply_steps(tool_calls_for(target), retry_after=retry_after)
