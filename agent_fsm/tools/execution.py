@@ -250,8 +250,6 @@ async def execute(
     call, tool = prepared.call, prepared.tool
     if prepared.error is not None or tool is None:
         return Executed(error_result(call, prepared.error or "the call cannot run"), 0)
-    fn = tool.fn
-    assert fn is not None
     values = prepared.values if prepared.values is not None else prepared.arguments or {}
     timeout_s = tool.timeout_s or limits.tool_timeout_s
     retries = 0
@@ -260,52 +258,91 @@ async def execute(
     runtime: dict[str, JsonValue] = {}
     history: list[JsonValue] = []
     attempt = 0
-    value: Any = None
     while True:
         attempt += 1
-        failure: BaseException | None = None
-        deadline = _Deadline(timeout_s)
-        try:
-            if tool.is_async:
-                value = await fn(**values)
-            else:
-                value = await run_in_thread(fn, values)
-        except asyncio.CancelledError:
-            if not deadline.finish():
-                raise
-            failure = TimeoutError()
-        except Exception as exc:
-            deadline.finish()
-            failure = exc
-        else:
-            deadline.finish()
-        expired = failure is not None and deadline.expired
-        if expired:
-            message = f"Tool '{call.name}' timed out after {timeout_s:g} s."
-            if not tool.is_async:
-                message += ABANDONED_NOTE
-                runtime["abandoned"] = True
-            failure = TimeoutError(message)
-        elif failure is not None:
-            message = f"Tool '{call.name}' failed: {type(failure).__name__}: {failure}"
+        outcome = await _attempt(call, tool, values, timeout_s, runtime)
+        failure = outcome.failure
         if failure is None:
             break
         if attempt <= retries and isinstance(failure, tool.retry_on):
             delay = retry_delay(attempt, limits)
-            history.append({"attempt": attempt, "error": message, "delay_s": delay})
+            history.append({"attempt": attempt, "error": outcome.message, "delay_s": delay})
             if on_retry is not None:
-                on_retry(call, attempt, message, delay)
+                on_retry(call, attempt, outcome.message, delay)
             await sleep(delay)
             continue
-        if history:
-            message += f" (gave up after {attempt} attempts)"
-            runtime.update(attempts=attempt, retries=history)
-        if expired:
-            runtime["timed_out_after_s"] = timeout_s
-        return Executed(error_result(call, message, merge_runtime_details(None, runtime)), attempt)
+        return Executed(_failed(call, outcome, attempt, history, runtime, timeout_s), attempt)
     if history:
         runtime.update(attempts=attempt, retries=history)
-    return Executed(_answer(call, tool, value, limits, runtime), attempt)
+    return Executed(_answer(call, tool, outcome.value, limits, runtime), attempt)
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """One attempt: the value the tool returned, or the failure and how it reads."""
+
+    value: Any = None
+    failure: BaseException | None = None
+    message: str = ""
+    expired: bool = False
+    """The attempt ran past its timeout."""
+
+
+async def _attempt(
+    call: ToolCall,
+    tool: Tool,
+    values: dict[str, Any],
+    timeout_s: float,
+    runtime: dict[str, JsonValue],
+) -> _Outcome:
+    """Run the tool once within ``timeout_s``. Must not raise, except the caller's own
+    cancellation; a failure after the deadline expired counts as a timeout (the tool may have
+    turned our cancellation into an error of its own)."""
+    fn = tool.fn
+    assert fn is not None
+    deadline = _Deadline(timeout_s)
+    try:
+        value = await fn(**values) if tool.is_async else await run_in_thread(fn, values)
+    except asyncio.CancelledError:
+        if not deadline.finish():
+            raise
+        return _timed_out(call, tool, timeout_s, runtime)
+    except Exception as exc:
+        deadline.finish()
+        if deadline.expired:
+            return _timed_out(call, tool, timeout_s, runtime)
+        message = f"Tool '{call.name}' failed: {type(exc).__name__}: {exc}"
+        return _Outcome(failure=exc, message=message)
+    deadline.finish()
+    return _Outcome(value=value)
+
+
+def _timed_out(
+    call: ToolCall, tool: Tool, timeout_s: float, runtime: dict[str, JsonValue]
+) -> _Outcome:
+    message = f"Tool '{call.name}' timed out after {timeout_s:g} s."
+    if not tool.is_async:
+        message += ABANDONED_NOTE
+        runtime["abandoned"] = True
+    return _Outcome(failure=TimeoutError(message), message=message, expired=True)
+
+
+def _failed(
+    call: ToolCall,
+    outcome: _Outcome,
+    attempts: int,
+    history: list[JsonValue],
+    runtime: dict[str, JsonValue],
+    timeout_s: float,
+) -> ToolMessage:
+    """The error answer of a call that failed for good, with its retries in the details."""
+    message = outcome.message
+    if history:
+        message += f" (gave up after {attempts} attempts)"
+        runtime.update(attempts=attempts, retries=history)
+    if outcome.expired:
+        runtime["timed_out_after_s"] = timeout_s
+    return error_result(call, message, merge_runtime_details(None, runtime))
 
 
 def _answer(
