@@ -11,14 +11,14 @@ under pytest and in a plain script, and honours the active hypothesis settings p
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, Phase, given
+from hypothesis import HealthCheck, Phase, example, given
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
 
 from agent_fsm.agent import Agent
 from agent_fsm.testing.behaviour import Behaviour
 from agent_fsm.testing.harness import DEFAULT_INPUT, HarnessFailure, Stage
-from agent_fsm.testing.strategies import behaviours_for
+from agent_fsm.testing.strategies import behaviours_for, edge_behaviours
 
 __all__ = ["assert_terminates"]
 
@@ -79,4 +79,7 @@ def assert_terminates(
                 "(the minimal case hypothesis found).",
             )
 
+    if behaviours is None:
+        for edge in edge_behaviours(stage.agent):
+            every_run_terminates = example(behaviour=edge)(every_run_terminates)
     every_run_terminates()

@@ -47,6 +47,7 @@ from agent_fsm.testing.models import reply
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK
 
 __all__ = [
+    "edge_behaviours",
     "Behaviour",
     "BehaviourModel",
     # focused on one agent
@@ -381,6 +382,27 @@ def behaviours_for(
         models,
         tool_behaviours(names),
     )
+
+
+def edge_behaviours(agent: Agent) -> list[Behaviour]:
+    """Behaviours every run of the harness tries first, whatever hypothesis draws: each
+    control tool of ``agent`` called in the first turn, and again in the last turn the limits
+    allow (after turns whose only call names an unknown tool, which the run answers with an
+    error and goes on). Where a control call meets the turn limit is where guard priority
+    matters most, and a random search can miss that one turn."""
+    control = [name for name in (ASK_USER.name, FINISH_TASK.name) if name in agent.registry]
+    if not control:
+        return []
+    limits = agent.limits
+    last = min(limits.max_turns, limits.max_consecutive_errors)
+    arguments = {ASK_USER.name: {"question": "Which one?"}, FINISH_TASK.name: {"summary": "Done."}}
+    unknown = reply("", ToolCall(id="", name="no_such_tool", arguments="{}"))
+    found: list[Behaviour] = []
+    for name in control:
+        finishing = reply("", ToolCall(id="", name=name, arguments=json.dumps(arguments[name])))
+        for turn in sorted({1, last}):
+            found.append(Behaviour(steps=(*[unknown] * (turn - 1), finishing), cycle=False))
+    return found
 
 
 def cooperative_replies_for(target: Agent | Sequence[ToolSpec]) -> st.SearchStrategy[object]:
