@@ -80,14 +80,13 @@ class _GuardCondition:
 
 
 # Lean execution classes, installed through transitions' documented class hooks
-# (``event_cls``, ``transition_cls``, ``condition_cls``). A trigger tries every row of its
-# state until one passes, and most rows fail, so the per-row and per-trigger bookkeeping of the
-# stock classes (about ten debug-log calls, callback-name resolution and callback lists that
-# are always empty here) dominated the machine's cost: ~11 µs per trigger, measured with
-# benchmarks/overhead.py. These keep the semantics this machine uses (rows tried in order,
-# all conditions must pass, before → state change with exit/enter callbacks → after) and
-# record the winning row; ``AgentMachine`` asserts that the features they skip (queued
-# processing, machine-level prepare/finalize/exception callbacks) stay unused.
+# (``event_cls``, ``transition_cls``). A trigger tries every row of its state until one passes,
+# and most rows fail; the stock classes' per-row bookkeeping (debug-log calls, callback-name
+# resolution, an EventData per row tried) made the default loop cost 73% more instructions
+# per turn (benchmarks/instructions.py: 1,519,651 against 878,438). The agent's machine has
+# no callbacks (the engine does each state's work between triggers, never inside one), so a
+# row that passes only moves the run and records itself; ``AgentMachine`` refuses a machine
+# with callbacks or queued processing, which these classes do not run.
 
 
 class _Transition(Transition):
@@ -96,91 +95,27 @@ class _Transition(Transition):
     def __init__(self, *args: Any, row_index: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.row_index = row_index
-        self.dest_name = cast(str, self.dest)
-        self.dest_state = _STATE_NAMED[self.dest_name]
         self.guards: tuple[Guard, ...] = tuple(
             cast(_GuardCondition, c.func).guard for c in self.conditions
         )
-        self.later_guards = self.guards[1:]
-        """The guards after the first, which ``_Event.trigger`` asks for the whole group."""
-
-    def take(self, event: Event, handle: RunHandle, args: Any, kwargs: Any) -> None:
-        """The state change of a row whose guards passed: before → exit → set → enter →
-        record → after, as the stock Transition does. The EventData that callbacks receive
-        is built only when some callback exists (none do in the agent's own machine)."""
-        machine = event.machine
-        source, dest = machine.states[self.source], machine.states[self.dest_name]
-        if not (
-            self.before
-            or self.after
-            or source.on_exit
-            or dest.on_enter
-            or machine.before_state_change
-            or machine.after_state_change
-        ):
-            handle._name = self.dest_name  # the property setter, without its lookup
-            handle.run_state.state = self.dest_state
-            handle.taken = self.row_index
-            return
-        event_data = EventData(source, event, machine, handle, args=args, kwargs=kwargs)
-        event_data.transition = self
-        if self.before or machine.before_state_change:
-            machine.callbacks([*machine.before_state_change, *self.before], event_data)
-        if source.on_exit:
-            machine.callbacks(source.on_exit, event_data)
-        handle.state = self.dest_name
-        event_data.state = dest
-        if dest.on_enter:
-            machine.callbacks(dest.on_enter, event_data)
-        handle.taken = self.row_index
-        event_data.result = True
-        if self.after or machine.after_state_change:
-            machine.callbacks([*self.after, *machine.after_state_change], event_data)
 
 
 class _Event(Event):
-    """Tries the rows of the model's current state in order; the first that passes wins.
-
-    Guards are evaluated directly on the run's state, with no EventData per row tried.
-    Consecutive rows that start with the same guard form a group, and a group whose first
-    guard fails is skipped without asking it again: guards are pure, and nothing changes
-    while one trigger decides (THINK's six rows led by ``model_call_failed`` ask it once).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._groups: dict[str, list[tuple[Guard | None, list[_Transition]]]] = {}
-
-    def add_transition(self, transition: Transition) -> None:
-        super().add_transition(transition)
-        self._groups.pop(transition.source, None)  # regrouped on the next trigger
-
-    def _grouped(self, source: str) -> list[tuple[Guard | None, list[_Transition]]]:
-        groups: list[tuple[Guard | None, list[_Transition]]] = []
-        rows: list[_Transition] = self.transitions[source]  # type: ignore[assignment]
-        for transition in rows:
-            first = transition.guards[0] if transition.guards else None
-            if groups and first is not None and groups[-1][0] is first:
-                groups[-1][1].append(transition)
-            else:
-                groups.append((first, [transition]))
-        self._groups[source] = groups
-        return groups
+    """Tries the rows of the model's current state in order; the first whose guards all
+    pass is taken. Guards are evaluated directly on the run's state (they are pure)."""
 
     def trigger(self, model: object, *args: Any, **kwargs: Any) -> bool:
         handle: RunHandle = model  # type: ignore[assignment]  # only RunHandles are attached
         run_state, limits = handle.run_state, handle.limits
-        groups = self._groups.get(handle._name) or self._grouped(handle._name)
-        for first, rows in groups:
-            if first is not None and not first(run_state, limits):
-                continue
-            for transition in rows:
-                for guard in transition.later_guards:
-                    if not guard(run_state, limits):
-                        break
-                else:
-                    transition.take(self, handle, args, kwargs)
-                    return True
+        rows: list[_Transition] = self.transitions[handle.state]  # type: ignore[assignment]
+        for transition in rows:
+            for guard in transition.guards:
+                if not guard(run_state, limits):
+                    break
+            else:
+                handle.state = cast(str, transition.dest)
+                handle.taken = transition.row_index
+                return True
         return False
 
 
@@ -217,9 +152,24 @@ class AgentMachine:
             name="agent_fsm",
         )
         machine = self._machine
-        unsupported = (machine.has_queue, machine.prepare_event, machine.finalize_event)
-        if any(unsupported) or machine.on_exception or machine.on_final:
-            raise ConfigError("the lean event classes support no queued or machine callbacks")
+        callbacks = [
+            machine.has_queue,
+            machine.prepare_event,
+            machine.finalize_event,
+            machine.on_exception,
+            machine.on_final,
+            machine.before_state_change,
+            machine.after_state_change,
+            *(s.on_enter or s.on_exit for s in machine.states.values()),
+            *(
+                t.before or t.after or t.prepare
+                for e in machine.events.values()
+                for ts in e.transitions.values()
+                for t in ts
+            ),
+        ]
+        if any(callbacks):
+            raise ConfigError("the agent's machine runs no callbacks and no queued events")
         self._event_in: dict[str, Event] = {
             state.value: machine.events[trigger.value]
             for state, trigger in TRIGGER_FOR_STATE.items()

@@ -12,9 +12,7 @@ counts and loop-detector state are kept incrementally, and the model receives a 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import structlog
 
@@ -60,19 +58,6 @@ _WORK: dict[AgentState, Callable[[RunContext], Awaitable[None] | None]] = {
 """The work done in each loop state before its trigger fires."""
 
 
-def _debug_enabled(log: Any) -> bool:
-    """Whether ``log`` emits debug lines, asked once per run so that the line logged on every
-    transition costs nothing when it is filtered out. A logger that cannot say (structlog
-    before 25.1, a custom wrapper class) is assumed to emit, and filters by itself."""
-    check = getattr(log, "is_enabled_for", None)
-    if check is None:
-        return True
-    try:
-        return bool(check(logging.DEBUG))
-    except Exception:
-        return True
-
-
 class Run:
     """One run of an agent. Create it with ``Agent.start``; drive it with ``step``/``run``."""
 
@@ -80,7 +65,6 @@ class Run:
         log = _logger.bind(run_id=state.run_id)
         self._config = config
         self._state = state
-        self._debug = _debug_enabled(log)
         self._ctx = RunContext(
             state=state,
             config=config,
@@ -212,7 +196,7 @@ class Run:
     async def _advance(self) -> Row:
         """Do the current state's work and fire one trigger; return the row taken."""
         state, config = self._state, self._config
-        if self.done:
+        if state.state in TERMINAL_STATES and not self._resumed_from_stop:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
         if self._handle is None:
             self._handle = config.machine.handle(state, config.limits)
@@ -295,15 +279,14 @@ class Run:
         index = self._handle.taken if self._handle is not None else -1
         state.trace.append((index, state.turns))
         self._entries.append(TraceEntry.from_row(row, state.turns))
-        if self._debug:
-            self._ctx.log.debug(
-                "transition",
-                source=row.source,
-                dest=row.dest,
-                guards=row.guards,
-                label=row.label,
-                turn=state.turns,
-            )
+        self._ctx.log.debug(
+            "transition",
+            source=row.source,
+            dest=row.dest,
+            guards=row.guards,
+            label=row.label,
+            turn=state.turns,
+        )
         emit = self._ctx.bus.emitter
         if emit is not None:
             emit(

@@ -1,0 +1,122 @@
+"""Per-turn engine cost in CPU instructions, counted by valgrind's callgrind.
+
+Wall-clock timings on a shared machine move with whatever else the machine does; instruction
+counts do not (the same binary, inputs and environment give the same count). This script
+runs the workload of ``overhead.py`` (one instant model call and one tool call per turn, with
+schema validation, every guard and an event subscriber) under ``valgrind --tool=callgrind``
+at two run lengths, and reports instructions per turn as the difference between the two
+divided by the difference in turns, so interpreter start-up and imports cancel out.
+
+    python benchmarks/instructions.py [--turns 10 110]
+
+It installs nothing: without valgrind it says how to get it (``apt-get install valgrind``)
+and exits 2. A measurement takes a minute or two (Python runs ~50x slower under valgrind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD_FLAG = "--child"
+
+
+def _workload(turns: int) -> None:
+    """One run of ``turns`` tool turns and a final answer: what the child process executes."""
+    import structlog
+
+    from agent_fsm import Agent, Limits, StopReason, tool
+    from agent_fsm.events import Event
+    from agent_fsm.messages import ModelResponse, ToolCall
+    from agent_fsm.testing import ScriptedModel, reply
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+
+    @tool
+    async def step(n: int) -> int:
+        """Return n + 1."""
+        return n + 1
+
+    calls = [ToolCall(id=f"c{i}", name="step", arguments=f'{{"n": {i}}}') for i in range(turns)]
+    script: list[ModelResponse | str] = [reply("", c, usage=(10, 2)) for c in calls]
+    script.append("done")
+    events = 0
+
+    def count(event: Event) -> None:
+        nonlocal events
+        events += 1
+
+    agent = Agent(
+        model=ScriptedModel(script),
+        tools=[step],
+        limits=Limits(max_turns=turns + 1, token_budget=10**9),
+        handlers=[count],
+    )
+    result = asyncio.run(agent.run("go"))
+    if result.stop_reason is not StopReason.FINAL_ANSWER or result.turns != turns + 1:
+        raise SystemExit(f"the workload did not run as intended: {result.stop_reason}")
+
+
+def _instructions(turns: int, folder: Path) -> int:
+    """Instructions executed by one child process running ``turns`` turns."""
+    out = folder / f"callgrind.{turns}.out"
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        __file__,
+        CHILD_FLAG,
+        str(turns),
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    subprocess.run(command, check=True, env=env, capture_output=True)
+    match = re.search(r"^(?:summary|totals):\s*(\d+)", out.read_text(), re.MULTILINE)
+    if match is None:
+        raise SystemExit(f"no instruction total in {out}")
+    return int(match.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--turns",
+        nargs=2,
+        type=int,
+        default=(10, 110),
+        metavar=("SHORT", "LONG"),
+        help="the two run lengths whose difference is measured (default: 10 110)",
+    )
+    args = parser.parse_args(argv)
+    short, long = args.turns
+    if long <= short:
+        parser.error("LONG must be greater than SHORT")
+    if shutil.which("valgrind") is None:
+        print(
+            "valgrind is not installed (Debian/Ubuntu: apt-get install valgrind)",
+            file=sys.stderr,
+        )
+        return 2
+    with tempfile.TemporaryDirectory() as folder:
+        counts = {turns: _instructions(turns, Path(folder)) for turns in (short, long)}
+    per_turn = (counts[long] - counts[short]) / (long - short)
+    print(f"{'turns':>6} {'instructions':>16}")
+    for turns, count in counts.items():
+        print(f"{turns:>6} {count:>16,}")
+    print(f"\nper turn ({short} -> {long}): {per_turn:,.0f} instructions")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == CHILD_FLAG:
+        _workload(int(sys.argv[2]))
+    else:
+        raise SystemExit(main())
