@@ -18,7 +18,7 @@ each name and the verifier refuses a table that names an unknown guard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 __all__ = [
@@ -113,17 +113,17 @@ class Row:
     outcome: StopReason | Verb
     """The stop reason of a row into DONE/ERROR, the verb of any other row (the verifier
     checks that each row has the kind its destination calls for)."""
+    label: str = field(init=False, repr=False, compare=False)
+    """The outcome as text, as diagrams, events and trace entries show it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label", self.outcome.value)
 
     @property
     def stop_reason(self) -> StopReason | None:
         """The StopReason this row ends the run with, or None if it continues the loop."""
         outcome = self.outcome
         return outcome if isinstance(outcome, StopReason) else None
-
-    @property
-    def label(self) -> str:
-        """The outcome as text, as diagrams, events and trace entries show it."""
-        return self.outcome.value
 
     @property
     def resumes(self) -> bool:

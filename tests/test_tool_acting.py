@@ -68,6 +68,8 @@ async def act_on(
         stop=stop or StopEvent(),
         journal=journal,
         log=structlog.get_logger("test"),
+        clock=config.clock,
+        sleep=config.sleep,
     )
     return await answer_calls(ctx, calls, approved)
 

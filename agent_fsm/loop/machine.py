@@ -95,6 +95,8 @@ class _Transition(Transition):
     def __init__(self, *args: Any, row_index: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.row_index = row_index
+        self.dest_name = cast(str, self.dest)
+        self.dest_state = _STATE_NAMED[self.dest_name]
         self.guards: tuple[Guard, ...] = tuple(
             cast(_GuardCondition, c.func).guard for c in self.conditions
         )
@@ -107,13 +109,14 @@ class _Event(Event):
     def trigger(self, model: object, *args: Any, **kwargs: Any) -> bool:
         handle: RunHandle = model  # type: ignore[assignment]  # only RunHandles are attached
         run_state, limits = handle.run_state, handle.limits
-        rows: list[_Transition] = self.transitions[handle.state]  # type: ignore[assignment]
+        rows: list[_Transition] = self.transitions[handle._name]  # type: ignore[assignment]
         for transition in rows:
             for guard in transition.guards:
                 if not guard(run_state, limits):
                     break
             else:
-                handle.state = cast(str, transition.dest)
+                handle._name = transition.dest_name
+                run_state.state = transition.dest_state
                 handle.taken = transition.row_index
                 return True
         return False

@@ -66,16 +66,14 @@ class RunContext:
     """Records every tool call before and after it runs (durable stores only)."""
     log: Any
     """The structlog logger, with the run id bound."""
+    clock: Callable[[], float]
+    """The agent's time source (``RunConfig.clock``)."""
+    sleep: Callable[[float], Awaitable[None]]
+    """The agent's backoff sleep (``RunConfig.sleep``)."""
 
     @property
     def limits(self) -> Limits:
         return self.config.limits
-
-    def clock(self) -> float:
-        return self.config.clock()
-
-    async def sleep(self, seconds: float) -> None:
-        await self.config.sleep(seconds)
 
     def emitter(self) -> EventHandler | None:
         """Where events go while anyone listens; None when nobody does."""

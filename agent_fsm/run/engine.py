@@ -76,6 +76,8 @@ class Run:
                 else None
             ),
             log=log,
+            clock=config.clock,
+            sleep=config.sleep,
         )
         self._started_at = config.clock() - state.elapsed_s
         self._handle: RunHandle | None = None
