@@ -3,11 +3,10 @@ and ``StopScope``, which cancels the awaits inside it when that happens.
 
 Why a scope in the current task rather than a task per model or tool call: the awaits of a
 turn (one model call, one tool call) usually finish without ever suspending, and a task per
-turn made the event loop run three times per turn for nothing (about a quarter of the engine's
-per-turn cost, measured with ``benchmarks/overhead.py``). The scope costs a callback
-registration, and cancels exactly like ``asyncio.timeout``: the current task is cancelled, the
-scope withdraws its own cancellation on exit (``Task.uncancel``), and a cancellation that came
-from anyone else still propagates.
+call would make the event loop go round for each of them for nothing. The scope costs a
+callback registration, and cancels exactly like ``asyncio.timeout``: the current task is
+cancelled, the scope withdraws its own cancellation on exit (``Task.uncancel``), and a
+cancellation that came from anyone else still propagates.
 
 Cancellation is cooperative. An async function that suppresses ``CancelledError`` is cancelled
 again every ``regrace_s``; one that suppresses it forever keeps its run waiting, as it would

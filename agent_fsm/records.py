@@ -1,19 +1,15 @@
-"""Faster construction for frozen, slotted, keyword-only dataclasses: ``quick_init`` and
+"""Cheaper construction for frozen, slotted, keyword-only dataclasses: ``quick_init`` and
 ``builder``.
 
-A frozen dataclass's generated ``__init__`` stores every field through
-``object.__setattr__``. Several such records are built on every turn (events, the model
-request, trace entries), and that made building them a tenth of the engine's per-turn cost.
-The ``__init__`` that ``quick_init`` makes stores each field through its slot's own
-descriptor instead (StateChanged: 1.1 → 0.7 µs, measured with ``timeit``). Nothing else
-changes: the class stays a frozen dataclass (``dataclasses.fields``, ``replace``, equality,
-pydantic support), and assigning to a field still raises ``FrozenInstanceError``.
-
-Calling a class with keyword arguments costs more again: CPython packs them into a dict for
-``__init__`` (a class has no fast call path). ``builder(cls)`` is a plain function with the
-same keyword-only signature that builds the same record without that step (six fields:
-0.61 → 0.38 µs). The engine builds its per-turn records through builders; the classes stay
-the public way to make one.
+Contract: a record built either way is exactly what ``cls(**fields)`` builds (the same
+keyword-only signature and defaults, an instance of ``cls``, frozen; ``dataclasses.fields``,
+``replace``, equality and pydantic support unchanged). ``quick_init`` replaces the class's
+``__init__`` with one that stores each field through its slot's descriptor instead of
+``object.__setattr__``; ``builder(cls)`` is a plain function with the class's keyword-only
+signature, which skips the call of a class with keywords. Why it stays: a dozen records are
+built per turn (events, trace entries, the model request), and without these the engine ran
+10% more instructions per turn (``benchmarks/instructions.py``), past the 5% rule for keeping
+a speed-only mechanism.
 """
 
 from __future__ import annotations

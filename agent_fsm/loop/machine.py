@@ -4,8 +4,8 @@ This is the only module that imports ``transitions``. One synchronous ``Machine`
 agent definition and shared by all of its runs. Each run drives it through a small
 ``RunHandle`` (its RunState, its Limits, the last row taken) that is handed to the machine's
 events as the model. Handles are not registered with ``Machine.add_model``: nothing here uses
-the trigger methods that registration decorates a model with, and registering and removing one
-cost about 90 µs per run (measured), nine times the whole per-turn cost of a ten-turn run.
+the trigger methods registration decorates a model with, and a shared machine must not hold
+a reference to every run it ever drove.
 """
 
 from __future__ import annotations
