@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, TypeAdapter
 
+from agent_fsm.constructors import quick_init
 from agent_fsm.messages import FinishReason, ReplyDelta, ToolCall, ToolStatus, Usage
-from agent_fsm.records import quick_init
 from agent_fsm.state import RunStatus
 from agent_fsm.table import AgentState, StopReason
 
@@ -235,7 +235,8 @@ class RunResumed:
     state: AgentState
     """The state the run continues in."""
     answered: str
-    """What the resume answered: "reply", "approvals", "interrupted" or "crashed"."""
+    """What the resume answered: "reply", "approvals", "interrupted", "recovered" or
+    "crashed"."""
     turn: int
 
 

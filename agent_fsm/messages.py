@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from agent_fsm.records import quick_init
+from agent_fsm.constructors import quick_init
 
 __all__ = [
     "AssistantMessage",

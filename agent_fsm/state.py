@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from agent_fsm.constructors import builder, quick_init
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
-from agent_fsm.records import builder, quick_init
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger, resumable_stops
 
 __all__ = [
@@ -287,7 +287,7 @@ class TraceEntry:
         )
 
 
-_trace_entry = builder(TraceEntry)  # one per transition (see records.builder)
+_trace_entry = builder(TraceEntry)  # one per transition (see constructors.builder)
 
 
 class RunResult(BaseModel):

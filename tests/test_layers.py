@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agent_fsm"
 LAYERS = [
     # the bottom: plain data and the vocabulary every package shares
     "errors",
-    "records",
+    "constructors",
     "table",
     "messages",
     "limits",

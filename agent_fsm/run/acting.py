@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from agent_fsm.constructors import builder
 from agent_fsm.events import ToolFinished
 from agent_fsm.loop.detection import canonical_arguments, record_calls, record_turn_results
 from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, ToolStatus
-from agent_fsm.records import builder
 from agent_fsm.run.approvals import (
     approval_request,
     awaiting_approval,
@@ -40,7 +40,7 @@ from agent_fsm.tools.tool import PreparedCall
 
 __all__ = ["act", "answer_calls", "carry_out"]
 
-_tool_finished = builder(ToolFinished)  # built on every tool call (see records.builder)
+_tool_finished = builder(ToolFinished)  # built on every tool call (see constructors.builder)
 
 _CONTROL_PRIORITY = (ControlKind.ASK_USER, ControlKind.FINISH_TASK)
 

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import structlog
 
 from agent_fsm.cancellation import StopEvent
+from agent_fsm.constructors import builder
 from agent_fsm.errors import ConfigError, RunError
 from agent_fsm.events import (
     AbortRequested,
@@ -31,7 +32,6 @@ from agent_fsm.events import (
 )
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage
-from agent_fsm.records import builder
 from agent_fsm.run.acting import act
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
 from agent_fsm.run.observing import observe

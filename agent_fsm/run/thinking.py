@@ -9,6 +9,7 @@ the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
 from __future__ import annotations
 
 from agent_fsm.cancellation import StopScope
+from agent_fsm.constructors import builder
 from agent_fsm.errors import ScriptExhaustedError
 from agent_fsm.events import MessageUpdated, ModelFailed, ModelRequested, ModelResponded
 from agent_fsm.limits import Limits
@@ -24,7 +25,6 @@ from agent_fsm.messages import (
     Usage,
 )
 from agent_fsm.models.base import ModelCallError
-from agent_fsm.records import builder
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import ModelFailure
 from agent_fsm.tokens import estimate_message_tokens
@@ -32,7 +32,7 @@ from agent_fsm.tools.execution import retry_delay
 
 __all__ = ["backoff_s", "failure_from", "think", "with_call_ids"]
 
-# Built on every model call (see records.builder).
+# Built on every model call (see constructors.builder).
 _model_request = builder(ModelRequest)
 _model_requested = builder(ModelRequested)
 _model_responded = builder(ModelResponded)

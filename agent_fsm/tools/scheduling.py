@@ -16,11 +16,11 @@ from typing import Protocol
 from pydantic import JsonValue
 
 from agent_fsm.cancellation import StopEvent, StopScope
+from agent_fsm.constructors import builder
 from agent_fsm.durable.journal import CallStatus, ToolJournal, journal_key
 from agent_fsm.events import Event, ToolRetried, ToolStarted
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolCall, ToolMessage
-from agent_fsm.records import builder
 from agent_fsm.state import RunState
 from agent_fsm.tools.execution import ABANDONED_NOTE, Executed, RetryHandler, execute
 from agent_fsm.tools.results import error_result, merge_runtime_details, skipped_result
@@ -29,7 +29,7 @@ from agent_fsm.tools.tool import PreparedCall
 __all__ = ["STOPPED", "CallSite", "TurnCalls", "run_until_stopped", "tool_started", "waves"]
 
 tool_started = builder(ToolStarted)
-"""Builds ToolStarted on every tool call (see records.builder); acting uses it too."""
+"""Builds ToolStarted on every tool call (see constructors.builder); acting uses it too."""
 
 STOPPED = "the run was stopped before this call started"
 """Why a call that had not started when the run was stopped was skipped."""

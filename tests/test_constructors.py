@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from agent_fsm.constructors import builder, quick_init
 from agent_fsm.messages import ModelRequest
-from agent_fsm.records import builder, quick_init
 from agent_fsm.state import TraceEntry
 from agent_fsm.table import TABLE
 
