@@ -7,7 +7,7 @@ tool results live only in ``messages``; the trace stores row numbers, not copies
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -311,6 +311,24 @@ class RunResult(BaseModel):
     """The open ask_user question or approval request, when status is needs_input."""
     resumed_at: tuple[int, ...] = ()
     """Trace positions where the run was resumed (see ``RunState.resumed_at``)."""
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """A summary, not the whole transcript: a result is repr'd by debuggers, logs and
+        ``asyncio.run`` (which formats its finished task, result included, on exit), and a
+        long run's transcript would make each of those cost as much as the run."""
+        yield "run_id", self.run_id
+        yield "status", self.status
+        yield "stop_reason", self.stop_reason
+        yield "turns", self.turns
+        yield (
+            "output",
+            self.output
+            if self.output is None or len(self.output) <= 80
+            else (self.output[:77] + "..."),
+        )
+        yield "error", self.error
+        yield "messages", f"<{len(self.messages)} messages>"
+        yield "trace", f"<{len(self.trace)} transitions>"
 
     @classmethod
     def from_state(

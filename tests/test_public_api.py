@@ -77,3 +77,11 @@ def test_subscribe_returns_a_new_agent_and_leaves_a_shared_one_alone() -> None:
 def test_an_agent_copy_keeps_its_own_in_memory_store() -> None:
     agent = Agent(model=ScriptedModel([]))
     assert agent.replace().checkpoints is not agent.checkpoints
+
+
+def test_a_result_repr_summarises_instead_of_dumping_the_transcript() -> None:
+    result = Agent(model=ScriptedModel(["answer"]), system_prompt="x" * 10_000).run_sync("go")
+    shown = repr(result)
+    assert "<3 messages>" in shown  # system, user, assistant
+    assert "final_answer" in shown
+    assert len(shown) < 500

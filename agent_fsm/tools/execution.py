@@ -15,9 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import queue
 import random
 import threading
+import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -128,32 +131,102 @@ def retry_delay(attempt: int, limits: Limits) -> float:
     return delay * (0.5 + random.random() / 2)
 
 
-class _Deadline:
-    """A timeout for one await in the current task, as ``asyncio.timeout`` gives, without
-    its context manager: the caller asks ``finish`` whether the cancellation was its own.
+class _Watchdog:
+    """The single timer behind every tool deadline on one event loop.
 
-    When it expires it cancels the task; ``finish`` cancels the timer and, if it expired,
+    Almost every call finishes long before its deadline, and a timer per call (``call_later``
+    then ``cancel``) leaves each cancelled timer in the loop's heap until its deadline would
+    have come: a run of quick tool calls grows that heap by one entry per call. So a deadline
+    only registers itself here, and the one timer is armed for the earliest deadline it has
+    seen:
+    a call whose deadline falls after the armed time costs no timer operation at all. When
+    the timer fires it expires what is due and re-arms itself for the earliest deadline still
+    watched, if any.
+
+    It refers to its loop and to its timer (which refers to the loop) only weakly: it is the
+    value of a registry keyed weakly by the loop, and a strong path back to the key would keep
+    every event loop that ever ran a tool alive.
+    """
+
+    __slots__ = ("_active", "_armed_for", "_loop", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)
+        self._active: set[_Deadline] = set()
+        self._timer: weakref.ref[asyncio.TimerHandle] | None = None
+        self._armed_for = math.inf
+
+    def watch(self, deadline: _Deadline, loop: asyncio.AbstractEventLoop) -> None:
+        self._active.add(deadline)
+        if deadline.when < self._armed_for:
+            self._arm(deadline.when, loop)
+
+    def forget(self, deadline: _Deadline) -> None:
+        self._active.discard(deadline)
+
+    def _arm(self, when: float, loop: asyncio.AbstractEventLoop) -> None:
+        timer = self._timer() if self._timer is not None else None
+        if timer is not None:
+            timer.cancel()
+        self._armed_for = when
+        self._timer = weakref.ref(loop.call_at(when, self._fire))
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._armed_for = math.inf
+        loop = self._loop()
+        assert loop is not None, "the loop is running this callback"
+        now = loop.time() + _CLOCK_RESOLUTION
+        for deadline in [d for d in self._active if d.when <= now]:
+            self._active.discard(deadline)
+            deadline.expire()
+        if self._active:
+            self._arm(min(d.when for d in self._active), loop)
+
+
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
+"""asyncio runs a timer up to this early (its loop clock is ``time.monotonic``)."""
+_WATCHDOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _watchdog_for(loop: asyncio.AbstractEventLoop) -> _Watchdog:
+    watchdog = _WATCHDOGS.get(loop)
+    if watchdog is None:
+        watchdog = _WATCHDOGS[loop] = _Watchdog(loop)
+    return watchdog
+
+
+class _Deadline:
+    """A timeout for one await in the current task, as ``asyncio.timeout`` gives, at a
+    fraction of its cost (it is on every tool call; see ``_Watchdog``).
+
+    When it expires it cancels the task; ``finish`` stops watching and, if it expired,
     withdraws that cancellation, telling whether it was the only one (a caller's own
     cancellation must still propagate), as ``asyncio.timeout`` does.
     """
 
-    __slots__ = ("_base", "_task", "_timer", "expired")
+    __slots__ = ("_base", "_task", "_watchdog", "expired", "when")
 
     def __init__(self, seconds: float) -> None:
         task = asyncio.current_task()
         assert task is not None, "tools run inside a task"
+        loop = task.get_loop()
         self._task = task
         self._base = task.cancelling()
         self.expired = False
-        self._timer = task.get_loop().call_later(seconds, self._expire)
+        self.when = loop.time() + seconds
+        self._watchdog = watchdog = _watchdog_for(loop)
+        watchdog.watch(self, loop)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
         self.expired = True
         self._task.cancel()
 
     def finish(self) -> bool:
-        """Stop the timer; True when it expired and no one else cancelled the task."""
-        self._timer.cancel()
+        """Stop watching; True when it expired and no one else cancelled the task."""
+        self._watchdog.forget(self)
         return self.expired and self._task.uncancel() <= self._base
 
 
