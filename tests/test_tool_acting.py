@@ -68,6 +68,7 @@ async def act_on(
         stop=stop or StopEvent(),
         journal=journal,
         log=structlog.get_logger("test"),
+        limits=config.limits,
         clock=config.clock,
         sleep=config.sleep,
     )

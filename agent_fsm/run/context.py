@@ -66,14 +66,12 @@ class RunContext:
     """Records every tool call before and after it runs (durable stores only)."""
     log: Any
     """The structlog logger, with the run id bound."""
+    limits: Limits
+    """The run budgets (``RunConfig.limits``)."""
     clock: Callable[[], float]
     """The agent's time source (``RunConfig.clock``)."""
     sleep: Callable[[float], Awaitable[None]]
     """The agent's backoff sleep (``RunConfig.sleep``)."""
-
-    @property
-    def limits(self) -> Limits:
-        return self.config.limits
 
     def emitter(self) -> EventHandler | None:
         """Where events go while anyone listens; None when nobody does."""
