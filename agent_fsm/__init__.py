@@ -16,6 +16,7 @@ from agent_fsm.run.engine import Run
 from agent_fsm.state import Approval, RunResult, RunStatus, TraceEntry
 from agent_fsm.table import AgentState, StopReason
 from agent_fsm.tools import Tool, ToolResult, tool
+from agent_fsm.version import __version__ as __version__
 
 __all__ = [
     # building and running agents

@@ -234,9 +234,15 @@ class Agent:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self._and_release(work))
-        work.close()
-        raise RunError("a *_sync() method was called inside a running event loop: use await")
+            in_a_loop = False
+        else:
+            in_a_loop = True
+        if in_a_loop:
+            work.close()
+            raise RunError("a *_sync() method was called inside a running event loop: use await")
+        # Outside the except block: an error of the run must not carry a chained
+        # "no running event loop" RuntimeError that has nothing to do with it.
+        return asyncio.run(self._and_release(work))
 
     async def _and_release(self, work: Coroutine[Any, Any, RunResult]) -> RunResult:
         """Run, then let the model release what it tied to this event loop (HTTP clients

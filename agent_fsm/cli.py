@@ -47,6 +47,7 @@ from agent_fsm.events import (
 from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
 from agent_fsm.state import RunState, RunStatus
 from agent_fsm.table import TABLE, AgentState, StopReason
+from agent_fsm.version import __version__
 
 __all__ = ["main"]
 
@@ -161,6 +162,10 @@ def _summary(out: TextIO, outcome: _Outcome) -> None:
     print("", file=out)
     if outcome.status is RunStatus.FAILED:
         print(f"error: {outcome.error}", file=out)
+    elif outcome.stop_reason is StopReason.ASK_USER:
+        print(f"question for you: {outcome.output}", file=out)
+    elif outcome.status is RunStatus.NEEDS_INPUT:
+        print(f"waiting for: {outcome.output}", file=out)
     else:
         print(f"final answer: {outcome.output}", file=out)
     print(f"status:       {outcome.status.value}", file=out)
@@ -374,6 +379,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every transition")
+    parser.add_argument("--version", action="version", version=f"agent-fsm {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trace_help = "write every event of the run to FILE as JSON Lines (see `replay`)"
     store_help = f"a SQLite checkpoint store (default: {DEFAULT_STORE})"
@@ -459,6 +465,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         code: int = args.handler(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``agent-fsm runs | head``): stop quietly, as Unix tools do,
+        # and keep Python from complaining again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (OSError, AgentFSMError, _UsageError) as exc:
         print(f"agent-fsm: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agent_fsm"
 # The layout, top to bottom: a module may import only modules listed before it.
 LAYERS = [
     # the bottom: plain data and the vocabulary every package shares
+    "version",
     "errors",
     "constructors",
     "table",

@@ -16,6 +16,7 @@ from hypothesis import settings as Settings
 from hypothesis import strategies as st
 
 from agent_fsm.agent import Agent
+from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.testing.behaviour import Behaviour
 from agent_fsm.testing.harness import DEFAULT_INPUT, HarnessFailure, Stage
 from agent_fsm.testing.strategies import behaviours_for, edge_behaviours
@@ -31,6 +32,7 @@ def assert_terminates(
     tool_failures: bool = True,
     max_examples: int | None = None,
     settings: Settings | None = None,
+    store: CheckpointStore | None = None,
 ) -> None:
     """Check that every run of ``agent`` ends in DONE or ERROR within its termination bound,
     with a valid transcript, whatever its model and tools do.
@@ -47,12 +49,14 @@ def assert_terminates(
         tool_failures: let generated tool doubles misbehave.
         max_examples: how many behaviours to try; the active profile's number by default.
         settings: hypothesis settings to start from; the active profile by default.
+        store: where the generated runs are checkpointed; an in-memory store of the harness
+            by default, never the agent's own (a production database stays untouched).
 
     Raises:
         HarnessFailure: an AssertionError naming the broken invariants of the minimal failing
             behaviour, with a pasteable reproducer (also in its ``reproducer`` attribute).
     """
-    stage = Stage(agent, user_input=user_input)
+    stage = Stage(agent, user_input=user_input, store=store)
     strategy = behaviours if behaviours is not None else behaviours_for(
         stage.agent, tool_failures=tool_failures
     )  # fmt: skip

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.messages import ToolCall, ToolSpec
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.testing.behaviour import Behaviour, example_arguments, user_tools
@@ -107,6 +108,7 @@ def check_exhaustively(
     max_length: int = 4,
     alphabet: Mapping[str, EventFactory] | None = None,
     user_input: str = DEFAULT_INPUT,
+    store: CheckpointStore | None = None,
 ) -> ExhaustiveReport:
     """Play every sequence of abstract model events of length 1..``max_length``.
 
@@ -116,6 +118,8 @@ def check_exhaustively(
         alphabet: event name → factory of the concrete item (given the previous item);
             ``default_alphabet(agent)`` by default.
         user_input: the message every run starts with.
+        store: where the runs are checkpointed; an in-memory store of the harness by default,
+            never the agent's own.
 
     Returns:
         A report with the number of sequences checked and every failure with its
@@ -123,7 +127,7 @@ def check_exhaustively(
     """
     if max_length < 1:
         raise ValueError("max_length must be at least 1")
-    stage = Stage(agent, user_input=user_input)
+    stage = Stage(agent, user_input=user_input, store=store)
     events = dict(alphabet) if alphabet is not None else default_alphabet(stage.agent)
     names = tuple(events)
     checked = 0

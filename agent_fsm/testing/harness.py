@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.events import Event
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.run.engine import Run
@@ -167,9 +168,18 @@ class Stage:
         agent: the agent under test; it is not modified (a copy is made with
             ``agent.replace``), and its own model is never called.
         user_input: the message every run starts with.
+        store: where the staged runs are checkpointed. None (the default) keeps them in an
+            in-memory store of the harness: generated runs never land in the agent's own
+            store (a user's production database, say) unless a test passes it on purpose.
     """
 
-    def __init__(self, agent: Agent, *, user_input: str = DEFAULT_INPUT) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        user_input: str = DEFAULT_INPUT,
+        store: CheckpointStore | None = None,
+    ) -> None:
         self.user_input = user_input
         self._model = _StageModel()
         self._clock = FakeClock()
@@ -181,6 +191,7 @@ class Stage:
             tools=[self._double(t) for t in user_tools(agent)],
             clock=self._clock,
             sleep=self._clock.sleep,
+            store=store,
         )
 
     def _double(self, tool: Tool) -> Tool:

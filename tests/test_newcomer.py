@@ -1,0 +1,90 @@
+"""What a newcomer tripped on (issue 21), each point held by a test."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+import agent_fsm
+from agent_fsm import Agent, CheckpointError, SQLiteStore
+from agent_fsm.cli import main
+from agent_fsm.state import RunState
+from agent_fsm.testing import (
+    ScriptedModel,
+    assert_terminates,
+    call,
+    check_exhaustively,
+    reply,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_harness_never_writes_into_the_agents_own_store(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "prod.sqlite3") as production:
+        agent = Agent(model=ScriptedModel([]), store=production)
+        assert_terminates(agent, settings=settings(max_examples=10, database=None))
+        check_exhaustively(agent, max_length=2)
+        assert production.list_runs() == []
+
+
+def test_an_error_from_a_sync_method_carries_no_unrelated_chained_error() -> None:
+    agent = Agent(model=ScriptedModel([]))
+    with pytest.raises(CheckpointError) as caught:
+        agent.resume_sync("no-such-run")
+    assert caught.value.__context__ is None
+    assert caught.value.__cause__ is None
+
+
+def test_the_version_the_license_and_the_metadata() -> None:
+    assert agent_fsm.__version__ == importlib.metadata.version("agent-fsm")
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license-files"] == ["LICENSE"]
+    assert project["authors"]
+    assert "Typing :: Typed" in project["classifiers"]
+
+
+def test_the_command_line_tells_its_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"agent-fsm {agent_fsm.__version__}"
+
+
+def test_a_run_that_asks_the_user_is_not_printed_as_a_final_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from agent_fsm import cli
+
+    agent = Agent(model=ScriptedModel([reply("", call("ask_user", question="Which city?"))]))
+    code = cli._run_agent(agent, "Weather?", sys.stdout, None)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "question for you: Which city?" in out
+    assert "final answer" not in out
+
+
+def test_a_reader_that_stops_early_ends_the_listing_quietly(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite3"
+    with SQLiteStore(path) as store:
+        for i in range(2000):
+            store.save(RunState(run_id=f"run-{i:04d}", pending_input=["go"]))
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "agent_fsm.cli", "runs", "--store", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert listing.stdout is not None
+    listing.stdout.readline()
+    listing.stdout.close()  # like `| head -1`
+    _, errors = listing.communicate()
+    assert b"Broken pipe" not in errors
+    assert b"Traceback" not in errors
+    assert listing.returncode == 0
