@@ -88,3 +88,21 @@ def test_a_reader_that_stops_early_ends_the_listing_quietly(tmp_path: Path) -> N
     assert b"Broken pipe" not in errors
     assert b"Traceback" not in errors
     assert listing.returncode == 0
+
+
+def test_a_repeated_preamble_before_calls_that_progress_is_not_a_loop() -> None:
+    from agent_fsm import StopReason, tool
+
+    @tool
+    def search(query: str) -> str:
+        """Search the web."""
+        return f"results for {query}"
+
+    script = [reply("Let me search.", call("search", query=f"q{i}")) for i in range(4)]
+    agent = Agent(model=ScriptedModel([*script, "Found it."]), tools=[search])
+    result = agent.run_sync("Find it.")
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    # the same text with the same call is still a loop
+    same = [reply("Let me search.", call("search", query="q")) for _ in range(4)]
+    looping = Agent(model=ScriptedModel([*same, "x"]), tools=[search]).run_sync("Find it.")
+    assert looping.stop_reason is StopReason.LOOP_DETECTED

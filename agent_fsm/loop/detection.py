@@ -5,7 +5,7 @@ Four patterns, each kept incrementally in ``LoopState`` so no turn rescans the h
 * the same tool call (name and canonicalised arguments) ``k`` times in a row;
 * the same results for a whole tool turn ``k`` turns in a row (per turn, not per call, so that
   three parallel lookups that happen to agree are not a loop);
-* the same non-empty assistant text ``k`` times in a row;
+* the same non-empty assistant text, with the same tool calls, ``k`` times in a row;
 * a cycle of calls with period ``2 ≤ q ≤ p`` (A,B,A,B,…) repeated ``k`` times: for each q we
   count how many consecutive calls equal the call q positions earlier; ``q·(k-1)`` such
   matches in a row mean the last ``q·k`` calls are ``k`` copies of one cycle.
@@ -127,14 +127,19 @@ def record_turn_results(loop: LoopState, results: Sequence[ToolMessage], limits:
         loop.detected = f"the same tool results {loop.result_repeats} turns in a row"
 
 
-def record_reply_text(loop: LoopState, text: str, limits: Limits) -> None:
-    """Feed the visible text of one reply; empty text breaks a run of repeats."""
+def record_reply_text(
+    loop: LoopState, text: str, limits: Limits, calls: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Feed the visible text of one reply with its tool calls (name, arguments); empty text
+    breaks a run of repeats. The same short preamble ("Let me search.") before calls that make
+    progress is no loop: a repeat is the same text with the same calls."""
     if not limits.loop_detection:
         return
-    if not text.strip():
+    stripped = text.strip()
+    if not stripped:
         loop.last_text, loop.text_repeats = None, 0
         return
-    signature = fingerprint(text.strip())
+    signature = fingerprint(stripped + "".join(f"\x00{name}\x00{args}" for name, args in calls))
     if signature == loop.last_text:
         loop.text_repeats += 1
     else:

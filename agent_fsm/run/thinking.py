@@ -214,4 +214,9 @@ def _take_reply(ctx: RunContext, response: object) -> None:
     ctx.append(message)
     state.last_finish_reason = response.finish_reason
     state.last_tool_calls = len(message.tool_calls)
-    record_reply_text(state.loop, message.content, ctx.limits)
+    record_reply_text(
+        state.loop,
+        message.content,
+        ctx.limits,
+        [(tool_call.name, tool_call.arguments) for tool_call in message.tool_calls],
+    )
