@@ -106,3 +106,31 @@ def test_a_repeated_preamble_before_calls_that_progress_is_not_a_loop() -> None:
     same = [reply("Let me search.", call("search", query="q")) for _ in range(4)]
     looping = Agent(model=ScriptedModel([*same, "x"]), tools=[search]).run_sync("Find it.")
     assert looping.stop_reason is StopReason.LOOP_DETECTED
+
+
+def test_a_tool_failure_keeps_its_traceback_and_is_logged() -> None:
+    import logging
+
+    import structlog
+
+    from agent_fsm import tool
+    from agent_fsm.messages import ToolMessage
+
+    @tool
+    def parse(text: str) -> int:
+        """Parse a number."""
+        return int(text)
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    agent = Agent(model=ScriptedModel([reply("", call("parse", text="x")), "ok"]), tools=[parse])
+    with structlog.testing.capture_logs() as logs:
+        result = agent.run_sync("go")
+    failed = next(m for m in result.messages if isinstance(m, ToolMessage))
+    assert failed.is_error
+    assert "Traceback" not in failed.content  # the model sees the error, not the stack
+    assert isinstance(failed.details, dict)
+    where = failed.details["runtime"]["traceback"]  # type: ignore[index,call-overload]
+    assert "ValueError" in where
+    assert "return int(text)" in where
+    (line,) = [entry for entry in logs if entry["event"] == "tool_call_failed"]
+    assert (line["log_level"], line["tool"], line["run_id"]) == ("warning", "parse", result.run_id)

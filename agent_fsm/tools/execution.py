@@ -20,6 +20,7 @@ import queue
 import random
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ from agent_fsm.tools.results import (
 from agent_fsm.tools.tool import PreparedCall, Tool
 
 __all__ = ["ABANDONED_NOTE", "Executed", "RetryHandler", "execute", "retry_delay", "run_in_thread"]
+
+TRACEBACK_CHARS = 4000
+"""How much of a failed tool's traceback its details keep (the end: where it raised)."""
 
 RetryHandler = Callable[[ToolCall, int, str, float], None]
 """Told ``(call, failed attempt, error text, delay before the next one)`` before each retry
@@ -288,6 +292,8 @@ class _Outcome:
     message: str = ""
     expired: bool = False
     """The attempt ran past its timeout."""
+    traceback: str | None = None
+    """Where the tool raised, for the people who run it (never shown to the model)."""
 
 
 async def _attempt(
@@ -314,7 +320,8 @@ async def _attempt(
         if deadline.expired:
             return _timed_out(call, tool, timeout_s, runtime)
         message = f"Tool '{call.name}' failed: {type(exc).__name__}: {exc}"
-        return _Outcome(failure=exc, message=message)
+        where = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
+        return _Outcome(failure=exc, message=message, traceback=where)
     deadline.finish()
     return _Outcome(value=value)
 
@@ -344,6 +351,8 @@ def _failed(
         runtime.update(attempts=attempts, retries=history)
     if outcome.expired:
         runtime["timed_out_after_s"] = timeout_s
+    if outcome.traceback is not None:
+        runtime["traceback"] = outcome.traceback
     return error_result(call, message, merge_runtime_details(None, runtime))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import JsonValue
 
@@ -46,6 +46,11 @@ class CallSite(Protocol):
     def journal(self) -> ToolJournal | None: ...
     @property
     def stop(self) -> StopEvent: ...
+    @property
+    def log(self) -> Any:
+        """The run's structlog logger (run id bound)."""
+        ...
+
     @property
     def clock(self) -> Callable[[], float]: ...
     @property
@@ -127,6 +132,15 @@ class TurnCalls:
             self.durations[index] = site.clock() - begun
         self.results[index] = executed.result
         self.attempts[index] = executed.attempts
+        if executed.attempts and executed.result.is_error:
+            # The model sees the error; the people who run the tool see it in the log too.
+            site.log.warning(
+                "tool_call_failed",
+                tool=item.call.name,
+                call_id=item.call.id,
+                turn=state.turns,
+                error=executed.result.content[:500],
+            )
         if self.halted is None:
             self.halted = site.steered()
 
