@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -94,10 +95,11 @@ class Agent:
         if not isinstance(limits, Limits) and limits is None:  # None: the default limits
             limits = Limits()
             object.__setattr__(self, "limits", limits)
-        if not isinstance(model, Model):
+        if not isinstance(model, Model) or not inspect.iscoroutinefunction(model.request):
             raise ConfigError(
                 f"model must implement the Model protocol (a `name` and an async "
                 f"`request(ModelRequest)`), got {type(model).__name__}"
+                + (" whose request is not async" if isinstance(model, Model) else "")
             )
         if not isinstance(limits, Limits):
             raise ConfigError(f"limits must be a Limits, got {type(limits).__name__}")

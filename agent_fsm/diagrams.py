@@ -322,7 +322,7 @@ def render(
     Text for every format but ``png``, which is bytes.
 
     Raises:
-        ValueError: for an unknown format.
+        DiagramError: for an unknown format.
         DiagramError: for svg/png without graphviz, or a run that does not fit ``rows``.
     """
     if format == "mermaid":
@@ -333,4 +333,4 @@ def render(
         return to_svg(rows, run)
     if format == "png":
         return to_png(rows, run)
-    raise ValueError(f"unknown diagram format {format!r}; choose one of {FORMATS}")
+    raise DiagramError(f"unknown diagram format {format!r}; choose one of {', '.join(FORMATS)}")

@@ -68,6 +68,22 @@ class Limits(BaseModel):
             )
             raise ConfigError(f"invalid Limits: {problems}") from None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, data: Any) -> Any:
+        """``max_turns=True`` is a mistake, not 1: a number field takes no True/False."""
+        if isinstance(data, dict):
+            wrong = [
+                name
+                for name, value in data.items()
+                if isinstance(value, bool)
+                and name in cls.model_fields
+                and cls.model_fields[name].annotation is not bool
+            ]
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)} must be a number, not True or False")
+        return data
+
     @model_validator(mode="after")
     def _backoff_order(self) -> Limits:
         if self.retry_backoff_max_s < self.retry_backoff_s:

@@ -116,7 +116,7 @@ def test_every_row_is_one_edge_with_priority_and_guards() -> None:
 
 
 def test_unknown_format_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="unknown diagram format 'gif'"):
+    with pytest.raises(DiagramError, match="unknown diagram format 'gif'"):
         render(TABLE, "gif")
 
 

@@ -134,3 +134,46 @@ def test_a_tool_failure_keeps_its_traceback_and_is_logged() -> None:
     assert "return int(text)" in where
     (line,) = [entry for entry in logs if entry["event"] == "tool_call_failed"]
     assert (line["log_level"], line["tool"], line["run_id"]) == ("warning", "parse", result.run_id)
+
+
+def test_misuse_is_refused_when_the_agent_is_built() -> None:
+    from agent_fsm import ConfigError, Limits, tool
+    from agent_fsm.errors import DiagramError
+    from agent_fsm.messages import ModelRequest, ModelResponse
+
+    with pytest.raises(ConfigError, match="max_turns must be a number, not True or False"):
+        Limits(max_turns=True)
+
+    with pytest.raises(ConfigError, match="'anything' has no type annotation"):
+
+        @tool
+        def untyped(anything) -> str:  # type: ignore[no-untyped-def]
+            """Take anything."""
+            return str(anything)
+
+    class SyncModel:
+        name = "sync"
+
+        def request(self, request: ModelRequest) -> ModelResponse:
+            raise AssertionError("never called")
+
+    with pytest.raises(ConfigError, match="whose request is not async"):
+        Agent(model=SyncModel())  # type: ignore[arg-type]
+
+    with pytest.raises(DiagramError, match="unknown diagram format 'pdf'"):
+        Agent(model=ScriptedModel([])).diagram("pdf")
+
+
+def test_the_testing_extra_missing_says_how_to_install_it() -> None:
+    script = (
+        "import sys\n"
+        "sys.modules['hypothesis'] = None\n"
+        "import agent_fsm.testing as testing\n"
+        "testing.ScriptedModel([])\n"  # the fake models need no extra
+        "try:\n"
+        "    testing.assert_terminates\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert "pip install 'agent-fsm[testing]'" in out.stdout, out.stderr

@@ -102,4 +102,14 @@ def __getattr__(name: str) -> Any:
     module = _NEED_HYPOTHESIS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("hypothesis", "hypothesis_jsonschema"):
+            raise
+        raise ModuleNotFoundError(
+            f"agent_fsm.testing.{name} needs {exc.name}, which comes with the testing extra: "
+            "pip install 'agent-fsm[testing]'",
+            name=exc.name,
+        ) from exc
+    return getattr(imported, name)

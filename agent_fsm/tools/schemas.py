@@ -130,7 +130,13 @@ def derive_schema(fn: Callable[..., Any], name: str) -> DerivedSchema:
                 raise TypeError(f"*{param.name} arguments cannot be described to a model")
             if param.kind is param.POSITIONAL_ONLY:
                 raise TypeError(f"parameter {param.name!r} is positional-only")
-            annotation = hints.get(param.name, Any)
+            if param.name not in hints:
+                raise TypeError(
+                    f"parameter {param.name!r} has no type annotation, so the model would be "
+                    f"told it accepts anything: annotate it ({param.name}: str, ...), or "
+                    f"{param.name}: Any to accept any JSON value on purpose"
+                )
+            annotation = hints[param.name]
             native = native and _is_json_native(annotation)
             default = ... if param.default is inspect.Parameter.empty else param.default
             description = described.get(param.name)
