@@ -93,13 +93,14 @@ def main() -> None:
     result = agent.run_sync("Book me a table for dinner tonight.")
     stops = [result.stop_reason]
     while result.status is RunStatus.NEEDS_INPUT:
-        assert result.pending is not None
+        pending = result.pending
+        assert pending is not None  # a run that needs input says what it waits for
         print(f"the agent waits ({result.stop_reason.value}): {result.output}")
         text, allow = answer(result, offline)
         if allow is None:
             result = agent.resume_sync(result.run_id, text)
         else:
-            decisions = {c.id: Approval(allow=allow) for c in result.pending.pending_calls}
+            decisions = {c.id: Approval(allow=allow) for c in pending.pending_calls}
             result = agent.resume_sync(result.run_id, approvals=decisions)
         stops.append(result.stop_reason)
     print(f"status: {result.status.value} ({result.stop_reason.value}, {result.turns} turns)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,3 +47,18 @@ def test_examples_run_offline(
 def test_committed_diagram_matches_the_table() -> None:
     committed = (ROOT / "diagrams" / "agent.mmd").read_text()
     assert committed == render(TABLE, "mermaid"), "run `make diagrams` and commit the result"
+
+
+def test_examples_and_readme_snippets_pass_the_type_checker(tmp_path: Path) -> None:
+    """What users copy must type-check under ``mypy --strict`` as the package does (a
+    decorated tool stays typed, an Optional is narrowed before use)."""
+    snippets = tmp_path / "readme_snippets.py"
+    snippets.write_text("\n".join(_python_blocks((ROOT / "README.md").read_text())))
+    examples = sorted(str(p) for p in (ROOT / "examples").glob("*.py"))
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(snippets), *examples],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr

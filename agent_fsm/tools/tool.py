@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import jsonschema
 from jsonschema import Draft202012Validator
@@ -203,14 +203,27 @@ def _is_async(fn: object) -> bool:
     )
 
 
+@overload
+def tool(fn: ToolFunction, /) -> Tool: ...
+@overload
 def tool(
-    fn: ToolFunction | None = None,
+    fn: None = None,
+    /,
     *,
     name: str | None = None,
     description: str | None = None,
     parameters: Mapping[str, Any] | None = None,
     **options: Any,
-) -> Any:
+) -> Callable[[ToolFunction], Tool]: ...
+def tool(
+    fn: ToolFunction | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Tool | Callable[[ToolFunction], Tool]:
     """Make a ``Tool`` from a function.
 
     The name comes from the function, the description from its docstring's summary, the
