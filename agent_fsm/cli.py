@@ -252,7 +252,8 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         raise _UsageError("give --run ID (a checkpointed run) or --trace FILE, not both")
     run: RecordedRun | StoredRunOverlay | None = None
     if args.trace:
-        run = select_run(recorded_runs(read_trace(args.trace)), args.run_id, args.trace)
+        runs = recorded_runs(read_trace(args.trace))
+        run = select_run(runs, args.run_id, args.trace, option="--run-id ID")
     elif args.run:
         with _open_store(args.store) as store:
             run = StoredRunOverlay.of(store.load(args.run), TABLE)

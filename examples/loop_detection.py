@@ -5,6 +5,8 @@ python examples/loop_detection.py
 
 from __future__ import annotations
 
+import argparse
+
 from agent_fsm import Agent, Limits, StopReason, tool
 from agent_fsm.messages import ToolMessage
 from agent_fsm.testing import ScriptedModel, call, reply
@@ -17,6 +19,7 @@ def search(query: str) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
     stuck = ScriptedModel([reply("Searching again…", call("search", query="agent_fsm"))] * 50)
     agent = Agent(
         model=stuck,

@@ -344,7 +344,7 @@ def test_one_writer_records_every_run_of_an_agent(tmp_path: Path) -> None:
     assert [run.run_id for run in runs] == [first.run_id, second.run_id]
     assert [run.output for run in runs] == ["one", "two"]
     assert read_run(path, second.run_id).input == "b"
-    with pytest.raises(TraceFileError, match=r"holds 2 runs .*name one by its id"):
+    with pytest.raises(TraceFileError, match=r"holds 2 runs .*pick one with run_id=ID"):
         read_run(path)
     with pytest.raises(TraceFileError, match="no run 'nope'"):
         read_run(path, "nope")

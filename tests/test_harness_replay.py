@@ -106,7 +106,7 @@ def test_a_trace_file_with_several_runs_needs_a_run_id(tmp_path: Path) -> None:
     agent.replace(model=ScriptedModel(["Just text."])).run_sync("x")  # not recorded
     agent.replace(model=ScriptedModel(SCRIPT)).run_sync("y")  # replace drops subscribers
     agent.run_sync("second", run_id="two")  # reuses the exhausted script: fails at once
-    with pytest.raises(TraceFileError, match="name one by its id"):
+    with pytest.raises(TraceFileError, match="pick one with run_id=ID"):
         load_recording(path)
     assert_replays(_agent(), path, run_id="one")
     assert_replays(_agent(), path, run_id="two")

@@ -177,3 +177,27 @@ def test_the_testing_extra_missing_says_how_to_install_it() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert "pip install 'agent-fsm[testing]'" in out.stdout, out.stderr
+
+
+def test_diagram_of_a_trace_with_several_runs_names_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent_fsm.durable import TraceWriter
+
+    path = tmp_path / "two.jsonl"
+    agent = Agent(model=ScriptedModel(["one", "two"])).subscribe(TraceWriter(path))
+    agent.run_sync("first")
+    agent.run_sync("second")
+    assert main(["diagram", "--trace", str(path)]) == 2
+    assert "pick one with --run-id ID" in capsys.readouterr().err
+
+
+def test_an_example_answers_help_without_running() -> None:
+    shown = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "loop_detection.py"), "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0
+    assert shown.stdout.startswith("usage:")
+    assert "stopped after" not in shown.stdout

@@ -217,8 +217,13 @@ def recorded_runs(events: Iterable[Event]) -> list[RecordedRun]:
     return runs
 
 
-def select_run(runs: Sequence[RecordedRun], run_id: str | None, source: str) -> RecordedRun:
+def select_run(
+    runs: Sequence[RecordedRun], run_id: str | None, source: str, option: str = "run_id=ID"
+) -> RecordedRun:
     """The run named ``run_id``, or the only run when ``run_id`` is None.
+
+    Args:
+        option: how the caller names a run, for the error (the CLI says ``--run-id ID``).
 
     Raises:
         TraceFileError: when there is no such run, no run at all, or several and no id.
@@ -233,7 +238,7 @@ def select_run(runs: Sequence[RecordedRun], run_id: str | None, source: str) -> 
         raise TraceFileError(f"{source}: no events")
     if len(runs) > 1:
         known = ", ".join(run.run_id for run in runs)
-        raise TraceFileError(f"{source}: holds {len(runs)} runs ({known}); name one by its id")
+        raise TraceFileError(f"{source}: holds {len(runs)} runs ({known}); pick one with {option}")
     return runs[0]
 
 
