@@ -6,17 +6,63 @@ from ``agent_fsm.events``, the transcript from ``agent_fsm.messages``, model ada
 harness from ``agent_fsm.testing``.
 """
 
-from agent_fsm.agent import Agent
-from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
-from agent_fsm.durable.sqlite import SQLiteStore
-from agent_fsm.errors import AgentFSMError, CheckpointError, ConfigError, ResumeError, RunError
-from agent_fsm.limits import Limits
-from agent_fsm.loop.verify import TerminationBound
-from agent_fsm.run.engine import Run
-from agent_fsm.state import Approval, RunResult, RunStatus, TraceEntry
-from agent_fsm.table import AgentState, StopReason
-from agent_fsm.tools import Tool, ToolResult, tool
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from agent_fsm.version import __version__ as __version__
+
+if TYPE_CHECKING:
+    from agent_fsm.agent import Agent
+    from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
+    from agent_fsm.durable.sqlite import SQLiteStore
+    from agent_fsm.errors import AgentFSMError, CheckpointError, ConfigError, ResumeError, RunError
+    from agent_fsm.limits import Limits
+    from agent_fsm.loop.verify import TerminationBound
+    from agent_fsm.run.engine import Run
+    from agent_fsm.state import Approval, RunResult, RunStatus, TraceEntry
+    from agent_fsm.table import AgentState, StopReason
+    from agent_fsm.tools import Tool, ToolResult, tool
+
+_WHERE: dict[str, str] = {
+    "Agent": "agent_fsm.agent",
+    "CheckpointStore": "agent_fsm.durable.checkpoint",
+    "MemoryStore": "agent_fsm.durable.checkpoint",
+    "SQLiteStore": "agent_fsm.durable.sqlite",
+    "AgentFSMError": "agent_fsm.errors",
+    "CheckpointError": "agent_fsm.errors",
+    "ConfigError": "agent_fsm.errors",
+    "ResumeError": "agent_fsm.errors",
+    "RunError": "agent_fsm.errors",
+    "Limits": "agent_fsm.limits",
+    "TerminationBound": "agent_fsm.loop.verify",
+    "Run": "agent_fsm.run.engine",
+    "Approval": "agent_fsm.state",
+    "RunResult": "agent_fsm.state",
+    "RunStatus": "agent_fsm.state",
+    "TraceEntry": "agent_fsm.state",
+    "AgentState": "agent_fsm.table",
+    "StopReason": "agent_fsm.table",
+    "Tool": "agent_fsm.tools",
+    "ToolResult": "agent_fsm.tools",
+    "tool": "agent_fsm.tools",
+}
+"""Where each public name lives. They are imported on first use, so that importing a part of
+the package (the pytest plugin, say, which every pytest run of a user loads) does not pay for
+all of it."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     # building and running agents

@@ -201,3 +201,29 @@ def test_an_example_answers_help_without_running() -> None:
     assert shown.returncode == 0
     assert shown.stdout.startswith("usage:")
     assert "stopped after" not in shown.stdout
+
+
+def test_the_pytest_plugin_loads_without_the_engine() -> None:
+    """Every pytest run where agent_fsm is installed loads the plugin: it must not import the
+    engine (half a second) until a fixture or a name is used."""
+    script = (
+        "import sys\n"
+        "import agent_fsm.testing.plugin\n"
+        "loaded = [m for m in ('agent_fsm.agent', 'agent_fsm.run.engine', 'transitions',\n"
+        "          'pydantic', 'hypothesis') if m in sys.modules]\n"
+        "print(loaded)\n"
+        "from agent_fsm import Agent\n"
+        "from agent_fsm.testing import ScriptedModel\n"
+        "print(Agent(model=ScriptedModel(['hi'])).run_sync('x').output)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    lines = out.stdout.splitlines()  # unconfigured structlog prints its lines between
+    assert (lines[0], lines[-1]) == ("[]", "hi"), out.stderr
+
+
+def test_the_lazy_public_names_are_the_public_face() -> None:
+    from agent_fsm import testing
+
+    assert set(agent_fsm._WHERE) == set(agent_fsm.__all__)
+    assert set(testing._WHERE) == set(testing.__all__)
+    assert set(dir(agent_fsm)) >= set(agent_fsm.__all__)

@@ -14,36 +14,35 @@ Everything here works without hypothesis except ``assert_terminates``, the state
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from agent_fsm.testing.behaviour import (
-    Behaviour,
-    BehaviourModel,
-    FakeClock,
-    ToolOutcome,
-    tool_double,
-    with_tool_doubles,
-)
-from agent_fsm.testing.exhaustive import ExhaustiveReport, check_exhaustively
-from agent_fsm.testing.harness import CaseResult, HarnessFailure, Stage
-from agent_fsm.testing.invariants import InvariantViolation, check_invariants
-from agent_fsm.testing.models import (
-    FunctionModel,
-    ScriptedModel,
-    ScriptItem,
-    call,
-    raw_call,
-    reply,
-)
-from agent_fsm.testing.recording import (
-    Recording,
-    ReplayMismatch,
-    assert_replays,
-    load_recording,
-    record_run,
-    replay,
-)
-
 if TYPE_CHECKING:
     from agent_fsm.testing.assertions import assert_terminates
+    from agent_fsm.testing.behaviour import (
+        Behaviour,
+        BehaviourModel,
+        FakeClock,
+        ToolOutcome,
+        tool_double,
+        with_tool_doubles,
+    )
+    from agent_fsm.testing.exhaustive import ExhaustiveReport, check_exhaustively
+    from agent_fsm.testing.harness import CaseResult, HarnessFailure, Stage
+    from agent_fsm.testing.invariants import InvariantViolation, check_invariants
+    from agent_fsm.testing.models import (
+        FunctionModel,
+        ScriptedModel,
+        ScriptItem,
+        call,
+        raw_call,
+        reply,
+    )
+    from agent_fsm.testing.recording import (
+        Recording,
+        ReplayMismatch,
+        assert_replays,
+        load_recording,
+        record_run,
+        replay,
+    )
     from agent_fsm.testing.stateful import (
         AgentStateMachine,
         agent_state_machine,
@@ -89,17 +88,45 @@ __all__ = [
 ]
 
 
-_NEED_HYPOTHESIS = {
+_WHERE: dict[str, str] = {
+    "Behaviour": "agent_fsm.testing.behaviour",
+    "BehaviourModel": "agent_fsm.testing.behaviour",
+    "FakeClock": "agent_fsm.testing.behaviour",
+    "ToolOutcome": "agent_fsm.testing.behaviour",
+    "tool_double": "agent_fsm.testing.behaviour",
+    "with_tool_doubles": "agent_fsm.testing.behaviour",
+    "ExhaustiveReport": "agent_fsm.testing.exhaustive",
+    "check_exhaustively": "agent_fsm.testing.exhaustive",
+    "CaseResult": "agent_fsm.testing.harness",
+    "HarnessFailure": "agent_fsm.testing.harness",
+    "Stage": "agent_fsm.testing.harness",
+    "InvariantViolation": "agent_fsm.testing.invariants",
+    "check_invariants": "agent_fsm.testing.invariants",
+    "FunctionModel": "agent_fsm.testing.models",
+    "ScriptedModel": "agent_fsm.testing.models",
+    "ScriptItem": "agent_fsm.testing.models",
+    "call": "agent_fsm.testing.models",
+    "raw_call": "agent_fsm.testing.models",
+    "reply": "agent_fsm.testing.models",
+    "Recording": "agent_fsm.testing.recording",
+    "ReplayMismatch": "agent_fsm.testing.recording",
+    "assert_replays": "agent_fsm.testing.recording",
+    "load_recording": "agent_fsm.testing.recording",
+    "record_run": "agent_fsm.testing.recording",
+    "replay": "agent_fsm.testing.recording",
     "assert_terminates": "agent_fsm.testing.assertions",
     "AgentStateMachine": "agent_fsm.testing.stateful",
     "agent_state_machine": "agent_fsm.testing.stateful",
     "assert_stateful": "agent_fsm.testing.stateful",
 }
+"""Where each name lives. Everything is imported on first use: the pytest plugin (loaded by
+every pytest run where agent_fsm is installed) lives in this package, and the names that need
+hypothesis must not be imported where the ``testing`` extra is missing."""
 
 
 def __getattr__(name: str) -> Any:
     """The names that need hypothesis are imported only when they are asked for."""
-    module = _NEED_HYPOTHESIS.get(name)
+    module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
@@ -112,4 +139,10 @@ def __getattr__(name: str) -> Any:
             "pip install 'agent-fsm[testing]'",
             name=exc.name,
         ) from exc
-    return getattr(imported, name)
+    value = getattr(imported, name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
