@@ -257,7 +257,15 @@ class Agent:
                 await aclose()
 
     async def stream(self, user_input: str, *, run_id: str | None = None) -> AsyncIterator[Event]:
-        """Run and yield every event as it happens; the last one is ``RunFinished``."""
+        """Run and yield every event as it happens; the last one is ``RunFinished``.
+
+        The run goes on while you read. When you stop reading early, close the stream so the
+        run stops too: ``async with contextlib.aclosing(agent.stream(...)) as events:``.
+        Closing it (or dropping the last reference to it) aborts an unfinished run, which then
+        ends in ERROR ``aborted`` with a valid transcript, and can be resumed. A stream you
+        break out of but keep a reference to cannot be told apart from a slow reader: the run
+        goes on until the stream is closed.
+        """
         run = self.start(user_input, run_id=run_id)
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
         run.subscribe(queue.put_nowait)
@@ -271,7 +279,7 @@ class Agent:
             await task  # re-raises a programming error from the run, if any
         finally:
             if not task.done():
-                task.cancel()
+                run.abort("the stream was closed before the run ended")
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 

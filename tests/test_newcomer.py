@@ -12,7 +12,7 @@ import pytest
 from hypothesis import settings
 
 import agent_fsm
-from agent_fsm import Agent, CheckpointError, SQLiteStore
+from agent_fsm import Agent, CheckpointError, MemoryStore, SQLiteStore
 from agent_fsm.cli import main
 from agent_fsm.state import RunState
 from agent_fsm.testing import (
@@ -227,3 +227,34 @@ def test_the_lazy_public_names_are_the_public_face() -> None:
     assert set(agent_fsm._WHERE) == set(agent_fsm.__all__)
     assert set(testing._WHERE) == set(testing.__all__)
     assert set(dir(agent_fsm)) >= set(agent_fsm.__all__)
+
+
+async def test_closing_a_stream_early_stops_its_run() -> None:
+    import asyncio
+    import contextlib
+
+    from agent_fsm import StopReason, tool
+
+    calls: list[int] = []
+
+    @tool
+    async def step(n: int) -> int:
+        """Do one step (a side effect)."""
+        calls.append(n)
+        await asyncio.sleep(0)
+        return n
+
+    script = [reply("", call("step", n=i)) for i in range(200)]
+    agent = Agent(model=ScriptedModel([*script, "done"]), tools=[step], store=MemoryStore())
+    run_id = ""
+    async with contextlib.aclosing(agent.stream("go")) as events:
+        async for event in events:
+            run_id = getattr(event, "run_id", run_id)
+            if event.kind == "tool_finished":
+                break
+    made = len(calls)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(calls) == made < 200  # nothing ran after the stream was closed
+    stopped = agent.checkpoints.load(run_id)
+    assert stopped.stop_reason is StopReason.ABORTED  # ended cleanly, resumable
