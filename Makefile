@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck pytest format diagrams bench thorough clean
+.PHONY: demo test test-lowest lint typecheck pytest format diagrams bench thorough clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,20 @@ typecheck: $(STAMP_DEV)
 pytest: $(STAMP_DEV)
 	$(BIN)/pytest
 
+# The suite against the lowest version of every dependency pyproject.toml allows (its lower
+# bounds are promises to users: this holds them). uv resolves the floors; transitive
+# dependencies stay at their newest. Its own environment, rebuilt each time.
+VENV_LOWEST := .venv-lowest
+test-lowest:
+	rm -rf $(VENV_LOWEST)
+	$(PYTHON) -m venv $(VENV_LOWEST)
+	$(VENV_LOWEST)/bin/python -m pip install --quiet 'uv>=0.5'
+	VIRTUAL_ENV=$(VENV_LOWEST) $(VENV_LOWEST)/bin/uv pip install --quiet \
+		--resolution lowest-direct -e '.[dev]'
+	$(VENV_LOWEST)/bin/python -m pip list --format=freeze | grep -iE \
+		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|hypothesis|hypothesis.jsonschema|mypy)=='
+	$(VENV_LOWEST)/bin/pytest -q
+
 # The thorough hypothesis profile: many more examples; run by hand.
 thorough: $(STAMP_DEV)
 	HYPOTHESIS_PROFILE=thorough $(BIN)/pytest -q tests/test_properties.py
@@ -58,4 +72,4 @@ bench: $(STAMP_RUN)
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VENV_LOWEST) .pytest_cache .mypy_cache .ruff_cache .hypothesis

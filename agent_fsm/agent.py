@@ -19,13 +19,13 @@ from typing import Any, Literal, overload
 
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
-from agent_fsm.errors import ConfigError, RunError
+from agent_fsm.errors import CheckpointError, ConfigError, RunError
 from agent_fsm.events import Event, EventHandler, RunFinished
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound
 from agent_fsm.models.base import Model
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
-from agent_fsm.run.resuming import Decisions, reopen
+from agent_fsm.run.resuming import Decisions, finished, reopen
 from agent_fsm.state import RunResult
 from agent_fsm.table import TABLE, Row
 from agent_fsm.tokens import estimate_tools_tokens
@@ -193,7 +193,13 @@ class Agent:
         """A stopped run, made ready to continue (not yet stepped): see ``resume``."""
         if not isinstance(run_id, str):
             raise ConfigError(f"run_id must be a str, got {type(run_id).__name__}")
-        state = self.checkpoints.load(run_id)
+        try:
+            state = self.checkpoints.load(run_id)
+        except CheckpointError:
+            ended = self._config.ended.get(run_id)
+            if ended is None:
+                raise
+            raise finished(run_id, ended.value) from None
         answered = reopen(state, self._config.machine, self._config.limits, reply, approvals)
         return Run(self._config, state, resumed=answered)
 

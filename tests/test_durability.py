@@ -53,8 +53,8 @@ async def test_ask_user_pauses_and_resume_continues_with_the_reply() -> None:
     assert [(e.answered, e.state) for e in resumed] == [("reply", AgentState.OBSERVE)]
     # The model saw the question answered and the reply as the last message.
     assert model.requests[-1].messages[-1] == UserMessage(content="Oslo")
-    # A completed run is dropped from the in-process store: nothing to resume any more.
-    with pytest.raises(CheckpointError, match=paused.run_id):
+    # A completed run is dropped from the in-process store, which still knows it finished.
+    with pytest.raises(ResumeError, match=rf"{paused.run_id} has finished \(final_answer\)"):
         await agent.resume(paused.run_id, "again")
 
 

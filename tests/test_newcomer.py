@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 import agent_fsm
-from agent_fsm import Agent, CheckpointError, MemoryStore, SQLiteStore
+from agent_fsm import Agent, CheckpointError, MemoryStore, ResumeError, SQLiteStore
 from agent_fsm.cli import main
 from agent_fsm.state import RunState
 from agent_fsm.testing import (
@@ -258,3 +260,55 @@ async def test_closing_a_stream_early_stops_its_run() -> None:
     assert len(calls) == made < 200  # nothing ran after the stream was closed
     stopped = agent.checkpoints.load(run_id)
     assert stopped.stop_reason is StopReason.ABORTED  # ended cleanly, resumable
+
+
+def test_a_read_only_store_is_refused_when_it_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "runs.sqlite3"
+    with SQLiteStore(path) as store:
+        store.save(RunState(run_id="kept", pending_input=["go"]))
+    connect = sqlite3.connect
+
+    def read_only(database: str, **options: Any) -> sqlite3.Connection:
+        # What sqlite falls back to when the file or its file system is not writable
+        # (file permissions cannot show it: the tests may run as root).
+        return connect(f"file:{database}?mode=ro", uri=True, **options)
+
+    monkeypatch.setattr(sqlite3, "connect", read_only)
+    with pytest.raises(CheckpointError, match=r"cannot be written.*readonly"):
+        SQLiteStore(path)
+    monkeypatch.undo()
+    with SQLiteStore(path) as store:
+        assert store.exists("kept")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file permissions")
+def test_a_store_file_without_write_permission_is_refused_when_it_is_opened(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.sqlite3"
+    SQLiteStore(path).close()
+    path.chmod(0o444)
+    with pytest.raises(CheckpointError, match="cannot be written"):
+        SQLiteStore(path)
+
+
+@pytest.mark.parametrize("kind", ["default", "memory", "sqlite"])
+def test_every_store_says_a_finished_run_has_finished(tmp_path: Path, kind: str) -> None:
+    store = {
+        "default": None,
+        "memory": MemoryStore(),
+        "sqlite": SQLiteStore(tmp_path / "runs.sqlite3"),
+    }[kind]
+    agent = Agent(model=ScriptedModel([reply("Paris.")]), store=store)
+    result = agent.run_sync("Capital of France?")
+    for answer in (None, "and Spain?"):
+        with pytest.raises(
+            ResumeError, match=rf"run {result.run_id} has finished \(final_answer\)"
+        ):
+            agent.resume_sync(result.run_id, answer)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        agent.resume_sync("never-ran")

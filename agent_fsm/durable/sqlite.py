@@ -122,8 +122,8 @@ class SQLiteStore(ClosingStore):
         clock: the source of ``created_at`` / ``updated_at`` (unix time).
 
     Raises:
-        CheckpointError: the file cannot be opened, is not an agent_fsm store, or was
-            laid out by a newer agent_fsm.
+        CheckpointError: the file cannot be opened or written, is not an agent_fsm store,
+            or was laid out by a newer agent_fsm.
 
     Usable as a context manager, which closes it. Safe to share between threads (sync tools
     run in worker threads); calls are serialised.
@@ -153,6 +153,7 @@ class SQLiteStore(ClosingStore):
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._prepare_layout(self._conn)
+            self._check_writable(self._conn)
         except (sqlite3.Error, CheckpointError) as exc:
             self._conn.close()
             self._conn = None
@@ -191,6 +192,23 @@ class SQLiteStore(ClosingStore):
             raise CheckpointError(
                 f"checkpoint store {self.path} has unknown layout version {version}"
             )
+
+    def _check_writable(self, conn: sqlite3.Connection) -> None:
+        """Refuse a store that cannot be written (a read-only file, directory or file system)
+        now, rather than at a run's first checkpoint: one write, rolled back."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
+        except sqlite3.OperationalError as exc:
+            if not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
+                raise
+            raise CheckpointError(
+                f"checkpoint store {self.path} cannot be written ({exc}): runs could not be"
+                " saved; give a path this process may write"
+            ) from exc
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
 
     @contextmanager
     def _transaction(self, what: str, *, write: bool) -> Iterator[sqlite3.Connection]:

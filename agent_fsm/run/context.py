@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent_fsm.cancellation import StopEvent
@@ -24,13 +25,39 @@ from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import Message
 from agent_fsm.models.base import Model
 from agent_fsm.state import RunState
+from agent_fsm.table import StopReason
 from agent_fsm.tokens import estimate_message_tokens
 from agent_fsm.tools.tool import ToolRegistry
 
-__all__ = ["Reflector", "RunConfig", "RunContext"]
+__all__ = ["EndedRuns", "Reflector", "RunConfig", "RunContext"]
 
 Reflector = Callable[[RunState], bool | Awaitable[bool]]
 """Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
+
+
+class EndedRuns:
+    """How the latest runs dropped from an agent's in-process store ended.
+
+    Without a store of its own, an agent keeps a run only while it can be resumed. Remembering
+    how each dropped run ended lets ``resume`` say "it finished" (``ResumeError``, as a durable
+    store does) instead of "no such run". Bounded: past ``keep`` ids the oldest are forgotten,
+    so a long-lived agent does not grow without end.
+    """
+
+    __slots__ = ("_ended", "_keep")
+
+    def __init__(self, keep: int = 10_000) -> None:
+        self._keep = keep
+        self._ended: OrderedDict[str, StopReason] = OrderedDict()
+
+    def add(self, run_id: str, stop_reason: StopReason) -> None:
+        self._ended[run_id] = stop_reason
+        self._ended.move_to_end(run_id)
+        if len(self._ended) > self._keep:
+            self._ended.popitem(last=False)
+
+    def get(self, run_id: str) -> StopReason | None:
+        return self._ended.get(run_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +78,8 @@ class RunConfig:
     checkpoint_every_transition: bool = False
     """Save after every transition (a durable store), or only runs that end resumable
     (paused, aborted, timed out) so that ``Agent.resume`` works in-process."""
+    ended: EndedRuns = field(default_factory=EndedRuns)
+    """The runs the in-process store dropped when they finished (see ``EndedRuns``)."""
 
 
 @dataclass(slots=True, kw_only=True, eq=False)

@@ -358,8 +358,10 @@ class Run:
             return
         if config.checkpoint_every_transition or stop_reason in config.machine.resumable:
             store.save(state)
-        elif store.exists(state.run_id):
-            store.delete(state.run_id)
+        else:
+            if store.exists(state.run_id):
+                store.delete(state.run_id)
+            config.ended.add(state.run_id, stop_reason)
 
 
 def new_run_state(run_id: str, system_prompt: str, user_input: str, tools_tokens: int) -> RunState:

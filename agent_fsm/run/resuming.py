@@ -27,7 +27,7 @@ from agent_fsm.run.approvals import Decisions, decide
 from agent_fsm.state import Decision, RunState, reopen_fields
 from agent_fsm.table import STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
 
-__all__ = ["Decisions", "reopen"]
+__all__ = ["Decisions", "finished", "reopen"]
 
 _ANSWERED = {
     Verb.ANSWER: "reply",
@@ -82,12 +82,7 @@ def _answer_stop(
     stop = state.stop_reason
     candidates = _rows_leaving(machine.rows, state, stop)
     if not candidates:
-        reason = stop.value if stop else state.state.value
-        raise ResumeError(
-            f"run {state.run_id} has finished ({reason}); only a run that paused (ask_user, "
-            "approvals), was aborted, timed out, stopped on a transient model error or was "
-            "interrupted can be resumed"
-        )
+        raise finished(state.run_id, stop.value if stop else state.state.value)
     decisions = _check_answer(state, candidates, reply, approvals)
     if reply is not None:
         state.pending_input.append(reply)
@@ -106,6 +101,15 @@ def _answer_stop(
         )
     assert isinstance(row.outcome, Verb)
     return _ANSWERED.get(row.outcome, row.outcome.value)
+
+
+def finished(run_id: str, how: str) -> ResumeError:
+    """The error for resuming a run that ended for good (``how``: its stop reason)."""
+    return ResumeError(
+        f"run {run_id} has finished ({how}); only a run that paused (ask_user, approvals), was "
+        "aborted, timed out, stopped on a transient model error or was interrupted can be "
+        "resumed"
+    )
 
 
 def _rows_leaving(rows: tuple[Row, ...], state: RunState, stop: StopReason | None) -> list[Row]:

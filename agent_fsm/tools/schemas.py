@@ -22,7 +22,6 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, create_model
-from pydantic import ValidationError as PydanticValidationError
 from pydantic.fields import FieldInfo
 
 from agent_fsm.errors import ConfigError
@@ -152,14 +151,8 @@ def derive_schema(fn: Callable[..., Any], name: str) -> DerivedSchema:
                 f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
             )
         schema: dict[str, Any] = model.model_json_schema()
-    except (TypeError, NameError, PydanticValidationError, ValueError, AttributeError) as exc:
-        raise ConfigError(
-            f"tool {name!r}: cannot derive a JSON Schema: {_first_line(exc)}"
-        ) from None
     except Exception as exc:  # pydantic's schema errors have no common base worth naming
-        raise ConfigError(
-            f"tool {name!r}: cannot derive a JSON Schema: {type(exc).__name__}: {_first_line(exc)}"
-        ) from None
+        raise ConfigError(f"tool {name!r}: cannot derive a JSON Schema: {_describe(exc)}") from None
     _strip_titles(schema)
     schema.setdefault("properties", {})
     return DerivedSchema(schema, None if native else model)
@@ -171,9 +164,13 @@ def _has_description(annotation: Any) -> bool:
     return any(isinstance(m, FieldInfo) and m.description for m in annotation.__metadata__)
 
 
-def _first_line(exc: BaseException) -> str:
-    """The message without pydantic's trailing links."""
-    return str(exc).strip().split("\n", 1)[0]
+def _describe(exc: BaseException) -> str:
+    """The first line of the message (without pydantic's trailing links), after the
+    exception's name unless it is a builtin one: pydantic's own classes say what failed, and
+    which of them is raised (some subclass TypeError) varies between its versions."""
+    first_line = str(exc).strip().split("\n", 1)[0]
+    kind = type(exc)
+    return first_line if kind.__module__ == "builtins" else f"{kind.__name__}: {first_line}"
 
 
 _TYPE_TESTS: dict[str, Callable[[Any], bool]] = {
