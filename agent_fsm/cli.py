@@ -166,6 +166,8 @@ def _summary(out: TextIO, outcome: _Outcome) -> None:
         print(f"question for you: {outcome.output}", file=out)
     elif outcome.status is RunStatus.NEEDS_INPUT:
         print(f"waiting for: {outcome.output}", file=out)
+    elif outcome.status is RunStatus.INCOMPLETE:
+        print(f"cut-off answer (the reply hit its token limit): {outcome.output}", file=out)
     else:
         print(f"final answer: {outcome.output}", file=out)
     print(f"status:       {outcome.status.value}", file=out)

@@ -50,11 +50,13 @@ class Limits(BaseModel):
     retry_backoff_max_s: float = Field(default=8.0, ge=0)
     """Upper bound of one retry delay."""
     loop_threshold: int = Field(default=3, ge=2)
-    """k: the same call, the same turn results or the same text this many times in a row, or
-    a cycle of calls repeated this many times, is a loop."""
+    """k: the same call in this many tool turns in a row, the same turn results or the same
+    text this many times in a row, or a cycle of turns repeated this many times, is a loop.
+    Turns count, not calls: the calls of one reply are a fan-out, never a loop by
+    themselves."""
     loop_max_period: int = Field(default=4, ge=0)
-    """p: the longest cycle of calls (A,B,A,B,… has period 2) that loop detection looks for;
-    0 or 1 turns cycle detection off (repeats of one call are still caught)."""
+    """p: the longest cycle of tool turns (A,B,A,B,… has period 2) that loop detection looks
+    for; 0 or 1 turns cycle detection off (repeats of one call are still caught)."""
     loop_detection: bool = True
     """Turn loop detection off entirely (for example for polling tools)."""
 

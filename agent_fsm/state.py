@@ -102,9 +102,9 @@ class LoopState:
     what keeps loop detection O(1) amortised per turn. ``loops.py`` holds the logic.
     """
 
-    last_call: str | None = None
-    call_repeats: int = 0
-    """How many consecutive calls had signature ``last_call``."""
+    call_streaks: dict[str, int] = field(default_factory=dict)
+    """The distinct call signatures of the last tool turn, each with how many consecutive
+    turns (up to and including that one) made it."""
     last_results: str | None = None
     result_repeats: int = 0
     """How many consecutive tool turns produced results with signature ``last_results``."""
@@ -112,9 +112,10 @@ class LoopState:
     text_repeats: int = 0
     """How many consecutive replies carried the same non-empty text."""
     recent_calls: list[str] = field(default_factory=list)
-    """The last ``loop_max_period + 1`` call signatures, oldest first."""
+    """The signatures of the last ``loop_max_period + 1`` tool turns (each the set of its
+    calls), oldest first."""
     period_matches: list[int] = field(default_factory=list)
-    """``period_matches[q]``: consecutive calls equal to the call q positions earlier."""
+    """``period_matches[q]``: consecutive tool turns equal to the turn q turns earlier."""
     detected: str | None = None
     """A description of the loop found, once one is found."""
 
@@ -240,6 +241,10 @@ class RunStatus(StrEnum):
     """The caller's view of how a run ended."""
 
     COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+    """Ended in DONE without a whole answer: the reply was cut off at the model's token limit
+    (stop reason ``max_tokens``; ``output`` holds the text that came). Not "completed", so a
+    caller that checks the status never takes a cut-off answer for a finished one."""
     NEEDS_INPUT = "needs_input"
     FAILED = "failed"
 
@@ -248,11 +253,14 @@ def status_for(
     final_state: AgentState, stop_reason: StopReason, rows: tuple[Row, ...] = TABLE
 ) -> RunStatus:
     """The status implied by a terminal state and stop reason: a run that ended in DONE with
-    a stop its table can resume waits for a person (ask_user, approvals)."""
+    a stop its table can resume waits for a person (ask_user, approvals); one whose reply was
+    cut off is incomplete."""
     if final_state is AgentState.ERROR:
         return RunStatus.FAILED
     if stop_reason in resumable_stops(rows):
         return RunStatus.NEEDS_INPUT
+    if stop_reason is StopReason.MAX_TOKENS:
+        return RunStatus.INCOMPLETE
     return RunStatus.COMPLETED
 
 

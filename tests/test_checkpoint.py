@@ -108,8 +108,7 @@ def rich_state(run_id: str = "run-1") -> RunState:
             pending_calls=(calls[2],),
         ),
         loop=LoopState(
-            last_call="add:{}",
-            call_repeats=2,
+            call_streaks={"add:{}": 2, "lookup:x": 1},
             last_results="r",
             result_repeats=1,
             last_text="t",
@@ -419,6 +418,24 @@ def test_a_version_1_approval_pause_migrates_to_decisions_with_their_calls() -> 
         (pending, True, "fine")
     ]
     assert state.stop_reason is None
+
+
+def test_a_version_2_loop_state_migrates_to_streaks_per_turn() -> None:
+    """Version 2 counted repeats of the last call; version 3 counts turns per call."""
+    header = RUN_STATE_ADAPTER.dump_python(RunState(run_id="r"), mode="json")
+    for new_field in ("messages", "trace"):
+        header.pop(new_field)
+    header["loop"] = {
+        "last_call": "echo:=x",
+        "call_repeats": 2,
+        "recent_calls": ["echo:=y", "echo:=x", "echo:=x"],
+        "period_matches": [0, 0, 1],
+    }
+    state = checkpoint_module.decode_header("r", 2, json.dumps(header))
+    assert state.loop.call_streaks == {"echo:=x": 2}
+    assert state.loop.recent_calls == ["echo:=y", "echo:=x", "echo:=x"]
+    header["loop"] = {"last_call": None, "call_repeats": 0}
+    assert checkpoint_module.decode_header("r", 2, json.dumps(header)).loop.call_streaks == {}
 
 
 def test_newer_schema_is_refused(store: CheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -144,7 +144,7 @@ def test_content_filter_and_max_tokens() -> None:
     result = agent.run_sync("go")
     assert (result.stop_reason, result.status, result.output) == (
         StopReason.MAX_TOKENS,
-        RunStatus.COMPLETED,
+        RunStatus.INCOMPLETE,
         "partial ans",
     )
 
@@ -202,7 +202,7 @@ def test_loop_periodic_cycle() -> None:
     agent, _ = make_agent([reply("", x) for x in [a, b] * 10], loop_threshold=3, loop_max_period=4)
     result = agent.run_sync("go")
     assert result.stop_reason is StopReason.LOOP_DETECTED
-    assert "cycle of 2 calls" in (result.error or "")
+    assert "cycle of 2 turns" in (result.error or "")
     assert result.turns == 6
 
 

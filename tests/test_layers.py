@@ -21,6 +21,7 @@ LAYERS = [
     "events",
     "tokens",
     "cancellation",
+    "logs",
     # loop/: table-driven deciding, no I/O
     "loop.detection",
     "loop.guards",

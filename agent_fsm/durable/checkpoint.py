@@ -55,7 +55,7 @@ __all__ = [
     "unknown_run",
 ]
 
-CHECKPOINT_SCHEMA_VERSION: int = 2
+CHECKPOINT_SCHEMA_VERSION: int = 3
 """The version of the checkpoint encoding this code writes. Raise it, and register a
 migration from the previous version, whenever a change to RunState would make an older
 header decode differently (a renamed field, a new required field, a changed meaning)."""
@@ -81,7 +81,20 @@ def _decisions_with_their_calls(header: dict[str, Any]) -> dict[str, Any]:
     return header
 
 
-MIGRATIONS: dict[int, Migration] = {1: _decisions_with_their_calls}
+def _call_streaks_per_turn(header: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 to 3: loop detection counts repeats across turns, not calls within one reply:
+    the one run of repeats it kept (``last_call``, ``call_repeats``) becomes a streak. The
+    ring of recent signatures is kept: a turn of one call has the same signature as that
+    call."""
+    loop = header.get("loop")
+    if not isinstance(loop, dict):
+        return header
+    last_call, repeats = loop.pop("last_call", None), loop.pop("call_repeats", 0)
+    loop["call_streaks"] = {last_call: repeats} if last_call else {}
+    return header
+
+
+MIGRATIONS: dict[int, Migration] = {1: _decisions_with_their_calls, 2: _call_streaks_per_turn}
 """``MIGRATIONS[n]`` upgrades a header of version n to n + 1."""
 
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)

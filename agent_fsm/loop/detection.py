@@ -1,14 +1,17 @@
 """Loop detection, O(1) amortised per turn.
 
-Four patterns, each kept incrementally in ``LoopState`` so no turn rescans the history:
+Four patterns, each kept incrementally in ``LoopState`` so no turn rescans the history. All
+of them count turns, never calls within one reply: the calls of one reply are a fan-out made
+at one moment, not a sequence in time, so three parallel lookups (even of the same thing) are
+no loop.
 
-* the same tool call (name and canonicalised arguments) ``k`` times in a row;
-* the same results for a whole tool turn ``k`` turns in a row (per turn, not per call, so that
-  three parallel lookups that happen to agree are not a loop);
+* the same tool call (name and canonicalised arguments) in ``k`` tool turns in a row;
+* the same results for a whole tool turn ``k`` turns in a row;
 * the same non-empty assistant text, with the same tool calls, ``k`` times in a row;
-* a cycle of calls with period ``2 ≤ q ≤ p`` (A,B,A,B,…) repeated ``k`` times: for each q we
-  count how many consecutive calls equal the call q positions earlier; ``q·(k-1)`` such
-  matches in a row mean the last ``q·k`` calls are ``k`` copies of one cycle.
+* a cycle of tool turns with period ``2 ≤ q ≤ p`` (A,B,A,B,…) repeated ``k`` times, a turn
+  being the set of its calls: for each q we count how many consecutive turns equal the turn q
+  turns earlier; ``q·(k-1)`` such matches in a row mean the last ``q·k`` turns are ``k``
+  copies of one cycle.
 
 A signature is the tool name and a stable fingerprint of the canonical arguments: the text
 itself when it is short (exact, and cheaper than hashing), otherwise a BLAKE2 digest, so
@@ -78,36 +81,62 @@ def canonical_arguments(parsed: Any, raw: str) -> str:
     return to_json(_keys_sorted(parsed), inf_nan_mode="constants").decode()
 
 
+_NAMED_CALLS = 3
+"""A turn signature names up to this many of its tools (for the loop message)."""
+
+
 def record_calls(loop: LoopState, calls: Sequence[tuple[str, str]], limits: Limits) -> None:
-    """Feed one turn's calls, as (tool name, canonical arguments), in order."""
-    if not limits.loop_detection:
+    """Feed one tool turn's calls (one reply's), as (tool name, canonical arguments); their
+    order and repeats within the reply do not matter."""
+    if not limits.loop_detection or not calls:
         return
     k = limits.loop_threshold
-    max_period = limits.loop_max_period
+    distinct = {f"{name}:{fingerprint(arguments)}": (name, arguments) for name, arguments in calls}
+    streaks = loop.call_streaks
+    loop.call_streaks = streaks = {sig: streaks.get(sig, 0) + 1 for sig in distinct}
+    if loop.detected is None:
+        repeating = [distinct[sig] for sig, turns in streaks.items() if turns >= k]
+        if repeating:
+            named = ", ".join(f"{name}({arguments})" for name, arguments in repeating)
+            loop.detected = f"the same call {named} in {k} turns in a row"
+    _record_turn_signature(loop, _turn_signature(distinct), limits)
+
+
+def _turn_signature(distinct: dict[str, tuple[str, str]]) -> str:
+    """``name:fingerprint`` of the turn's set of calls: the call's own signature for a turn of
+    one call; otherwise its tools' names and a fingerprint of the sorted call signatures."""
+    if len(distinct) == 1:
+        return next(iter(distinct))
+    names = sorted({name for name, _ in distinct.values()})
+    label = "+".join(names[:_NAMED_CALLS]) + ("+…" if len(names) > _NAMED_CALLS else "")
+    return f"{label}:{fingerprint(chr(0x1E).join(sorted(distinct)))}"
+
+
+def _describe(signature: str) -> str:
+    """A turn signature for people: the call with its arguments when they are short enough
+    to have been kept verbatim, else the tools' names."""
+    name, _, print_ = signature.partition(":")
+    return f"{name}({print_[1:]})" if print_.startswith("=") else name
+
+
+def _record_turn_signature(loop: LoopState, signature: str, limits: Limits) -> None:
+    k, max_period = limits.loop_threshold, limits.loop_max_period
     matches = loop.period_matches
     if len(matches) != max_period + 1:
         matches = loop.period_matches = [0] * (max_period + 1)
     recent = loop.recent_calls
-    for name, arguments in calls:
-        signature = f"{name}:{fingerprint(arguments)}"
-        if signature == loop.last_call:
-            loop.call_repeats += 1
+    recent.append(signature)
+    size = len(recent)
+    for period in range(2, max_period + 1):
+        if size > period and recent[-1 - period] == signature:
+            matches[period] += 1
+            if matches[period] >= period * (k - 1) and loop.detected is None:
+                cycle = " → ".join(_describe(s) for s in recent[-period:])
+                loop.detected = f"a cycle of {period} turns ({cycle}) repeated {k} times"
         else:
-            loop.last_call, loop.call_repeats = signature, 1
-        if loop.call_repeats >= k and loop.detected is None:
-            loop.detected = f"the same call {name}({arguments}) {k} times in a row"
-        recent.append(signature)
-        size = len(recent)
-        for period in range(2, max_period + 1):
-            if size > period and recent[-1 - period] == signature:
-                matches[period] += 1
-                if matches[period] >= period * (k - 1) and loop.detected is None:
-                    cycle = " → ".join(s.split(":", 1)[0] for s in recent[-period:])
-                    loop.detected = f"a cycle of {period} calls ({cycle}) repeated {k} times"
-            else:
-                matches[period] = 0
-        if size > max_period + 1:
-            del recent[0]
+            matches[period] = 0
+    if size > max_period + 1:
+        del recent[0]
 
 
 def record_turn_results(loop: LoopState, results: Sequence[ToolMessage], limits: Limits) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from pydantic_core import from_json
+
 from agent_fsm.messages import ModelRequest, ModelResponse
 
-__all__ = ["Model", "ModelCallError"]
+__all__ = ["Model", "ModelCallError", "replayable_arguments"]
 
 
 @runtime_checkable
@@ -46,3 +48,19 @@ class ModelCallError(Exception):
         super().__init__(message)
         self.transient = transient
         self.retry_after_s = retry_after_s
+
+
+def replayable_arguments(raw: str) -> str:
+    """The argument text to send back to a provider for a call in the history.
+
+    ``ToolCall.arguments`` keeps what the model wrote, which may not be a JSON object (a reply
+    cut off by its token limit leaves ``{"city": "Par``). Servers parse the history they are
+    sent, and one such call makes every later request fail (llama.cpp answers HTTP 500), so it
+    goes back as ``{}``. The model still learns what was wrong: its call was answered with an
+    error result that quotes the text.
+    """
+    try:
+        parsed = from_json(raw)
+    except ValueError:
+        return "{}"
+    return raw if type(parsed) is dict else "{}"

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import difflib
 import functools
 import inspect
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, Self
 
 import openai
-import structlog
 
 from agent_fsm.errors import ConfigError
+from agent_fsm.logs import get_logger
 from agent_fsm.messages import ModelRequest, ModelResponse, ReplyDelta, ToolSpec
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.models.openai_convert import (
@@ -35,8 +37,6 @@ from agent_fsm.models.openai_convert import (
 )
 
 __all__ = ["OpenAIChatModel"]
-
-_log = structlog.get_logger(__name__)
 
 # Request fields the adapter sets itself; a setting may not override them.
 _RESERVED = frozenset({"messages", "model", "tools", "functions", "stream", "stream_options"})
@@ -175,12 +175,13 @@ class OpenAIChatModel:
                 fallback_id_prefix=f"{request.run_id}_{request.turn}",
                 strict_schemas=self._wire_tools(request.tools)[1] if request.tools else None,
             )
+            attempt = _Attempt(client, self._settings.get("timeout"))
             if self._stream:
-                return await self._request_streamed(client, kwargs, request, assembler)
+                return await self._request_streamed(client, kwargs, request, assembler, attempt)
             try:
                 completion = await client.chat.completions.create(**kwargs)
             except (openai.OpenAIError, ValueError) as err:  # ValueError: a body that is no JSON
-                failure = self._failure(err)
+                failure = self._failure(err, attempt)
             else:
                 assembler.add_completion(completion)
                 return assembler.build()
@@ -255,12 +256,13 @@ class OpenAIChatModel:
         kwargs: dict[str, Any],
         request: ModelRequest,
         assembler: ReplyAssembler,
+        attempt: _Attempt,
     ) -> ModelResponse:
         failure: ModelCallError | None = None
         try:
             stream = await client.chat.completions.create(**kwargs)
         except (openai.OpenAIError, ValueError) as err:
-            failure = self._failure(err)
+            failure = self._failure(err, attempt)
         if failure is not None:
             raise failure
         report = _DeltaReporter(request.on_delta, request.run_id)
@@ -272,7 +274,7 @@ class OpenAIChatModel:
                 except StopAsyncIteration:
                     break
                 except Exception as err:  # the SDK's iterator: transport and decoding failures
-                    failure = self._failure(err, streaming=True)
+                    failure = self._failure(err, attempt, streaming=True)
                     break
                 for delta in assembler.add_chunk(chunk):
                     report(delta)
@@ -280,14 +282,20 @@ class OpenAIChatModel:
             raise failure
         return assembler.build()
 
-    def _failure(self, err: Exception, *, streaming: bool = False) -> ModelCallError:
-        """Map an exception from the SDK to a ModelCallError (scrubbed, never chained)."""
+    def _failure(
+        self, err: Exception, attempt: _Attempt, *, streaming: bool = False
+    ) -> ModelCallError:
+        """Map an exception from the SDK to a ModelCallError (scrubbed, never chained) that
+        says what failed, where, and after how long."""
         transient = True
         retry_after: float | None = None
         if isinstance(err, openai.APITimeoutError):
-            message = "the request timed out"
+            message = (
+                f"the request to {attempt.url} timed out: no reply within the"
+                f" {attempt.timeout()} timeout (gave up after {attempt.elapsed()})"
+            )
         elif isinstance(err, openai.APIConnectionError):
-            message = f"cannot reach the server: {err.message}"
+            message = _connection_failure(err, attempt)
         elif isinstance(err, openai.APIStatusError):
             status = err.status_code
             code = _error_code(err.body)
@@ -296,18 +304,21 @@ class OpenAIChatModel:
                 transient = False
             retry_after = parse_retry_after(err.response.headers) if transient else None
             label = f"HTTP {status}" + (f", {code}" if code else "")
-            message = f"{type(err).__name__} ({label}): {_server_message(err)}"
+            message = f"{type(err).__name__} ({label}) from {attempt.url}: {_server_message(err)}"
             request_id = getattr(err, "request_id", None)
             if request_id:
                 message += f" [request id {request_id}]"
         elif isinstance(err, openai.APIError):  # an error event inside a stream, bad data, ...
-            message = f"server error: {_server_message(err)}"
+            message = f"server error from {attempt.url}: {_server_message(err)}"
         elif isinstance(err, openai.OpenAIError):
             message, transient = f"OpenAI client error: {err}", False
         elif isinstance(err, ValueError):
-            message = f"malformed reply from the server: {type(err).__name__}"
+            message = f"malformed reply from {attempt.url}: {type(err).__name__}"
         else:
-            message = f"the stream broke off: {type(err).__name__}: {err}"
+            message = (
+                f"the reply from {attempt.url} broke off after {attempt.elapsed()}: "
+                f"{type(err).__name__}: {err}"
+            )
         if streaming and isinstance(err, ValueError | openai.APIError):
             message = f"while streaming: {message}"
         return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
@@ -341,7 +352,7 @@ class _DeltaReporter:
         except Exception as err:
             self._failures += 1
             if self._failures == 1:  # once per request: a broken listener must not flood logs
-                _log.warning(
+                get_logger(__name__).warning(
                     "on_delta_failed", run_id=self._run_id, error=f"{type(err).__name__}: {err}"
                 )
 
@@ -351,12 +362,43 @@ def _check_settings(settings: Mapping[str, Any]) -> None:
     if reserved:
         raise ConfigError(f"OpenAIChatModel sets {reserved} itself; they cannot be settings")
     accepted = _create_parameters()
-    unknown = sorted(set(settings) - accepted) if accepted is not None else []
-    if unknown:
-        raise ConfigError(
-            f"chat.completions.create accepts no argument named {unknown}; "
-            "pass server-specific fields as extra_body={...}"
+    if accepted is None:
+        return
+    problems = [_unknown_setting(key, accepted) for key in sorted(set(settings) - accepted)]
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _unknown_setting(key: str, accepted: frozenset[str]) -> str:
+    """Why ``key`` is no setting, and what the user most likely meant."""
+    if key == "max_retries":
+        return (
+            "max_retries: retries are the engine's, where budgets and the termination bound "
+            "see them (the SDK client is always used with max_retries=0); set them in Limits"
         )
+    if key in _client_parameters():
+        return (
+            f"{key} is an option of the SDK client, not of a request: pass "
+            f"client=openai.AsyncOpenAI(..., {key}=...)"
+        )
+    server_field = "a field only your server knows goes in extra_body={...}"
+    # 0.85: catches typos (temprature) but not a different real field (top_k is no top_p)
+    close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.85)
+    if close:
+        return (
+            f"chat.completions.create takes no argument {key!r}: did you mean {close[0]!r}? "
+            f"({server_field})"
+        )
+    return f"chat.completions.create takes no argument {key!r}; {server_field}"
+
+
+@functools.cache
+def _client_parameters() -> frozenset[str]:
+    """Names ``openai.AsyncOpenAI`` accepts (empty if they cannot be read)."""
+    try:
+        return frozenset(inspect.signature(openai.AsyncOpenAI.__init__).parameters) - {"self"}
+    except (TypeError, ValueError):  # pragma: no cover - unusual SDK builds
+        return frozenset()
 
 
 def _error_code(body: object) -> str | None:
@@ -377,6 +419,60 @@ def _server_message(err: openai.APIError) -> str:
     if len(text) > _MAX_MESSAGE_CHARS:
         text = text[:_MAX_MESSAGE_CHARS] + "..."
     return text
+
+
+class _Attempt:
+    """One request's where and when, for its error message."""
+
+    __slots__ = ("_began", "_client", "_timeout")
+
+    def __init__(self, client: openai.AsyncOpenAI, timeout: Any) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._began = time.monotonic()
+
+    @property
+    def url(self) -> str:
+        return _redact_url(f"{str(self._client.base_url).rstrip('/')}/chat/completions")
+
+    def elapsed(self) -> str:
+        return f"{time.monotonic() - self._began:.1f} s"
+
+    def timeout(self) -> str:
+        """The timeout in force: the adapter's ``timeout``, else the client's."""
+        value = self._timeout if self._timeout is not None else self._client.timeout
+        read = getattr(value, "read", value)  # the SDK's Timeout object: its read timeout
+        return f"{read:g} s" if isinstance(read, int | float) else str(value)
+
+
+def _connection_failure(err: Exception, attempt: _Attempt) -> str:
+    """Which connection failure: none made (refused, unknown host), or one the server
+    dropped before its reply was complete. The SDK wraps the HTTP library's exception, so
+    its kind is read from the cause, by name (this module imports no HTTP library)."""
+    cause = err.__cause__
+    kind = type(cause).__name__ if cause is not None else ""
+    detail = str(cause) if cause is not None and str(cause) else kind or str(err)
+    if kind in {"ConnectError", "ConnectTimeout"}:
+        if _caused_by(cause, ConnectionRefusedError):
+            return f"cannot connect to {attempt.url}: connection refused (is the server running?)"
+        return f"cannot connect to {attempt.url}: {detail}"
+    if kind in {"RemoteProtocolError", "ReadError", "WriteError", "CloseError"}:
+        return (
+            f"{attempt.url} closed the connection after {attempt.elapsed()} without a"
+            f" complete reply: {detail}"
+        )
+    return f"cannot reach {attempt.url} (failed after {attempt.elapsed()}): {detail}"
+
+
+def _caused_by(err: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is in ``err``'s chain of causes and contexts."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, kind):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _redact_url(url: str) -> str:

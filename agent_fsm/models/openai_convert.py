@@ -33,7 +33,7 @@ from agent_fsm.messages import (
     Usage,
     UserMessage,
 )
-from agent_fsm.models.base import ModelCallError
+from agent_fsm.models.base import ModelCallError, replayable_arguments
 from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
 
 __all__ = [
@@ -62,8 +62,9 @@ def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
     """Convert a transcript to Chat Completions ``messages``.
 
     ``ToolMessage.details`` and ``ToolMessage.status`` are never sent: the model sees only the
-    content. An assistant message with tool calls and no text is sent with ``content: null``,
-    as the API itself returns it.
+    content. Call arguments that are not a JSON object are sent as ``{}``
+    (``replayable_arguments``). An assistant message with tool calls and no text is sent with
+    ``content: null``, as the API itself returns it.
 
     Raises:
         TypeError: for an object that is not a transcript message (a programming error).
@@ -80,7 +81,10 @@ def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
                     {
                         "id": call.id,
                         "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments},
+                        "function": {
+                            "name": call.name,
+                            "arguments": replayable_arguments(call.arguments),
+                        },
                     }
                     for call in message.tool_calls
                 ]

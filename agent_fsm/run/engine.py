@@ -14,9 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
-
-import structlog
 
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.constructors import builder
@@ -32,6 +29,7 @@ from agent_fsm.events import (
     StateChanged,
     SteeringQueued,
 )
+from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage
 from agent_fsm.run.acting import act
@@ -46,24 +44,9 @@ from agent_fsm.tokens import estimate_message_tokens
 
 __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 
-_logger = structlog.get_logger("agent_fsm")
 
 _TRIGGER_NAMES = {trigger: trigger.value for trigger in Trigger}
 _state_changed = builder(StateChanged)
-
-
-def _debug_enabled(log: Any) -> bool:
-    """Whether ``log`` emits debug lines, asked once per run: the transition line is built only
-    when it will be written. Filtered out, building it still cost 6% of a turn's wall time
-    (the interpreter's call and keyword dict, which callgrind counts as 3% of instructions).
-    A logger that cannot say (a custom wrapper class) is assumed to emit, and filters itself."""
-    check = getattr(log, "is_enabled_for", None)
-    if check is None:
-        return True
-    try:
-        return bool(check(logging.DEBUG))
-    except Exception:
-        return True
 
 
 _WORK: dict[AgentState, Callable[[RunContext], Awaitable[None] | None]] = {
@@ -79,10 +62,13 @@ class Run:
     """One run of an agent. Create it with ``Agent.start``; drive it with ``step``/``run``."""
 
     def __init__(self, config: RunConfig, state: RunState, *, resumed: str | None = None) -> None:
-        log = _logger.bind(run_id=state.run_id)
+        log = get_logger("agent_fsm").bind(run_id=state.run_id)
         self._config = config
         self._state = state
-        self._debug = _debug_enabled(log)
+        # Asked once per run: the transition line is built only when it will be written.
+        # Filtered out, building it still cost 6% of a turn's wall time (the interpreter's
+        # call and keyword dict; callgrind counts 3% of instructions).
+        self._debug = is_enabled_for(log, logging.DEBUG)
         self._ctx = RunContext(
             state=state,
             config=config,

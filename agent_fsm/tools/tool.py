@@ -322,6 +322,18 @@ def _where(path: Iterable[Any]) -> str:
     return "/".join(str(p) for p in path) or "(arguments)"
 
 
+_QUOTE_CHARS = 200
+"""How much of unparseable arguments an error result quotes back to the model."""
+
+
+def _quoted(raw: str) -> str:
+    """The model's own argument text, quoted (and cut short): the history sends it back as
+    ``{}`` (``replayable_arguments``), so this result is where the model sees what it wrote."""
+    if len(raw) <= _QUOTE_CHARS:
+        return f"you sent {raw!r}"
+    return f"you sent {raw[:_QUOTE_CHARS]!r}... ({len(raw)} characters)"
+
+
 def _format_schema_errors(tool_name: str, errors: list[jsonschema.ValidationError]) -> str:
     lines = [f"Invalid arguments for tool '{tool_name}':"]
     for err in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path]):
@@ -385,14 +397,15 @@ class ToolRegistry:
         except ValueError as exc:
             return PreparedCall(
                 call, found, None,
-                f"The arguments for tool '{call.name}' are not valid JSON ({exc}). Send them "
-                "as one JSON object that matches the tool's schema.",
+                f"The arguments for tool '{call.name}' are not valid JSON ({exc}): "
+                f"{_quoted(call.arguments)}. Send them as one JSON object that matches the "
+                "tool's schema.",
             )  # fmt: skip
         if not isinstance(arguments, dict):
             return PreparedCall(
                 call, found, None,
                 f"The arguments for tool '{call.name}' must be a JSON object, "
-                f"not {type(arguments).__name__}.",
+                f"not {type(arguments).__name__}: {_quoted(call.arguments)}.",
             )  # fmt: skip
         fast = found.fast_check
         if fast is None or not fast(arguments):

@@ -1,0 +1,64 @@
+"""Where agent_fsm's log lines go: the application decides, and a library is silent until it
+does.
+
+An application that configures structlog gets agent_fsm's events through its own structlog
+configuration (``structlog.configure`` was called: ``structlog.is_configured()``). Otherwise
+they go to the standard ``logging`` logger of the module that wrote them (``agent_fsm`` and
+below), rendered as ``event key=value ...``: unconfigured, Python's logging shows warnings
+and worse on stderr and nothing else, so the program's own output stays its own. Structlog's
+unconfigured default, by contrast, prints every level to stdout.
+
+Decided when a logger is asked for (each run asks once), so configuring logging after
+importing agent_fsm works.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import structlog
+
+__all__ = ["get_logger", "is_enabled_for"]
+
+_LOGFMT = structlog.processors.LogfmtRenderer(bool_as_flag=False)
+
+
+def _render(logger: Any, method_name: str, event_dict: Any) -> tuple[tuple[str], dict[str, Any]]:
+    """``event key=value ...`` as the message; a traceback is left to the handler
+    (``exc_info``), which formats it as logging always does."""
+    exc_info = event_dict.pop("exc_info", None)
+    event = event_dict.pop("event", "")
+    fields = _LOGFMT(logger, method_name, event_dict)
+    return (f"{event} {fields}" if fields else str(event),), (
+        {"exc_info": exc_info} if exc_info else {}
+    )
+
+
+_STDLIB_PROCESSORS: list[Any] = [structlog.stdlib.filter_by_level, _render]
+"""For the standard-logging route: drop what the logger's level filters out before any work,
+then render one line per event (the handler adds time and level)."""
+
+
+def get_logger(name: str) -> Any:
+    """A structlog logger for ``name``: the application's structlog configuration if it has
+    one, else one writing to ``logging.getLogger(name)``."""
+    if structlog.is_configured():
+        return structlog.get_logger(name)
+    return structlog.wrap_logger(
+        logging.getLogger(name),
+        processors=_STDLIB_PROCESSORS,
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )
+
+
+def is_enabled_for(log: Any, level: int) -> bool:
+    """Whether ``log`` writes lines of ``level``; True when it cannot say (a custom wrapper
+    class filters for itself)."""
+    check = getattr(log, "is_enabled_for", None) or getattr(log, "isEnabledFor", None)
+    if check is None:
+        return True
+    try:
+        return bool(check(level))
+    except Exception:
+        return True

@@ -1,0 +1,154 @@
+"""An OpenAI-compatible HTTP server on 127.0.0.1 that misbehaves the way real ones do.
+
+Built on asyncio streams (stdlib), so the SDK under test talks real HTTP/1.1 over a real
+socket. Each request takes the next queued behaviour: a JSON reply, an SSE stream, a stream
+that breaks off, a connection dropped without a reply, or a stall. Like llama.cpp's
+``llama-server``, it can refuse a history whose tool-call arguments are not JSON
+(``check_arguments``), answering HTTP 500 as that server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tests.openai_payloads import api_error, sse
+
+Behaviour = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+ARGUMENTS_ERROR = "Failed to parse tool call arguments as JSON"
+
+
+def _head(status: int, headers: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {status} X", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+    return "\r\n".join(lines).encode()
+
+
+class LocalServer:
+    """``async with LocalServer() as base_url``: serves until the block ends."""
+
+    def __init__(self, *, check_arguments: bool = False) -> None:
+        self.behaviours: deque[Behaviour] = deque()
+        self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.check_arguments = check_arguments
+        self._server: asyncio.Server | None = None
+        self._stalled = asyncio.Event()
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._stalled.set()
+        self._server.close()
+        await self._server.wait_closed()
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [body for _, body in self.seen]
+
+    # ------------------------------------------------------------------ behaviours
+
+    def reply(self, payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+
+        async def send(writer: asyncio.StreamWriter) -> None:
+            head = {"content-type": "application/json", "content-length": str(len(data))}
+            writer.write(_head(status, {**head, **(headers or {})}) + data)
+
+        self.behaviours.append(send)
+
+    def stream(self, events: list[dict[str, Any]], *, done: bool = True) -> None:
+        self._stream(sse(events, done=done))
+
+    def stream_then_reset(self, events: list[dict[str, Any]]) -> None:
+        """Send the first events of a stream, then drop the connection (a server dying)."""
+        self._stream(sse(events, done=False), reset=True)
+
+    def reset(self) -> None:
+        """Read the request, then close the connection without a byte of reply."""
+
+        async def close(writer: asyncio.StreamWriter) -> None:
+            transport = writer.transport
+            assert isinstance(transport, asyncio.Transport)
+            transport.abort()
+
+        self.behaviours.append(close)
+
+    def stall(self) -> None:
+        """Read the request and never answer (until the server is closed)."""
+
+        async def wait(writer: asyncio.StreamWriter) -> None:
+            await self._stalled.wait()
+
+        self.behaviours.append(wait)
+
+    def _stream(self, body: bytes, *, reset: bool = False) -> None:
+        async def send(writer: asyncio.StreamWriter) -> None:
+            head = {"content-type": "text/event-stream", "transfer-encoding": "chunked"}
+            writer.write(_head(200, head))
+            writer.write(f"{len(body):x}\r\n".encode() + body + b"\r\n")
+            await writer.drain()
+            if reset:
+                transport = writer.transport
+                assert isinstance(transport, asyncio.Transport)
+                transport.abort()
+                return
+            writer.write(b"0\r\n\r\n")
+
+        self.behaviours.append(send)
+
+    # ------------------------------------------------------------------ serving
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:  # keep-alive: the SDK reuses its connection
+                try:
+                    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+                    return  # the client went away, or the test's event loop is ending
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (line.partition(":") for line in head[1:])
+                }
+                body = json.loads(await reader.readexactly(int(headers.get("content-length", "0"))))
+                self.seen.append((headers, body))
+                if self.check_arguments and _unparseable_arguments(body):
+                    self.reply(api_error(ARGUMENTS_ERROR, type_="server_error"), status=500)
+                    behaviour = self.behaviours.pop()
+                elif self.behaviours:
+                    behaviour = self.behaviours.popleft()
+                else:
+                    self.reply(api_error("no reply queued", type_="server_error"), status=500)
+                    behaviour = self.behaviours.pop()
+                await behaviour(writer)
+                if writer.transport.is_closing():
+                    return
+                await writer.drain()
+        finally:
+            writer.close()
+
+
+def _unparseable_arguments(body: dict[str, Any]) -> bool:
+    for message in body.get("messages", []):
+        for call in message.get("tool_calls") or []:
+            try:
+                json.loads(call["function"]["arguments"])
+            except ValueError:
+                return True
+    return False
+
+
+def refused_url() -> str:
+    """A base URL on 127.0.0.1 where nothing listens (the port was just free)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
