@@ -21,14 +21,15 @@ class Limits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_turns: int = Field(default=20, ge=1)
-    """Most model calls a run may make, retries included. Bounds every run."""
+    """Most turns (model calls that are not retries) a run may make. Bounds every run,
+    together with ``model_retries_per_run``."""
     token_budget: int = Field(default=200_000, ge=1)
     """Most tokens (input + output, summed over all model calls) a run may spend. Checked
     before each call against an estimate of the prompt, and after it against reported usage,
     so it is overshot by at most the one call in flight."""
     max_consecutive_errors: int = Field(default=3, ge=1)
-    """Failed model calls, or turns whose tool calls all failed, in a row before the run
-    stops. A successful tool call resets the count."""
+    """Turns whose tool calls all failed, in a row, before the run stops. A successful tool
+    call resets the count. (Failed model calls have their own bound: ``model_retries``.)"""
     timeout_s: float = Field(default=600.0, gt=0)
     """Wall-clock seconds a run may take, checked at every REFLECT."""
     tool_timeout_s: float = Field(default=60.0, gt=0)
@@ -44,6 +45,19 @@ class Limits(BaseModel):
     tool_max_retries: int = Field(default=2, ge=0)
     """Retries of an idempotent tool call that failed with a transient error (its tool's
     ``retry_on``); ``Tool(max_retries=...)`` overrides it. Other tools are never retried."""
+    model_retries: int = Field(default=6, ge=0)
+    """Retries of one model call that failed with a transient error (unreachable server,
+    dropped connection, timeout, 429, 5xx, a garbled reply) before the run stops with
+    ``model_error``. A retry is no turn: ``max_turns`` counts real turns."""
+    model_retries_per_run: int = Field(default=12, ge=0)
+    """Retries of failed model calls in the whole run, every turn and resume together; with
+    ``max_turns`` it bounds the model calls of a run (``Agent.bound``)."""
+    retry_wait_s: float = Field(default=30.0, ge=0)
+    """Most seconds one turn spends waiting between retries of its model call: a brief
+    outage is ridden out, a long one ends the run. A retry whose backoff would pass it is
+    not made."""
+    retry_after_max_s: float = Field(default=30.0, ge=0)
+    """Longest wait a server's ``Retry-After`` can ask for; a longer one is cut to this."""
     retry_backoff_s: float = Field(default=0.5, ge=0)
     """First delay before retrying a failed model call or an idempotent tool call; doubles on
     each retry, with jitter."""
@@ -85,6 +99,15 @@ class Limits(BaseModel):
             if wrong:
                 raise ValueError(f"{', '.join(wrong)} must be a number, not True or False")
         return data
+
+    def model_backoff_ceiling_s(self, retry: int, retry_after_s: float | None) -> float:
+        """The longest pause before model retry number ``retry`` (1-based): the backoff's
+        ceiling (``retry_backoff_s`` doubled per retry, at most ``retry_backoff_max_s``), or
+        the server's ``Retry-After`` (at most ``retry_after_max_s``) when that is longer. The
+        pause taken is jittered below the backoff's ceiling, but never shorter than the
+        capped Retry-After, so it never exceeds this."""
+        backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2.0 ** (retry - 1))
+        return max(backoff, min(retry_after_s or 0.0, self.retry_after_max_s))
 
     @model_validator(mode="after")
     def _backoff_order(self) -> Limits:

@@ -162,7 +162,13 @@ class RunState:
     state: AgentState = _declared(L.RUN, "loop.machine", AgentState.OBSERVE)
     """Where the run is; moved only by the machine, when a row is taken."""
     turns: int = _declared(L.RUN, "run.thinking", 0)
-    """Model calls made so far, retries included, over every activation."""
+    """Turns so far (model calls that were not retries), over every activation."""
+    retries: int = _declared(L.RUN, "run.thinking", 0)
+    """Retries of failed model calls so far, over every activation."""
+    turn_retries: int = _declared(L.RUN, "run.thinking", 0)
+    """Retries of the current turn's model call."""
+    turn_retry_wait_s: float = _declared(L.RUN, "run.thinking", 0.0)
+    """Seconds the current turn has waited before its retries."""
     usage: Usage = _declared(L.RUN, "run.thinking", factory=Usage)
     messages: list[Message] = _declared(
         L.RUN, "run.context durable.checkpoint durable.sqlite", factory=list
@@ -180,7 +186,7 @@ class RunState:
     tools_tokens_estimate: int = _declared(L.RUN, "", 0)
     """Estimate of the tool definitions' size in tokens, sent with every request."""
     consecutive_errors: int = _declared(L.STOP, "run.context", 0)
-    """Failed model calls and all-failed tool turns in a row (``RunContext.count_turn``)."""
+    """All-failed tool turns in a row (``RunContext.count_failure``)."""
     last_finish_reason: FinishReason | None = _declared(L.STOP, "run.thinking", None)
     last_tool_calls: int = _declared(L.STOP, "run.thinking run.outcome", 0)
     """Tool calls in the last reply (0 once they are answered by the end of the run)."""
@@ -312,6 +318,7 @@ class RunResult(BaseModel):
     error: str | None = None
     """For failed runs, what went wrong (for example the model's error message)."""
     turns: int
+    """Turns taken: model calls that were not retries."""
     usage: Usage
     messages: tuple[Message, ...]
     trace: tuple[TraceEntry, ...]
@@ -319,6 +326,8 @@ class RunResult(BaseModel):
     """The open ask_user question or approval request, when status is needs_input."""
     resumed_at: tuple[int, ...] = ()
     """Trace positions where the run was resumed (see ``RunState.resumed_at``)."""
+    retries: int = 0
+    """Retries of failed model calls (``turns + retries`` model calls in all)."""
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """A summary, not the whole transcript: a result is repr'd by debuggers, logs and
@@ -377,4 +386,5 @@ class RunResult(BaseModel):
             trace=tuple(trace),
             pending=state.control if status is RunStatus.NEEDS_INPUT else None,
             resumed_at=tuple(state.resumed_at),
+            retries=state.retries,
         )

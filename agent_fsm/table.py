@@ -29,6 +29,7 @@ __all__ = [
     "TRIGGER_FOR_STATE",
     "RESUME_TRIGGER",
     "STOP_GUARDS",
+    "RETRY_BUDGET_GUARD",
     "TURN_BUDGET_GUARD",
     "TURN_STATE",
     "AgentState",
@@ -140,10 +141,15 @@ INITIAL_STATE = S.OBSERVE
 TERMINAL_STATES = frozenset({S.DONE, S.ERROR})
 
 TURN_STATE = S.THINK
-"""Entering this state makes one model call: every row into it counts one turn."""
+"""Entering this state makes one model call: a row into it counts one turn, or one retry
+when its outcome is ``Verb.RETRY``."""
 
 TURN_BUDGET_GUARD = "no_turns_left"
-"""The guard that is true when no model call remains; it gates every cycle of the loop."""
+"""The guard that is true when no turn remains; it gates every cycle of the loop."""
+
+RETRY_BUDGET_GUARD = "no_retries_left"
+"""The guard that is true when a failed model call may not be retried; it gates every retry
+row, and is true at least whenever the run's retries (``model_retries_per_run``) are used."""
 
 RESUME_TRIGGER = T.RESUMED
 """The trigger of the resume rows: fired only on a stopped run, by ``Agent.resume``."""
@@ -185,8 +191,7 @@ TABLE: tuple[Row, ...] = (
         ("model_call_failed", "model_error_is_permanent"),
         R.MODEL_ERROR,
     ),
-    Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "too_many_errors"), R.MODEL_ERROR),
-    Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "no_turns_left"), R.MAX_TURNS),
+    Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "no_retries_left"), R.MODEL_ERROR),
     Row(
         T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "prompt_exceeds_budget"), R.TOKEN_BUDGET
     ),

@@ -93,7 +93,7 @@ def test_diagram_with_a_trace_overlays_the_run(
     out = capsys.readouterr().out
     assert out == render(TABLE, "mermaid", run=read_run(path))
     assert "OBSERVE --> THINK : observed #4 [else] think ×4" in out
-    assert "THINK --> ACT : thought #9 [reply_has_tool_calls] act ×3" in out
+    assert "THINK --> ACT : thought #8 [reply_has_tool_calls] act ×3" in out
     assert "class DONE stopped_ok" in out
     assert "note right of DONE : stopped﹕ final_answer, 4 turns" in out
     # the format follows the output file's suffix
@@ -131,7 +131,7 @@ def test_replay_of_a_failed_run_exits_1(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["replay", str(path)]) == 1
     out = capsys.readouterr().out
     assert "[turn 2] REFLECT → ERROR   guard: no_turns_left" in out
-    assert live.error == "all 2 model calls used"
+    assert live.error == "all 2 turns used"
     assert f"error: {live.error}\n" in out  # replay shows the live run's own error text
     assert "status:       failed" in out
 
@@ -315,7 +315,7 @@ def test_runs_lists_a_store_shows_a_run_and_draws_its_path(
 
     assert main(["diagram", "--run", run_id, "--store", db]) == 0
     drawn = capsys.readouterr().out
-    assert "THINK --> ACT : thought #9 [reply_has_tool_calls] act ×3" in drawn
+    assert "THINK --> ACT : thought #8 [reply_has_tool_calls] act ×3" in drawn
     assert f"stopped﹕ final_answer, 4 turns (run {run_id[:12]})" in drawn
 
 

@@ -43,15 +43,14 @@ stateDiagram-v2
     THINK --> ERROR : thought #1 [abort_requested] aborted
     THINK --> ERROR : thought #2 [model_call_failed ∧ time_is_up] timeout
     THINK --> ERROR : thought #3 [model_call_failed ∧ model_error_is_permanent] model_error
-    THINK --> ERROR : thought #4 [model_call_failed ∧ too_many_errors] model_error
-    THINK --> ERROR : thought #5 [model_call_failed ∧ no_turns_left] max_turns
-    THINK --> ERROR : thought #6 [model_call_failed ∧ prompt_exceeds_budget] token_budget
-    THINK --> THINK : thought #7 [model_call_failed] retry
-    THINK --> ERROR : thought #8 [reply_was_filtered] content_filter
-    THINK --> ACT : thought #9 [reply_has_tool_calls] act
-    THINK --> REFLECT : thought #10 [input_waiting] follow_up
-    THINK --> DONE : thought #11 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #12 [else] final_answer
+    THINK --> ERROR : thought #4 [model_call_failed ∧ no_retries_left] model_error
+    THINK --> ERROR : thought #5 [model_call_failed ∧ prompt_exceeds_budget] token_budget
+    THINK --> THINK : thought #6 [model_call_failed] retry
+    THINK --> ERROR : thought #7 [reply_was_filtered] content_filter
+    THINK --> ACT : thought #8 [reply_has_tool_calls] act
+    THINK --> REFLECT : thought #9 [input_waiting] follow_up
+    THINK --> DONE : thought #10 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #11 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
@@ -140,11 +139,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    OBSERVE --> THINK : observed #4 [else] think ×3\n" in mermaid
-    assert "    THINK --> ACT : thought #9 [reply_has_tool_calls] act ×2\n" in mermaid
+    assert "    THINK --> ACT : thought #8 [reply_has_tool_calls] act ×2\n" in mermaid
     assert "    REFLECT --> OBSERVE : reflected #11 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #12 [else] final_answer ×1\n" in mermaid
+    assert "    THINK --> DONE : thought #11 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #11 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #10 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -165,7 +164,7 @@ def test_dot_overlay_colours_and_counts() -> None:
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #11')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #10')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot

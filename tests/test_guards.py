@@ -92,24 +92,26 @@ def test_permanent_model_error_ends_at_once() -> None:
 
 def test_transient_model_errors_are_retried_then_stop() -> None:
     agent, model = make_agent(
-        [ModelCallError("503"), TimeoutError("slow"), "recovered"], max_consecutive_errors=3
+        [ModelCallError("503"), TimeoutError("slow"), "recovered"], model_retries=2
     )
     result = agent.run_sync("go")
     assert result.stop_reason is StopReason.FINAL_ANSWER
-    assert result.turns == 3
+    assert (result.turns, result.retries) == (1, 2)
     assert [t.label for t in result.trace].count("retry") == 2
 
-    agent, model = make_agent([ModelCallError("503")] * 5, max_consecutive_errors=3)
+    agent, model = make_agent([ModelCallError("503")] * 5, model_retries=2)
     result = agent.run_sync("go")
     assert result.stop_reason is StopReason.MODEL_ERROR
     assert len(model.requests) == 3
 
 
-def test_retry_with_no_turn_left_is_max_turns() -> None:
-    agent, _ = make_agent([ModelCallError("503")] * 5, max_turns=2, max_consecutive_errors=5)
+def test_a_retry_takes_no_turn() -> None:
+    """With one turn left, a failed call is still retried: max_turns counts real turns, and
+    retries have their own bound."""
+    agent, model = make_agent([ModelCallError("503")] * 3 + ["ok"], max_turns=1, model_retries=5)
     result = agent.run_sync("go")
-    assert result.stop_reason is StopReason.MAX_TURNS
-    assert result.turns == 2
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "ok")
+    assert (result.turns, result.retries, len(model.requests)) == (1, 3, 4)
 
 
 def test_backoff_honours_retry_after_and_grows() -> None:
@@ -247,7 +249,7 @@ def test_model_returning_garbage_is_a_recoverable_error() -> None:
     result = agent.run_sync("go")
     assert result.stop_reason is StopReason.FINAL_ANSWER
     assert result.output == "fine"
-    assert result.turns == 3
+    assert (result.turns, result.retries) == (1, 2)
     assert len(result.messages) == 2  # the user message and the one good reply
 
 
@@ -255,4 +257,4 @@ def test_empty_reply_is_retried() -> None:
     agent, _ = make_agent([reply(""), reply(""), "third time"])
     result = agent.run_sync("go")
     assert result.output == "third time"
-    assert result.turns == 3
+    assert (result.turns, result.retries) == (1, 2)

@@ -94,7 +94,7 @@ def test_a_changed_table_fails_the_replay(recorded: Path) -> None:
     rows.insert(next(i for i, r in enumerate(rows) if r.label == "continue"), finish)
     with pytest.raises(ReplayMismatch, match="finish_task"):
         assert_replays(
-            _agent(table=tuple(rows), limits=LIMITS.model_copy(update={"max_turns": 5})), recorded
+            _agent(table=tuple(rows), limits=LIMITS.model_copy(update={"max_turns": 4})), recorded
         )
 
 

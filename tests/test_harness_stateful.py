@@ -48,7 +48,13 @@ def _agent(table: tuple[Row, ...] | None = None, *, max_turns: int = 5) -> Agent
         model=ScriptedModel([]),
         tools=[echo, add, delete],
         table=table if table is not None else TABLE,
-        limits=Limits(max_turns=max_turns, retry_backoff_s=0, retry_backoff_max_s=0),
+        limits=Limits(
+            max_turns=max_turns,
+            model_retries=2,
+            model_retries_per_run=3,
+            retry_backoff_s=0,
+            retry_backoff_max_s=0,
+        ),
     )
 
 

@@ -299,7 +299,7 @@ async def test_max_turns_counts_every_activation() -> None:
     _, done, _ = await _ask_user_run()
     assert done.turns == 4
     check_invariants(done, limits=limits(max_turns=4))
-    with pytest.raises(InvariantViolation, match="4 model calls exceed max_turns=3"):
+    with pytest.raises(InvariantViolation, match="4 turns exceed max_turns=3"):
         check_invariants(done, limits=limits(max_turns=3))
 
 
@@ -373,5 +373,5 @@ async def test_state_problems_between_steps() -> None:
     acting.trace[-1] = (next(i for i, r in enumerate(rows) if r.label == "act"), 3)
     acting.turns = 4
     found = state_problems(acting, rows, limits=agent.limits, bound=agent.bound)
-    assert "4 model calls exceed max_turns=3" in found
+    assert "4 turns exceed max_turns=3" in found
     assert "the run is about to act, but its last message is no tool call" in found

@@ -14,7 +14,7 @@ from agent_fsm import ConfigError, Limits
 from agent_fsm.loop import machine as machine_module
 from agent_fsm.loop.guards import GUARDS
 from agent_fsm.loop.machine import AgentMachine
-from agent_fsm.loop.verify import verify_table
+from agent_fsm.loop.verify import termination_bound, verify_table
 from agent_fsm.messages import FinishReason, Usage
 from agent_fsm.state import ControlKind, ControlRequest, ModelFailure, RunState
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger, Verb
@@ -53,8 +53,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("abort_requested",), "aborted"),
         (("model_call_failed", "time_is_up"), "timeout"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
-        (("model_call_failed", "too_many_errors"), "model_error"),
-        (("model_call_failed", "no_turns_left"), "max_turns"),
+        (("model_call_failed", "no_retries_left"), "model_error"),
         (("model_call_failed", "prompt_exceeds_budget"), "token_budget"),
         (("model_call_failed",), "retry"),
         (("reply_was_filtered",), "content_filter"),
@@ -80,10 +79,10 @@ def test_every_table_guard_is_a_named_pure_function() -> None:
 def test_default_bound() -> None:
     machine = AgentMachine()
     bound = machine.bound(Limits(max_turns=10))
-    assert bound.model_calls == 10
-    assert bound.transitions == 41
-    assert bound.formula == "4·max_turns + 1"
-    assert machine.bound(Limits(max_turns=1)).transitions == 5
+    assert bound.model_calls == 10 + 12  # max_turns + model_retries_per_run
+    assert bound.transitions == 4 * 22 + 1
+    assert bound.formula == "4·(max_turns + model_retries_per_run) + 1"
+    assert machine.bound(Limits(max_turns=1, model_retries_per_run=0)).transitions == 5
 
 
 def _replace(index: int, **changes: object) -> tuple[Row, ...]:
@@ -118,10 +117,37 @@ def test_ungated_model_call_is_rejected() -> None:
     verify_table(tuple(r for r in without(S.OBSERVE) if not r.resumes))
 
 
-def test_retry_without_turn_gate_is_rejected() -> None:
-    rows = tuple(r for r in TABLE if not (r.source is S.THINK and r.label == "max_turns"))
-    with pytest.raises(ConfigError, match=r"THINK --thought \[model_call_failed\]--> THINK"):
+def test_retry_without_its_budget_gate_is_rejected() -> None:
+    """A retry is no turn, so the turn budget does not bound it: its own budget must."""
+    rows = tuple(r for r in TABLE if not (r.source is S.THINK and "no_retries_left" in r.guards))
+    with pytest.raises(
+        ConfigError,
+        match=r"THINK --thought \[model_call_failed\]--> THINK retry\) retries a model call "
+        r"without .*'no_retries_left'",
+    ):
         verify_table(rows)
+    # A gate on the turn budget does not stand in for it.
+    gated_by_turns = tuple(
+        dataclasses.replace(
+            r, guards=("model_call_failed", "no_turns_left"), outcome=StopReason.MAX_TURNS
+        )
+        if r.source is S.THINK and "no_retries_left" in r.guards
+        else r
+        for r in TABLE
+    )
+    with pytest.raises(ConfigError, match="retries a model call without"):
+        verify_table(gated_by_turns)
+
+
+def test_a_table_without_retries_is_bounded_by_max_turns_alone() -> None:
+    rows = tuple(
+        r
+        for r in TABLE
+        if not (r.source is S.THINK and ("no_retries_left" in r.guards or r.label == "retry"))
+    )
+    verify_table(rows)
+    bound = termination_bound(rows, Limits(max_turns=10))
+    assert (bound.model_calls, bound.formula) == (10, "4·max_turns + 1")
 
 
 def test_state_that_cannot_terminate_is_rejected() -> None:
@@ -237,10 +263,10 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     state = RunState(run_id="in-order", state=S.THINK, turns=1, last_tool_calls=1)
     assert machine.fire(machine.handle(state, Limits())).label == "act"
     leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
-    assert leading.count("model_call_failed") == 6
+    assert leading.count("model_call_failed") == 5
     assert asked == [
         "abort_requested",
-        *["model_call_failed"] * 6,
+        *["model_call_failed"] * 5,
         "reply_was_filtered",
         "reply_has_tool_calls",
     ]

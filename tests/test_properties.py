@@ -38,7 +38,9 @@ def _run(behaviour: Behaviour, run_limits: Limits, tick: float) -> None:
     result = asyncio.run(run.run())
 
     check_invariants(result, limits=run_limits, bound=agent.bound, events=recorder)
-    assert len(model.requests) == result.turns <= run_limits.max_turns
+    assert len(model.requests) == result.turns + result.retries
+    assert result.turns <= run_limits.max_turns
+    assert result.retries <= run_limits.model_retries_per_run
     assert result.usage.requests == sum(1 for e in recorder if e.kind == "model_responded")
     assert recorder.kinds().count("run_finished") == 1
     assert recorder[-1].kind == "run_finished"

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from agent_fsm import Agent, RunStatus, StopReason, tool
+from agent_fsm import Agent, AgentState, Limits, RunStatus, StopReason, tool
 from agent_fsm.errors import ConfigError
+from agent_fsm.events import ModelFailed
 from agent_fsm.messages import (
     AssistantMessage,
     ModelRequest,
@@ -22,6 +23,7 @@ from agent_fsm.messages import (
 )
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.models.openai_chat import OpenAIChatModel
+from agent_fsm.testing import ScriptedModel, call, reply
 from tests.local_server import ARGUMENTS_ERROR, LocalServer, refused_url
 from tests.openai_payloads import api_error, chunks_for, completion, tool_call
 
@@ -227,3 +229,100 @@ def test_every_wrong_setting_is_named_at_once() -> None:
         OpenAIChatModel(MODEL, api_key="sk-local", temprature=0.2, top_k=40)
     assert "'temprature'" in str(refused.value)
     assert "'top_k'" in str(refused.value)
+
+
+# --------------------------------------------------------------------------- outages (point 2)
+
+
+class Sleeps:
+    """The agent's backoff sleep: records each pause instead of taking it."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def _retrying_agent(base_url: str, sleeps: Sleeps, **limits: Any) -> Agent:
+    model = OpenAIChatModel(MODEL, base_url=base_url, api_key="sk-local")
+    return Agent(model=model, tools=[get_weather], sleep=sleeps, limits=Limits(**limits))
+
+
+async def test_an_outage_is_retried_within_its_own_bound_and_uses_no_turns() -> None:
+    sleeps = Sleeps()
+    agent = _retrying_agent(refused_url(), sleeps, max_turns=3, model_retries=4)
+    failures: list[ModelFailed] = []
+    agent = agent.subscribe(lambda event: isinstance(event, ModelFailed) and failures.append(event))
+    async with agent.model:  # type: ignore[attr-defined]
+        result = await agent.run("Weather?")
+    assert (result.final_state, result.stop_reason) == (AgentState.ERROR, StopReason.MODEL_ERROR)
+    assert len(failures) == 5  # the call and its 4 retries
+    assert len(sleeps.delays) == 4
+    assert result.turns == 1  # retries are not turns
+    assert result.error is not None
+    assert result.error.startswith("the model call failed 5 times in a row (4 retries, ")
+    assert "connection refused" in result.error
+    assert [entry.label for entry in result.trace] == ["think", *["retry"] * 4, "model_error"]
+
+
+async def test_a_brief_outage_is_ridden_out() -> None:
+    sleeps = Sleeps()
+    server = LocalServer()
+    async with server as url:
+        server.reply(api_error("overloaded", type_="server_error"), 503)
+        server.reset()
+        server.reply(completion("Sunny."))
+        agent = _retrying_agent(url, sleeps, max_turns=1)
+        async with agent.model:  # type: ignore[attr-defined]
+            result = await agent.run("Weather?")
+    assert (result.status, result.output, result.turns) == (RunStatus.COMPLETED, "Sunny.", 1)
+    assert [entry.label for entry in result.trace] == ["think", "retry", "retry", "final_answer"]
+
+
+async def test_retry_after_is_honoured_up_to_its_cap() -> None:
+    sleeps = Sleeps()
+    server = LocalServer()
+    async with server as url:
+        server.reply(api_error("slow down", type_="requests"), 429, {"retry-after": "2"})
+        server.reply(api_error("slow down", type_="requests"), 429, {"retry-after": "600"})
+        server.reply(completion("Sunny."))
+        agent = _retrying_agent(url, sleeps, retry_after_max_s=10, retry_wait_s=60)
+        async with agent.model:  # type: ignore[attr-defined]
+            result = await agent.run("Weather?")
+    assert result.output == "Sunny."
+    assert sleeps.delays[0] >= 2.0  # never sooner than the server asked
+    assert sleeps.delays[1] == 10.0  # a longer Retry-After is capped
+
+
+async def test_the_wait_of_one_turn_is_bounded_whatever_the_jitter() -> None:
+    sleeps = Sleeps()
+    agent = _retrying_agent(
+        refused_url(),
+        sleeps,
+        model_retries=10,
+        retry_backoff_s=1.0,
+        retry_backoff_max_s=8.0,
+        retry_wait_s=3.0,
+    )
+    async with agent.model:  # type: ignore[attr-defined]
+        result = await agent.run("Weather?")
+    # Backoff ceilings 1 s, 2 s, then 4 s, which no longer fits in 3 s: two retries.
+    assert len(sleeps.delays) == 2
+    assert sum(sleeps.delays) <= 3.0
+    assert result.stop_reason is StopReason.MODEL_ERROR
+    assert result.error is not None
+    assert "3 times in a row" in result.error
+
+
+def test_retries_are_bounded_per_run_and_counted_in_the_termination_bound() -> None:
+    outage = ModelCallError("503 overloaded", transient=True)
+    script = [outage, reply("", call("get_weather", city="Oslo")), outage, outage, "Sunny."]
+    limits = Limits(max_turns=5, model_retries=5, model_retries_per_run=2)
+    agent = Agent(model=ScriptedModel(script), tools=[get_weather], limits=limits, sleep=Sleeps())
+    result = agent.run_sync("Weather?")
+    assert result.stop_reason is StopReason.MODEL_ERROR
+    assert result.error is not None
+    assert "2 retries in the run, the most allowed" in result.error
+    assert agent.bound.model_calls == 5 + 2
+    assert "max_turns + model_retries_per_run" in agent.bound.formula

@@ -77,7 +77,7 @@ def test_a_resume_row_must_name_one_stop_and_stay_in_the_loop() -> None:
 
 
 def test_the_bound_counts_what_each_resume_may_add() -> None:
-    bound = termination_bound(TABLE, Limits(max_turns=10))
+    bound = termination_bound(TABLE, Limits(max_turns=10, model_retries_per_run=0))
     assert (bound.transitions, bound.per_resume) == (41, 4)
     assert bound.with_resumes(3) == 41 + 12
     # without the resume into ACT, a resume enters OBSERVE only: the row, then at most
@@ -113,7 +113,7 @@ def test_the_machine_fires_the_resume_row_as_a_traced_step() -> None:
 def _outage_agent(*script: object) -> Agent:
     return Agent(
         model=ScriptedModel(list(script)),  # type: ignore[arg-type]
-        limits=Limits(max_consecutive_errors=2, retry_backoff_s=0, retry_backoff_max_s=0),
+        limits=Limits(model_retries=1, retry_backoff_s=0, retry_backoff_max_s=0),
         sleep=_no_sleep,
     )
 
@@ -128,7 +128,7 @@ def test_a_run_stopped_by_a_transient_model_failure_recovers_on_resume() -> None
     assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "Back again.")
     recovered = result.trace[len(failed.trace)]
     assert (recovered.source, recovered.dest, recovered.label) == (S.ERROR, S.OBSERVE, "recover")
-    assert result.turns == 3
+    assert (result.turns, result.retries) == (2, 1)  # the recovery is a new turn
     check_invariants(result, limits=agent.limits, bound=agent.bound)
 
 

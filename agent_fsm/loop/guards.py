@@ -42,13 +42,27 @@ def model_error_is_permanent(state: RunState, limits: Limits) -> bool:
 
 
 def too_many_errors(state: RunState, limits: Limits) -> bool:
-    """Consecutive failures (model calls, or turns whose tool calls all failed) hit the limit."""
+    """Turns whose tool calls all failed, in a row, hit the limit."""
     return state.consecutive_errors >= limits.max_consecutive_errors
 
 
 def no_turns_left(state: RunState, limits: Limits) -> bool:
-    """Every allowed model call has been made."""
+    """Every allowed turn has been taken."""
     return state.turns >= limits.max_turns
+
+
+def no_retries_left(state: RunState, limits: Limits) -> bool:
+    """The failed model call may not be retried: the run's retries or this turn's are used
+    up, or the next backoff would take this turn's wait past ``retry_wait_s``."""
+    if state.retries >= limits.model_retries_per_run:
+        return True
+    if state.turn_retries >= limits.model_retries:
+        return True
+    failure = state.model_failure
+    ceiling = limits.model_backoff_ceiling_s(
+        state.turn_retries + 1, failure.retry_after_s if failure else None
+    )
+    return state.turn_retry_wait_s + ceiling > limits.retry_wait_s
 
 
 def reply_was_filtered(state: RunState, limits: Limits) -> bool:
@@ -158,6 +172,7 @@ GUARDS: dict[str, Guard] = {
         model_error_is_permanent,
         too_many_errors,
         no_turns_left,
+        no_retries_left,
         reply_was_filtered,
         reply_has_tool_calls,
         input_waiting,

@@ -9,9 +9,12 @@ proof applies whatever executes the table. ``verify_table`` proves that every ru
 3. every cycle passes through a *turn-counting* row (a row into THINK, which makes one model
    call), i.e. the graph without those rows is acyclic;
 4. between two model calls the run always passes a row *gated by the turn budget*: a row R is
-   gated when an earlier row of its group leads to a terminal state on the guards
-   ``{no_turns_left} ∪ S`` with ``S ⊆ guards(R)``: whenever R could fire with no turn left,
-   that earlier row fires instead. Hence model calls ≤ max_turns.
+   gated by a budget guard g when an earlier row of its group leads to a terminal state on
+   the guards ``{g} ∪ S`` with ``S ⊆ guards(R)``: whenever R could fire with the budget
+   spent, that earlier row fires instead. Hence turns ≤ max_turns. A *retry* row (outcome
+   ``Verb.RETRY``) counts a retry, not a turn: it must itself be gated by the retry budget
+   (``no_retries_left``), so retries ≤ model_retries_per_run, and model calls ≤ max_turns +
+   model_retries_per_run.
 
 Resume rows (trigger ``resumed``) leave DONE or ERROR for a loop state, each naming exactly
 one of the stop guards (``table.STOP_GUARDS``); they need no "else" row (a stop no row leaves
@@ -22,7 +25,8 @@ be used already when a run is resumed), and each resume adds a bounded number of
 From 3 and 4 the bound on transitions follows: with ``a`` the longest count-free path from the
 initial state to a counting row, ``b`` from THINK back to one, ``c`` from THINK to a terminal
 and ``z`` from the initial state to a terminal, a run takes at most
-``max(z, a + M + (M-1)·b + c)`` transitions for ``M = max_turns``; each resume into state
+``max(z, a + M + (M-1)·b + c)`` transitions for ``M`` model calls (``max_turns``, plus
+``model_retries_per_run`` when the table retries); each resume into state
 ``e`` adds at most ``1 + max(a_e + c - b, z_e)`` (``TerminationBound.per_resume``), since the
 model calls of every activation together stay within ``M``.
 """
@@ -39,6 +43,7 @@ from agent_fsm.loop.guards import GUARDS, Guard
 from agent_fsm.table import (
     INITIAL_STATE,
     RESUME_TRIGGER,
+    RETRY_BUDGET_GUARD,
     STOP_GUARDS,
     TERMINAL_STATES,
     TRIGGER_FOR_STATE,
@@ -47,6 +52,7 @@ from agent_fsm.table import (
     AgentState,
     Row,
     StopReason,
+    Verb,
 )
 
 __all__ = ["TerminationBound", "termination_bound", "verify_table"]
@@ -57,14 +63,15 @@ class TerminationBound:
     """Upper bounds on one run, computed from the table and the limits before it starts."""
 
     model_calls: int
-    """Model calls in the whole run, every activation together."""
+    """Model calls in the whole run, every activation together, retries included."""
     transitions: int
     """Transitions of a run that is never resumed."""
     per_resume: int
     """What each resume may add to ``transitions``: the resume row and the longest way its
     new activation can take beyond its model calls."""
     formula: str
-    """The transitions bound as a formula of max_turns, e.g. ``4·max_turns + 1``."""
+    """The transitions bound as a formula of the limits, e.g.
+    ``4·(max_turns + model_retries_per_run) + 1``."""
 
     def with_resumes(self, resumes: int) -> int:
         """The transitions bound of a run resumed ``resumes`` times (after stops)."""
@@ -76,18 +83,25 @@ def _describe(row: Row, index: int) -> str:
     return f"row {index} ({row.source} --{row.trigger} [{guards}]--> {row.dest} {row.label})"
 
 
-def _is_gated(rows: tuple[Row, ...], index: int) -> bool:
+def _is_gated(rows: tuple[Row, ...], index: int, budget: str = TURN_BUDGET_GUARD) -> bool:
+    """Whether an earlier row of the group stops the run whenever ``rows[index]`` could fire
+    with ``budget`` (the guard that says it is spent) true."""
     row = rows[index]
     for earlier in rows[:index]:
         if (
             earlier.trigger == row.trigger
             and earlier.source == row.source
             and earlier.dest in TERMINAL_STATES
-            and TURN_BUDGET_GUARD in earlier.guards
-            and set(earlier.guards) - {TURN_BUDGET_GUARD} <= set(row.guards)
+            and budget in earlier.guards
+            and set(earlier.guards) - {budget} <= set(row.guards)
         ):
             return True
     return False
+
+
+def _retries(row: Row) -> bool:
+    """A row that makes a model call counted as a retry of the last one, not a turn."""
+    return row.dest == TURN_STATE and row.outcome is Verb.RETRY
 
 
 def _find_cycle(edges: Mapping[AgentState, set[AgentState]]) -> list[AgentState] | None:
@@ -212,6 +226,14 @@ def _check_turns_are_gated(rows: tuple[Row, ...]) -> None:
     free = _ungated_count_free_edges(rows)
     starts = {TURN_STATE} | {row.dest for row in rows if row.resumes}
     for i, row in enumerate(rows):
+        if _retries(row):
+            if not _is_gated(rows, i, RETRY_BUDGET_GUARD):
+                raise ConfigError(
+                    f"{_describe(row, i)} retries a model call without an earlier row of its "
+                    f"group stopping the run on '{RETRY_BUDGET_GUARD}', so "
+                    "model_retries_per_run does not bound the run"
+                )
+            continue
         if row.dest != TURN_STATE or _is_gated(rows, i):
             continue
         if row.resumes or any(_reaches(free, start, {row.source}) for start in starts):
@@ -294,7 +316,8 @@ def _activation_constant(rows: tuple[Row, ...], entry: AgentState, b: int, c: in
 def termination_bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound:
     """Bounds that hold for every run of a verified table under ``limits``.
 
-    With ``M = max_turns`` model calls for the whole run (resumes continue the count), an
+    With ``M`` model calls for the whole run (``max_turns``, plus ``model_retries_per_run``
+    when the table has a retry row; resumes continue both counts), an
     activation entered at ``e`` that makes ``m`` calls takes at most
     ``a_e + m·(1 + b) - b + c`` transitions (``z_e`` when ``m = 0``). The first activation
     gives ``transitions``; each resume adds its own row and its entry's constant:
@@ -307,10 +330,12 @@ def termination_bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound
         (1 + _activation_constant(rows, row.dest, b, c) for row in rows if row.resumes),
         default=0,
     )
-    m = limits.max_turns
+    retries = any(_retries(row) for row in rows)
+    m = limits.max_turns + (limits.model_retries_per_run if retries else 0)
+    calls = "(max_turns + model_retries_per_run)" if retries else "max_turns"
     return TerminationBound(
         model_calls=m,
         transitions=m * (1 + b) + first,
         per_resume=per_resume,
-        formula=f"{1 + b}·max_turns + {first}",
+        formula=f"{1 + b}·{calls} + {first}",
     )

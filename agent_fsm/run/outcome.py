@@ -34,13 +34,32 @@ def record_stop(ctx: RunContext, row: Row) -> None:
         state.last_tool_calls = 0
 
 
+def _model_error(state: RunState, limits: Limits) -> str:
+    """Why the model call failed and, for a transient failure, why it was not retried."""
+    failure = state.model_failure
+    if failure is None:
+        return "the model call failed"
+    if failure.permanent:
+        return failure.message
+    attempts = state.turn_retries + 1
+    if state.retries >= limits.model_retries_per_run:
+        why = f"{state.retries} retries in the run, the most allowed"
+    elif state.turn_retries >= limits.model_retries:
+        why = f"{state.turn_retries} retries, the most allowed for one call"
+    else:
+        why = (
+            f"{state.turn_retries} retries, {state.turn_retry_wait_s:.1f} s waited; the next "
+            f"would pass retry_wait_s={limits.retry_wait_s:g}"
+        )
+    return f"the model call failed {attempts} times in a row ({why}): {failure.message}"
+
+
 def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str:
     """``RunResult.error`` for a run that stopped in ERROR with ``reason``: what went wrong,
     with the numbers that tripped the guard."""
-    failure = state.model_failure
     descriptions = {
         StopReason.ABORTED: state.abort_reason or "aborted",
-        StopReason.MODEL_ERROR: failure.message if failure else "the model call failed",
+        StopReason.MODEL_ERROR: _model_error(state, limits),
         StopReason.CONTENT_FILTER: "the provider's content filter withheld the reply",
         StopReason.CONSECUTIVE_ERRORS: (
             f"{state.consecutive_errors} consecutive errors (limit {limits.max_consecutive_errors})"
@@ -50,7 +69,7 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
             f"{state.usage.total_tokens}, next prompt needs about "
             f"{state.prompt_tokens_estimate + state.tools_tokens_estimate}"
         ),
-        StopReason.MAX_TURNS: f"all {limits.max_turns} model calls used",
+        StopReason.MAX_TURNS: f"all {limits.max_turns} turns used",
         StopReason.TIMEOUT: (
             f"timed out after {state.elapsed_s:.3g} s (limit {limits.timeout_s:g} s)"
         ),

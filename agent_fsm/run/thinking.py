@@ -27,6 +27,7 @@ from agent_fsm.messages import (
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import ModelFailure
+from agent_fsm.table import Verb
 from agent_fsm.tokens import estimate_message_tokens
 from agent_fsm.tools.execution import retry_delay
 
@@ -75,8 +76,11 @@ def with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
 
 def backoff_s(failure: ModelFailure, attempt: int, limits: Limits) -> float:
     """The pause before model retry number ``attempt`` (1-based): the tool runtime's
-    exponential backoff with jitter, never shorter than the server's Retry-After."""
-    return max(retry_delay(attempt, limits), failure.retry_after_s or 0.0)
+    exponential backoff with jitter, never shorter than the server's Retry-After (itself cut
+    to ``retry_after_max_s``). Never longer than ``Limits.model_backoff_ceiling_s``, which the
+    ``no_retries_left`` guard plans with."""
+    retry_after = min(failure.retry_after_s or 0.0, limits.retry_after_max_s)
+    return max(retry_delay(attempt, limits), retry_after)
 
 
 async def think(ctx: RunContext) -> None:
@@ -107,12 +111,11 @@ async def think(ctx: RunContext) -> None:
     _take_reply(ctx, response)
 
 
-def _failed(ctx: RunContext, failure: ModelFailure, *, counts: bool = True) -> None:
-    """Record a failed model call (``counts``: towards the consecutive-error limit)."""
+def _failed(ctx: RunContext, failure: ModelFailure) -> None:
+    """Record a failed model call; the THINK guards decide whether it is retried (its own
+    budget: ``Limits.model_retries``), so it does not count as a failed turn."""
     state = ctx.state
     state.model_failure = failure
-    if counts:
-        ctx.count_failure()
     ctx.log.warning(
         "model_call_failed", turn=state.turns, error=failure.message, permanent=failure.permanent
     )
@@ -129,19 +132,27 @@ def _failed(ctx: RunContext, failure: ModelFailure, *, counts: bool = True) -> N
 
 
 def _interrupted(ctx: RunContext) -> None:
-    """The call was cancelled by abort() or the deadline: the run stops, and it is no model
-    error, so it does not count towards the consecutive-error limit."""
+    """The call was cancelled by abort() or the deadline: the run stops (no retry)."""
     message = f"the model call was interrupted: {ctx.why_stopped()}"
-    _failed(ctx, ModelFailure(message=message, permanent=True), counts=False)
+    _failed(ctx, ModelFailure(message=message, permanent=True))
 
 
 async def _call_model(ctx: RunContext, previous: ModelFailure | None) -> object:
-    """Back off if this is a retry, then make one model call (turn += 1)."""
+    """Make one model call: a new turn (turn += 1), or, when the row into THINK was a retry
+    row, a retry of the turn's call after a backoff (retries += 1). The verifier bounds each
+    kind by its own budget, so which it is follows the row, as the verifier reads it."""
     state, config = ctx.state, ctx.config
-    if previous is not None:
-        attempt = max(state.consecutive_errors, 1)
-        await config.sleep(backoff_s(previous, attempt, config.limits))
-    state.turns += 1
+    if _entered_by_retry(ctx):
+        state.retries += 1
+        state.turn_retries += 1
+        if previous is not None:
+            pause = backoff_s(previous, state.turn_retries, config.limits)
+            state.turn_retry_wait_s += pause
+            await config.sleep(pause)
+    else:
+        state.turns += 1
+        state.turn_retries = 0
+        state.turn_retry_wait_s = 0.0
     emit = ctx.bus.emitter
     on_delta = None
     if emit is not None:
@@ -166,6 +177,13 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None) -> object:
         on_delta=on_delta,
     )
     return await config.model.request(request)
+
+
+def _entered_by_retry(ctx: RunContext) -> bool:
+    trace = ctx.state.trace
+    if not trace or trace[-1][0] < 0:
+        return False
+    return ctx.config.machine.rows[trace[-1][0]].outcome is Verb.RETRY
 
 
 def _take_reply(ctx: RunContext, response: object) -> None:

@@ -199,7 +199,8 @@ def state_problems(
 ) -> list[str]:
     """Every way a run breaks the invariants it keeps between two steps, ended or not.
 
-    Model calls stay within ``max_turns`` (all activations together); the trace is a path
+    Turns stay within ``max_turns`` and retries within ``model_retries_per_run`` (all
+    activations together); the trace is a path
     to where the run is (``trace_problems``) whose last turn count is the run's, and no
     activation exceeds the bound; every tool call is answered exactly once, in order, except
     those of a reply the run is about to act on.
@@ -211,9 +212,7 @@ def state_problems(
         limits: the limits it runs under.
         bound: the agent's ``bound``, to check each activation's transitions against.
     """
-    problems: list[str] = []
-    if state.turns > limits.max_turns:
-        problems.append(f"{state.turns} model calls exceed max_turns={limits.max_turns}")
+    problems = _count_problems(state.turns, state.retries, limits)
     trace = [TraceEntry.from_row(rows[row], turn) for row, turn in state.trace]
     problems += trace_problems(trace, state.resumed_at, now=state.state)
     if trace and trace[-1].turn != state.turns:
@@ -303,6 +302,17 @@ def check_invariants(
         )
 
 
+def _count_problems(turns: int, retries: int, limits: Limits) -> list[str]:
+    problems = []
+    if turns > limits.max_turns:
+        problems.append(f"{turns} turns exceed max_turns={limits.max_turns}")
+    if retries > limits.model_retries_per_run:
+        problems.append(
+            f"{retries} model retries exceed model_retries_per_run={limits.model_retries_per_run}"
+        )
+    return problems
+
+
 def _outcome_problems(
     result: RunResult, limits: Limits, bound: TerminationBound | None, rows: Sequence[Row] | None
 ) -> list[str]:
@@ -315,14 +325,14 @@ def _outcome_problems(
         problems.append(
             f"status {result.status} disagrees with {result.final_state}/{result.stop_reason}"
         )
-    if result.turns > limits.max_turns:
-        problems.append(f"{result.turns} model calls exceed max_turns={limits.max_turns}")
-    if result.usage.requests > result.turns:
+    problems += _count_problems(result.turns, result.retries, limits)
+    calls = result.turns + result.retries
+    if result.usage.requests > calls:
         problems.append(
-            f"usage counts {result.usage.requests} replies but only {result.turns} model calls"
+            f"usage counts {result.usage.requests} replies but only {calls} model calls"
         )
-    if bound is not None and result.turns > bound.model_calls:
-        problems.append(f"{result.turns} model calls exceed the bound {bound.model_calls}")
+    if bound is not None and calls > bound.model_calls:
+        problems.append(f"{calls} model calls exceed the bound {bound.model_calls}")
     if result.status is RunStatus.FAILED and not result.error:
         problems.append("the run failed but carries no error")
     if result.status is not RunStatus.FAILED and result.error:

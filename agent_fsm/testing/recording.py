@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent_fsm.durable.tracefile import RecordedRun, TraceWriter, read_run
-from agent_fsm.events import Event, ModelFailed, ModelResponded, ToolFinished, ToolStarted
+from agent_fsm.events import (
+    Event,
+    ModelFailed,
+    ModelRequested,
+    ModelResponded,
+    ToolFinished,
+    ToolStarted,
+)
 from agent_fsm.messages import AssistantMessage, ModelResponse, ToolCall, ToolStatus
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunResult, TraceEntry
@@ -85,12 +92,14 @@ def record_run(
 
 
 def _replies(events: Sequence[Event]) -> tuple[ScriptItem, ...]:
-    responded = {e.turn: e for e in events if isinstance(e, ModelResponded)}
-    failed = {e.turn: e for e in events if isinstance(e, ModelFailed)}
+    """What each model call returned or raised, in order. A call begins with its
+    ``ModelRequested``; an empty reply is responded *and* failed: the reply is replayed."""
     items: list[ScriptItem] = []
-    for turn in sorted(responded.keys() | failed.keys()):
-        if turn in responded:  # an empty reply is responded *and* failed: replay the reply
-            e = responded[turn]
+    answered = True
+    for e in events:
+        if isinstance(e, ModelRequested):
+            answered = False
+        elif isinstance(e, ModelResponded):
             items.append(
                 ModelResponse(
                     message=AssistantMessage(content=e.text, tool_calls=e.tool_calls),
@@ -98,8 +107,10 @@ def _replies(events: Sequence[Event]) -> tuple[ScriptItem, ...]:
                     usage=e.usage,
                 )
             )
-        else:
-            items.append(ModelCallError(failed[turn].message, transient=not failed[turn].permanent))
+            answered = True
+        elif isinstance(e, ModelFailed) and not answered:
+            items.append(ModelCallError(e.message, transient=not e.permanent))
+            answered = True
     return tuple(items)
 
 

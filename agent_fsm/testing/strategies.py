@@ -455,9 +455,10 @@ def cooperative_behaviours_for(
 
 
 def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
-    """Arbitrary valid limits (zero retry backoff, so runs never sleep)."""
+    """Arbitrary valid limits, retry budgets included (zero retry backoff and no wait for a
+    Retry-After, so runs never sleep)."""
     return st.builds(
-        lambda turns, budget, errors, k, p, detect, timeout: Limits(
+        lambda turns, budget, errors, k, p, detect, timeout, retries, run_retries: Limits(
             **{
                 "max_turns": turns,
                 "token_budget": budget,
@@ -466,8 +467,11 @@ def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
                 "loop_max_period": p,
                 "loop_detection": detect,
                 "timeout_s": timeout,
+                "model_retries": retries,
+                "model_retries_per_run": run_retries,
                 "retry_backoff_s": 0.0,
                 "retry_backoff_max_s": 0.0,
+                "retry_after_max_s": 0.0,
                 **fixed,
             }
         ),
@@ -478,4 +482,6 @@ def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
         st.integers(0, 5),
         st.booleans(),
         st.one_of(st.just(1e9), st.floats(1.0, 200.0)),
+        st.integers(0, 6),
+        st.integers(0, 12),
     )
