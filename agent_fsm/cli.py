@@ -1,10 +1,10 @@
 """``agent-fsm``: the command line.
 
 Commands: ``demo`` (an offline run of the weather/calculator agent, printing every
-transition, tool call and result), ``run`` (the same tools against a real OpenAI-compatible
-server), ``diagram`` (the machine as mermaid, DOT, SVG or PNG, optionally overlaid with a
-recorded or checkpointed run), ``replay`` (alias ``trace``: a recorded run, step by step) and
-``runs`` (the runs of a checkpoint store, or one of them).
+transition, tool call and result), ``run`` and ``resume`` (the same tools against a real
+OpenAI-compatible server, ``cli_model``), ``diagram`` (the machine as mermaid, DOT, SVG or
+PNG, optionally overlaid with a recorded or checkpointed run), ``replay`` (alias ``trace``:
+a recorded run, step by step) and ``runs`` (the runs of a checkpoint store, or one of them).
 Exit codes: 0 success, 1 the run failed (or, for replay, the recorded run failed or never
 finished), 2 bad usage or unreadable input. Errors go to stderr.
 """
@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol, TextIO
@@ -24,6 +24,7 @@ from typing import Protocol, TextIO
 import structlog
 
 from agent_fsm.agent import Agent
+from agent_fsm.cli_model import add_model_options
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import RunSummary
 from agent_fsm.durable.sqlite import SQLiteStore
@@ -45,7 +46,8 @@ from agent_fsm.events import (
     ToolStarted,
 )
 from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
-from agent_fsm.state import RunState, RunStatus
+from agent_fsm.run.approvals import Decisions
+from agent_fsm.state import RunResult, RunState, RunStatus
 from agent_fsm.table import TABLE, AgentState, StopReason
 from agent_fsm.version import __version__
 
@@ -77,9 +79,18 @@ class _Printer:
     plain lines.
     """
 
-    def __init__(self, out: TextIO, *, live: bool = False, max_turns: int | None = None) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        *,
+        live: bool = False,
+        max_turns: int | None = None,
+        streamed: bool = False,
+    ) -> None:
         self.out = out
         self.live = live
+        self.streamed = streamed
+        """The reply's text is printed as it arrives (``cli_model.StreamPrinter``)."""
         self.max_turns = max_turns
         self.turn = 0
         self.tokens = 0
@@ -104,7 +115,7 @@ class _Printer:
                 f"[turn {event.turn}] {event.source.value:>7} → {event.dest.value:<7} "
                 f"guard: {guards:<22} ({event.label})"
             )
-        if isinstance(event, ModelResponded) and event.text:
+        if isinstance(event, ModelResponded) and event.text and not self.streamed:
             return f"          model says: {event.text}"
         if isinstance(event, ToolStarted):
             return f"          tool call:  {event.call.name}({event.call.arguments})"
@@ -183,9 +194,24 @@ def _summary(out: TextIO, outcome: _Outcome) -> None:
     )
 
 
-def _run_agent(agent: Agent, question: str, out: TextIO, trace: str | None) -> int:
+def _run_agent(
+    agent: Agent,
+    question: str,
+    out: TextIO,
+    trace: str | None,
+    *,
+    streamed: bool = False,
+    settle: Callable[[Agent, RunResult], RunResult] | None = None,
+) -> int:
+    """Run ``agent`` on ``question``, printing as it goes; ``settle`` may answer its pauses
+    (``cli_model.run_until_settled``), else the outcome is summarised once."""
     writer = TraceWriter(trace) if trace else None  # a bad path fails before the run
-    agent = agent.subscribe(_Printer(out, live=out.isatty(), max_turns=agent.limits.max_turns))
+    printer = _Printer(out, live=out.isatty(), max_turns=agent.limits.max_turns, streamed=streamed)
+    agent = agent.subscribe(printer)
+    if streamed:
+        from agent_fsm.cli_model import StreamPrinter
+
+        agent = agent.subscribe(StreamPrinter(out))
     if writer is not None:
         agent = agent.subscribe(writer)
     bound = agent.bound
@@ -197,10 +223,13 @@ def _run_agent(agent: Agent, question: str, out: TextIO, trace: str | None) -> i
     )
     try:
         result = agent.run_sync(question)
+        if settle is not None:
+            result = settle(agent, result)
+        else:
+            _summary(out, result)
     finally:
         if writer is not None:
             writer.close()
-    _summary(out, result)
     if writer is not None:
         print(f"trace written to {trace} (agent-fsm replay {trace})", file=sys.stderr)
     return 1 if result.status is RunStatus.FAILED else 0
@@ -216,21 +245,55 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from agent_fsm.demo import calculator, get_weather
-    from agent_fsm.limits import Limits
-    from agent_fsm.models.openai_chat import OpenAIChatModel
+    from agent_fsm.cli_model import build_agent
 
-    api_key = os.environ.get("OPENAI_API_KEY")
-    if api_key is None and args.base_url:
-        api_key = "unused"  # local OpenAI-compatible servers usually need no key
-    model = OpenAIChatModel(args.model, base_url=args.base_url, api_key=api_key, stream=args.stream)
-    agent = Agent(
-        model=model,
-        tools=[get_weather, calculator],
-        system_prompt=args.system,
-        limits=Limits(max_turns=args.max_turns, token_budget=args.token_budget),
+    agent = build_agent(args)
+    return _run_agent(
+        agent,
+        args.question,
+        sys.stdout,
+        args.trace,
+        streamed=args.stream,
+        settle=lambda live, result: _settle(live, result, args),
     )
-    return _run_agent(agent, args.question, sys.stdout, args.trace)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from agent_fsm.cli_model import StreamPrinter, build_agent
+
+    agent = build_agent(args).subscribe(
+        _Printer(sys.stdout, live=sys.stdout.isatty(), streamed=args.stream)
+    )
+    if args.stream:
+        agent = agent.subscribe(StreamPrinter(sys.stdout))
+    approvals: Decisions | None = None
+    if args.approve or args.deny:
+        approvals = _decisions(args.approve, args.deny)
+    result = agent.resume_sync(args.run_id, args.reply, approvals=approvals)
+    result = _settle(agent, result, args)
+    return 1 if result.status is RunStatus.FAILED else 0
+
+
+def _decisions(approve: list[str], deny: list[str]) -> Decisions:
+    """``--approve``/``--deny`` as decisions: ``all``, or call ids."""
+    if "all" in approve or "all" in deny:
+        if (approve and deny) or len(approve) + len(deny) > 1:
+            raise _UsageError("--approve all / --deny all decide every call: give nothing else")
+        return bool(approve)
+    return {**dict.fromkeys(approve, True), **dict.fromkeys(deny, False)}
+
+
+def _settle(agent: Agent, result: RunResult, args: argparse.Namespace) -> RunResult:
+    from agent_fsm.cli_model import run_until_settled
+
+    return run_until_settled(
+        result,
+        lambda reply, approvals: agent.resume_sync(result.run_id, reply, approvals=approvals),
+        interactive=args.interactive,
+        out=sys.stdout,
+        summarise=lambda outcome: _summary(sys.stdout, outcome),
+        store=args.store,
+    )
 
 
 DEFAULT_STORE = "agent_fsm.sqlite3"
@@ -398,23 +461,40 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run the example tools (weather, calculator) against a real model",
         description="Ask a question with the demo's tools against any OpenAI-compatible "
-        "server. The API key is read from OPENAI_API_KEY, the server from --base-url or "
-        "OPENAI_BASE_URL. Exits 1 if the run fails.",
+        "server (--base-url, or OPENAI_BASE_URL). A pause (ask_user, an approval) is answered "
+        "at the terminal, or later with `agent-fsm resume` when the run has a --store. Exits "
+        "1 if the run fails, 2 for bad usage (no API key, a bad option or setting).",
     )
     run.add_argument("question")
-    run.add_argument("--model", required=True, help="model name, e.g. gpt-4o-mini")
-    run.add_argument(
-        "--base-url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
-    )
-    run.add_argument("--stream", action="store_true", help="stream the model's replies")
-    run.add_argument("--max-turns", type=int, default=10)
-    run.add_argument("--token-budget", type=int, default=100_000)
-    run.add_argument(
-        "--system",
-        default="Answer the user's question. Use the tools; do arithmetic with the calculator.",
-    )
+    add_model_options(run, store_required=False)
     run.add_argument("--trace", metavar="FILE", help=trace_help)
     run.set_defaults(handler=_cmd_run)
+
+    resume = commands.add_parser(
+        "resume",
+        help="answer a paused run (ask_user, approvals) of a checkpoint store and go on",
+        description="Continue a run that `agent-fsm run --store PATH` left paused (or "
+        "stopped by an outage) with the same model options. Exits 1 if the run fails, 2 if "
+        "the answer does not fit the pause.",
+    )
+    resume.add_argument("run_id", metavar="RUN_ID")
+    resume.add_argument("reply", nargs="?", help="the answer to the run's question")
+    resume.add_argument(
+        "--approve",
+        metavar="CALL_ID",
+        action="append",
+        default=[],
+        help="approve this call (repeatable), or `all`",
+    )
+    resume.add_argument(
+        "--deny",
+        metavar="CALL_ID",
+        action="append",
+        default=[],
+        help="refuse this call (repeatable), or `all`",
+    )
+    add_model_options(resume, store_required=True)
+    resume.set_defaults(handler=_cmd_resume)
 
     diagram = commands.add_parser(
         "diagram",

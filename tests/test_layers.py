@@ -75,6 +75,7 @@ LAYERS = [
     "testing.plugin",
     "testing",
     "demo",
+    "cli_model",
     "cli",
     "",  # agent_fsm/__init__.py
 ]

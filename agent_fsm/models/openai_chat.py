@@ -36,7 +36,7 @@ from agent_fsm.models.openai_convert import (
     to_openai_tools,
 )
 
-__all__ = ["OpenAIChatModel"]
+__all__ = ["OpenAIChatModel", "request_settings"]
 
 # Request fields the adapter sets itself; a setting may not override them.
 _RESERVED = frozenset({"messages", "model", "tools", "functions", "stream", "stream_options"})
@@ -369,6 +369,35 @@ def _check_settings(settings: Mapping[str, Any]) -> None:
         raise ConfigError("; ".join(problems))
 
 
+def request_settings(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``OpenAIChatModel`` settings from free-form request fields (a command line's
+    ``key=value`` pairs): a field ``chat.completions.create`` takes stays a setting, any other
+    goes in ``extra_body`` for the server (llama.cpp's ``top_k``, vLLM's ``min_p``).
+
+    Raises:
+        ConfigError: for a near miss of a field the SDK takes (a typo would otherwise reach
+            the server silently), a client option, or a field the adapter sets itself.
+    """
+    accepted = _create_parameters() or frozenset()
+    settings: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in fields.items():
+        if key in accepted or key in _RESERVED:
+            settings[key] = value
+            continue
+        if key == "max_retries" or key in _client_parameters() or _close_field(key, accepted):
+            problems.append(_unknown_setting(key, accepted))
+        else:
+            extra[key] = value
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if extra:
+        settings["extra_body"] = {**settings.get("extra_body", {}), **extra}
+    _check_settings(settings)
+    return settings
+
+
 def _unknown_setting(key: str, accepted: frozenset[str]) -> str:
     """Why ``key`` is no setting, and what the user most likely meant."""
     if key == "max_retries":
@@ -382,14 +411,20 @@ def _unknown_setting(key: str, accepted: frozenset[str]) -> str:
             f"client=openai.AsyncOpenAI(..., {key}=...)"
         )
     server_field = "a field only your server knows goes in extra_body={...}"
-    # 0.85: catches typos (temprature) but not a different real field (top_k is no top_p)
-    close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.85)
+    close = _close_field(key, accepted)
     if close:
         return (
-            f"chat.completions.create takes no argument {key!r}: did you mean {close[0]!r}? "
+            f"chat.completions.create takes no argument {key!r}: did you mean {close!r}? "
             f"({server_field})"
         )
     return f"chat.completions.create takes no argument {key!r}; {server_field}"
+
+
+def _close_field(key: str, accepted: frozenset[str]) -> str | None:
+    """The field ``key`` is most likely a typo of. The cutoff (0.85) catches typos
+    (temprature) but not a different real field (top_k is no top_p)."""
+    close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.85)
+    return close[0] if close else None
 
 
 @functools.cache

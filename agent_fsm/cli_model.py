@@ -1,0 +1,253 @@
+"""``agent-fsm run`` and ``agent-fsm resume``: the demo's tools against a real model.
+
+Everything a local OpenAI-compatible server (llama.cpp, vLLM, Ollama) needs is an option:
+the sampling settings, a timeout, retries, a key read from an environment variable the user
+names, and ``--set key=value`` for any other request field (a field the SDK does not know goes
+to the server in ``extra_body``). A pause (ask_user, an approval) is answered at the terminal
+when stdin is one (or with ``--interactive``), or later with ``agent-fsm resume RUN_ID``,
+which needs the run checkpointed (``--store``).
+
+Exit codes follow ``cli``: 0 done or paused, 1 the run failed, 2 bad usage (no key, a bad
+option or setting, an answer that does not fit the pause).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from agent_fsm.agent import Agent
+from agent_fsm.durable.sqlite import SQLiteStore
+from agent_fsm.errors import ConfigError
+from agent_fsm.events import Event, MessageUpdated, ModelResponded
+from agent_fsm.run.approvals import Decisions
+from agent_fsm.state import ControlKind, RunResult, RunStatus
+
+__all__ = ["add_model_options", "build_agent", "run_until_settled"]
+
+DEFAULT_KEY_VARIABLE = "OPENAI_API_KEY"
+_TOOLS = ("get_weather", "calculator")
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, store_required: bool) -> None:
+    """The options that build the agent, shared by ``run`` and ``resume`` (a resumed run
+    needs the same model and tools it started with)."""
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", required=True, help="model name, e.g. gpt-4o-mini")
+    model.add_argument(
+        "--base-url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1"
+    )
+    model.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default=DEFAULT_KEY_VARIABLE,
+        help=f"the environment variable holding the API key (default: {DEFAULT_KEY_VARIABLE});"
+        " a --base-url server may need none",
+    )
+    model.add_argument("--temperature", type=float, help="sampling temperature")
+    model.add_argument("--max-tokens", type=int, help="cap on each reply's tokens")
+    model.add_argument("--timeout", type=float, help="seconds allowed for one model request")
+    model.add_argument(
+        "--set",
+        dest="fields",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="any other request field, VALUE as JSON if it parses (--set top_k=40 "
+        "--set stop='[\"END\"]'); fields the SDK does not know go to the server in extra_body",
+    )
+    model.add_argument("--stream", action="store_true", help="print the reply as it arrives")
+    run = parser.add_argument_group("run")
+    run.add_argument("--max-turns", type=int, default=10)
+    run.add_argument("--token-budget", type=int, default=100_000)
+    run.add_argument(
+        "--retries",
+        type=int,
+        default=4,
+        help="retries of a failed model call before the run stops (default 4)",
+    )
+    run.add_argument(
+        "--system",
+        default="Answer the user's question. Use the tools; do arithmetic with the calculator.",
+    )
+    run.add_argument(
+        "--require-approval",
+        metavar="TOOL",
+        action="append",
+        default=[],
+        choices=_TOOLS,
+        help="a person approves every call of TOOL before it runs",
+    )
+    run.add_argument(
+        "--store",
+        metavar="PATH",
+        required=store_required,
+        help="checkpoint the run into this SQLite store, so that `agent-fsm resume` can "
+        "continue it later" + ("" if store_required else " (required for that)"),
+    )
+    run.add_argument(
+        "--interactive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="answer a pause at the terminal (default: when stdin is a terminal)",
+    )
+
+
+def build_agent(args: argparse.Namespace) -> Agent:
+    """The agent the options describe.
+
+    Raises:
+        ConfigError: no API key where one is needed, a bad ``--set``, or a setting the
+            model refuses (the CLI exits 2).
+    """
+    from agent_fsm.demo import calculator, get_weather
+    from agent_fsm.limits import Limits
+    from agent_fsm.models.openai_chat import OpenAIChatModel, request_settings
+    from agent_fsm.tools.tool import Tool
+
+    api_key = os.environ.get(args.api_key_env)
+    if api_key is None:
+        if args.base_url is None:
+            raise ConfigError(
+                f"no API key: set {args.api_key_env}, or name the variable that holds it with "
+                "--api-key-env (a local server given with --base-url may need none)"
+            )
+        api_key = "unused"  # local OpenAI-compatible servers usually need no key
+    settings = request_settings(_fields(args.fields))
+    for name in ("temperature", "max_tokens", "timeout"):
+        value = getattr(args, name)
+        if value is not None:
+            settings[name] = value
+    model = OpenAIChatModel(
+        args.model, base_url=args.base_url, api_key=api_key, stream=args.stream, **settings
+    )
+    tools: list[Tool] = [get_weather, calculator]
+    tools = [
+        dataclasses.replace(tool, requires_approval=True)
+        if tool.name in args.require_approval
+        else tool
+        for tool in tools
+    ]
+    return Agent(
+        model=model,
+        tools=tools,
+        system_prompt=args.system,
+        limits=Limits(
+            max_turns=args.max_turns,
+            token_budget=args.token_budget,
+            model_retries=args.retries,
+            model_retries_per_run=max(args.retries * 3, args.retries),
+        ),
+        store=SQLiteStore(args.store) if args.store else None,
+    )
+
+
+def _fields(pairs: list[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE, got {pair!r}")
+        try:
+            fields[key.strip()] = json.loads(text)
+        except ValueError:
+            fields[key.strip()] = text
+    return fields
+
+
+class StreamPrinter:
+    """Prints a streamed reply's text as it arrives, then ends the line."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self._open = False
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, MessageUpdated) and event.delta.text:
+            if not self._open:
+                self.out.write("          model says: ")
+                self._open = True
+            self.out.write(event.delta.text)
+            self.out.flush()
+        elif isinstance(event, ModelResponded) and self._open:
+            self.out.write("\n")
+            self._open = False
+
+
+Resume = Callable[[str | None, Decisions | None], RunResult]
+
+
+def run_until_settled(
+    result: RunResult,
+    resume: Resume,
+    *,
+    interactive: bool | None,
+    out: TextIO,
+    summarise: Callable[[RunResult], None],
+    store: str | None,
+) -> RunResult:
+    """Answer the run's pauses at the terminal while it is interactive; otherwise say how to
+    answer later. Returns the last result."""
+    if interactive is None:
+        interactive = sys.stdin.isatty()
+    summarise(result)
+    while result.status is RunStatus.NEEDS_INPUT:
+        answer = _ask(result, out) if interactive else None
+        if answer is None:
+            _how_to_resume(result, out, store)
+            break
+        reply, approvals = answer
+        result = resume(reply, approvals)
+        summarise(result)
+    return result
+
+
+def _ask(result: RunResult, out: TextIO) -> tuple[str | None, Decisions | None] | None:
+    """The person's answer to the pause, read from stdin; None at end of input."""
+    pending = result.pending
+    assert pending is not None  # a run that needs input says what it waits for
+    if pending.kind is ControlKind.ASK_USER:
+        reply = _read_line("your answer> ", out)
+        if not reply:
+            return None
+        return reply, None
+    decisions: dict[str, bool] = {}
+    for call in pending.pending_calls:
+        line = _read_line(f"approve {call.name}({call.arguments})? [y/N] ", out)
+        if line is None:
+            return None
+        decisions[call.id] = line.lower() in ("y", "yes")
+    return None, decisions
+
+
+def _read_line(prompt: str, out: TextIO) -> str | None:
+    out.write(prompt)
+    out.flush()
+    line = sys.stdin.readline()
+    if not line:
+        out.write("\n")
+        return None
+    return line.strip()
+
+
+def _how_to_resume(result: RunResult, out: TextIO, store: str | None) -> None:
+    pending = result.pending
+    if store is None:
+        print(
+            "the run waits for an answer; run with --store PATH to answer it later with "
+            "`agent-fsm resume`",
+            file=out,
+        )
+        return
+    answer = "'your answer'" if pending and pending.kind is ControlKind.ASK_USER else ""
+    approve = " --approve all (or --deny all)" if not answer else ""
+    print(
+        f"answer later: agent-fsm resume {result.run_id} {answer}{approve} --store {store} "
+        "(with the same --model and server options)".replace("  ", " "),
+        file=out,
+    )

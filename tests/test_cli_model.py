@@ -1,0 +1,171 @@
+"""``agent-fsm run`` and ``resume`` driving a local OpenAI-compatible server (issue 15, point
+7): the command runs in a subprocess, the server is ``tests.local_server`` on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.local_server import LocalServer, refused_url
+from tests.openai_payloads import chunks_for, completion, tool_call
+
+KEY = "sk-from-my-variable-0123456789"
+
+
+@dataclass
+class Finished:
+    code: int
+    out: str
+    err: str
+
+
+async def agent_fsm(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> Finished:
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")
+    }
+    environment.update(env or {})
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agent_fsm.cli",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=environment,
+    )
+    out, err = await process.communicate(stdin.encode())
+    assert process.returncode is not None
+    return Finished(process.returncode, out.decode(), err.decode())
+
+
+def _ask_user(question: str) -> dict[str, object]:
+    return completion(
+        tool_calls=[tool_call("call_q", "ask_user", f'{{"question": "{question}"}}')],
+        finish_reason="tool_calls",
+    )
+
+
+async def test_request_options_reach_the_server() -> None:
+    server = LocalServer()
+    async with server as url:
+        server.reply(completion("Hello."))
+        done = await agent_fsm(
+            "run", "Hi?", "--model", "local", "--base-url", url,
+            "--api-key-env", "MY_KEY", "--temperature", "0.2", "--max-tokens", "64",
+            "--timeout", "5", "--set", "top_k=40", "--set", "seed=7",
+            "--set", 'stop=["END"]',
+            env={"MY_KEY": KEY},
+        )  # fmt: skip
+    assert done.code == 0, done.err
+    assert "final answer: Hello." in done.out
+    headers, body = server.seen[0]
+    assert headers["authorization"] == f"Bearer {KEY}"
+    assert (body["temperature"], body["max_tokens"], body["seed"]) == (0.2, 64, 7)
+    assert body["stop"] == ["END"]
+    assert body["top_k"] == 40  # a field only the server knows, sent in extra_body
+
+
+async def test_streamed_text_is_printed_as_it_arrives_and_only_once() -> None:
+    server = LocalServer()
+    async with server as url:
+        server.stream(chunks_for(completion("It is sunny in Paris today.")))
+        done = await agent_fsm("run", "Weather?", "--model", "m", "--base-url", url, "--stream")
+    assert done.code == 0, done.err
+    assert done.out.count("It is sunny in Paris today.") == 2  # streamed, then the summary
+    streamed = done.out.index("model says: It is sunny in Paris today.")
+    assert streamed < done.out.index("final answer: It is sunny in Paris today.")
+    assert server.bodies[0]["stream"] is True
+
+
+async def test_a_question_is_answered_at_the_terminal() -> None:
+    server = LocalServer()
+    async with server as url:
+        server.reply(_ask_user("Which city?"))
+        server.reply(completion("Sunny in Oslo."))
+        done = await agent_fsm(
+            "run", "Weather?", "--model", "m", "--base-url", url, "--interactive",
+            stdin="Oslo\n",
+        )  # fmt: skip
+    assert done.code == 0, done.err
+    assert "question for you: Which city?" in done.out
+    assert "final answer: Sunny in Oslo." in done.out
+    assert server.bodies[1]["messages"][-1] == {"role": "user", "content": "Oslo"}
+
+
+async def test_a_question_is_answered_later_with_resume(tmp_path: Path) -> None:
+    store = str(tmp_path / "runs.sqlite3")
+    server = LocalServer()
+    async with server as url:
+        server.reply(_ask_user("Which city?"))
+        server.reply(completion("Sunny in Oslo."))
+        options = ("--model", "m", "--base-url", url, "--store", store)
+        paused = await agent_fsm("run", "Weather?", *options, "--no-interactive")
+        assert paused.code == 0, paused.err
+        line = next(ln for ln in paused.out.splitlines() if ln.startswith("answer later:"))
+        run_id = line.split()[4]
+        assert f"agent-fsm resume {run_id} 'your answer' --store {store}" in line
+        done = await agent_fsm("resume", run_id, "Oslo", *options, "--no-interactive")
+    assert done.code == 0, done.err
+    assert "final answer: Sunny in Oslo." in done.out
+
+
+async def test_an_approval_is_given_at_the_terminal_or_later(tmp_path: Path) -> None:
+    store = str(tmp_path / "runs.sqlite3")
+    weather = tool_call("call_w", "get_weather", '{"city": "Paris"}')
+    server = LocalServer()
+    async with server as url:
+        options = ("--model", "m", "--base-url", url, "--require-approval", "get_weather")
+        server.reply(completion(tool_calls=[weather], finish_reason="tool_calls"))
+        server.reply(completion("Paris is mild."))
+        now = await agent_fsm("run", "Paris?", *options, "--interactive", stdin="y\n")
+        assert now.code == 0, now.err
+        assert "approve get_weather" in now.out
+        assert "final answer: Paris is mild." in now.out
+        decided = server.bodies[1]["messages"][-1]
+        assert decided["role"] == "user"
+        assert "get_weather (call call_w): approved and run" in decided["content"]
+
+        server.reply(completion(tool_calls=[weather], finish_reason="tool_calls"))
+        server.reply(completion("I was not allowed to look."))
+        stored = (*options, "--store", store, "--no-interactive")
+        paused = await agent_fsm("run", "Paris?", *stored)
+        run_id = next(
+            ln for ln in paused.out.splitlines() if ln.startswith("answer later:")
+        ).split()[4]
+        denied = await agent_fsm("resume", run_id, "--deny", "all", *stored)
+    assert denied.code == 0, denied.err
+    assert "final answer: I was not allowed to look." in denied.out
+    decided = server.bodies[-1]["messages"][-1]
+    assert "get_weather (call call_w): denied, so it was not run" in decided["content"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--model", "m"), "no API key: set OPENAI_API_KEY, or name the variable"),
+        (("--model", "m", "--api-key-env", "NOPE"), "no API key: set NOPE"),
+        (("--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--set", "temprature=1"),
+         "did you mean 'temperature'"),
+        (("--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--set", "oops"),
+         "--set takes KEY=VALUE"),
+        (("--model", "m", "--temprature", "1"), "unrecognized arguments: --temprature"),
+    ],
+)  # fmt: skip
+async def test_usage_errors_exit_2(args: tuple[str, ...], says: str) -> None:
+    done = await agent_fsm("run", "Hi?", *args)
+    assert done.code == 2
+    assert says in done.err
+
+
+async def test_a_failed_run_exits_1_and_says_why() -> None:
+    done = await agent_fsm(
+        "run", "Hi?", "--model", "m", "--base-url", refused_url(), "--retries", "0"
+    )
+    assert done.code == 1
+    assert "connection refused" in done.out
