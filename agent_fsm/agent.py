@@ -19,8 +19,8 @@ from typing import Any, Literal, overload
 
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
-from agent_fsm.errors import CheckpointError, ConfigError, RunError
-from agent_fsm.events import Event, EventHandler, RunFinished
+from agent_fsm.errors import CheckpointError, ConfigError, ResumeError, RunError
+from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound
 from agent_fsm.models.base import Model
@@ -117,7 +117,7 @@ class Agent:
         _set = object.__setattr__  # a frozen dataclass normalises its own fields here
         _set(self, "tools", tools)
         _set(self, "control_tools", tuple(self.control_tools))
-        _set(self, "handlers", tuple(self.handlers))
+        _set(self, "handlers", tuple(checked_handler(handler) for handler in self.handlers))
         registry = ToolRegistry([*tools, *(_CONTROL_TOOLS[name] for name in self.control_tools)])
         config = RunConfig(
             model=model,
@@ -172,9 +172,22 @@ class Agent:
         return self._config.machine.bound(self._config.limits)
 
     def start(self, user_input: str, *, run_id: str | None = None) -> Run:
-        """A new run, not yet stepped: drive it with ``step()``, ``iterate()`` or ``run()``."""
+        """A new run, not yet stepped: drive it with ``step()``, ``iterate()`` or ``run()``.
+
+        Raises:
+            ConfigError: ``run_id`` names a run the store holds (or one being resumed): a
+                new run under that id would be answered from the old run's tool journal, and
+                its calls would never run. Resume that run, delete it, or choose a new id.
+        """
         if not isinstance(user_input, str):
             raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
+        if run_id is not None and (
+            self.checkpoints.exists(run_id) or self._config.in_process.is_resuming(run_id)
+        ):
+            raise ConfigError(
+                f"run id {run_id!r} is taken: the store holds that run. Resume it "
+                "(agent.resume), delete it (agent.checkpoints.delete), or choose a new id"
+            )
         run_id = run_id or uuid.uuid4().hex
         state = new_run_state(run_id, self.system_prompt, user_input, self._config.tools_tokens)
         return Run(self._config, state)
@@ -193,15 +206,18 @@ class Agent:
         """A stopped run, made ready to continue (not yet stepped): see ``resume``."""
         if not isinstance(run_id, str):
             raise ConfigError(f"run_id must be a str, got {type(run_id).__name__}")
+        config = self._config
         try:
             state = self.checkpoints.load(run_id)
         except CheckpointError:
-            ended = self._config.ended.get(run_id)
+            if config.in_process.is_resuming(run_id):
+                raise ResumeError(f"run {run_id} is already being resumed") from None
+            ended = config.in_process.how_it_ended(run_id)
             if ended is None:
                 raise
             raise finished(run_id, ended.value) from None
-        answered = reopen(state, self._config.machine, self._config.limits, reply, approvals)
-        return Run(self._config, state, resumed=answered)
+        answered = reopen(state, config.machine, config.limits, reply, approvals)
+        return Run(config, state, resumed=answered)
 
     async def resume(
         self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None

@@ -8,6 +8,7 @@ serialises them (``EVENT_ADAPTER.dump_json(event)``) and reads them back, for tr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -15,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field, JsonValue, TypeAdapter
 
 from agent_fsm.constructors import quick_init
+from agent_fsm.errors import ConfigError
 from agent_fsm.messages import FinishReason, ReplyDelta, ToolCall, ToolStatus, Usage
 from agent_fsm.state import RunStatus
 from agent_fsm.table import AgentState, StopReason
@@ -303,6 +305,27 @@ EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 """Serialises and parses events (JSON), for trace files."""
 
 
+def checked_handler(handler: EventHandler) -> EventHandler:
+    """``handler``, if it can be one: a plain callable. An ``async def`` handler would be
+    called and its coroutine never awaited, so its events would silently go nowhere.
+
+    Raises:
+        ConfigError: for something that is not callable, or is a coroutine function.
+    """
+    if not callable(handler):
+        raise ConfigError(f"an event handler must be callable, got {type(handler).__name__}")
+    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
+    ):
+        raise ConfigError(
+            "event handlers are called synchronously and must not be async (a coroutine "
+            "would never be awaited): consume events with `async for event in "
+            "agent.stream(...)`, or start your coroutine from a plain handler with "
+            "asyncio.get_running_loop().create_task(...)"
+        )
+    return handler
+
+
 class EventBus:
     """The subscribers of one run, in subscription order.
 
@@ -321,12 +344,12 @@ class EventBus:
         *,
         on_handler_error: Callable[[Event], None] | None = None,
     ) -> None:
-        self._handlers = list(handlers)
+        self._handlers = [checked_handler(handler) for handler in handlers]
         self._on_handler_error = on_handler_error
         self.emitter: EventHandler | None = self.emit if self._handlers else None
 
     def subscribe(self, handler: EventHandler) -> None:
-        self._handlers.append(handler)
+        self._handlers.append(checked_handler(handler))
         self.emitter = self.emit
 
     def emit(self, event: Event) -> None:

@@ -18,7 +18,8 @@ __all__ = ["Limits"]
 class Limits(BaseModel):
     """The budgets of one run. Frozen; share one instance between agents freely."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    """Every budget finite: an infinite timeout or backoff is no bound (NaN even less)."""
 
     max_turns: int = Field(default=20, ge=1)
     """Most turns (model calls that are not retries) a run may make. Bounds every run,

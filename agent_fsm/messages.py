@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal, overload
+from typing import Annotated, Any, Literal, TypeVar, cast, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -19,6 +19,9 @@ from agent_fsm.constructors import quick_init
 
 __all__ = [
     "AssistantMessage",
+    "clean_json",
+    "clean_message",
+    "clean_text",
     "FinishReason",
     "Message",
     "ModelRequest",
@@ -261,3 +264,64 @@ class ModelRequest:
     on_delta: Callable[[ReplyDelta], None] | None = None
     """Where a streaming model reports fragments as they arrive; None when nobody listens.
     Must not raise into the model; the assembled ModelResponse is still returned at the end."""
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate (``"\\ud83d"``, as ``os.listdir`` returns for a
+    file name in another encoding) replaced by U+FFFD. Such text cannot be encoded as UTF-8,
+    so it would break the next checkpoint, trace line or provider request; the transcript
+    therefore never holds it. The same object when there is nothing to replace."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _json_is_clean(value: JsonValue) -> bool:
+    if isinstance(value, str):
+        return clean_text(value) is value
+    if isinstance(value, list):
+        return all(_json_is_clean(item) for item in value)
+    if isinstance(value, dict):
+        return all(clean_text(key) is key and _json_is_clean(item) for key, item in value.items())
+    return True
+
+
+def clean_json(value: JsonValue) -> JsonValue:
+    """A JSON value with every string cleaned by ``clean_text``."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [clean_json(item) for item in value]
+    if isinstance(value, dict):
+        return {clean_text(key): clean_json(item) for key, item in value.items()}
+    return value
+
+
+_M = TypeVar("_M", bound=SystemMessage | UserMessage | AssistantMessage | ToolMessage)
+
+
+def clean_message(message: _M) -> _M:
+    """``message`` with its text cleaned by ``clean_text``: the same object when it is clean
+    (the common case costs one ``isascii`` per text)."""
+    update: dict[str, Any] = {}
+    content = clean_text(message.content)
+    if content is not message.content:
+        update["content"] = content
+    if isinstance(message, AssistantMessage) and not all(
+        call.name.isascii() and call.arguments.isascii() for call in message.tool_calls
+    ):
+        update["tool_calls"] = tuple(
+            call.model_copy(
+                update={"name": clean_text(call.name), "arguments": clean_text(call.arguments)}
+            )
+            for call in message.tool_calls
+        )
+    if isinstance(message, ToolMessage) and not _json_is_clean(message.details):
+        update["details"] = clean_json(message.details)
+    if not update:
+        return message
+    return cast("_M", message.model_copy(update=update))

@@ -16,6 +16,7 @@ LAYERS = [
     "constructors",
     "table",
     "messages",
+    "failures",
     "limits",
     "state",
     "events",

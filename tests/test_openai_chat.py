@@ -395,7 +395,8 @@ async def test_stream_tool_calls_without_index_or_with_repeated_index(
     second = {"index": 0, "id": "b", "function": {"name": "g", "arguments": '{"n": 1}'}}
     third = {"id": "c", "function": {"name": "h", "arguments": "{"}}
     tail = {"function": {"arguments": "}"}}
-    server.stream([chunk(first), chunk(second), chunk(third), chunk(tail)])
+    finish = {"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+    server.stream([chunk(first), chunk(second), chunk(third), chunk(tail), finish])
     response = await ask(make_model(stream=True))
     assert [(c.id, c.name, c.arguments) for c in response.message.tool_calls] == [
         ("a", "f", "{}"),

@@ -114,7 +114,8 @@ def test_arguments_that_are_not_json() -> None:
         ('  {"text": "x"}  ', {"text": "x"}),
         ('{"text": "a", "text": "b"}', {"text": "b"}),  # the last duplicate wins, as in json
         ('{"text": "x"} trailing', None),
-        ('{"text": "\\ud800"}', None),  # a lone surrogate cannot reach the model as UTF-8
+        # JSON allows a lone surrogate escape; UTF-8 cannot carry it: it arrives as U+FFFD
+        ('{"text": "\\ud800"}', {"text": "\ufffd"}),
         ("", {}),
     ],
 )

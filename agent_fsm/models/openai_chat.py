@@ -314,11 +314,8 @@ class OpenAIChatModel:
             message, transient = f"OpenAI client error: {err}", False
         elif isinstance(err, ValueError):
             message = f"malformed reply from {attempt.url}: {type(err).__name__}"
-        else:
-            message = (
-                f"the reply from {attempt.url} broke off after {attempt.elapsed()}: "
-                f"{type(err).__name__}: {err}"
-            )
+        else:  # the HTTP library's own error, from a stream the SDK did not wrap (older SDKs)
+            message = _transport_failure(err, attempt)
         if streaming and isinstance(err, ValueError | openai.APIError):
             message = f"while streaming: {message}"
         return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
@@ -482,11 +479,18 @@ class _Attempt:
 
 def _connection_failure(err: Exception, attempt: _Attempt) -> str:
     """Which connection failure: none made (refused, unknown host), or one the server
-    dropped before its reply was complete. The SDK wraps the HTTP library's exception, so
-    its kind is read from the cause, by name (this module imports no HTTP library)."""
-    cause = err.__cause__
+    dropped before its reply was complete. The SDK wraps the HTTP library's exception: its
+    kind is read from the cause."""
+    return _transport_failure(err.__cause__, attempt, fallback=str(err))
+
+
+def _transport_failure(
+    cause: BaseException | None, attempt: _Attempt, *, fallback: str = ""
+) -> str:
+    """Describe the HTTP library's exception ``cause``, by its class name (this module
+    imports no HTTP library)."""
     kind = type(cause).__name__ if cause is not None else ""
-    detail = str(cause) if cause is not None and str(cause) else kind or str(err)
+    detail = str(cause) if cause is not None and str(cause) else kind or fallback
     if kind in {"ConnectError", "ConnectTimeout"}:
         if _caused_by(cause, ConnectionRefusedError):
             return f"cannot connect to {attempt.url}: connection refused (is the server running?)"

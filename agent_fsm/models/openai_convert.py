@@ -259,6 +259,7 @@ class ReplyAssembler:
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
         self._saw_choice = False
+        self._streamed = False
 
     def add_completion(self, completion: object) -> None:
         """Add a whole ``chat.completion`` reply.
@@ -285,6 +286,7 @@ class ReplyAssembler:
             ModelCallError: transient, when the chunk is malformed.
         """
         self._add_envelope(chunk)
+        self._streamed = True
         choices = _field(chunk, "choices")
         if choices is None:
             return []
@@ -307,10 +309,16 @@ class ReplyAssembler:
         """The assembled response.
 
         Raises:
-            ModelCallError: transient, when no choice ever arrived.
+            ModelCallError: transient, when no choice ever arrived, or a stream ended without
+                a finish reason: a stream a proxy cut cleanly looks complete otherwise, and
+                its partial text must not become a final answer.
         """
         if not self._saw_choice:
             raise _malformed("the reply has no choices")
+        if self._streamed and self._finish_reason is None:
+            raise ModelCallError(
+                "the stream ended without a finish reason: the reply was cut off", transient=True
+            )
         calls = tuple(
             self._tool_call(position, parts) for position, parts in enumerate(self._calls)
         )

@@ -22,42 +22,56 @@ from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.events import EventBus, EventHandler
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
-from agent_fsm.messages import Message
+from agent_fsm.messages import Message, clean_message
 from agent_fsm.models.base import Model
 from agent_fsm.state import RunState
 from agent_fsm.table import StopReason
 from agent_fsm.tokens import estimate_message_tokens
 from agent_fsm.tools.tool import ToolRegistry
 
-__all__ = ["EndedRuns", "Reflector", "RunConfig", "RunContext"]
+__all__ = ["InProcessRuns", "Reflector", "RunConfig", "RunContext"]
 
 Reflector = Callable[[RunState], bool | Awaitable[bool]]
 """Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
 
 
-class EndedRuns:
-    """How the latest runs dropped from an agent's in-process store ended.
+class InProcessRuns:
+    """What an agent's in-process store cannot say about the runs it does not hold.
 
-    Without a store of its own, an agent keeps a run only while it can be resumed. Remembering
-    how each dropped run ended lets ``resume`` say "it finished" (``ResumeError``, as a durable
-    store does) instead of "no such run". Bounded: past ``keep`` ids the oldest are forgotten,
-    so a long-lived agent does not grow without end.
+    Without a store of its own, an agent keeps a run only while it can be resumed, and a
+    resumed run leaves the store until it stops again (so a second resume of the same pause,
+    a double-clicked Approve, finds nothing to carry out twice). This remembers how the
+    latest dropped runs ended, and which runs are out being resumed, so that ``resume`` says
+    "it finished" or "it is being resumed" (``ResumeError``) instead of "no such run".
+    Bounded: past ``keep`` ended ids the oldest are forgotten.
     """
 
-    __slots__ = ("_ended", "_keep")
+    __slots__ = ("_ended", "_keep", "_resuming")
 
     def __init__(self, keep: int = 10_000) -> None:
         self._keep = keep
         self._ended: OrderedDict[str, StopReason] = OrderedDict()
+        self._resuming: set[str] = set()
 
-    def add(self, run_id: str, stop_reason: StopReason) -> None:
+    def ended(self, run_id: str, stop_reason: StopReason) -> None:
+        self._resuming.discard(run_id)
         self._ended[run_id] = stop_reason
         self._ended.move_to_end(run_id)
         if len(self._ended) > self._keep:
             self._ended.popitem(last=False)
 
-    def get(self, run_id: str) -> StopReason | None:
+    def how_it_ended(self, run_id: str) -> StopReason | None:
         return self._ended.get(run_id)
+
+    def resuming(self, run_id: str) -> None:
+        self._resuming.add(run_id)
+
+    def stopped(self, run_id: str) -> None:
+        """The run stopped again (and is back in the store, if it can be resumed)."""
+        self._resuming.discard(run_id)
+
+    def is_resuming(self, run_id: str) -> bool:
+        return run_id in self._resuming
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,8 +92,8 @@ class RunConfig:
     checkpoint_every_transition: bool = False
     """Save after every transition (a durable store), or only runs that end resumable
     (paused, aborted, timed out) so that ``Agent.resume`` works in-process."""
-    ended: EndedRuns = field(default_factory=EndedRuns)
-    """The runs the in-process store dropped when they finished (see ``EndedRuns``)."""
+    in_process: InProcessRuns = field(default_factory=InProcessRuns)
+    """What the in-process store knows of the runs it does not hold (``InProcessRuns``)."""
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -113,8 +127,11 @@ class RunContext:
         return None
 
     def append(self, message: Message) -> None:
-        """Add ``message`` to the transcript and its size to the prompt estimate."""
+        """Add ``message`` to the transcript and its size to the prompt estimate. Its text
+        is cleaned of lone surrogates first (``clean_message``): the transcript is checkpointed,
+        traced and sent to providers, all as UTF-8."""
         state = self.state
+        message = clean_message(message)
         state.messages.append(message)
         state.prompt_tokens_estimate += estimate_message_tokens(message)
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.constructors import builder
-from agent_fsm.errors import ConfigError, RunError
+from agent_fsm.errors import ConfigError, ResumeError, RunError
 from agent_fsm.events import (
     AbortRequested,
     Event,
@@ -31,7 +31,7 @@ from agent_fsm.events import (
 )
 from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
-from agent_fsm.messages import Message, SystemMessage
+from agent_fsm.messages import Message, SystemMessage, clean_text
 from agent_fsm.run.acting import act
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
 from agent_fsm.run.observing import observe
@@ -161,7 +161,7 @@ class Run:
             ConfigError: when the message is not a string.
         """
         self._check_queueable(message)
-        self._state.pending_input.append(message)
+        self._state.pending_input.append(clean_text(message))
         self._ctx.bus.emit(
             SteeringQueued(run_id=self.run_id, message=message, turn=self._state.turns)
         )
@@ -176,7 +176,7 @@ class Run:
             ConfigError: when the message is not a string.
         """
         self._check_queueable(message)
-        self._state.follow_ups.append(message)
+        self._state.follow_ups.append(clean_text(message))
         self._ctx.bus.emit(
             FollowUpQueued(run_id=self.run_id, message=message, turn=self._state.turns)
         )
@@ -205,6 +205,8 @@ class Run:
         state, config = self._state, self._config
         if state.state in TERMINAL_STATES and not self._resumed_from_stop:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
+        if state.state in TERMINAL_STATES:
+            self._take_from_in_process_store()
         if self._handle is None:
             self._handle = config.machine.handle(state, config.limits)
         if not self._announced:
@@ -222,6 +224,26 @@ class Run:
             row = config.machine.fire(self._handle)
         self._after(row)
         return row
+
+    def _take_from_in_process_store(self) -> None:
+        """A run resumed from the agent's in-process store leaves it as its resume row is
+        taken, until it stops again: a second resume of the same pause (a double-clicked
+        Approve) then finds nothing to carry out twice. A durable store is saved as the row is
+        taken instead, and a second resume finds the run no longer stopped.
+
+        Raises:
+            ResumeError: another resume of this pause has already taken it.
+        """
+        config, run_id = self._config, self._state.run_id
+        store = config.store
+        if config.checkpoint_every_transition or store is None:
+            return
+        if not store.exists(run_id):
+            raise ResumeError(f"run {run_id} is already being resumed")
+        if len(store.load(run_id).trace) != len(self._state.trace):
+            raise ResumeError(f"run {run_id} has moved on since it was reopened: reopen it again")
+        store.delete(run_id)
+        config.in_process.resuming(run_id)
 
     async def iterate(self) -> AsyncIterator[TraceEntry]:
         """Step until the run ends, yielding each transition."""
@@ -342,21 +364,26 @@ class Run:
         store = config.store
         if store is None:
             return
-        if config.checkpoint_every_transition or stop_reason in config.machine.resumable:
+        if config.checkpoint_every_transition:
             store.save(state)
+        elif stop_reason in config.machine.resumable:
+            store.save(state)
+            config.in_process.stopped(state.run_id)
         else:
             if store.exists(state.run_id):
                 store.delete(state.run_id)
-            config.ended.add(state.run_id, stop_reason)
+            config.in_process.ended(state.run_id, stop_reason)
 
 
 def new_run_state(run_id: str, system_prompt: str, user_input: str, tools_tokens: int) -> RunState:
     """The state of a run that has not taken a step yet."""
-    messages: list[Message] = [SystemMessage(content=system_prompt)] if system_prompt else []
+    messages: list[Message] = (
+        [SystemMessage(content=clean_text(system_prompt))] if system_prompt else []
+    )
     return RunState(
         run_id=run_id,
         messages=messages,
         prompt_tokens_estimate=sum(estimate_message_tokens(m) for m in messages),
         tools_tokens_estimate=tools_tokens,
-        pending_input=[user_input],
+        pending_input=[clean_text(user_input)],
     )

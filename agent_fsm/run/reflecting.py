@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable
 
+from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.run.context import Reflector, RunContext
 
 __all__ = ["reflect"]
@@ -22,7 +23,16 @@ def reflect(ctx: RunContext) -> Awaitable[None] | None:
 
 
 async def _ask(ctx: RunContext, reflector: Reflector) -> None:
-    verdict = reflector(ctx.state)
-    if inspect.isawaitable(verdict):
-        verdict = await verdict
-    ctx.state.reflector_done = bool(verdict)
+    """A reflector that raises is a bug in a hook, not in the run: it is logged with its
+    traceback and its verdict is "not done", so the budgets still end the run."""
+    try:
+        verdict = reflector(ctx.state)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        done = bool(verdict)
+    except BaseException as exc:
+        if not is_own_failure(exc):
+            raise
+        ctx.log.warning("reflector_failed", turn=ctx.state.turns, error=describe(exc), exc_info=exc)
+        done = False
+    ctx.state.reflector_done = done

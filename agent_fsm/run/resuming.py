@@ -23,6 +23,7 @@ from __future__ import annotations
 from agent_fsm.errors import ResumeError
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
+from agent_fsm.messages import clean_text
 from agent_fsm.run.approvals import Decisions, decide
 from agent_fsm.state import Decision, RunState, reopen_fields
 from agent_fsm.table import STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
@@ -85,7 +86,7 @@ def _answer_stop(
         raise finished(state.run_id, stop.value if stop else state.state.value)
     decisions = _check_answer(state, candidates, reply, approvals)
     if reply is not None:
-        state.pending_input.append(reply)
+        state.pending_input.append(clean_text(reply))
     state.decisions = decisions
     row = machine.resume_row(state, limits)
     if row is None:

@@ -12,6 +12,7 @@ from agent_fsm.cancellation import StopScope
 from agent_fsm.constructors import builder
 from agent_fsm.errors import ScriptExhaustedError
 from agent_fsm.events import MessageUpdated, ModelFailed, ModelRequested, ModelResponded
+from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.limits import Limits
 from agent_fsm.loop.detection import record_reply_text
 from agent_fsm.messages import (
@@ -23,6 +24,7 @@ from agent_fsm.messages import (
     ToolCall,
     TranscriptView,
     Usage,
+    clean_message,
 )
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.run.context import RunContext
@@ -42,13 +44,14 @@ _model_responded = builder(ModelResponded)
 def failure_from(exc: BaseException) -> ModelFailure:
     """Classify an exception raised by a model call: transient ones are retried."""
     if isinstance(exc, ModelCallError):
+        message = describe(exc).removeprefix(f"{type(exc).__name__}: ")
         return ModelFailure(
-            message=str(exc), permanent=not exc.transient, retry_after_s=exc.retry_after_s
+            message=message, permanent=not exc.transient, retry_after_s=exc.retry_after_s
         )
     transient = isinstance(exc, TimeoutError | ConnectionError)
     if isinstance(exc, ScriptExhaustedError):
         transient = False
-    return ModelFailure(message=f"{type(exc).__name__}: {exc}", permanent=not transient)
+    return ModelFailure(message=describe(exc), permanent=not transient)
 
 
 def with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
@@ -99,11 +102,13 @@ async def think(ctx: RunContext) -> None:
     try:
         with scope:
             response = await _call_model(ctx, previous)
-    except Exception as exc:
+    except BaseException as exc:
         if scope.stopped:  # the model turned our cancellation into an error of its own
             _interrupted(ctx)
-        else:
+        elif is_own_failure(exc):  # anything the model raised, CancelledError and all
             _failed(ctx, failure_from(exc))
+        else:
+            raise  # a cancellation of the whole run from outside, or a KeyboardInterrupt
         return
     if scope.stopped:
         _interrupted(ctx)
@@ -179,6 +184,18 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None) -> object:
     return await config.model.request(request)
 
 
+USAGE_CEILING = 10**12
+"""The most tokens one reply may report per count: far above any real call, and low enough
+that a million calls sum below SQLite's INTEGER (2**63). A broken proxy's 2**63 is clamped
+to it, and the token budget then ends the run."""
+
+
+def _one_sane_request(usage: Usage) -> Usage:
+    counts = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
+    update: dict[str, int] = {name: min(getattr(usage, name), USAGE_CEILING) for name in counts}
+    return usage.model_copy(update={**update, "requests": 1})
+
+
 def _entered_by_retry(ctx: RunContext) -> bool:
     trace = ctx.state.trace
     if not trace or trace[-1][0] < 0:
@@ -197,7 +214,7 @@ def _take_reply(ctx: RunContext, response: object) -> None:
             ),
         )
         return
-    message = response.message
+    message = clean_message(response.message)  # output and loop detection read it too
     usage = response.usage
     if usage is None:
         usage = Usage(
@@ -206,8 +223,8 @@ def _take_reply(ctx: RunContext, response: object) -> None:
             requests=1,
             estimated=True,
         )
-    elif usage.requests != 1:
-        usage = usage.model_copy(update={"requests": 1})
+    elif usage.requests != 1 or max(usage.input_tokens, usage.output_tokens) > USAGE_CEILING:
+        usage = _one_sane_request(usage)
     state.usage = state.usage + usage
     emit = ctx.bus.emitter
     if emit is not None:

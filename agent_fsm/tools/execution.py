@@ -28,8 +28,9 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.limits import Limits
-from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
+from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_message
 from agent_fsm.tools.results import (
     ToolResult,
     error_result,
@@ -102,6 +103,15 @@ def _deliver(future: asyncio.Future[Any], value: Any, error: BaseException | Non
         future.set_exception(error)
 
 
+class _CarriedOut(Exception):
+    """A ``BaseException`` a sync tool raised on its worker thread, carried to the loop as an
+    ordinary failure (``original`` is what the tool raised)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(describe(original))
+        self.original = original
+
+
 def run_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
     """Run ``fn(**kwargs)`` on a daemon worker thread, in a copy of the current context.
 
@@ -118,8 +128,13 @@ def run_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Fut
             value = context.run(fn, **kwargs)
         except StopIteration as exc:  # a future cannot hold StopIteration
             error = RuntimeError(f"StopIteration: {exc}")
-        except BaseException as exc:
+        except Exception as exc:
             error = exc
+        except BaseException as exc:
+            # The tool's own SystemExit, KeyboardInterrupt (raised on this thread, so never
+            # the person's Ctrl-C) or CancelledError: awaited as they are, asyncio would
+            # carry them out of the event loop.
+            error = _CarriedOut(exc)
         # A closed loop raises RuntimeError: nobody waits for this result any more.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_deliver, future, value, error)
@@ -311,17 +326,15 @@ async def _attempt(
     deadline = _Deadline(timeout_s)
     try:
         value = await fn(**values) if tool.is_async else await run_in_thread(fn, values)
-    except asyncio.CancelledError:
-        if not deadline.finish():
-            raise
-        return _timed_out(call, tool, timeout_s, runtime)
-    except Exception as exc:
-        deadline.finish()
-        if deadline.expired:
+    except BaseException as exc:
+        if deadline.finish():
             return _timed_out(call, tool, timeout_s, runtime)
-        message = f"Tool '{call.name}' failed: {type(exc).__name__}: {exc}"
-        where = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
-        return _Outcome(failure=exc, message=message, traceback=where)
+        if not is_own_failure(exc):
+            raise  # the run's own cancellation (abort, its deadline), or a KeyboardInterrupt
+        failure = exc.original if isinstance(exc, _CarriedOut) else exc
+        message = f"Tool '{call.name}' failed: {describe(failure)}"
+        where = "".join(traceback.format_exception(failure))[-TRACEBACK_CHARS:]
+        return _Outcome(failure=failure, message=message, traceback=where)
     deadline.finish()
     return _Outcome(value=value)
 
@@ -382,6 +395,8 @@ def _answer(
         runtime["shown_chars"] = limit
         output = truncate(output, limit, call.name)
     details = merge_runtime_details(details, runtime)
-    return ToolMessage(
-        tool_call_id=call.id, name=call.name, content=output, status=status, details=details
+    return clean_message(
+        ToolMessage(
+            tool_call_id=call.id, name=call.name, content=output, status=status, details=details
+        )
     )

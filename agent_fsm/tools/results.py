@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
+from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_message
 
 __all__ = [
     "ToolResult",
@@ -123,10 +123,10 @@ def truncate(text: str, keep: int, name: str, original_chars: int | None = None)
 
 def error_result(call: ToolCall, message: str, details: JsonValue = None) -> ToolMessage:
     """An error answer to ``call`` that the model can correct from."""
-    return ToolMessage(
+    return clean_message(ToolMessage(
         tool_call_id=call.id, name=call.name, content=message, status=ToolStatus.ERROR,
         details=details,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def skipped_result(call: ToolCall, reason: str) -> ToolMessage:

@@ -67,27 +67,51 @@ def _parameter_docs(fn: Callable[..., Any]) -> dict[str, str]:
     return {p.arg_name: " ".join(p.description.split()) for p in parsed.params if p.description}
 
 
-def _is_json_native(annotation: Any) -> bool:
-    """True when a JSON value that matches the schema of ``annotation`` is already of it."""
+def _is_json_native(annotation: Any, *, nested: bool = False) -> bool:
+    """True when a JSON value that matches the schema of ``annotation`` is already of it. An
+    ``int`` is, at the top level only: JSON Schema's integer accepts ``2.0``, which the tool
+    layer turns into ``2`` for top-level parameters (``integer_parameters``); a nested one
+    needs the arguments model to convert it."""
     if annotation in _JSON_NATIVE:
-        return True
+        return not (nested and annotation is int)
     origin = get_origin(annotation)
     args = get_args(annotation)
     if origin is Annotated:
         return all(isinstance(m, FieldInfo) for m in annotation.__metadata__) and _is_json_native(
-            args[0]
+            args[0], nested=nested
         )
     if origin is Literal:
         return all(isinstance(a, str | int | bool) or a is None for a in args)
     if origin in (Union, types.UnionType):
-        return all(_is_json_native(a) for a in args)
+        return all(_is_json_native(a, nested=nested) for a in args)
     if annotation in _CONTAINERS:
         return True
     if origin is list:
-        return all(_is_json_native(a) for a in args)
+        return all(_is_json_native(a, nested=True) for a in args)
     if origin is dict:
-        return (not args or args[0] is str) and all(_is_json_native(a) for a in args[1:])
+        return (not args or args[0] is str) and all(
+            _is_json_native(a, nested=True) for a in args[1:]
+        )
     return False
+
+
+def integer_parameters(parameters: Mapping[str, Any]) -> frozenset[str]:
+    """The top-level parameters a schema types as integers (alone, or in an ``anyOf`` such
+    as ``int | None``): a JSON number like ``2.0`` passes their validation and must reach the
+    function as ``2``."""
+
+    def integer(node: object) -> bool:
+        return isinstance(node, Mapping) and node.get("type") == "integer"
+
+    properties = parameters.get("properties")
+    if not isinstance(properties, Mapping):
+        return frozenset()
+    return frozenset(
+        name
+        for name, node in properties.items()
+        if integer(node)
+        or (isinstance(node, Mapping) and any(integer(o) for o in node.get("anyOf") or ()))
+    )
 
 
 def _strip_titles(node: Any) -> None:

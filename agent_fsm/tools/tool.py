@@ -26,12 +26,20 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import from_json
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from agent_fsm.errors import ConfigError
-from agent_fsm.messages import ToolCall, ToolSpec
+from agent_fsm.messages import ToolCall, ToolSpec, clean_json
 from agent_fsm.state import ControlKind
 from agent_fsm.tools.results import ToolResult, error_result, serialise_output, skipped_result
-from agent_fsm.tools.schemas import derive_schema, describe_function, fast_check
+from agent_fsm.tools.schemas import (
+    derive_schema,
+    describe_function,
+    fast_check,
+    integer_parameters,
+)
 
 __all__ = [
     "ASK_USER",
@@ -54,6 +62,30 @@ ToolFunction = Callable[..., Any] | Callable[..., Awaitable[Any]]
 
 ApprovalPredicate = Callable[[dict[str, Any]], bool]
 """Decides from a call's validated JSON arguments whether a person must approve it first."""
+
+
+def _unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
+    """The ``$ref`` values of ``schema`` that do not resolve within it: found here, not when
+    the model first calls the tool (where the validator would raise inside the run)."""
+    resolver = Registry().with_resource("", DRAFT202012.create_resource(schema)).resolver("")
+    refs: list[str] = []
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                refs.append(ref)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    bad = []
+    for ref in refs:
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            bad.append(ref)
+    return bad
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +139,9 @@ class Tool:
     """A quick test that passes only arguments the schema accepts, for simple schemas (flat,
     primitive types); a failure is confirmed, and explained, by the full validator."""
     is_async: bool = field(init=False, repr=False, compare=False)
+    integer_parameters: frozenset[str] = field(init=False, repr=False, compare=False)
+    """Top-level parameters typed integer: a validated ``2.0`` among them is passed as ``2``
+    when no arguments model converts the arguments."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_PATTERN.match(self.name):
@@ -128,6 +163,13 @@ class Tool:
                 f"tool {self.name!r}: parameters are not valid JSON Schema at {where}: "
                 f"{exc.message}"
             ) from None
+        unresolvable = _unresolvable_refs(self.parameters)
+        if unresolvable:
+            raise ConfigError(
+                f"tool {self.name!r}: parameters refer to what they do not define: "
+                f"{', '.join(unresolvable)} (every $ref must point inside the schema, e.g. "
+                "#/$defs/...)"
+            )
         if self.parameters.get("type") != "object":
             raise ConfigError(
                 f'tool {self.name!r}: the parameters schema must have "type": "object" '
@@ -137,6 +179,7 @@ class Tool:
         object.__setattr__(self, "validator", Draft202012Validator(self.parameters))
         object.__setattr__(self, "fast_check", fast_check(self.parameters))
         object.__setattr__(self, "is_async", _is_async(self.fn))
+        object.__setattr__(self, "integer_parameters", integer_parameters(self.parameters))
 
     def _check_options(self) -> None:
         problems: list[str] = []
@@ -322,6 +365,22 @@ def _where(path: Iterable[Any]) -> str:
     return "/".join(str(p) for p in path) or "(arguments)"
 
 
+_UNPARSED: Any = object()
+"""What ``_with_lone_surrogates`` returns for text that is not JSON at all."""
+
+
+def _with_lone_surrogates(raw: str) -> Any:
+    """Arguments whose only fault is a lone surrogate escape (``"\\ud83d"``: JSON allows the
+    escape, pydantic_core refuses it), parsed with each one replaced by U+FFFD, as the
+    transcript holds text (``clean_text``); ``_UNPARSED`` for anything else."""
+    if "\\ud" not in raw.lower():
+        return _UNPARSED
+    try:
+        return clean_json(json.loads(raw))
+    except ValueError:
+        return _UNPARSED
+
+
 _QUOTE_CHARS = 200
 """How much of unparseable arguments an error result quotes back to the model."""
 
@@ -391,13 +450,16 @@ class ToolRegistry:
                 call, None, None,
                 f"Unknown tool '{call.name}'. Available tools: {available}.",
             )  # fmt: skip
+        problem = ""
         try:
             # pydantic_core's parser: the same values as json.loads, at a sixth of the cost.
             arguments = from_json(call.arguments) if call.arguments.strip() else {}
         except ValueError as exc:
+            arguments, problem = _with_lone_surrogates(call.arguments), str(exc)
+        if arguments is _UNPARSED:
             return PreparedCall(
                 call, found, None,
-                f"The arguments for tool '{call.name}' are not valid JSON ({exc}): "
+                f"The arguments for tool '{call.name}' are not valid JSON ({problem}): "
                 f"{_quoted(call.arguments)}. Send them as one JSON object that matches the "
                 "tool's schema.",
             )  # fmt: skip
@@ -416,6 +478,10 @@ class ToolRegistry:
                 )
         model = found.arguments_model
         if model is None:
+            for name in found.integer_parameters.intersection(arguments):
+                value = arguments[name]
+                if type(value) is float and value.is_integer():
+                    arguments[name] = int(value)
             return PreparedCall(call, found, arguments, None, arguments)
         try:
             converted = model.model_validate(arguments)
