@@ -311,8 +311,10 @@ def clean_message(message: _M) -> _M:
     content = clean_text(message.content)
     if content is not message.content:
         update["content"] = content
-    if isinstance(message, AssistantMessage) and not all(
-        call.name.isascii() and call.arguments.isascii() for call in message.tool_calls
+    if (
+        isinstance(message, AssistantMessage)
+        and message.tool_calls
+        and not all(call.name.isascii() and call.arguments.isascii() for call in message.tool_calls)
     ):
         update["tool_calls"] = tuple(
             call.model_copy(
@@ -320,7 +322,11 @@ def clean_message(message: _M) -> _M:
             )
             for call in message.tool_calls
         )
-    if isinstance(message, ToolMessage) and not _json_is_clean(message.details):
+    if (
+        isinstance(message, ToolMessage)
+        and message.details is not None
+        and not _json_is_clean(message.details)
+    ):
         update["details"] = clean_json(message.details)
     if not update:
         return message

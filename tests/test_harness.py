@@ -180,14 +180,17 @@ def test_generated_arguments_follow_each_tools_schema(data: st.DataObject) -> No
 @settings(max_examples=150, deadline=None)
 @given(step=replies_for(AGENT))
 def test_reproducer_source_rebuilds_every_generated_step(step: object) -> None:
+    from asyncio import CancelledError  # noqa: F401
+
+    from agent_fsm.failures import describe
     from agent_fsm.messages import FinishReason, Usage  # noqa: F401 - names the source uses
     from agent_fsm.models.base import ModelCallError  # noqa: F401
-    from agent_fsm.testing import raw_call  # noqa: F401
+    from agent_fsm.testing import UnreadableError, raw_call  # noqa: F401
 
     source, _ = item_source(step)
     rebuilt = eval(source)
     if isinstance(step, BaseException):
-        assert (type(rebuilt), str(rebuilt)) == (type(step), str(step))
+        assert (type(rebuilt), describe(rebuilt)) == (type(step), describe(step))
     elif isinstance(step, ModelResponse):
         assert rebuilt == step
     else:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 
 from agent_fsm.errors import ResumeError
-from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
+from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_text
 from agent_fsm.state import Approval, ControlKind, ControlRequest, Decision
 from agent_fsm.tools.tool import PreparedCall
 
@@ -122,6 +122,8 @@ def _approval(call_id: str, decision: object) -> Approval:
     if isinstance(decision, bool):
         return Approval(allow=decision)
     if isinstance(decision, Approval):
+        if decision.reason and clean_text(decision.reason) is not decision.reason:
+            return decision.model_copy(update={"reason": clean_text(decision.reason)})
         return decision
     raise ResumeError(
         f"the decision for {call_id} must be True, False or an Approval, "

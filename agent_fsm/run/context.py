@@ -22,7 +22,7 @@ from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.events import EventBus, EventHandler
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
-from agent_fsm.messages import Message, clean_message
+from agent_fsm.messages import Message
 from agent_fsm.models.base import Model
 from agent_fsm.state import RunState
 from agent_fsm.table import StopReason
@@ -127,11 +127,12 @@ class RunContext:
         return None
 
     def append(self, message: Message) -> None:
-        """Add ``message`` to the transcript and its size to the prompt estimate. Its text
-        is cleaned of lone surrogates first (``clean_message``): the transcript is checkpointed,
-        traced and sent to providers, all as UTF-8."""
+        """Add ``message`` to the transcript and its size to the prompt estimate.
+
+        Its text must be clean of lone surrogates (the transcript is checkpointed, traced and
+        sent to providers, all as UTF-8): text is cleaned where it enters the run (the user's
+        input and answers, the model's reply, a tool's result), not here on every append."""
         state = self.state
-        message = clean_message(message)
         state.messages.append(message)
         state.prompt_tokens_estimate += estimate_message_tokens(message)
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         BehaviourModel,
         FakeClock,
         ToolOutcome,
+        UnreadableError,
         tool_double,
         with_tool_doubles,
     )
@@ -73,6 +74,7 @@ __all__ = [
     "BehaviourModel",
     "FakeClock",
     "ToolOutcome",
+    "UnreadableError",
     "tool_double",
     "with_tool_doubles",
     # exhaustive checking
@@ -93,6 +95,7 @@ _WHERE: dict[str, str] = {
     "BehaviourModel": "agent_fsm.testing.behaviour",
     "FakeClock": "agent_fsm.testing.behaviour",
     "ToolOutcome": "agent_fsm.testing.behaviour",
+    "UnreadableError": "agent_fsm.testing.behaviour",
     "tool_double": "agent_fsm.testing.behaviour",
     "with_tool_doubles": "agent_fsm.testing.behaviour",
     "ExhaustiveReport": "agent_fsm.testing.exhaustive",

@@ -9,6 +9,7 @@ exhaustive checker enumerates them (``exhaustive.py``); both play them through `
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,13 +30,14 @@ __all__ = [
     "BehaviourModel",
     "FakeClock",
     "ToolOutcome",
+    "UnreadableError",
     "example_arguments",
     "tool_double",
     "user_tools",
     "with_tool_doubles",
 ]
 
-ToolOutcomeKind = Literal["real", "returns", "raises", "timeout", "huge"]
+ToolOutcomeKind = Literal["real", "returns", "raises", "exits", "timeout", "huge"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +45,11 @@ class ToolOutcome:
     """What one call of a tool double does. Its ``repr`` is the Python source that builds it.
 
     kinds: ``real`` runs the real tool (a sync one inline, not in a worker thread);
-    ``returns`` returns ``text``; ``raises`` raises ``RuntimeError(text)``; ``timeout`` raises
-    an error result worded exactly as the tool runtime answers a call that ran past its timeout
-    (without waiting for it); ``huge`` returns ``text`` (``"x"`` if
+    ``returns`` returns ``text``; ``raises`` raises ``RuntimeError(text)``; ``exits`` raises
+    what no ``except Exception`` catches, named by ``text`` (``SystemExit``,
+    ``GeneratorExit``, ``CancelledError``, or ``unreadable``: an ``UnreadableError``);
+    ``timeout`` raises an error result worded exactly as the tool runtime answers a call that
+    ran past its timeout (without waiting for it); ``huge`` returns ``text`` (``"x"`` if
     empty) repeated ``size`` times.
     """
 
@@ -122,11 +126,32 @@ class FakeClock:
         self.now += max(seconds, 0.0)
 
 
+class UnreadableError(Exception):
+    """An exception whose message cannot be read (its ``__str__`` raises), as hostile or
+    careless code raises: the engine must report it, not fail while reporting it."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this exception has no readable message")
+
+    def __repr__(self) -> str:
+        return "UnreadableError()"
+
+
+_EXITS: dict[str, type[BaseException]] = {
+    "SystemExit": SystemExit,
+    "GeneratorExit": GeneratorExit,
+    "CancelledError": asyncio.CancelledError,
+}
+"""What an ``exits`` outcome raises, by name (any other name: ``UnreadableError``)."""
+
+
 async def _outcome(tool: Tool, outcome: ToolOutcome, arguments: dict[str, Any]) -> Any:
     if outcome.kind == "returns":
         return outcome.text
     if outcome.kind == "raises":
         raise RuntimeError(outcome.text)
+    if outcome.kind == "exits":
+        raise _EXITS.get(outcome.text, UnreadableError)()
     if outcome.kind == "timeout":
         # The runtime's own words for a call that ran past its time, without the wait. (A
         # TimeoutError raised *by* a tool is a failure of the tool, reported as such.)

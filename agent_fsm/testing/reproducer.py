@@ -8,13 +8,14 @@ bound to the agent under test, so it runs as is inside the user's test.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import keyword
 from collections.abc import Iterable, Mapping, Sequence
 
 from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, Usage
 from agent_fsm.models.base import ModelCallError
-from agent_fsm.testing.behaviour import EXHAUSTED, ToolOutcome
+from agent_fsm.testing.behaviour import EXHAUSTED, ToolOutcome, UnreadableError
 
 __all__ = ["item_source", "reproducer", "script_source"]
 
@@ -67,9 +68,20 @@ def item_source(item: object) -> tuple[str, set[str]]:
             f"ModelCallError({str(item)!r}, transient={item.transient!r}{extra})",
             {"ModelCallError"},
         )
+    if isinstance(item, UnreadableError):
+        return "UnreadableError()", {"UnreadableError"}
+    if isinstance(item, asyncio.CancelledError):
+        return f"CancelledError({_message(item)!r})", {"CancelledError"}
     if isinstance(item, BaseException):
-        return f"{type(item).__name__}({str(item)!r})", set()
+        return f"{type(item).__name__}({_message(item)!r})", set()
     return repr(item), set()
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # an exception whose message cannot be read, on purpose
+        return ""
 
 
 def script_source(items: Iterable[object], indent: str = "    ") -> tuple[str, set[str]]:
@@ -95,6 +107,8 @@ _IMPORTS = {
     "reply": "agent_fsm.testing",
     "with_tool_doubles": "agent_fsm.testing",
     "check_invariants": "agent_fsm.testing",
+    "UnreadableError": "agent_fsm.testing",
+    "CancelledError": "asyncio",
 }
 
 

@@ -22,6 +22,7 @@ The strategies compose, and can be focused on one agent:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import replace
@@ -40,6 +41,7 @@ from agent_fsm.testing.behaviour import (
     Behaviour,
     BehaviourModel,
     ToolOutcome,
+    UnreadableError,
     example_arguments,
     user_tools,
 )
@@ -129,8 +131,13 @@ def tool_calls(tool_names: Sequence[str]) -> st.SearchStrategy[ToolCall]:
     )
 
 
+_LONE_SURROGATE = "\ud83d"
+"""Half a surrogate pair: text that cannot be encoded as UTF-8 (``os.listdir`` returns it for
+a file name in another encoding)."""
+
+
 def usages() -> st.SearchStrategy[Usage | None]:
-    """Reported usage: none (the engine estimates), plausible, or absurd (up to 10**9)."""
+    """Reported usage: none (the engine estimates), plausible, or absurd (up to 2**64)."""
     return st.one_of(
         st.none(),
         st.builds(
@@ -138,10 +145,10 @@ def usages() -> st.SearchStrategy[Usage | None]:
             st.integers(0, 2_000),
             st.integers(0, 500),
         ),
-        st.builds(  # absurd values
+        st.builds(  # absurd values, up to what a broken proxy reports (past SQLite's INTEGER)
             lambda i, o: Usage(input_tokens=i, output_tokens=o, requests=1),
-            st.integers(0, 10**9),
-            st.integers(0, 10**9),
+            st.one_of(st.integers(0, 10**9), st.just(2**63)),
+            st.one_of(st.integers(0, 10**9), st.just(2**64)),
         ),
     )
 
@@ -162,6 +169,9 @@ def model_errors(*, retry_after: bool = False) -> st.SearchStrategy[BaseExceptio
         st.just(TimeoutError("read timed out")),
         st.just(ConnectionError("connection reset")),
         st.just(RuntimeError("adapter bug")),
+        # what no `except Exception` catches, raised by the model of its own accord
+        st.sampled_from([SystemExit, GeneratorExit, asyncio.CancelledError]).map(lambda e: e()),
+        st.just(UnreadableError()),
     )
 
 
@@ -185,7 +195,7 @@ def edge_replies() -> st.SearchStrategy[ModelResponse]:
 def _reply_steps(
     calls: st.SearchStrategy[ToolCall], *, retry_after: bool = False
 ) -> st.SearchStrategy[object]:
-    text = st.sampled_from(["", "ok", "thinking…", "the answer is 4"])
+    text = st.sampled_from(["", "ok", "thinking…", "the answer is 4", f"bad {_LONE_SURROGATE}"])
     plain = st.builds(
         lambda t, reason, usage: reply(t, finish_reason=reason, usage=usage),
         text,
@@ -333,6 +343,12 @@ def tool_outcomes() -> st.SearchStrategy[ToolOutcome]:
         st.just(ToolOutcome("real")),
         st.builds(ToolOutcome, st.just("returns"), st.sampled_from(["", "ok", "same", "{}"])),
         st.builds(ToolOutcome, st.just("raises"), st.sampled_from(["boom", "permission denied"])),
+        st.builds(
+            ToolOutcome,
+            st.just("exits"),
+            st.sampled_from(["SystemExit", "GeneratorExit", "CancelledError", "unreadable"]),
+        ),
+        st.builds(ToolOutcome, st.just("returns"), st.just(f"report{_LONE_SURROGATE}.txt")),
         st.just(ToolOutcome("timeout")),
         st.builds(ToolOutcome, st.just("huge"), st.just("x"), st.sampled_from([10_000, 200_000])),
     )

@@ -478,8 +478,8 @@ class ToolRegistry:
                 )
         model = found.arguments_model
         if model is None:
-            for name in found.integer_parameters.intersection(arguments):
-                value = arguments[name]
+            for name in found.integer_parameters:
+                value = arguments.get(name)
                 if type(value) is float and value.is_integer():
                     arguments[name] = int(value)
             return PreparedCall(call, found, arguments, None, arguments)
