@@ -23,15 +23,20 @@ from agent_fsm.errors import CheckpointError, ConfigError, ResumeError, RunError
 from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound
+from agent_fsm.messages import Message
 from agent_fsm.models.base import Model
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
+from agent_fsm.run.history import prepare_history
 from agent_fsm.run.resuming import Decisions, finished, reopen
 from agent_fsm.state import RunResult
-from agent_fsm.table import TABLE, Row
+from agent_fsm.table import TABLE, AgentState, Row
 from agent_fsm.tokens import estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
 
 __all__ = ["Agent"]
+
+History = Sequence[Message] | RunResult
+"""An earlier conversation to start a run from (``Agent.start(history=...)``)."""
 
 _CONTROL_TOOLS = {"ask_user": ASK_USER, "finish_task": FINISH_TASK}
 _DEFAULT_MACHINE: AgentMachine | None = None
@@ -171,13 +176,39 @@ class Agent:
         """What every run of this agent is guaranteed to stay within."""
         return self._config.machine.bound(self._config.limits)
 
-    def start(self, user_input: str, *, run_id: str | None = None) -> Run:
+    def start(
+        self,
+        user_input: str,
+        *,
+        run_id: str | None = None,
+        history: History | None = None,
+        continues: str | None = None,
+    ) -> Run:
         """A new run, not yet stepped: drive it with ``step()``, ``iterate()`` or ``run()``.
+
+        Args:
+            user_input: the user's message.
+            run_id: the new run's id; a fresh one when None.
+            history: an earlier conversation to start from: the messages of an earlier
+                ``RunResult`` (or the result itself), or any list of transcript messages
+                (dicts are validated). It is repaired first (``run.history``): a call with
+                no result gets an "interrupted" one, a stray result is dropped, and the
+                agent's system prompt replaces the history's; a ``HistoryRepaired`` event
+                reports what changed.
+            continues: the id of a run in this agent's store whose conversation to go on
+                with (``history`` taken from it). The stored run is left as it is.
+
+        A run that starts from a history is a new run: its turns, usage and every limit
+        count from zero, and its id is its own. The history's tokens are part of every
+        prompt, so they count against the token budget as prompt tokens do.
 
         Raises:
             ConfigError: ``run_id`` names a run the store holds (or one being resumed): a
                 new run under that id would be answered from the old run's tool journal, and
                 its calls would never run. Resume that run, delete it, or choose a new id.
+                Also: a malformed ``history``, both ``history`` and ``continues``, or a
+                ``continues`` run that has not stopped.
+            CheckpointError: no run ``continues`` in the store.
         """
         if not isinstance(user_input, str):
             raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
@@ -188,9 +219,30 @@ class Agent:
                 f"run id {run_id!r} is taken: the store holds that run. Resume it "
                 "(agent.resume), delete it (agent.checkpoints.delete), or choose a new id"
             )
+        if continues is not None:
+            if history is not None:
+                raise ConfigError("pass history= or continues=, not both")
+            history = self._stored_conversation(continues)
+        messages, repaired = prepare_history(history) if history is not None else ([], None)
         run_id = run_id or uuid.uuid4().hex
-        state = new_run_state(run_id, self.system_prompt, user_input, self._config.tools_tokens)
-        return Run(self._config, state)
+        state = new_run_state(
+            run_id, self.system_prompt, user_input, self._config.tools_tokens, messages
+        )
+        return Run(self._config, state, repaired=repaired)
+
+    def _stored_conversation(self, run_id: str) -> list[Message]:
+        """The transcript of a stopped run of this agent's store."""
+        if not self.checkpoints.exists(run_id) and self._config.in_process.how_it_ended(run_id):
+            raise ConfigError(
+                f"run {run_id} finished and the in-process store keeps only runs that can be "
+                "resumed: pass its messages as history=result, or give the agent a store"
+            )
+        stored = self.checkpoints.load(run_id)
+        if stored.state not in (AgentState.DONE, AgentState.ERROR):
+            raise ConfigError(
+                f"run {run_id} has not stopped (it is in {stored.state}): resume it instead"
+            )
+        return stored.messages
 
     @property
     def checkpoints(self) -> CheckpointStore:
@@ -245,14 +297,31 @@ class Agent:
         """``resume`` for synchronous code."""
         return self._sync(self.resume(run_id, reply, approvals=approvals))
 
-    async def run(self, user_input: str, *, run_id: str | None = None) -> RunResult:
+    async def run(
+        self,
+        user_input: str,
+        *,
+        run_id: str | None = None,
+        history: History | None = None,
+        continues: str | None = None,
+    ) -> RunResult:
         """Run to the end (or to a pause) and return the result. Never raises for model or
-        tool failures: they end the run with a stop reason."""
-        return await self.start(user_input, run_id=run_id).run()
+        tool failures: they end the run with a stop reason. ``history`` and ``continues``
+        start from an earlier conversation (see ``start``)."""
+        return await self.start(
+            user_input, run_id=run_id, history=history, continues=continues
+        ).run()
 
-    def run_sync(self, user_input: str, *, run_id: str | None = None) -> RunResult:
+    def run_sync(
+        self,
+        user_input: str,
+        *,
+        run_id: str | None = None,
+        history: History | None = None,
+        continues: str | None = None,
+    ) -> RunResult:
         """``run`` for synchronous code; not callable from inside a running event loop."""
-        return self._sync(self.run(user_input, run_id=run_id))
+        return self._sync(self.run(user_input, run_id=run_id, history=history, continues=continues))
 
     def _sync(self, work: Coroutine[Any, Any, RunResult]) -> RunResult:
         try:
@@ -278,7 +347,14 @@ class Agent:
             if aclose is not None:
                 await aclose()
 
-    async def stream(self, user_input: str, *, run_id: str | None = None) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        user_input: str,
+        *,
+        run_id: str | None = None,
+        history: History | None = None,
+        continues: str | None = None,
+    ) -> AsyncIterator[Event]:
         """Run and yield every event as it happens; the last one is ``RunFinished``.
 
         The run goes on while you read. When you stop reading early, close the stream so the
@@ -288,7 +364,7 @@ class Agent:
         break out of but keep a reference to cannot be told apart from a slow reader: the run
         goes on until the stream is closed.
         """
-        run = self.start(user_input, run_id=run_id)
+        run = self.start(user_input, run_id=run_id, history=history, continues=continues)
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
         run.subscribe(queue.put_nowait)
         task = asyncio.create_task(run.run())

@@ -32,6 +32,7 @@ __all__ = [
     "Event",
     "EventHandler",
     "GuardTripped",
+    "HistoryRepaired",
     "MessageUpdated",
     "ModelFailed",
     "ModelRequested",
@@ -54,6 +55,22 @@ class RunStarted:
     run_id: str
     input: str
     """The user's message that started the run."""
+
+
+@quick_init
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryRepaired:
+    """The run started from an earlier conversation (``history=``) that had to be repaired
+    before the first model call, so that every tool call has exactly one result."""
+
+    kind: Literal["history_repaired"] = "history_repaired"
+    run_id: str
+    answered: tuple[str, ...] = ()
+    """Calls given an "interrupted" result: they had none."""
+    dropped: tuple[str, ...] = ()
+    """Results dropped (their ``tool_call_id``): they answered no open call."""
+    system_messages: int = 0
+    """System messages dropped: the agent's own system prompt leads the run."""
 
 
 @quick_init
@@ -278,6 +295,7 @@ class AbortRequested:
 
 Event = Annotated[
     RunStarted
+    | HistoryRepaired
     | StateChanged
     | ModelRequested
     | MessageUpdated

@@ -57,6 +57,7 @@ LAYERS = [
     "run.reflecting",
     "run.outcome",
     "run.resuming",
+    "run.history",
     "run.engine",
     "run",
     # the top

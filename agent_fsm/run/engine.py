@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.constructors import builder
@@ -24,6 +24,7 @@ from agent_fsm.events import (
     EventBus,
     EventHandler,
     FollowUpQueued,
+    HistoryRepaired,
     RunResumed,
     RunStarted,
     StateChanged,
@@ -34,6 +35,7 @@ from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage, clean_text
 from agent_fsm.run.acting import act
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
+from agent_fsm.run.history import HistoryRepair
 from agent_fsm.run.observing import observe
 from agent_fsm.run.outcome import ending_events, record_stop
 from agent_fsm.run.reflecting import reflect
@@ -61,7 +63,14 @@ _WORK: dict[AgentState, Callable[[RunContext], Awaitable[None] | None]] = {
 class Run:
     """One run of an agent. Create it with ``Agent.start``; drive it with ``step``/``run``."""
 
-    def __init__(self, config: RunConfig, state: RunState, *, resumed: str | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        state: RunState,
+        *,
+        resumed: str | None = None,
+        repaired: HistoryRepair | None = None,
+    ) -> None:
         log = get_logger("agent_fsm").bind(run_id=state.run_id)
         self._config = config
         self._state = state
@@ -89,6 +98,8 @@ class Run:
         self._result: RunResult | None = None
         self._announced = False
         self._resumed = resumed
+        self._repaired = repaired
+        """What was repaired in the history the run started from, announced with its start."""
         self._entries: list[TraceEntry] = []
         """The trace entries of the transitions this Run object fired, for ``step`` and the
         result (a resumed run's earlier ones are built from ``state.trace`` at the end)."""
@@ -267,6 +278,16 @@ class Run:
         if self._resumed is None:
             first = state.pending_input[0] if state.pending_input else ""
             bus.emit(RunStarted(run_id=state.run_id, input=first))
+            repaired = self._repaired
+            if repaired:
+                bus.emit(
+                    HistoryRepaired(
+                        run_id=state.run_id,
+                        answered=repaired.answered,
+                        dropped=repaired.dropped,
+                        system_messages=repaired.system_messages,
+                    )
+                )
         else:
             resume_row = config.machine.resume_row(state, config.limits)
             continues_in = resume_row.dest if resume_row is not None else state.state
@@ -375,11 +396,19 @@ class Run:
             config.in_process.ended(state.run_id, stop_reason)
 
 
-def new_run_state(run_id: str, system_prompt: str, user_input: str, tools_tokens: int) -> RunState:
-    """The state of a run that has not taken a step yet."""
+def new_run_state(
+    run_id: str,
+    system_prompt: str,
+    user_input: str,
+    tools_tokens: int,
+    history: Sequence[Message] = (),
+) -> RunState:
+    """The state of a run that has not taken a step yet: the system prompt, then ``history``
+    (already repaired: ``run.history``), with ``user_input`` waiting to be observed."""
     messages: list[Message] = (
         [SystemMessage(content=clean_text(system_prompt))] if system_prompt else []
     )
+    messages.extend(history)
     return RunState(
         run_id=run_id,
         messages=messages,
