@@ -13,6 +13,7 @@ from agent_fsm.version import __version__ as __version__
 
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent
+    from agent_fsm.compaction import ClearToolResults, ContextPolicy, KeepLastTurns, Summarize
     from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
     from agent_fsm.durable.sqlite import SQLiteStore
     from agent_fsm.errors import AgentFSMError, CheckpointError, ConfigError, ResumeError, RunError
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 
 _WHERE: dict[str, str] = {
     "Agent": "agent_fsm.agent",
+    "ClearToolResults": "agent_fsm.compaction",
+    "ContextPolicy": "agent_fsm.compaction",
+    "KeepLastTurns": "agent_fsm.compaction",
+    "Summarize": "agent_fsm.compaction",
     "CheckpointStore": "agent_fsm.durable.checkpoint",
     "MemoryStore": "agent_fsm.durable.checkpoint",
     "SQLiteStore": "agent_fsm.durable.sqlite",
@@ -73,6 +78,11 @@ __all__ = [
     "tool",
     "Run",
     "Approval",
+    # context windows
+    "ContextPolicy",
+    "KeepLastTurns",
+    "ClearToolResults",
+    "Summarize",
     # results
     "RunResult",
     "RunStatus",

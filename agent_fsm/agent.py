@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
+from agent_fsm.compaction import ContextPolicy
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
 from agent_fsm.errors import CheckpointError, ConfigError, ResumeError, RunError
@@ -30,7 +31,7 @@ from agent_fsm.run.history import prepare_history
 from agent_fsm.run.resuming import Decisions, finished, reopen
 from agent_fsm.state import RunResult
 from agent_fsm.table import TABLE, AgentState, Row
-from agent_fsm.tokens import estimate_tools_tokens
+from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
 
 __all__ = ["Agent"]
@@ -50,6 +51,51 @@ def _machine_for(table: tuple[Row, ...]) -> AgentMachine:
             _DEFAULT_MACHINE = AgentMachine(TABLE)
         return _DEFAULT_MACHINE
     return AgentMachine(table)
+
+
+def _with_model_window(limits: Limits, model: Model) -> Limits:
+    """``limits``, with the model's own ``context_window`` when the limits name none."""
+    window = getattr(model, "context_window", None)
+    if limits.context_window is not None or window is None:
+        return limits
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError(f"the model's context_window must be a positive int, got {window!r}")
+    return Limits(**{**limits.model_dump(exclude_unset=True), "context_window": window})
+
+
+def _context_policies(
+    given: ContextPolicy | Sequence[ContextPolicy] | None, limits: Limits
+) -> tuple[ContextPolicy, ...]:
+    """The agent's context policies, checked: each a ContextPolicy, and a window to keep."""
+    if given is None:
+        return ()
+    policies = (given,) if isinstance(given, ContextPolicy) else tuple(given)
+    for policy in policies:
+        if not isinstance(policy, ContextPolicy):
+            raise ConfigError(
+                f"context_policy must be ContextPolicy objects (a `name` and "
+                f"`shrink(context)`), got {type(policy).__name__}"
+            )
+        model = getattr(policy, "model", None)
+        if model is not None and (
+            not isinstance(model, Model) or not inspect.iscoroutinefunction(model.request)
+        ):
+            raise ConfigError(
+                f"{type(policy).__name__}(model=...) must implement the Model protocol, got "
+                f"{type(model).__name__}"
+            )
+    if policies and limits.context_window is None:
+        raise ConfigError(
+            "a context policy needs a context window to keep the prompt in: set "
+            "Limits(context_window=...) or use a model that knows its own (context_window)"
+        )
+    return policies
+
+
+def _token_counter(model: Model) -> TextCounter:
+    """The model's own tokenizer (a ``count_tokens(text) -> int`` method), or the estimate."""
+    count = getattr(model, "count_tokens", None)
+    return count if callable(count) else estimate_text_tokens
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -93,6 +139,11 @@ class Agent:
     in-memory store of this agent, so ``resume`` works in this process."""
     handlers: Sequence[EventHandler] = ()
     """Receive the events of every run of this agent (see ``subscribe``)."""
+    context_policy: ContextPolicy | Sequence[ContextPolicy] | None = None
+    """How a prompt too big for the context window is shrunk: one policy or several, tried
+    in order (``KeepLastTurns``, ``ClearToolResults``, ``Summarize``, or your own). Needs
+    a context window (``Limits.context_window``, or the model's ``context_window``). Without
+    one, a prompt that does not fit ends the run with ``context_window``."""
     _config: RunConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +171,10 @@ class Agent:
             )
         tools = (self.tools,) if isinstance(self.tools, Tool) else tuple(self.tools)
         _set = object.__setattr__  # a frozen dataclass normalises its own fields here
+        limits = _with_model_window(limits, model)
+        _set(self, "limits", limits)
+        policies = _context_policies(self.context_policy, limits)
+        count_tokens = _token_counter(model)
         _set(self, "tools", tools)
         _set(self, "control_tools", tuple(self.control_tools))
         _set(self, "handlers", tuple(checked_handler(handler) for handler in self.handlers))
@@ -129,7 +184,9 @@ class Agent:
             tools=registry,
             limits=limits,
             machine=_machine_for(self.table),
-            tools_tokens=estimate_tools_tokens(registry.specs),
+            tools_tokens=estimate_tools_tokens(registry.specs, count_tokens),
+            count_tokens=count_tokens,
+            context_policies=policies,
             reflector=self.reflector,
             parallel_tool_calls=self.parallel_tool_calls,
             clock=self.clock,
@@ -226,7 +283,12 @@ class Agent:
         messages, repaired = prepare_history(history) if history is not None else ([], None)
         run_id = run_id or uuid.uuid4().hex
         state = new_run_state(
-            run_id, self.system_prompt, user_input, self._config.tools_tokens, messages
+            run_id,
+            self.system_prompt,
+            user_input,
+            self._config.tools_tokens,
+            messages,
+            self._config.count_tokens,
         )
         return Run(self._config, state, repaired=repaired)
 

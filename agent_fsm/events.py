@@ -24,6 +24,7 @@ from agent_fsm.table import AgentState, StopReason
 __all__ = [
     "EVENT_ADAPTER",
     "AbortRequested",
+    "ContextCompacted",
     "EventBus",
     "FollowUpQueued",
     "RunPaused",
@@ -71,6 +72,32 @@ class HistoryRepaired:
     """Results dropped (their ``tool_call_id``): they answered no open call."""
     system_messages: int = 0
     """System messages dropped: the agent's own system prompt leads the run."""
+
+
+@quick_init
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContextCompacted:
+    """The prompt was too big for the context window and the context policies shrank it
+    (COMPACT), or a summary they asked for was written (THINK)."""
+
+    kind: Literal["context_compacted"] = "context_compacted"
+    run_id: str
+    turn: int
+    policies: tuple[str, ...]
+    """The policies that changed the prompt, in the order they ran."""
+    tokens_before: int
+    tokens_after: int
+    """The prompt's calibrated estimate before and after."""
+    sent_from: int
+    """Index of the first transcript message still sent after the system prompt."""
+    cleared: int
+    """Tool results sent as a stub."""
+    summary: str | None = None
+    """The summary now sent in place of the cut messages, when one was written."""
+    summary_requested: bool = False
+    """A policy asked for a summary: the next model call writes it."""
+    problems: tuple[str, ...] = ()
+    """Policies that failed or returned edits that were refused, and why."""
 
 
 @quick_init
@@ -296,6 +323,7 @@ class AbortRequested:
 Event = Annotated[
     RunStarted
     | HistoryRepaired
+    | ContextCompacted
     | StateChanged
     | ModelRequested
     | MessageUpdated

@@ -28,6 +28,14 @@ class Limits(BaseModel):
     """Most tokens (input + output, summed over all model calls) a run may spend. Checked
     before each call against an estimate of the prompt, and after it against reported usage,
     so it is overshot by at most the one call in flight."""
+    context_window: int | None = Field(default=None, ge=1)
+    """Most tokens the model takes in one call, prompt and reply together; None when not
+    known (``Agent`` then asks the model for its ``context_window``). Before every call the
+    prompt, by the calibrated estimate, must fit in it with ``reply_tokens`` to spare: when
+    it does not, the agent's context policies shrink it (COMPACT), and when nothing can, the
+    run stops with ``context_window`` before the call, not after the server's 400."""
+    reply_tokens: int = Field(default=1_024, ge=0)
+    """Tokens of the context window kept free for the reply."""
     max_consecutive_errors: int = Field(default=3, ge=1)
     """Turns whose tool calls all failed, in a row, before the run stops. A successful tool
     call resets the count. (Failed model calls have their own bound: ``model_retries``.)"""
@@ -114,4 +122,9 @@ class Limits(BaseModel):
     def _backoff_order(self) -> Limits:
         if self.retry_backoff_max_s < self.retry_backoff_s:
             raise ValueError("retry_backoff_max_s must be >= retry_backoff_s")
+        if self.context_window is not None and self.reply_tokens >= self.context_window:
+            raise ValueError(
+                f"reply_tokens ({self.reply_tokens}) must be below context_window "
+                f"({self.context_window}): no prompt would fit"
+            )
         return self

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from agent_fsm.constructors import builder, quick_init
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
+from agent_fsm.prompt import ContextEdits, SummaryDue
 from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger, resumable_stops
+from agent_fsm.tokens import calibrate
 
 __all__ = [
     "Approval",
@@ -31,6 +33,7 @@ __all__ = [
     "RunStatus",
     "TraceEntry",
     "RUN_STATE_ADAPTER",
+    "calibrated_prompt_tokens",
     "reopen_fields",
 ]
 
@@ -185,6 +188,18 @@ class RunState:
     """Running estimate of the transcript's size in tokens (kept incrementally)."""
     tools_tokens_estimate: int = _declared(L.RUN, "", 0)
     """Estimate of the tool definitions' size in tokens, sent with every request."""
+    reported_prompt_tokens: int = _declared(L.RUN, "run.thinking", 0)
+    estimated_prompt_tokens: int = _declared(L.RUN, "run.thinking", 0)
+    """Prompt tokens the server reported, and what the engine had estimated for the same
+    calls: their ratio calibrates every later estimate (``calibrated_prompt_tokens``)."""
+    context: ContextEdits = _declared(L.RUN, "run.context", factory=ContextEdits)
+    """How the prompt sent differs from the transcript (``agent_fsm.prompt``)."""
+    summary_due: SummaryDue | None = _declared(L.STOP, "run.compacting", None)
+    """A summary a context policy asked for, written by the next model call."""
+    summarised: bool = _declared(L.STOP, "run.thinking run.compacting", False)
+    """The last model call wrote the summary a policy asked for."""
+    context_problem: str | None = _declared(L.STOP, "run.compacting", None)
+    """Why the last compaction left the prompt too big (a policy failed or found nothing)."""
     consecutive_errors: int = _declared(L.STOP, "run.context", 0)
     """All-failed tool turns in a row (``RunContext.count_failure``)."""
     last_finish_reason: FinishReason | None = _declared(L.STOP, "run.thinking", None)
@@ -214,6 +229,17 @@ class RunState:
         L.RUN, "run.engine durable.checkpoint durable.sqlite", factory=list
     )
     """(row index in the machine's table, turn) for every transition taken."""
+
+
+def calibrated_prompt_tokens(state: RunState) -> int:
+    """The next prompt's estimated size (transcript as sent, plus tool definitions), scaled
+    by the ratio of the prompt tokens servers reported to what was estimated for those calls
+    (``tokens.calibrate``)."""
+    return calibrate(
+        state.prompt_tokens_estimate + state.tools_tokens_estimate,
+        state.reported_prompt_tokens,
+        state.estimated_prompt_tokens,
+    )
 
 
 def _check_declarations(cls: type) -> None:

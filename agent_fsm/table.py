@@ -45,6 +45,8 @@ class AgentState(StrEnum):
     """The states of the loop; DONE and ERROR are terminal."""
 
     OBSERVE = "OBSERVE"
+    COMPACT = "COMPACT"
+    """The prompt does not fit the context window: the context policies shrink it."""
     THINK = "THINK"
     ACT = "ACT"
     REFLECT = "REFLECT"
@@ -57,6 +59,7 @@ class Trigger(StrEnum):
     resume trigger, fired on a stopped run that was answered."""
 
     OBSERVED = "observed"
+    COMPACTED = "compacted"
     THOUGHT = "thought"
     ACTED = "acted"
     REFLECTED = "reflected"
@@ -77,6 +80,8 @@ class StopReason(StrEnum):
     CONTENT_FILTER = "content_filter"
     CONSECUTIVE_ERRORS = "consecutive_errors"
     TOKEN_BUDGET = "token_budget"
+    CONTEXT_WINDOW = "context_window"
+    """The prompt cannot be made to fit the model's context window (stopped before the call)."""
     MAX_TURNS = "max_turns"
     TIMEOUT = "timeout"
     LOOP_DETECTED = "loop_detected"
@@ -87,6 +92,12 @@ class Verb(StrEnum):
     """What a row that keeps the run going does (rows into DONE/ERROR carry a StopReason)."""
 
     THINK = "think"
+    COMPACT = "compact"
+    """The prompt is too big for the context window: shrink it (COMPACT)."""
+    SUMMARISE = "summarise"
+    """A context policy asked for a summary: the model call of this turn writes it."""
+    SUMMARISED = "summarised"
+    """The summary was written: the shrunk prompt is checked again (OBSERVE)."""
     RETRY = "retry"
     ACT = "act"
     FOLLOW_UP = "follow_up"
@@ -169,6 +180,7 @@ ANSWER_GUARDS = frozenset({"reply_given", "approvals_decided"})
 
 TRIGGER_FOR_STATE: dict[AgentState, Trigger] = {
     S.OBSERVE: T.OBSERVED,
+    S.COMPACT: T.COMPACTED,
     S.THINK: T.THOUGHT,
     S.ACT: T.ACTED,
     S.REFLECT: T.REFLECTED,
@@ -177,10 +189,21 @@ TRIGGER_FOR_STATE: dict[AgentState, Trigger] = {
 TABLE: tuple[Row, ...] = (
     # OBSERVE: new input has been taken into the transcript; can the next prompt be afforded?
     # (A resumed run arrives here without passing REFLECT, so the turn limit is checked too.)
+    # The first priority of a turn, after abort: the prompt must fit the context window.
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("abort_requested",), R.ABORTED),
+    Row(T.OBSERVED, S.OBSERVE, S.COMPACT, ("prompt_exceeds_window",), V.COMPACT),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     Row(T.OBSERVED, S.OBSERVE, S.THINK, (), V.THINK),
+    # COMPACT: the context policies have shrunk the prompt, or asked for a summary, which
+    # is a model call like any other: it takes a turn and is paid from the token budget.
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("abort_requested",), R.ABORTED),
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
+    Row(T.COMPACTED, S.COMPACT, S.THINK, ("summary_requested",), V.SUMMARISE),
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_window",), R.CONTEXT_WINDOW),
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
+    Row(T.COMPACTED, S.COMPACT, S.THINK, (), V.THINK),
     # THINK: one model call was made (turn += 1); what did it produce?
     Row(T.THOUGHT, S.THINK, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "time_is_up"), R.TIMEOUT),
@@ -196,6 +219,7 @@ TABLE: tuple[Row, ...] = (
         T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "prompt_exceeds_budget"), R.TOKEN_BUDGET
     ),
     Row(T.THOUGHT, S.THINK, S.THINK, ("model_call_failed",), V.RETRY),
+    Row(T.THOUGHT, S.THINK, S.OBSERVE, ("summary_written",), V.SUMMARISED),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_filtered",), R.CONTENT_FILTER),
     Row(T.THOUGHT, S.THINK, S.ACT, ("reply_has_tool_calls",), V.ACT),
     # A reply that would end the run, while the caller has queued more input: go round again

@@ -9,11 +9,21 @@ message as the message is appended, so the prompt estimate is O(1) per turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolSpec
 
-__all__ = ["estimate_message_tokens", "estimate_text_tokens", "estimate_tools_tokens"]
+__all__ = [
+    "TextCounter",
+    "calibrate",
+    "estimate_message_tokens",
+    "estimate_text_tokens",
+    "estimate_tools_tokens",
+]
+
+TextCounter = Callable[[str], int]
+"""Counts the tokens of a text: ``estimate_text_tokens``, or a model's exact tokenizer (a
+model may offer one as its ``count_tokens`` method)."""
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4
@@ -25,21 +35,31 @@ def estimate_text_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
 
 
-def estimate_message_tokens(message: Message) -> int:
-    """Estimated tokens one message adds to a prompt."""
-    tokens = MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(message.content)
+def estimate_message_tokens(message: Message, count: TextCounter = estimate_text_tokens) -> int:
+    """Estimated tokens one message adds to a prompt (``count`` counts its texts)."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + count(message.content)
     if isinstance(message, AssistantMessage):
         for call in message.tool_calls:
-            tokens += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(call.name + call.arguments)
+            tokens += MESSAGE_OVERHEAD_TOKENS + count(call.name + call.arguments)
     elif isinstance(message, ToolMessage):
-        tokens += estimate_text_tokens(message.tool_call_id)
+        tokens += count(message.tool_call_id)
     return tokens
 
 
-def estimate_tools_tokens(tools: Iterable[ToolSpec]) -> int:
+def estimate_tools_tokens(
+    tools: Iterable[ToolSpec], count: TextCounter = estimate_text_tokens
+) -> int:
     """Estimated tokens the tool definitions add to every request."""
     return sum(
-        MESSAGE_OVERHEAD_TOKENS
-        + estimate_text_tokens(spec.name + spec.description + json.dumps(spec.parameters))
+        MESSAGE_OVERHEAD_TOKENS + count(spec.name + spec.description + json.dumps(spec.parameters))
         for spec in tools
     )
+
+
+def calibrate(tokens: int, reported: int, estimated: int) -> int:
+    """``tokens`` (an estimate) scaled by the ratio of the prompt tokens servers reported to
+    the engine's estimate of the same prompts, rounded up. Never scaled down: an estimate
+    that was too high stays on the safe side of the window and the budget."""
+    if reported <= estimated:
+        return tokens
+    return -(-tokens * reported // estimated)

@@ -37,20 +37,29 @@ GOLDEN_MERMAID = """\
 stateDiagram-v2
     [*] --> OBSERVE
     OBSERVE --> ERROR : observed #1 [abort_requested] aborted
-    OBSERVE --> ERROR : observed #2 [prompt_exceeds_budget] token_budget
-    OBSERVE --> ERROR : observed #3 [no_turns_left] max_turns
-    OBSERVE --> THINK : observed #4 [else] think
+    OBSERVE --> COMPACT : observed #2 [prompt_exceeds_window] compact
+    OBSERVE --> ERROR : observed #3 [prompt_exceeds_budget] token_budget
+    OBSERVE --> ERROR : observed #4 [no_turns_left] max_turns
+    OBSERVE --> THINK : observed #5 [else] think
+    COMPACT --> ERROR : compacted #1 [abort_requested] aborted
+    COMPACT --> ERROR : compacted #2 [no_turns_left] max_turns
+    COMPACT --> ERROR : compacted #3 [budget_exhausted] token_budget
+    COMPACT --> THINK : compacted #4 [summary_requested] summarise
+    COMPACT --> ERROR : compacted #5 [prompt_exceeds_window] context_window
+    COMPACT --> ERROR : compacted #6 [prompt_exceeds_budget] token_budget
+    COMPACT --> THINK : compacted #7 [else] think
     THINK --> ERROR : thought #1 [abort_requested] aborted
     THINK --> ERROR : thought #2 [model_call_failed ∧ time_is_up] timeout
     THINK --> ERROR : thought #3 [model_call_failed ∧ model_error_is_permanent] model_error
     THINK --> ERROR : thought #4 [model_call_failed ∧ no_retries_left] model_error
     THINK --> ERROR : thought #5 [model_call_failed ∧ prompt_exceeds_budget] token_budget
     THINK --> THINK : thought #6 [model_call_failed] retry
-    THINK --> ERROR : thought #7 [reply_was_filtered] content_filter
-    THINK --> ACT : thought #8 [reply_has_tool_calls] act
-    THINK --> REFLECT : thought #9 [input_waiting] follow_up
-    THINK --> DONE : thought #10 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #11 [else] final_answer
+    THINK --> OBSERVE : thought #7 [summary_written] summarised
+    THINK --> ERROR : thought #8 [reply_was_filtered] content_filter
+    THINK --> ACT : thought #9 [reply_has_tool_calls] act
+    THINK --> REFLECT : thought #10 [input_waiting] follow_up
+    THINK --> DONE : thought #11 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #12 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
@@ -138,12 +147,12 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
     assert sum(counts) == len(result.trace)
 
     mermaid = render(TABLE, "mermaid", run=result)
-    assert "    OBSERVE --> THINK : observed #4 [else] think ×3\n" in mermaid
-    assert "    THINK --> ACT : thought #8 [reply_has_tool_calls] act ×2\n" in mermaid
+    assert "    OBSERVE --> THINK : observed #5 [else] think ×3\n" in mermaid
+    assert "    THINK --> ACT : thought #9 [reply_has_tool_calls] act ×2\n" in mermaid
     assert "    REFLECT --> OBSERVE : reflected #11 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #11 [else] final_answer ×1\n" in mermaid
+    assert "    THINK --> DONE : thought #12 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #10 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #11 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -160,11 +169,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 def test_dot_overlay_colours_and_counts() -> None:
     result, _ = _two_tool_turns()
     dot = to_dot(TABLE, result)
-    think = _line(dot, 'OBSERVE -> THINK [label="observed #4')
+    think = _line(dot, 'OBSERVE -> THINK [label="observed #5')
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #10')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #11')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot

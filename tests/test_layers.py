@@ -16,11 +16,13 @@ LAYERS = [
     "constructors",
     "table",
     "messages",
+    "prompt",
+    "tokens",
     "failures",
     "limits",
     "state",
     "events",
-    "tokens",
+    "compaction",
     "cancellation",
     "logs",
     # loop/: table-driven deciding, no I/O
@@ -51,6 +53,7 @@ LAYERS = [
     # run/: one run
     "run.context",
     "run.observing",
+    "run.compacting",
     "run.thinking",
     "run.approvals",
     "run.acting",

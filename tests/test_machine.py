@@ -45,8 +45,18 @@ def test_reflect_priority_order_is_pinned() -> None:
 def test_think_and_observe_priority_order_is_pinned() -> None:
     assert _rows(S.OBSERVE) == [
         (("abort_requested",), "aborted"),
+        (("prompt_exceeds_window",), "compact"),
         (("prompt_exceeds_budget",), "token_budget"),
         (("no_turns_left",), "max_turns"),
+        ((), "think"),
+    ]
+    assert _rows(S.COMPACT) == [
+        (("abort_requested",), "aborted"),
+        (("no_turns_left",), "max_turns"),
+        (("budget_exhausted",), "token_budget"),
+        (("summary_requested",), "summarise"),
+        (("prompt_exceeds_window",), "context_window"),
+        (("prompt_exceeds_budget",), "token_budget"),
         ((), "think"),
     ]
     assert _rows(S.THINK) == [
@@ -56,6 +66,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("model_call_failed", "no_retries_left"), "model_error"),
         (("model_call_failed", "prompt_exceeds_budget"), "token_budget"),
         (("model_call_failed",), "retry"),
+        (("summary_written",), "summarised"),
         (("reply_was_filtered",), "content_filter"),
         (("reply_has_tool_calls",), "act"),
         (("input_waiting",), "follow_up"),
@@ -66,7 +77,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
 
 
 def test_abort_is_first_everywhere() -> None:
-    for state in (S.OBSERVE, S.THINK, S.REFLECT):
+    for state in (S.OBSERVE, S.COMPACT, S.THINK, S.REFLECT):
         assert _rows(state)[0][0] == ("abort_requested",)
 
 
@@ -80,9 +91,10 @@ def test_default_bound() -> None:
     machine = AgentMachine()
     bound = machine.bound(Limits(max_turns=10))
     assert bound.model_calls == 10 + 12  # max_turns + model_retries_per_run
-    assert bound.transitions == 4 * 22 + 1
-    assert bound.formula == "4·(max_turns + model_retries_per_run) + 1"
-    assert machine.bound(Limits(max_turns=1, model_retries_per_run=0)).transitions == 5
+    # THINK, ACT, REFLECT, OBSERVE, COMPACT: a turn that compacts takes five transitions.
+    assert bound.transitions == 5 * 22 + 2
+    assert bound.formula == "5·(max_turns + model_retries_per_run) + 2"
+    assert machine.bound(Limits(max_turns=1, model_retries_per_run=0)).transitions == 7
 
 
 def _replace(index: int, **changes: object) -> tuple[Row, ...]:
@@ -111,10 +123,14 @@ def test_ungated_model_call_is_rejected() -> None:
     with pytest.raises(ConfigError, match="no_turns_left"):
         verify_table(without(S.REFLECT, S.OBSERVE))
     verify_table(without(S.REFLECT))
-    # A resume enters OBSERVE with every turn possibly used: only OBSERVE's row gates that.
+    # A resume enters OBSERVE with every turn possibly used, and so does a written summary
+    # (THINK -> OBSERVE): only OBSERVE's row gates those.
     with pytest.raises(ConfigError, match=r"OBSERVE --observed \[else\]--> THINK"):
         verify_table(without(S.OBSERVE))
-    verify_table(tuple(r for r in without(S.OBSERVE) if not r.resumes))
+    with pytest.raises(ConfigError, match=r"OBSERVE --observed \[else\]--> THINK"):
+        verify_table(tuple(r for r in without(S.OBSERVE) if not r.resumes))
+    summary_free = tuple(r for r in without(S.OBSERVE) if not r.resumes and r.label != "summarised")
+    verify_table(summary_free)
 
 
 def test_retry_without_its_budget_gate_is_rejected() -> None:
@@ -147,12 +163,18 @@ def test_a_table_without_retries_is_bounded_by_max_turns_alone() -> None:
     )
     verify_table(rows)
     bound = termination_bound(rows, Limits(max_turns=10))
-    assert (bound.model_calls, bound.formula) == (10, "4·max_turns + 1")
+    assert (bound.model_calls, bound.formula) == (10, "5·max_turns + 2")
 
 
 def test_state_that_cannot_terminate_is_rejected() -> None:
     # Every row into DONE or ERROR goes round the loop instead.
-    onward = {S.OBSERVE: S.THINK, S.THINK: S.ACT, S.ACT: S.REFLECT, S.REFLECT: S.OBSERVE}
+    onward = {
+        S.OBSERVE: S.THINK,
+        S.COMPACT: S.THINK,
+        S.THINK: S.ACT,
+        S.ACT: S.REFLECT,
+        S.REFLECT: S.OBSERVE,
+    }
     rows = tuple(
         dataclasses.replace(r, dest=onward[r.source], outcome=Verb.CONTINUE)
         if r.dest in (S.DONE, S.ERROR)
@@ -267,6 +289,7 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     assert asked == [
         "abort_requested",
         *["model_call_failed"] * 5,
+        "summary_written",
         "reply_was_filtered",
         "reply_has_tool_calls",
     ]

@@ -78,12 +78,13 @@ def test_a_resume_row_must_name_one_stop_and_stay_in_the_loop() -> None:
 
 def test_the_bound_counts_what_each_resume_may_add() -> None:
     bound = termination_bound(TABLE, Limits(max_turns=10, model_retries_per_run=0))
-    assert (bound.transitions, bound.per_resume) == (41, 4)
-    assert bound.with_resumes(3) == 41 + 12
+    assert (bound.transitions, bound.per_resume) == (52, 5)
+    assert bound.with_resumes(3) == 52 + 15
     # without the resume into ACT, a resume enters OBSERVE only: the row, then at most
-    # OBSERVE -> ERROR, or OBSERVE -> THINK as the first of the activation's turns
+    # OBSERVE -> COMPACT -> ERROR, or OBSERVE -> COMPACT -> THINK as the first of the
+    # activation's turns
     only_observe = tuple(r for r in TABLE if r.outcome is not Verb.CARRY_OUT)
-    assert termination_bound(only_observe, Limits(max_turns=10)).per_resume == 2
+    assert termination_bound(only_observe, Limits(max_turns=10)).per_resume == 3
 
 
 def test_the_machine_fires_the_resume_row_as_a_traced_step() -> None:

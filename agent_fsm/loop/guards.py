@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from agent_fsm.limits import Limits
 from agent_fsm.messages import FinishReason
-from agent_fsm.state import ControlKind, RunState
+from agent_fsm.state import ControlKind, RunState, calibrated_prompt_tokens
 from agent_fsm.table import STOP_GUARDS
 
 __all__ = ["GUARDS", "Guard"]
@@ -26,9 +26,26 @@ def abort_requested(state: RunState, limits: Limits) -> bool:
 
 
 def prompt_exceeds_budget(state: RunState, limits: Limits) -> bool:
-    """The next prompt (estimated) does not fit in the tokens left: do not start the call."""
-    prompt = state.prompt_tokens_estimate + state.tools_tokens_estimate
-    return state.usage.total_tokens + prompt > limits.token_budget
+    """The next prompt (by the calibrated estimate) does not fit in the tokens left: do not
+    start the call."""
+    return state.usage.total_tokens + calibrated_prompt_tokens(state) > limits.token_budget
+
+
+def prompt_exceeds_window(state: RunState, limits: Limits) -> bool:
+    """The next prompt (by the calibrated estimate) leaves less than ``reply_tokens`` of the
+    model's context window: the call would fail, or its reply would be cut."""
+    window = limits.context_window
+    return window is not None and calibrated_prompt_tokens(state) + limits.reply_tokens > window
+
+
+def summary_requested(state: RunState, limits: Limits) -> bool:
+    """A context policy asked for a summary of the early conversation (a model call)."""
+    return state.summary_due is not None
+
+
+def summary_written(state: RunState, limits: Limits) -> bool:
+    """The model call just made wrote the summary a context policy asked for."""
+    return state.summarised
 
 
 def model_call_failed(state: RunState, limits: Limits) -> bool:
@@ -167,7 +184,10 @@ GUARDS: dict[str, Guard] = {
     guard.__name__: guard
     for guard in (
         abort_requested,
+        prompt_exceeds_window,
         prompt_exceeds_budget,
+        summary_requested,
+        summary_written,
         model_call_failed,
         model_error_is_permanent,
         too_many_errors,

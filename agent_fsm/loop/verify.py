@@ -71,7 +71,7 @@ class TerminationBound:
     new activation can take beyond its model calls."""
     formula: str
     """The transitions bound as a formula of the limits, e.g.
-    ``4·(max_turns + model_retries_per_run) + 1``."""
+    ``5·(max_turns + model_retries_per_run) + 2``."""
 
     def with_resumes(self, resumes: int) -> int:
         """The transitions bound of a run resumed ``resumes`` times (after stops)."""

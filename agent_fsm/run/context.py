@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_fsm.cancellation import StopEvent
+from agent_fsm.compaction import ContextPolicy
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.events import EventBus, EventHandler
@@ -24,9 +25,10 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import Message
 from agent_fsm.models.base import Model
+from agent_fsm.prompt import ContextEdits, prompt_messages
 from agent_fsm.state import RunState
 from agent_fsm.table import StopReason
-from agent_fsm.tokens import estimate_message_tokens
+from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 from agent_fsm.tools.tool import ToolRegistry
 
 __all__ = ["InProcessRuns", "Reflector", "RunConfig", "RunContext"]
@@ -83,6 +85,10 @@ class RunConfig:
     limits: Limits
     machine: AgentMachine
     tools_tokens: int = 0
+    count_tokens: TextCounter = estimate_text_tokens
+    """Counts a text's tokens for every estimate: the model's own tokenizer if it has one."""
+    context_policies: tuple[ContextPolicy, ...] = ()
+    """Shrink a prompt that does not fit the context window, in order (COMPACT)."""
     reflector: Reflector | None = None
     parallel_tool_calls: bool = True
     clock: Callable[[], float] = time.monotonic
@@ -134,7 +140,17 @@ class RunContext:
         input and answers, the model's reply, a tool's result), not here on every append."""
         state = self.state
         state.messages.append(message)
-        state.prompt_tokens_estimate += estimate_message_tokens(message)
+        state.prompt_tokens_estimate += estimate_message_tokens(message, self.config.count_tokens)
+
+    def edit_context(self, edits: ContextEdits) -> None:
+        """Send the transcript through ``edits`` from now on; the prompt estimate becomes
+        that of the prompt they give (O(prompt), once per compaction)."""
+        state, count = self.state, self.config.count_tokens
+        state.context = edits
+        state.prompt_tokens_estimate = sum(
+            estimate_message_tokens(message, count)
+            for message in prompt_messages(state.messages, edits)
+        )
 
     def count_failure(self) -> None:
         """One more failure in a row: a failed model call, or a turn whose calls all failed."""

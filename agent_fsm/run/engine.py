@@ -34,6 +34,7 @@ from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage, clean_text
 from agent_fsm.run.acting import act
+from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
 from agent_fsm.run.history import HistoryRepair
 from agent_fsm.run.observing import observe
@@ -42,7 +43,7 @@ from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.thinking import think
 from agent_fsm.state import RunResult, RunState, TraceEntry, reopen_fields
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason, Trigger
-from agent_fsm.tokens import estimate_message_tokens
+from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 
 __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 
@@ -53,6 +54,7 @@ _state_changed = builder(StateChanged)
 
 _WORK: dict[AgentState, Callable[[RunContext], Awaitable[None] | None]] = {
     AgentState.OBSERVE: observe,
+    AgentState.COMPACT: compact,
     AgentState.THINK: think,
     AgentState.ACT: act,
     AgentState.REFLECT: reflect,
@@ -402,6 +404,7 @@ def new_run_state(
     user_input: str,
     tools_tokens: int,
     history: Sequence[Message] = (),
+    count: TextCounter = estimate_text_tokens,
 ) -> RunState:
     """The state of a run that has not taken a step yet: the system prompt, then ``history``
     (already repaired: ``run.history``), with ``user_input`` waiting to be observed."""
@@ -412,7 +415,7 @@ def new_run_state(
     return RunState(
         run_id=run_id,
         messages=messages,
-        prompt_tokens_estimate=sum(estimate_message_tokens(m) for m in messages),
+        prompt_tokens_estimate=sum(estimate_message_tokens(m, count) for m in messages),
         tools_tokens_estimate=tools_tokens,
         pending_input=[clean_text(user_input)],
     )

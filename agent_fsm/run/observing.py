@@ -18,7 +18,9 @@ def observe(ctx: RunContext) -> None:
     taken = bool(state.pending_input)
     while state.pending_input:
         ctx.append(UserMessage(content=state.pending_input.pop(0)))
-    if not taken and state.follow_ups and state.turns and not state.last_tool_calls:
+    # A follow-up waits for a reply that would end the run: not a tool turn, not a summary.
+    ended = not state.last_tool_calls and not state.summarised
+    if not taken and state.follow_ups and state.turns and ended:
         ctx.append(UserMessage(content=state.follow_ups.pop(0)))
         taken = True
     if taken and state.turns:

@@ -8,7 +8,7 @@ from agent_fsm.events import Event, GuardTripped, RunFinished, RunPaused
 from agent_fsm.limits import Limits
 from agent_fsm.messages import AssistantMessage
 from agent_fsm.run.context import RunContext
-from agent_fsm.state import RunResult, RunState, RunStatus
+from agent_fsm.state import RunResult, RunState, RunStatus, calibrated_prompt_tokens
 from agent_fsm.table import AgentState, Row, StopReason
 from agent_fsm.tools.results import skipped_result
 
@@ -54,6 +54,16 @@ def _model_error(state: RunState, limits: Limits) -> str:
     return f"the model call failed {attempts} times in a row ({why}): {failure.message}"
 
 
+def _context_window(state: RunState, limits: Limits) -> str:
+    """Why the prompt could not be made to fit, with the numbers."""
+    window = limits.context_window or 0
+    return (
+        f"the prompt (about {calibrated_prompt_tokens(state)} tokens with the tool "
+        f"definitions) does not fit the context window of {window} tokens with "
+        f"{limits.reply_tokens} kept for the reply: {state.context_problem or 'nothing shrank it'}"
+    )
+
+
 def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str:
     """``RunResult.error`` for a run that stopped in ERROR with ``reason``: what went wrong,
     with the numbers that tripped the guard."""
@@ -67,8 +77,9 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
         StopReason.TOKEN_BUDGET: (
             f"token budget of {limits.token_budget} exhausted: used "
             f"{state.usage.total_tokens}, next prompt needs about "
-            f"{state.prompt_tokens_estimate + state.tools_tokens_estimate}"
+            f"{calibrated_prompt_tokens(state)}"
         ),
+        StopReason.CONTEXT_WINDOW: _context_window(state, limits),
         StopReason.MAX_TURNS: f"all {limits.max_turns} turns used",
         StopReason.TIMEOUT: (
             f"timed out after {state.elapsed_s:.3g} s (limit {limits.timeout_s:g} s)"

@@ -22,15 +22,16 @@ from agent_fsm.messages import (
     ModelResponse,
     ReplyDelta,
     ToolCall,
-    TranscriptView,
     Usage,
     clean_message,
 )
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.prompt import prompt_messages
+from agent_fsm.run.compacting import summary_messages, take_summary
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import Verb
-from agent_fsm.tokens import estimate_message_tokens
+from agent_fsm.tokens import calibrate, estimate_message_tokens
 from agent_fsm.tools.execution import retry_delay
 
 __all__ = ["backoff_s", "failure_from", "think", "with_call_ids"]
@@ -95,13 +96,15 @@ async def think(ctx: RunContext) -> None:
     state.model_failure = None
     state.last_finish_reason = None
     state.last_tool_calls = 0
+    state.summarised = False
     if ctx.stop.is_set():
         _interrupted(ctx)
         return
     scope = StopScope(ctx.stop)
+    estimate = _estimate_prompt(ctx)
     try:
         with scope:
-            response = await _call_model(ctx, previous)
+            response = await _call_model(ctx, previous, estimate)
     except BaseException as exc:
         if scope.stopped:  # the model turned our cancellation into an error of its own
             _interrupted(ctx)
@@ -113,7 +116,18 @@ async def think(ctx: RunContext) -> None:
     if scope.stopped:
         _interrupted(ctx)
         return
-    _take_reply(ctx, response)
+    _take_reply(ctx, response, estimate)
+
+
+def _estimate_prompt(ctx: RunContext) -> int:
+    """The engine's own estimate of the prompt about to be sent (uncalibrated): what the
+    server's report of the call is compared with."""
+    state, config = ctx.state, ctx.config
+    due = state.summary_due
+    if due is None:
+        return state.prompt_tokens_estimate + state.tools_tokens_estimate
+    count = config.count_tokens
+    return sum(estimate_message_tokens(m, count) for m in summary_messages(due))
 
 
 def _failed(ctx: RunContext, failure: ModelFailure) -> None:
@@ -142,7 +156,7 @@ def _interrupted(ctx: RunContext) -> None:
     _failed(ctx, ModelFailure(message=message, permanent=True))
 
 
-async def _call_model(ctx: RunContext, previous: ModelFailure | None) -> object:
+async def _call_model(ctx: RunContext, previous: ModelFailure | None, estimate: int) -> object:
     """Make one model call: a new turn (turn += 1), or, when the row into THINK was a retry
     row, a retry of the turn's call after a backoff (retries += 1). The verifier bounds each
     kind by its own budget, so which it is follows the row, as the verifier reads it."""
@@ -158,6 +172,11 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None) -> object:
         state.turns += 1
         state.turn_retries = 0
         state.turn_retry_wait_s = 0.0
+    due = state.summary_due
+    model, messages, tools = config.model, prompt_messages(state.messages, state.context), None
+    if due is not None:  # this turn's call writes the summary a context policy asked for
+        model = getattr(config.context_policies[due.policy], "model", None) or model
+        messages, tools = summary_messages(due), ()
     emit = ctx.bus.emitter
     on_delta = None
     if emit is not None:
@@ -165,8 +184,10 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None) -> object:
             _model_requested(
                 run_id=state.run_id,
                 turn=state.turns,
-                messages=len(state.messages),
-                estimated_prompt_tokens=state.prompt_tokens_estimate + state.tools_tokens_estimate,
+                messages=len(messages),
+                estimated_prompt_tokens=calibrate(
+                    estimate, state.reported_prompt_tokens, state.estimated_prompt_tokens
+                ),
             )
         )
 
@@ -175,13 +196,13 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None) -> object:
             ctx.bus.emit(MessageUpdated(run_id=state.run_id, turn=state.turns, delta=delta))
 
     request = _model_request(
-        messages=TranscriptView(state.messages),
-        tools=config.tools.specs,
+        messages=messages,
+        tools=config.tools.specs if tools is None else tools,
         run_id=state.run_id,
         turn=state.turns,
         on_delta=on_delta,
     )
-    return await config.model.request(request)
+    return await model.request(request)
 
 
 USAGE_CEILING = 10**12
@@ -203,7 +224,7 @@ def _entered_by_retry(ctx: RunContext) -> bool:
     return ctx.config.machine.rows[trace[-1][0]].outcome is Verb.RETRY
 
 
-def _take_reply(ctx: RunContext, response: object) -> None:
+def _take_reply(ctx: RunContext, response: object, estimate: int) -> None:
     state = ctx.state
     if not isinstance(response, ModelResponse):
         _failed(
@@ -218,13 +239,16 @@ def _take_reply(ctx: RunContext, response: object) -> None:
     usage = response.usage
     if usage is None:
         usage = Usage(
-            input_tokens=state.prompt_tokens_estimate + state.tools_tokens_estimate,
-            output_tokens=estimate_message_tokens(message),
+            input_tokens=estimate,
+            output_tokens=estimate_message_tokens(message, ctx.config.count_tokens),
             requests=1,
             estimated=True,
         )
     elif usage.requests != 1 or max(usage.input_tokens, usage.output_tokens) > USAGE_CEILING:
         usage = _one_sane_request(usage)
+    if not usage.estimated and estimate > 0:  # calibrates every later estimate
+        state.reported_prompt_tokens += usage.input_tokens
+        state.estimated_prompt_tokens += estimate
     state.usage = state.usage + usage
     emit = ctx.bus.emitter
     if emit is not None:
@@ -238,6 +262,13 @@ def _take_reply(ctx: RunContext, response: object) -> None:
                 usage=usage,
             )
         )
+    if state.summary_due is not None:
+        summary = message.content.strip()
+        if not summary:
+            _failed(ctx, ModelFailure(message="the summary call wrote no text", permanent=False))
+        else:
+            take_summary(ctx, summary)
+        return
     empty = not message.content and not message.tool_calls
     if empty and response.finish_reason in (FinishReason.STOP, FinishReason.TOOL_CALLS):
         _failed(ctx, ModelFailure(message="the model returned an empty reply", permanent=False))
