@@ -170,8 +170,10 @@ class ClearToolResults:
                 and index not in edits.cleared
                 and len(message.content) >= self.min_chars
             ):
-                chosen.append(index)
-                excess -= context.count(message) - context.count(cleared_result(message))
+                saved = context.count(message) - context.count(cleared_result(message))
+                if saved > 0:  # a short output is smaller than its stub: leave it
+                    chosen.append(index)
+                    excess -= saved
         return edits.clear(*chosen) if chosen else None
 
 

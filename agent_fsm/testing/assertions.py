@@ -19,7 +19,7 @@ from agent_fsm.agent import Agent
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.testing.behaviour import Behaviour
 from agent_fsm.testing.harness import DEFAULT_INPUT, HarnessFailure, Stage
-from agent_fsm.testing.strategies import behaviours_for, edge_behaviours
+from agent_fsm.testing.strategies import behaviours_for, edge_behaviours, window_pressure_for
 
 __all__ = ["assert_terminates"]
 
@@ -40,7 +40,9 @@ def assert_terminates(
     The agent's own model is never called: each run uses a copy of the agent
     (``agent.replace``) with a generated model behaviour, tool doubles that may fail, time out
     or return huge outputs (unless ``tool_failures`` is False), and a fake clock (retry
-    backoff costs no time).
+    backoff costs no time). For an agent with a context window, half the behaviours keep
+    calling tools that return large outputs (``window_pressure_for``), and every prompt sent
+    is checked too: the system prompt and latest input kept, no call without its result.
 
     Args:
         agent: the agent under test.
@@ -60,6 +62,8 @@ def assert_terminates(
     strategy = behaviours if behaviours is not None else behaviours_for(
         stage.agent, tool_failures=tool_failures
     )  # fmt: skip
+    if behaviours is None and stage.agent.limits.context_window is not None:
+        strategy = st.one_of(strategy, window_pressure_for(stage.agent))
     base = settings if settings is not None else Settings()
     chosen = Settings(
         base,

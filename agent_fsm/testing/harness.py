@@ -4,7 +4,8 @@ A ``Stage`` prepares one copy of the agent (``Agent.replace``) whose model, tool
 the harness controls: the model plays the current ``Behaviour``, each of the agent's own
 tools plays the behaviour's ``ToolOutcome``s (or runs for real), and a ``FakeClock`` makes
 retry backoff free and time limits deterministic. ``Stage.play`` drives one run step by step,
-never past the machine's termination bound, then checks every run invariant; the result
+never past the machine's termination bound, then checks every run invariant (and, for an
+agent with a context window, that every prompt sent kept the context rules); the result
 carries a pasteable reproducer. No hypothesis here: ``assert_terminates`` (generated cases)
 and ``check_exhaustively`` (enumerated cases) both build on it.
 
@@ -35,7 +36,7 @@ from agent_fsm.testing.behaviour import (
     _outcome,
     user_tools,
 )
-from agent_fsm.testing.invariants import InvariantViolation, check_invariants
+from agent_fsm.testing.invariants import InvariantViolation, check_invariants, prompt_problems
 from agent_fsm.testing.reproducer import reproducer
 from agent_fsm.tools.tool import Tool
 
@@ -260,6 +261,15 @@ class Stage:
                 check_invariants(result, limits=self.agent.limits, bound=bound, events=events)
             except InvariantViolation as exc:
                 violation = str(exc)
+            if violation is None and self.agent.limits.context_window is not None:
+                # the prompts, as the context policies shrank them (O(prompt) each: only
+                # where a window makes them differ from the transcript)
+                sent = [request.messages for request in model.requests]
+                problems = prompt_problems(sent, result.messages)
+                if problems:
+                    violation = "the prompts sent broke the context rules:\n- " + "\n- ".join(
+                        problems
+                    )
         tools: Mapping[str, tuple[ToolOutcome, ...]] = {
             name: outcomes for name, outcomes in self._outcomes.items() if self._calls.get(name)
         }

@@ -15,10 +15,18 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from agent_fsm.events import Event, ModelResponded
+from agent_fsm.events import Event, ModelRequested, ModelResponded
 from agent_fsm.limits import Limits
 from agent_fsm.loop.verify import TerminationBound
-from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolStatus, Usage
+from agent_fsm.messages import (
+    AssistantMessage,
+    Message,
+    SystemMessage,
+    ToolMessage,
+    ToolStatus,
+    Usage,
+    UserMessage,
+)
 from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry, status_for
 from agent_fsm.table import (
     INITIAL_STATE,
@@ -37,6 +45,7 @@ __all__ = [
     "bound_problems",
     "check_invariants",
     "state_problems",
+    "prompt_problems",
     "trace_problems",
     "transcript_problems",
 ]
@@ -94,6 +103,39 @@ def transcript_problems(messages: Sequence[Message], *, open_turn: bool = False)
             expected = [(c.id, c.name) for c in message.tool_calls]
     if expected:
         problems.append(f"end of transcript: calls {[c for c, _ in expected]} left unanswered")
+    return problems
+
+
+def prompt_problems(
+    prompts: Sequence[Sequence[Message]], transcript: Sequence[Message]
+) -> list[str]:
+    """Every way the prompts a run sent break the context rules: each prompt of an agent turn
+    must be a valid transcript (no call separated from its result) that starts with the
+    run's system prompt, if it has one, and holds the latest user input sent before it.
+
+    Args:
+        prompts: the messages of each model call, in order (``ModelRequest.messages``).
+        transcript: the run's whole transcript (``RunResult.messages``); prompt messages are
+            matched to it by identity, as the engine sends them (cleared stubs and summaries
+            are the engine's own and match nothing).
+    """
+    problems: list[str] = []
+    where = {id(message): index for index, message in enumerate(transcript)}
+    system = transcript[0] if transcript and isinstance(transcript[0], SystemMessage) else None
+    for number, prompt in enumerate(prompts, 1):
+        indices = [where[id(m)] for m in prompt if id(m) in where]
+        if not indices:
+            continue  # a summary call: its own instructions and text
+        for problem in transcript_problems(prompt):
+            problems.append(f"prompt {number}: {problem}")
+        if system is not None and (not prompt or prompt[0] is not system):
+            problems.append(f"prompt {number}: the system prompt is not sent first")
+        latest = next(
+            (i for i in range(max(indices), -1, -1) if isinstance(transcript[i], UserMessage)),
+            None,
+        )
+        if latest is not None and latest not in indices:
+            problems.append(f"prompt {number}: the latest user input (message {latest}) is dropped")
     return problems
 
 
@@ -268,8 +310,10 @@ def check_invariants(
     connected path from OBSERVE, ends where the run ended with the stop reason's row, and its
     turn counts never go back; every tool call is answered exactly once, in order; a
     control-flow tool that ran in the last turn stopped the run (ask_user before
-    finish_task); with ``events``, usage is the sum of the replies' usage and no model call
-    started once the token budget was spent, so it is overshot by at most the call in flight.
+    finish_task); with ``events``, usage is the sum of the replies' usage, no model call
+    started once the token budget was spent, so it is overshot by at most the call in flight,
+    and every prompt sent (by the calibrated estimate ``ModelRequested`` reports) left
+    ``reply_tokens`` of the context window free.
 
     A resumed run is checked as one run: ``max_turns``, the token budget and the model-call
     bound hold for all its activations together, as the engine counts them (turns and usage
@@ -381,4 +425,16 @@ def _usage_problems(result: RunResult, limits: Limits, events: Sequence[Event]) 
         problems.append(
             f"a model call started with the budget of {limits.token_budget} already spent"
         )
+    window = limits.context_window
+    if window is not None:
+        for event in events:
+            if (
+                isinstance(event, ModelRequested)
+                and event.estimated_prompt_tokens + limits.reply_tokens > window
+            ):
+                problems.append(
+                    f"turn {event.turn}'s prompt of ~{event.estimated_prompt_tokens} tokens "
+                    f"left less than reply_tokens={limits.reply_tokens} of the context "
+                    f"window {window}"
+                )
     return problems

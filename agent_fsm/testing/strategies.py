@@ -15,6 +15,9 @@ The strategies compose, and can be focused on one agent:
 - ``repetitions(steps)``: one step forever, or a short cycle of steps forever.
 - ``tool_outcomes()`` / ``tool_behaviours(names)``: success, exception, timeout, huge output.
 - ``behaviours_for(agent)``: all of the above, as ``assert_terminates`` uses it.
+- ``limits()``, ``context_policies()``, ``transcripts()``: limits (context windows among
+  them, from roomy to smaller than one huge tool result), context policies and valid
+  transcripts of every turn shape, for window pressure.
 - ``cooperative_behaviours_for(agent)``: a model that mostly does its job (valid calls to
   every tool, ``ask_user``, answers), so that runs reach pauses, approvals and long tool turns;
   the stateful machine plays these two times in three.
@@ -34,8 +37,20 @@ from hypothesis_jsonschema import from_schema
 from jsonschema import Draft202012Validator
 
 from agent_fsm.agent import Agent
+from agent_fsm.compaction import ClearToolResults, ContextPolicy, KeepLastTurns, Summarize
 from agent_fsm.limits import Limits
-from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, ToolSpec, Usage
+from agent_fsm.messages import (
+    AssistantMessage,
+    FinishReason,
+    Message,
+    ModelResponse,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    ToolSpec,
+    Usage,
+    UserMessage,
+)
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.testing.behaviour import (
     Behaviour,
@@ -56,6 +71,7 @@ __all__ = [
     "behaviours_for",
     "cooperative_behaviours_for",
     "cooperative_replies_for",
+    "window_pressure_for",
     "replies_for",
     "tool_calls_for",
     "arguments_for",
@@ -69,7 +85,9 @@ __all__ = [
     "usages",
     # by tool name (agent_fsm's own property tests)
     "behaviours",
+    "context_policies",
     "limits",
+    "transcripts",
     "replies",
     "tool_calls",
 ]
@@ -338,7 +356,7 @@ def repetitions(steps: st.SearchStrategy[object]) -> st.SearchStrategy[Behaviour
 
 def tool_outcomes() -> st.SearchStrategy[ToolOutcome]:
     """What one tool call does: run for real, return text, raise, time out, or return a
-    huge output (up to 200,000 characters)."""
+    large output (2,000 to 200,000 characters: pressure on a context window)."""
     return st.one_of(
         st.just(ToolOutcome("real")),
         st.builds(ToolOutcome, st.just("returns"), st.sampled_from(["", "ok", "same", "{}"])),
@@ -350,7 +368,9 @@ def tool_outcomes() -> st.SearchStrategy[ToolOutcome]:
         ),
         st.builds(ToolOutcome, st.just("returns"), st.just(f"report{_LONE_SURROGATE}.txt")),
         st.just(ToolOutcome("timeout")),
-        st.builds(ToolOutcome, st.just("huge"), st.just("x"), st.sampled_from([10_000, 200_000])),
+        st.builds(
+            ToolOutcome, st.just("huge"), st.just("x"), st.sampled_from([2_000, 10_000, 200_000])
+        ),
     )
 
 
@@ -470,11 +490,47 @@ def cooperative_behaviours_for(
     )
 
 
+def window_pressure_for(agent: Agent, *, max_steps: int = 10) -> st.SearchStrategy[Behaviour]:
+    """A model that keeps calling the agent's own tools (one to three valid calls a turn,
+    then an answer) while every call returns a large output (1,000 to 20,000 characters), so
+    the prompt outgrows a context window within a few turns and the agent's context policies
+    must keep it inside; ``assert_terminates`` mixes these in for an agent with a
+    ``context_window``."""
+    specs = [spec for spec in _specs(agent) if spec.name not in (ASK_USER.name, FINISH_TASK.name)]
+    if not specs:
+        return cooperative_behaviours_for(agent)
+
+    def calls_to(name: str) -> st.SearchStrategy[ToolCall]:
+        spec = next(spec for spec in specs if spec.name == name)
+        return arguments_for(spec).map(lambda found: ToolCall(id="", name=name, arguments=found))
+
+    valid = st.one_of(*(calls_to(spec.name) for spec in specs))
+    turn = st.builds(
+        lambda text, found: reply(text, *found),
+        st.sampled_from(["", "Reading the results."]),  # text: a summary call's answer too
+        st.lists(valid, min_size=1, max_size=3),
+    )
+    large = st.builds(
+        ToolOutcome, st.just("huge"), st.sampled_from(["x", "y"]), st.integers(1_000, 20_000)
+    )
+    outcomes = st.tuples(*(st.lists(large, min_size=2, max_size=4).map(tuple) for _ in specs))
+    return st.builds(
+        lambda steps, found: Behaviour(
+            steps=(*steps, reply("Done.")),
+            cycle=False,
+            tools=tuple(zip((spec.name for spec in specs), found, strict=True)),
+        ),
+        st.lists(turn, min_size=2, max_size=max_steps),
+        outcomes,
+    )
+
+
 def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
     """Arbitrary valid limits, retry budgets included (zero retry backoff and no wait for a
-    Retry-After, so runs never sleep)."""
+    Retry-After, so runs never sleep), with no context window or one from far smaller than a
+    huge tool result to roomy (``reply_tokens`` always below it)."""
     return st.builds(
-        lambda turns, budget, errors, k, p, detect, timeout, retries, run_retries: Limits(
+        lambda turns, budget, errors, k, p, detect, timeout, retries, run_retries, window: Limits(
             **{
                 "max_turns": turns,
                 "token_budget": budget,
@@ -488,6 +544,8 @@ def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
                 "retry_backoff_s": 0.0,
                 "retry_backoff_max_s": 0.0,
                 "retry_after_max_s": 0.0,
+                "context_window": window[0],
+                "reply_tokens": window[1],
                 **fixed,
             }
         ),
@@ -500,4 +558,57 @@ def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
         st.one_of(st.just(1e9), st.floats(1.0, 200.0)),
         st.integers(0, 6),
         st.integers(0, 12),
+        _windows(),
     )
+
+
+def _windows() -> st.SearchStrategy[tuple[int | None, int]]:
+    """(context_window, reply_tokens): none, or a window with room left for a reply."""
+    return st.one_of(
+        st.just((None, 1_024)),
+        st.integers(60, 60_000).flatmap(
+            lambda window: st.tuples(st.just(window), st.integers(0, min(window - 1, 2_000)))
+        ),
+    )
+
+
+def context_policies() -> st.SearchStrategy[list[ContextPolicy]]:
+    """Zero to three of the built-in context policies, in any order and with any settings
+    (``Summarize`` asks the agent's own model, so under a generated behaviour the summary may
+    be a tool call, empty, or an error)."""
+    policy: st.SearchStrategy[ContextPolicy] = st.one_of(
+        st.builds(KeepLastTurns, st.integers(1, 4)),
+        st.builds(ClearToolResults, st.integers(0, 3), st.integers(0, 300)),
+        st.builds(Summarize, st.integers(1, 3)),
+    )
+    return st.lists(policy, max_size=3)
+
+
+def _sized_text(prefix: str) -> st.SearchStrategy[str]:
+    """Text from empty to ~2,000 tokens, cheap to generate (a repeated character)."""
+    return st.integers(0, 8_000).map(lambda size: prefix + "x" * size)
+
+
+@st.composite
+def transcripts(draw: st.DrawFn, *, max_turns: int = 8) -> list[Message]:
+    """Valid transcripts of every turn shape: an optional system prompt, then turns of one or
+    more user messages, an assistant reply with zero to three tool calls, and their results
+    in order, ending with the user's latest input (the turn to come)."""
+    messages: list[Message] = []
+    if draw(st.booleans()):
+        messages.append(SystemMessage(content=draw(_sized_text("system "))))
+    for turn in range(draw(st.integers(0, max_turns))):
+        if turn == 0 or draw(st.integers(0, 3)) == 0:
+            for _ in range(draw(st.integers(1, 2))):
+                messages.append(UserMessage(content=draw(_sized_text("user "))))
+        calls = tuple(
+            ToolCall(id=f"c{turn}_{n}", name="echo", arguments=json.dumps({"text": "x" * size}))
+            for n, size in enumerate(draw(st.lists(st.integers(0, 400), max_size=3)))
+        )
+        messages.append(AssistantMessage(content=draw(_sized_text("reply ")), tool_calls=calls))
+        for one in calls:
+            messages.append(
+                ToolMessage(tool_call_id=one.id, name=one.name, content=draw(_sized_text("out ")))
+            )
+    messages.append(UserMessage(content=draw(_sized_text("latest "))))
+    return messages
