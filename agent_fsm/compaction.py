@@ -2,7 +2,8 @@
 
 When the next prompt (by the calibrated estimate) leaves less than ``Limits.reply_tokens`` of
 ``Limits.context_window``, the run enters COMPACT and offers the prompt to the agent's
-policies in order, each seeing what the earlier ones did, until it fits. A policy returns
+policies in order, each seeing what the earlier ones did, until it fits in
+``Limits.compact_to`` of that room (headroom for the next turns). A policy returns
 
 - new ``ContextEdits`` (a later cut, more cleared tool results): the engine checks that they
   only grow and never separate a call from its result, and refuses them otherwise;
@@ -52,8 +53,9 @@ class Context:
     edits: ContextEdits
     """How the prompt differs from the transcript so far."""
     budget: int
-    """Tokens the prompt's messages may take: the context window less the reply's tokens and
-    the tool definitions, by the calibrated estimate."""
+    """Tokens the prompt's messages should take once shrunk: ``Limits.compact_to`` of the
+    room the context window leaves once the reply's tokens are kept, less the tool
+    definitions, by the calibrated estimate."""
     count: Callable[[Message], int]
     """The calibrated estimate of one message's tokens, as ``fits`` and the guards count."""
 

@@ -36,6 +36,11 @@ class Limits(BaseModel):
     run stops with ``context_window`` before the call, not after the server's 400."""
     reply_tokens: int = Field(default=1_024, ge=0)
     """Tokens of the context window kept free for the reply."""
+    compact_to: float = Field(default=0.75, gt=0.0, le=1.0)
+    """What share of the room for the prompt (the window less ``reply_tokens``) compaction
+    aims to leave it at, so that the next turns fit without compacting again: every
+    compaction changes what is sent early in the prompt, which a provider's prompt cache
+    then misses. Only a prompt that exceeds the room itself stops the run."""
     max_consecutive_errors: int = Field(default=3, ge=1)
     """Turns whose tool calls all failed, in a row, before the run stops. A successful tool
     call resets the count. (Failed model calls have their own bound: ``model_retries``.)"""

@@ -473,3 +473,23 @@ def test_context_edits_survive_a_checkpoint_and_resume(tmp_path: Path) -> None:
     assert {i for i, m in enumerate(last) if "cleared" in m.content} >= cleared_before
     assert any(m.content == "Yes." for m in last)
     check_invariants(resumed, limits=agent.limits, bound=agent.bound)
+
+
+@pytest.mark.parametrize("compact_to", [1.0, 0.5])
+def test_compaction_leaves_headroom_so_the_next_turns_need_not_compact(compact_to: float) -> None:
+    model = reader(24)
+    agent = Agent(
+        model=model,
+        tools=[fetch],
+        limits=limits(12_000, compact_to=compact_to),
+        context_policy=ClearToolResults(keep_last_turns=1),
+    )
+    events, result = run(agent)
+    assert result.stop_reason is StopReason.FINAL_ANSWER  # type: ignore[attr-defined]
+    compactions = sum(isinstance(e, ContextCompacted) for e in events)
+    # Each result is ~1,000 tokens of a ~11,700-token room: shrinking to the room itself
+    # compacts on every turn once it is full; shrinking to half of it, every fifth or so.
+    if compact_to == 1.0:
+        assert compactions >= 12
+    else:
+        assert 2 <= compactions <= 6

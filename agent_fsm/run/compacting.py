@@ -1,7 +1,9 @@
 """COMPACT: the prompt does not fit the context window, so the context policies shrink it.
 
 ``compact(ctx)`` is the COMPACT state's work: each policy in turn (``agent_fsm.compaction``)
-until the prompt fits. Edits a policy returns are checked (``ContextEdits.check``) before they
+until the prompt fits in ``Limits.compact_to`` of the room the window leaves it (headroom, so
+the next turns need not compact again); only a prompt that still exceeds the room itself
+stops the run. Edits a policy returns are checked (``ContextEdits.check``) before they
 apply; a policy that raises or returns something unusable is skipped and reported. A policy
 may instead ask for a summary: the COMPACT rows then take the run into THINK, whose model call
 writes it (``take_summary``), and back to OBSERVE, which checks the shrunk prompt again.
@@ -21,22 +23,27 @@ from agent_fsm.tokens import calibrate, estimate_message_tokens
 __all__ = ["compact", "policy_context", "summary_messages", "take_summary"]
 
 
-def policy_context(ctx: RunContext, edits: ContextEdits | None = None) -> Context:
+def policy_context(
+    ctx: RunContext, edits: ContextEdits | None = None, *, share: float | None = None
+) -> Context:
     """What the policies see of this run: the transcript, its edits, and the tokens the
-    prompt's messages may take (window, less the reply and the tools), all calibrated."""
+    prompt's messages may take, all calibrated: ``share`` (``Limits.compact_to`` when None)
+    of the room the window leaves for the prompt once the reply is kept, less the tools."""
     state, config, limits = ctx.state, ctx.config, ctx.limits
+    if share is None:
+        share = limits.compact_to
     reported, estimated = state.reported_prompt_tokens, state.estimated_prompt_tokens
     count_text = config.count_tokens
 
     def count(message: Message) -> int:
         return calibrate(estimate_message_tokens(message, count_text), reported, estimated)
 
-    window = limits.context_window or 0
+    room = (limits.context_window or 0) - limits.reply_tokens
     tools = calibrate(state.tools_tokens_estimate, reported, estimated)
     return Context(
         messages=state.messages,
         edits=state.context if edits is None else edits,
-        budget=window - limits.reply_tokens - tools,
+        budget=int(room * share) - tools,
         count=count,
     )
 
@@ -82,7 +89,7 @@ def compact(ctx: RunContext) -> None:
     if context.edits != state.context:
         ctx.edit_context(context.edits)
     state.summary_due = due
-    if due is None and not context.fits():
+    if due is None and not policy_context(ctx, context.edits, share=1.0).fits():
         state.context_problem = "; ".join(problems) or (
             "no context policy could shrink it"
             if ctx.config.context_policies
