@@ -4,7 +4,8 @@ Built on asyncio streams (stdlib), so the SDK under test talks real HTTP/1.1 ove
 socket. Each request takes the next queued behaviour: a JSON reply, an SSE stream, a stream
 that breaks off, a connection dropped without a reply, or a stall. Like llama.cpp's
 ``llama-server``, it can refuse a history whose tool-call arguments are not JSON
-(``check_arguments``), answering HTTP 500 as that server does.
+(``check_arguments``), answering HTTP 500 as that server does, and refuse a prompt longer
+than its context (``context_size``) with HTTP 400.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tests.openai_payloads import api_error, sse
 Behaviour = Callable[[asyncio.StreamWriter], Awaitable[None]]
 
 ARGUMENTS_ERROR = "Failed to parse tool call arguments as JSON"
+CONTEXT_ERROR = "the request exceeds the available context size, try increasing it"
 
 
 def _head(status: int, headers: dict[str, str]) -> bytes:
@@ -30,10 +32,13 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 class LocalServer:
     """``async with LocalServer() as base_url``: serves until the block ends."""
 
-    def __init__(self, *, check_arguments: bool = False) -> None:
+    def __init__(self, *, check_arguments: bool = False, context_size: int | None = None) -> None:
         self.behaviours: deque[Behaviour] = deque()
         self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.check_arguments = check_arguments
+        self.context_size = context_size
+        self.counted: list[int] = []
+        """Prompt tokens of each request, by the server's own count (with ``context_size``)."""
         self._server: asyncio.Server | None = None
         self._stalled = asyncio.Event()
 
@@ -60,6 +65,19 @@ class LocalServer:
         async def send(writer: asyncio.StreamWriter) -> None:
             head = {"content-type": "application/json", "content-length": str(len(data))}
             writer.write(_head(status, {**head, **(headers or {})}) + data)
+
+        self.behaviours.append(send)
+
+    def reply_counted(self, payload: dict[str, Any]) -> None:
+        """Reply with ``payload``, its usage reporting the prompt tokens this server counted
+        for the request (``context_size`` must be set), as llama-server does."""
+
+        async def send(writer: asyncio.StreamWriter) -> None:
+            prompt = self.counted[-1]
+            usage = {"prompt_tokens": prompt, "completion_tokens": 10, "total_tokens": prompt + 10}
+            data = json.dumps({**payload, "usage": usage}).encode()
+            head = {"content-type": "application/json", "content-length": str(len(data))}
+            writer.write(_head(200, head) + data)
 
         self.behaviours.append(send)
 
@@ -118,7 +136,12 @@ class LocalServer:
                 }
                 body = json.loads(await reader.readexactly(int(headers.get("content-length", "0"))))
                 self.seen.append((headers, body))
-                if self.check_arguments and _unparseable_arguments(body):
+                if self.context_size is not None:
+                    self.counted.append(prompt_tokens(body))
+                if self.context_size is not None and self.counted[-1] > self.context_size:
+                    self.reply(api_error(CONTEXT_ERROR, type_="exceed_context_size_error"), 400)
+                    behaviour = self.behaviours.pop()
+                elif self.check_arguments and _unparseable_arguments(body):
                     self.reply(api_error(ARGUMENTS_ERROR, type_="server_error"), status=500)
                     behaviour = self.behaviours.pop()
                 elif self.behaviours:
@@ -132,6 +155,14 @@ class LocalServer:
                 await writer.drain()
         finally:
             writer.close()
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The prompt's tokens as this server counts them: a chat template wraps every message
+    and tool in text of its own, so it counts one token per three characters of the JSON
+    sent (the engine's estimate, one per four of the text, runs about a third low)."""
+    sent = json.dumps(body.get("messages", [])) + json.dumps(body.get("tools", []))
+    return len(sent) // 3
 
 
 def _unparseable_arguments(body: dict[str, Any]) -> bool:

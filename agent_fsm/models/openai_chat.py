@@ -94,6 +94,8 @@ class OpenAIChatModel:
         max_tokens: cap on the reply's tokens; None leaves it to the server. (Reasoning models
             want ``max_completion_tokens=...`` instead, passed as a setting.)
         timeout: seconds allowed for one request; None keeps the SDK's default.
+        context_window: the model's context window in tokens (a local server's context
+            size), for ``Agent`` to keep every prompt inside; None when unknown.
         **settings: any other ``chat.completions.create`` argument (``top_p``, ``seed``,
             ``tool_choice``, ``reasoning_effort``, ``extra_body``, ...), sent with every request.
 
@@ -114,6 +116,7 @@ class OpenAIChatModel:
         temperature: float | None = None,
         max_tokens: int | None = None,
         timeout: float | None = None,
+        context_window: int | None = None,
         **settings: Any,
     ) -> None:
         if not isinstance(model, str) or not model.strip():
@@ -128,6 +131,15 @@ class OpenAIChatModel:
         if timeout is not None:
             settings["timeout"] = timeout
         _check_settings(settings)
+        if context_window is not None and (
+            isinstance(context_window, bool)
+            or not isinstance(context_window, int)
+            or context_window < 1
+        ):
+            raise ConfigError(f"context_window must be a positive int, got {context_window!r}")
+        self.context_window = context_window
+        """The model's context window in tokens (the server's ``--ctx-size`` for llama.cpp),
+        which ``Agent`` takes when its ``Limits`` name none."""
         self._model = model
         self._base_url = base_url
         self._api_key = api_key
