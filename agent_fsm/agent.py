@@ -144,6 +144,10 @@ class Agent:
     in order (``KeepLastTurns``, ``ClearToolResults``, ``Summarize``, or your own). Needs
     a context window (``Limits.context_window``, or the model's ``context_window``). Without
     one, a prompt that does not fit ends the run with ``context_window``."""
+    last_answer_prompt: str | None = None
+    """The user message that asks for the last answer when a limit ends a run under
+    ``Limits.last_answer``; ``{reason}`` in it becomes why the run is ending. None: the
+    default (``agent_fsm.run.answering.LAST_ANSWER_PROMPT``)."""
     _config: RunConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -169,6 +173,11 @@ class Agent:
             raise ConfigError(
                 f"unknown control tool(s) {unknown}; available: {sorted(_CONTROL_TOOLS)}"
             )
+        prompt = self.last_answer_prompt
+        if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+            raise ConfigError(
+                f"last_answer_prompt must be a non-empty str or None, got {prompt!r:.60}"
+            )
         tools = (self.tools,) if isinstance(self.tools, Tool) else tuple(self.tools)
         _set = object.__setattr__  # a frozen dataclass normalises its own fields here
         limits = _with_model_window(limits, model)
@@ -188,6 +197,7 @@ class Agent:
             count_tokens=count_tokens,
             context_policies=policies,
             reflector=self.reflector,
+            last_answer_prompt=prompt,
             parallel_tool_calls=self.parallel_tool_calls,
             clock=self.clock,
             sleep=self.sleep,

@@ -128,6 +128,9 @@ class ModelRequested:
     messages: int
     """Messages in the prompt."""
     estimated_prompt_tokens: int
+    last_answer: bool = False
+    """The call asks for the last answer as a limit ends the run (``Limits.last_answer``):
+    not a turn, and beyond the limit that fired."""
 
 
 @quick_init
@@ -154,6 +157,8 @@ class ModelResponded:
     finish_reason: FinishReason
     usage: Usage
     """Usage of this call (estimated when the server reported none)."""
+    last_answer: bool = False
+    """The reply is the last answer written as a limit ended the run."""
 
 
 @quick_init

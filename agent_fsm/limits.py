@@ -41,6 +41,15 @@ class Limits(BaseModel):
     aims to leave it at, so that the next turns fit without compacting again: every
     compaction changes what is sent early in the prompt, which a provider's prompt cache
     then misses. Only a prompt that exceeds the room itself stops the run."""
+    last_answer: bool = False
+    """When the token budget, ``max_turns``, the time limit or loop detection ends the run,
+    first make one more model call, without tools, asking for the best answer from what the
+    run has (LAST_ANSWER). The run still ends with the stop that fired, and ``output`` holds
+    that answer. The call is beyond the limit that fired (one call past ``max_turns``, its
+    tokens past the budget, up to ``last_answer_timeout_s`` past the time limit); the
+    termination bound counts it."""
+    last_answer_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds the last answer may take (the run's own time may be up already)."""
     max_consecutive_errors: int = Field(default=3, ge=1)
     """Turns whose tool calls all failed, in a row, before the run stops. A successful tool
     call resets the count. (Failed model calls have their own bound: ``model_retries``.)"""

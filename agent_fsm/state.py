@@ -213,6 +213,11 @@ class RunState:
     loop: LoopState = _declared(L.RUN, "run.observing", factory=LoopState)
     """Loop-detector memory; its own fields are kept by ``loop.detection``."""
     reflector_done: bool = _declared(L.STOP, "run.reflecting", False)
+    closing: StopReason | None = _declared(L.STOP, "run.answering", None)
+    """The stop a last answer is being written for (LAST_ANSWER): the rows out read it."""
+    last_answers: int = _declared(L.RUN, "run.answering", 0)
+    """Last-answer calls made (``Limits.last_answer``), over every activation: model calls
+    beyond the turns and retries, at most one per activation."""
     elapsed_s: float = _declared(L.ACTIVATION, "run.engine", 0.0)
     """Wall-clock seconds of this activation, as of the last completed step."""
     timed_out: bool = _declared(L.ACTIVATION, "run.engine", False)
@@ -221,7 +226,9 @@ class RunState:
     """For each reopening (after a stop or a crash), how many transitions the trace held then;
     after a stop, the transition at that position is the resume row."""
     abort_reason: str | None = _declared(L.STOP, "run.engine", None)
-    output: str | None = _declared(L.STOP, "run.thinking run.acting run.outcome", None)
+    output: str | None = _declared(
+        L.STOP, "run.thinking run.acting run.answering run.outcome", None
+    )
     error: str | None = _declared(L.STOP, "run.outcome", None)
     stop_reason: StopReason | None = _declared(L.STOP, "run.outcome run.resuming", None)
     """Why the run stopped, while it is in DONE or ERROR; what the resume rows' guards read."""
@@ -353,7 +360,10 @@ class RunResult(BaseModel):
     resumed_at: tuple[int, ...] = ()
     """Trace positions where the run was resumed (see ``RunState.resumed_at``)."""
     retries: int = 0
-    """Retries of failed model calls (``turns + retries`` model calls in all)."""
+    """Retries of failed model calls."""
+    last_answers: int = 0
+    """Last answers asked for when a limit ended the run (``Limits.last_answer``): model
+    calls that are neither turns nor retries (``turns + retries + last_answers`` in all)."""
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """A summary, not the whole transcript: a result is repr'd by debuggers, logs and
@@ -413,4 +423,5 @@ class RunResult(BaseModel):
             pending=state.control if status is RunStatus.NEEDS_INPUT else None,
             resumed_at=tuple(state.resumed_at),
             retries=state.retries,
+            last_answers=state.last_answers,
         )

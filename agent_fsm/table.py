@@ -23,7 +23,10 @@ from enum import StrEnum
 
 __all__ = [
     "ANSWER_GUARDS",
+    "CLOSING_GUARDS",
     "INITIAL_STATE",
+    "LAST_ANSWER_GUARD",
+    "LAST_CALL_STATE",
     "TABLE",
     "TERMINAL_STATES",
     "TRIGGER_FOR_STATE",
@@ -38,6 +41,7 @@ __all__ = [
     "Trigger",
     "Verb",
     "resumable_stops",
+    "softened_stop",
 ]
 
 
@@ -50,6 +54,9 @@ class AgentState(StrEnum):
     THINK = "THINK"
     ACT = "ACT"
     REFLECT = "REFLECT"
+    LAST_ANSWER = "LAST_ANSWER"
+    """A limit is ending the run: one last model call, without tools, writes the best answer
+    from what the run has (``Limits.last_answer``); then the run ends with that limit."""
     DONE = "DONE"
     ERROR = "ERROR"
 
@@ -63,6 +70,7 @@ class Trigger(StrEnum):
     THOUGHT = "thought"
     ACTED = "acted"
     REFLECTED = "reflected"
+    LAST_ANSWERED = "last_answered"
     RESUMED = "resumed"
     """Fired by ``Agent.resume`` on a stopped run: the only trigger that leaves DONE or ERROR."""
 
@@ -103,6 +111,8 @@ class Verb(StrEnum):
     FOLLOW_UP = "follow_up"
     REFLECT = "reflect"
     CONTINUE = "continue"
+    LAST_ANSWER = "last_answer"
+    """A limit is ending the run and a last answer is wanted: write it (LAST_ANSWER)."""
     ANSWER = "answer"
     """Resume: the person's reply to ask_user is observed."""
     CARRY_OUT = "carry_out"
@@ -162,6 +172,27 @@ RETRY_BUDGET_GUARD = "no_retries_left"
 """The guard that is true when a failed model call may not be retried; it gates every retry
 row, and is true at least whenever the run's retries (``model_retries_per_run``) are used."""
 
+LAST_CALL_STATE = S.LAST_ANSWER
+"""Entering this state makes one model call that is not a turn: the last answer, written
+without tools when a limit ends the run. Every row out of it ends the run (the verifier
+checks), so an activation makes this call at most once, and the bound counts it."""
+
+LAST_ANSWER_GUARD = "last_answer_wanted"
+"""The guard of every row into ``LAST_CALL_STATE``: true only under ``Limits.last_answer``.
+Each such row stands right before the stop row it softens, with that row's guards and this
+one; the verifier checks the pairing, and the bound counts the last answer only when the
+limits want it."""
+
+CLOSING_GUARDS: dict[str, StopReason] = {
+    "closing_on_token_budget": R.TOKEN_BUDGET,
+    "closing_on_max_turns": R.MAX_TURNS,
+    "closing_on_timeout": R.TIMEOUT,
+}
+"""The guards of the rows out of ``LAST_CALL_STATE``, each true when the last answer was
+written for the stop it names: the run then ends with the stop that fired, not with whatever
+the last call's own tokens or time would trip. The last row out, unguarded, takes the one
+remaining way in: loop detection."""
+
 RESUME_TRIGGER = T.RESUMED
 """The trigger of the resume rows: fired only on a stopped run, by ``Agent.resume``."""
 
@@ -184,28 +215,44 @@ TRIGGER_FOR_STATE: dict[AgentState, Trigger] = {
     S.THINK: T.THOUGHT,
     S.ACT: T.ACTED,
     S.REFLECT: T.REFLECTED,
+    S.LAST_ANSWER: T.LAST_ANSWERED,
 }
+
+
+def _last_answer_before(trigger: Trigger, source: AgentState, *limit: str) -> Row:
+    """The row into LAST_ANSWER that softens the stop row right after it, guarded by
+    ``limit``: taken instead of that row when the limits want a last answer."""
+    return Row(trigger, source, S.LAST_ANSWER, (*limit, LAST_ANSWER_GUARD), V.LAST_ANSWER)
+
 
 TABLE: tuple[Row, ...] = (
     # OBSERVE: new input has been taken into the transcript; can the next prompt be afforded?
     # (A resumed run arrives here without passing REFLECT, so the turn limit is checked too.)
     # The first priority of a turn, after abort: the prompt must fit the context window.
+    # Every stop for the token budget, max_turns, the time limit or a loop, here and below,
+    # is preceded by its row into LAST_ANSWER (``Limits.last_answer``; the verifier's rule 5).
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.OBSERVED, S.OBSERVE, S.COMPACT, ("prompt_exceeds_window",), V.COMPACT),
+    _last_answer_before(T.OBSERVED, S.OBSERVE, "prompt_exceeds_budget"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
+    _last_answer_before(T.OBSERVED, S.OBSERVE, "no_turns_left"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     Row(T.OBSERVED, S.OBSERVE, S.THINK, (), V.THINK),
     # COMPACT: the context policies have shrunk the prompt, or asked for a summary, which
     # is a model call like any other: it takes a turn and is paid from the token budget.
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("abort_requested",), R.ABORTED),
+    _last_answer_before(T.COMPACTED, S.COMPACT, "no_turns_left"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
+    _last_answer_before(T.COMPACTED, S.COMPACT, "budget_exhausted"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
     Row(T.COMPACTED, S.COMPACT, S.THINK, ("summary_requested",), V.SUMMARISE),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_window",), R.CONTEXT_WINDOW),
+    _last_answer_before(T.COMPACTED, S.COMPACT, "prompt_exceeds_budget"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
     Row(T.COMPACTED, S.COMPACT, S.THINK, (), V.THINK),
     # THINK: one model call was made (turn += 1); what did it produce?
     Row(T.THOUGHT, S.THINK, S.ERROR, ("abort_requested",), R.ABORTED),
+    _last_answer_before(T.THOUGHT, S.THINK, "model_call_failed", "time_is_up"),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "time_is_up"), R.TIMEOUT),
     Row(
         T.THOUGHT,
@@ -215,6 +262,7 @@ TABLE: tuple[Row, ...] = (
         R.MODEL_ERROR,
     ),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "no_retries_left"), R.MODEL_ERROR),
+    _last_answer_before(T.THOUGHT, S.THINK, "model_call_failed", "prompt_exceeds_budget"),
     Row(
         T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "prompt_exceeds_budget"), R.TOKEN_BUDGET
     ),
@@ -235,12 +283,23 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("finish_task_called",), R.FINISH_TASK),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("approval_pending",), R.APPROVAL_REQUIRED),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("too_many_errors",), R.CONSECUTIVE_ERRORS),
+    _last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
+    _last_answer_before(T.REFLECTED, S.REFLECT, "no_turns_left"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
+    _last_answer_before(T.REFLECTED, S.REFLECT, "time_is_up"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("time_is_up",), R.TIMEOUT),
+    _last_answer_before(T.REFLECTED, S.REFLECT, "is_looping"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("is_looping",), R.LOOP_DETECTED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("reflector_says_done",), R.REFLECTOR_DONE),
     Row(T.REFLECTED, S.REFLECT, S.OBSERVE, (), V.CONTINUE),
+    # LAST_ANSWER: the last answer was written (or could not be); the run ends with the stop
+    # that asked for it. No abort row: that stop has fired already, and an abort during the
+    # last answer cancels the call, nothing more.
+    Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_token_budget",), R.TOKEN_BUDGET),
+    Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_max_turns",), R.MAX_TURNS),
+    Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_timeout",), R.TIMEOUT),
+    Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, (), R.LOOP_DETECTED),
     # RESUMED: a stopped run was answered (Agent.resume). There is no "else" row: a stop that
     # no row leaves cannot be resumed, and resume refuses it before changing anything.
     Row(T.RESUMED, S.DONE, S.OBSERVE, ("stopped_to_ask_user", "reply_given"), V.ANSWER),
@@ -261,3 +320,19 @@ def resumable_stops(rows: tuple[Row, ...]) -> frozenset[StopReason]:
         for guard in row.guards
         for reason in STOP_GUARDS.get(guard, ())
     )
+
+
+def softened_stop(rows: tuple[Row, ...], index: int) -> StopReason | None:
+    """The stop reason of the row that ``rows[index]``, a row into ``LAST_CALL_STATE``,
+    softens: the next row, of the same group, with the same guards but
+    ``LAST_ANSWER_GUARD``, into DONE or ERROR. None when there is no such row (the verifier
+    refuses that table)."""
+    row = rows[index]
+    if index + 1 >= len(rows):
+        return None
+    stop = rows[index + 1]
+    if (stop.trigger, stop.source) == (row.trigger, row.source) and set(stop.guards) == set(
+        row.guards
+    ) - {LAST_ANSWER_GUARD}:
+        return stop.stop_reason
+    return None

@@ -38,40 +38,55 @@ stateDiagram-v2
     [*] --> OBSERVE
     OBSERVE --> ERROR : observed #1 [abort_requested] aborted
     OBSERVE --> COMPACT : observed #2 [prompt_exceeds_window] compact
-    OBSERVE --> ERROR : observed #3 [prompt_exceeds_budget] token_budget
-    OBSERVE --> ERROR : observed #4 [no_turns_left] max_turns
-    OBSERVE --> THINK : observed #5 [else] think
+    OBSERVE --> LAST_ANSWER : observed #3 [prompt_exceeds_budget ∧ last_answer_wanted] last_answer
+    OBSERVE --> ERROR : observed #4 [prompt_exceeds_budget] token_budget
+    OBSERVE --> LAST_ANSWER : observed #5 [no_turns_left ∧ last_answer_wanted] last_answer
+    OBSERVE --> ERROR : observed #6 [no_turns_left] max_turns
+    OBSERVE --> THINK : observed #7 [else] think
     COMPACT --> ERROR : compacted #1 [abort_requested] aborted
-    COMPACT --> ERROR : compacted #2 [no_turns_left] max_turns
-    COMPACT --> ERROR : compacted #3 [budget_exhausted] token_budget
-    COMPACT --> THINK : compacted #4 [summary_requested] summarise
-    COMPACT --> ERROR : compacted #5 [prompt_exceeds_window] context_window
-    COMPACT --> ERROR : compacted #6 [prompt_exceeds_budget] token_budget
-    COMPACT --> THINK : compacted #7 [else] think
+    COMPACT --> LAST_ANSWER : compacted #2 [no_turns_left ∧ last_answer_wanted] last_answer
+    COMPACT --> ERROR : compacted #3 [no_turns_left] max_turns
+    COMPACT --> LAST_ANSWER : compacted #4 [budget_exhausted ∧ last_answer_wanted] last_answer
+    COMPACT --> ERROR : compacted #5 [budget_exhausted] token_budget
+    COMPACT --> THINK : compacted #6 [summary_requested] summarise
+    COMPACT --> ERROR : compacted #7 [prompt_exceeds_window] context_window
+    COMPACT --> LAST_ANSWER : compacted #8 [prompt_exceeds_budget ∧ last_answer_wanted] last_answer
+    COMPACT --> ERROR : compacted #9 [prompt_exceeds_budget] token_budget
+    COMPACT --> THINK : compacted #10 [else] think
     THINK --> ERROR : thought #1 [abort_requested] aborted
-    THINK --> ERROR : thought #2 [model_call_failed ∧ time_is_up] timeout
-    THINK --> ERROR : thought #3 [model_call_failed ∧ model_error_is_permanent] model_error
-    THINK --> ERROR : thought #4 [model_call_failed ∧ no_retries_left] model_error
-    THINK --> ERROR : thought #5 [model_call_failed ∧ prompt_exceeds_budget] token_budget
-    THINK --> THINK : thought #6 [model_call_failed] retry
-    THINK --> OBSERVE : thought #7 [summary_written] summarised
-    THINK --> ERROR : thought #8 [reply_was_filtered] content_filter
-    THINK --> ACT : thought #9 [reply_has_tool_calls] act
-    THINK --> REFLECT : thought #10 [input_waiting] follow_up
-    THINK --> DONE : thought #11 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #12 [else] final_answer
+    THINK --> LAST_ANSWER : thought #2 [model_call_failed ∧ time_is_up ∧ last_answer_wanted] last_answer
+    THINK --> ERROR : thought #3 [model_call_failed ∧ time_is_up] timeout
+    THINK --> ERROR : thought #4 [model_call_failed ∧ model_error_is_permanent] model_error
+    THINK --> ERROR : thought #5 [model_call_failed ∧ no_retries_left] model_error
+    THINK --> LAST_ANSWER : thought #6 [model_call_failed ∧ prompt_exceeds_budget ∧ last_answer_wanted] last_answer
+    THINK --> ERROR : thought #7 [model_call_failed ∧ prompt_exceeds_budget] token_budget
+    THINK --> THINK : thought #8 [model_call_failed] retry
+    THINK --> OBSERVE : thought #9 [summary_written] summarised
+    THINK --> ERROR : thought #10 [reply_was_filtered] content_filter
+    THINK --> ACT : thought #11 [reply_has_tool_calls] act
+    THINK --> REFLECT : thought #12 [input_waiting] follow_up
+    THINK --> DONE : thought #13 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #14 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
     REFLECT --> DONE : reflected #3 [finish_task_called] finish_task
     REFLECT --> DONE : reflected #4 [approval_pending] approval_required
     REFLECT --> ERROR : reflected #5 [too_many_errors] consecutive_errors
-    REFLECT --> ERROR : reflected #6 [budget_exhausted] token_budget
-    REFLECT --> ERROR : reflected #7 [no_turns_left] max_turns
-    REFLECT --> ERROR : reflected #8 [time_is_up] timeout
-    REFLECT --> ERROR : reflected #9 [is_looping] loop_detected
-    REFLECT --> DONE : reflected #10 [reflector_says_done] reflector_done
-    REFLECT --> OBSERVE : reflected #11 [else] continue
+    REFLECT --> LAST_ANSWER : reflected #6 [budget_exhausted ∧ last_answer_wanted] last_answer
+    REFLECT --> ERROR : reflected #7 [budget_exhausted] token_budget
+    REFLECT --> LAST_ANSWER : reflected #8 [no_turns_left ∧ last_answer_wanted] last_answer
+    REFLECT --> ERROR : reflected #9 [no_turns_left] max_turns
+    REFLECT --> LAST_ANSWER : reflected #10 [time_is_up ∧ last_answer_wanted] last_answer
+    REFLECT --> ERROR : reflected #11 [time_is_up] timeout
+    REFLECT --> LAST_ANSWER : reflected #12 [is_looping ∧ last_answer_wanted] last_answer
+    REFLECT --> ERROR : reflected #13 [is_looping] loop_detected
+    REFLECT --> DONE : reflected #14 [reflector_says_done] reflector_done
+    REFLECT --> OBSERVE : reflected #15 [else] continue
+    LAST_ANSWER --> ERROR : last_answered #1 [closing_on_token_budget] token_budget
+    LAST_ANSWER --> ERROR : last_answered #2 [closing_on_max_turns] max_turns
+    LAST_ANSWER --> ERROR : last_answered #3 [closing_on_timeout] timeout
+    LAST_ANSWER --> ERROR : last_answered #4 [else] loop_detected
     DONE --> OBSERVE : ⟲ resumed #1 [stopped_to_ask_user ∧ reply_given] answer
     DONE --> ACT : ⟲ resumed #2 [stopped_for_approval ∧ approvals_decided] carry_out
     ERROR --> OBSERVE : ⟲ resumed #1 [stopped_by_interruption] resume
@@ -118,7 +133,7 @@ def test_every_row_is_one_edge_with_priority_and_guards() -> None:
     dot = render(TABLE, "dot")
     edges = [line for line in dot.splitlines() if " -> " in line and "__start" not in line]
     assert len(edges) == len(TABLE)
-    assert 'REFLECT -> OBSERVE [label="reflected #11 [else] continue"];' in dot
+    assert 'REFLECT -> OBSERVE [label="reflected #15 [else] continue"];' in dot
     assert "DONE [shape=doublecircle];" in dot
     assert "ERROR [shape=doublecircle];" in dot
 
@@ -147,12 +162,12 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
     assert sum(counts) == len(result.trace)
 
     mermaid = render(TABLE, "mermaid", run=result)
-    assert "    OBSERVE --> THINK : observed #5 [else] think ×3\n" in mermaid
-    assert "    THINK --> ACT : thought #9 [reply_has_tool_calls] act ×2\n" in mermaid
-    assert "    REFLECT --> OBSERVE : reflected #11 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #12 [else] final_answer ×1\n" in mermaid
+    assert "    OBSERVE --> THINK : observed #7 [else] think ×3\n" in mermaid
+    assert "    THINK --> ACT : thought #11 [reply_has_tool_calls] act ×2\n" in mermaid
+    assert "    REFLECT --> OBSERVE : reflected #15 [else] continue ×2\n" in mermaid
+    assert "    THINK --> DONE : thought #14 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #11 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #13 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -169,11 +184,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 def test_dot_overlay_colours_and_counts() -> None:
     result, _ = _two_tool_turns()
     dot = to_dot(TABLE, result)
-    think = _line(dot, 'OBSERVE -> THINK [label="observed #5')
+    think = _line(dot, 'OBSERVE -> THINK [label="observed #7')
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #11')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #13')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot
@@ -187,7 +202,7 @@ def test_overlay_of_a_failed_run_marks_error() -> None:
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    class ERROR stopped_error\n" in mermaid
     assert "note right of ERROR : stopped﹕ max_turns, 2 turns" in mermaid
-    assert "    REFLECT --> ERROR : reflected #7 [no_turns_left] max_turns ×1\n" in mermaid
+    assert "    REFLECT --> ERROR : reflected #9 [no_turns_left] max_turns ×1\n" in mermaid
     assert "class DONE" not in mermaid
     assert 'ERROR [style="rounded,filled", fillcolor="#fee2e2"' in render(TABLE, "dot", run=result)
 

@@ -58,6 +58,7 @@ LAYERS = [
     "run.approvals",
     "run.acting",
     "run.reflecting",
+    "run.answering",
     "run.outcome",
     "run.resuming",
     "run.history",

@@ -33,37 +33,61 @@ def test_reflect_priority_order_is_pinned() -> None:
         (("finish_task_called",), "finish_task"),
         (("approval_pending",), "approval_required"),
         (("too_many_errors",), "consecutive_errors"),
+        (("budget_exhausted", "last_answer_wanted"), "last_answer"),
         (("budget_exhausted",), "token_budget"),
+        (("no_turns_left", "last_answer_wanted"), "last_answer"),
         (("no_turns_left",), "max_turns"),
+        (("time_is_up", "last_answer_wanted"), "last_answer"),
         (("time_is_up",), "timeout"),
+        (("is_looping", "last_answer_wanted"), "last_answer"),
         (("is_looping",), "loop_detected"),
         (("reflector_says_done",), "reflector_done"),
         ((), "continue"),
     ]
 
 
+def test_last_answer_rows_are_pinned() -> None:
+    """Each limit's stop row is softened by a row into LAST_ANSWER, and LAST_ANSWER ends the
+    run with the stop that asked for it. It has no abort row: the limit has already fired,
+    and an abort during the last answer only cancels that call."""
+    assert _rows(S.LAST_ANSWER) == [
+        (("closing_on_token_budget",), "token_budget"),
+        (("closing_on_max_turns",), "max_turns"),
+        (("closing_on_timeout",), "timeout"),
+        ((), "loop_detected"),
+    ]
+
+
 def test_think_and_observe_priority_order_is_pinned() -> None:
+    last = "last_answer_wanted"
     assert _rows(S.OBSERVE) == [
         (("abort_requested",), "aborted"),
         (("prompt_exceeds_window",), "compact"),
+        (("prompt_exceeds_budget", last), "last_answer"),
         (("prompt_exceeds_budget",), "token_budget"),
+        (("no_turns_left", last), "last_answer"),
         (("no_turns_left",), "max_turns"),
         ((), "think"),
     ]
     assert _rows(S.COMPACT) == [
         (("abort_requested",), "aborted"),
+        (("no_turns_left", last), "last_answer"),
         (("no_turns_left",), "max_turns"),
+        (("budget_exhausted", last), "last_answer"),
         (("budget_exhausted",), "token_budget"),
         (("summary_requested",), "summarise"),
         (("prompt_exceeds_window",), "context_window"),
+        (("prompt_exceeds_budget", last), "last_answer"),
         (("prompt_exceeds_budget",), "token_budget"),
         ((), "think"),
     ]
     assert _rows(S.THINK) == [
         (("abort_requested",), "aborted"),
+        (("model_call_failed", "time_is_up", last), "last_answer"),
         (("model_call_failed", "time_is_up"), "timeout"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
         (("model_call_failed", "no_retries_left"), "model_error"),
+        (("model_call_failed", "prompt_exceeds_budget", last), "last_answer"),
         (("model_call_failed", "prompt_exceeds_budget"), "token_budget"),
         (("model_call_failed",), "retry"),
         (("summary_written",), "summarised"),
@@ -118,7 +142,7 @@ def test_ungated_model_call_is_rejected() -> None:
     # Without the max_turns rows of REFLECT and OBSERVE, OBSERVE -> THINK repeats with no turn
     # budget check. Either one alone gates the loop (OBSERVE's also gates a resumed run).
     def without(*sources: AgentState) -> tuple[Row, ...]:
-        return tuple(r for r in TABLE if not (r.source in sources and r.label == "max_turns"))
+        return tuple(r for r in TABLE if not (r.source in sources and "no_turns_left" in r.guards))
 
     with pytest.raises(ConfigError, match="no_turns_left"):
         verify_table(without(S.REFLECT, S.OBSERVE))
@@ -145,7 +169,7 @@ def test_retry_without_its_budget_gate_is_rejected() -> None:
     # A gate on the turn budget does not stand in for it.
     gated_by_turns = tuple(
         dataclasses.replace(
-            r, guards=("model_call_failed", "no_turns_left"), outcome=StopReason.MAX_TURNS
+            r, guards=("model_call_failed", "no_turns_left"), outcome=StopReason.MODEL_ERROR
         )
         if r.source is S.THINK and "no_retries_left" in r.guards
         else r
@@ -153,6 +177,53 @@ def test_retry_without_its_budget_gate_is_rejected() -> None:
     )
     with pytest.raises(ConfigError, match="retries a model call without"):
         verify_table(gated_by_turns)
+
+
+def test_the_bound_counts_a_last_answer_only_when_the_limits_want_one() -> None:
+    machine = AgentMachine()
+    without, wanted = (
+        machine.bound(Limits(max_turns=10, last_answer=flag)) for flag in (False, True)
+    )
+    assert (without.model_calls, without.last_answers) == (22, 0)
+    assert (wanted.model_calls, wanted.last_answers) == (23, 1)
+    # Each resumed activation may write its own last answer (a timed-out run resumes).
+    assert (without.calls_with_resumes(2), wanted.calls_with_resumes(2)) == (22, 25)
+    # The longest way to a stop, a turn that compacts and then stops, now passes LAST_ANSWER
+    # too: one transition more, for the run and for each resumed activation.
+    assert (wanted.transitions, wanted.per_resume) == (
+        without.transitions + 1,
+        without.per_resume + 1,
+    )
+    assert wanted.formula == "5·(max_turns + model_retries_per_run) + 3"
+
+
+def test_last_answer_rows_that_break_rule_5_are_rejected() -> None:
+    into = _index(S.REFLECT, "last_answer")
+    # Not right before the stop row it softens (here there is none).
+    rows = tuple(r for i, r in enumerate(TABLE) if i != into + 1)
+    with pytest.raises(ConfigError, match="must stand right before the stop row it softens"):
+        verify_table(rows)
+    # Without last_answer_wanted, the row would fire whatever the limits say.
+    rows = list(TABLE)
+    rows[into] = dataclasses.replace(rows[into], guards=("budget_exhausted", "no_turns_left"))
+    rows[into + 1] = dataclasses.replace(rows[into + 1], guards=("budget_exhausted",))
+    with pytest.raises(ConfigError, match="must stand right before"):
+        verify_table(tuple(rows))
+    # A way out of LAST_ANSWER that does not end the run.
+    out = _index(S.LAST_ANSWER, "max_turns")
+    with pytest.raises(ConfigError, match="does not end the run"):
+        verify_table(_replace(out, dest=S.OBSERVE, outcome=Verb.CONTINUE))
+    # A way out that names the wrong stop for its guard.
+    with pytest.raises(ConfigError, match="must name the one guard"):
+        verify_table(_replace(out, outcome=StopReason.TIMEOUT))
+    # A limit's stop row without its row into LAST_ANSWER.
+    rows = tuple(r for i, r in enumerate(TABLE) if i != into + 2)
+    with pytest.raises(ConfigError, match="max_turns, which gets a last answer everywhere"):
+        verify_table(rows)
+    # A softened stop that no way out ends the run with.
+    rows = tuple(r for i, r in enumerate(TABLE) if i != out)
+    with pytest.raises(ConfigError, match="softens the stop max_turns, but no row out"):
+        verify_table(rows)
 
 
 def test_a_table_without_retries_is_bounded_by_max_turns_alone() -> None:
@@ -167,7 +238,8 @@ def test_a_table_without_retries_is_bounded_by_max_turns_alone() -> None:
 
 
 def test_state_that_cannot_terminate_is_rejected() -> None:
-    # Every row into DONE or ERROR goes round the loop instead.
+    # Every row of the loop into DONE or ERROR goes round the loop instead, and nothing
+    # enters LAST_ANSWER (which still ends the run, unreached).
     onward = {
         S.OBSERVE: S.THINK,
         S.COMPACT: S.THINK,
@@ -177,9 +249,10 @@ def test_state_that_cannot_terminate_is_rejected() -> None:
     }
     rows = tuple(
         dataclasses.replace(r, dest=onward[r.source], outcome=Verb.CONTINUE)
-        if r.dest in (S.DONE, S.ERROR)
+        if r.dest in (S.DONE, S.ERROR) and r.source is not S.LAST_ANSWER
         else r
         for r in TABLE
+        if r.dest is not S.LAST_ANSWER
     )
     with pytest.raises(ConfigError, match="can never reach DONE or ERROR"):
         verify_table(rows)
@@ -285,10 +358,10 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     state = RunState(run_id="in-order", state=S.THINK, turns=1, last_tool_calls=1)
     assert machine.fire(machine.handle(state, Limits())).label == "act"
     leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
-    assert leading.count("model_call_failed") == 5
+    assert leading.count("model_call_failed") == 7
     assert asked == [
         "abort_requested",
-        *["model_call_failed"] * 5,
+        *["model_call_failed"] * 7,
         "summary_written",
         "reply_was_filtered",
         "reply_has_tool_calls",

@@ -12,13 +12,16 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from agent_fsm import Agent, Limits, RunStatus, StopReason
-from agent_fsm.table import TABLE
+from agent_fsm.table import TABLE, AgentState
 from agent_fsm.testing.invariants import InvariantViolation, check_invariants
 from agent_fsm.testing.strategies import Behaviour, BehaviourModel, behaviours, limits
 from tests.conftest import Recorder, add, boom, echo
 
 TOOLS = [echo, add, boom]
 TOOL_NAMES = [t.name for t in TOOLS]
+LIMIT_STOPS = frozenset(
+    {StopReason.TOKEN_BUDGET, StopReason.MAX_TURNS, StopReason.TIMEOUT, StopReason.LOOP_DETECTED}
+)
 
 
 def _run(behaviour: Behaviour, run_limits: Limits, tick: float) -> None:
@@ -38,7 +41,14 @@ def _run(behaviour: Behaviour, run_limits: Limits, tick: float) -> None:
     result = asyncio.run(run.run())
 
     check_invariants(result, limits=run_limits, bound=agent.bound, events=recorder)
-    assert len(model.requests) == result.turns + result.retries
+    assert len(model.requests) == result.turns + result.retries + result.last_answers
+    # A limit that ends the run asks for the last answer first, when the limits want one,
+    # and nothing else ever does.
+    if run_limits.last_answer and result.stop_reason in LIMIT_STOPS:
+        assert result.trace[-1].source is AgentState.LAST_ANSWER
+        assert result.last_answers == 1
+    else:
+        assert result.last_answers == 0
     assert result.turns <= run_limits.max_turns
     assert result.retries <= run_limits.model_retries_per_run
     assert result.usage.requests == sum(1 for e in recorder if e.kind == "model_responded")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from agent_fsm.limits import Limits
 from agent_fsm.messages import FinishReason
 from agent_fsm.state import ControlKind, RunState, calibrated_prompt_tokens
-from agent_fsm.table import STOP_GUARDS
+from agent_fsm.table import CLOSING_GUARDS, STOP_GUARDS
 
 __all__ = ["GUARDS", "Guard"]
 
@@ -137,6 +137,29 @@ def reflector_says_done(state: RunState, limits: Limits) -> bool:
     return state.reflector_done
 
 
+def last_answer_wanted(state: RunState, limits: Limits) -> bool:
+    """A limit that ends the run should first let the model write a last answer."""
+    return limits.last_answer
+
+
+# -- last answer rows: which stop the last answer was written for ----------------------------
+
+
+def closing_on_token_budget(state: RunState, limits: Limits) -> bool:
+    """The last answer was written because the token budget ran out."""
+    return state.closing is CLOSING_GUARDS["closing_on_token_budget"]
+
+
+def closing_on_max_turns(state: RunState, limits: Limits) -> bool:
+    """The last answer was written because every turn was used."""
+    return state.closing is CLOSING_GUARDS["closing_on_max_turns"]
+
+
+def closing_on_timeout(state: RunState, limits: Limits) -> bool:
+    """The last answer was written because the run's time was up."""
+    return state.closing is CLOSING_GUARDS["closing_on_timeout"]
+
+
 # -- resume rows: which stop the run is in, and what the resume answered ---------------------
 
 
@@ -204,6 +227,10 @@ GUARDS: dict[str, Guard] = {
         time_is_up,
         is_looping,
         reflector_says_done,
+        last_answer_wanted,
+        closing_on_token_budget,
+        closing_on_max_turns,
+        closing_on_timeout,
         stopped_to_ask_user,
         stopped_for_approval,
         stopped_by_interruption,

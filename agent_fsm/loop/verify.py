@@ -16,6 +16,14 @@ proof applies whatever executes the table. ``verify_table`` proves that every ru
    (``no_retries_left``), so retries ≤ model_retries_per_run, and model calls ≤ max_turns +
    model_retries_per_run.
 
+5. the state of the last answer (``table.LAST_CALL_STATE``) makes one model call that is not
+   a turn; every row out of it ends the run, so each activation makes that call at most once.
+   Every row into it softens a stop row (``table.softened_stop``): it stands right before that
+   row, with its guards and ``last_answer_wanted``; and the stop each softens is the outcome
+   of a row out of it (named by the ``table.CLOSING_GUARDS`` guard of its reason, or the
+   unguarded last row), so the run ends with the stop that fired. Conversely every stop row
+   with one of those outcomes is softened: no limit ends a run without its last answer.
+
 Resume rows (trigger ``resumed``) leave DONE or ERROR for a loop state, each naming exactly
 one of the stop guards (``table.STOP_GUARDS``); they need no "else" row (a stop no row leaves
 cannot be resumed). They are taken once per answer a person gives, so rules 3 and 4 apply
@@ -28,7 +36,10 @@ and ``z`` from the initial state to a terminal, a run takes at most
 ``max(z, a + M + (M-1)·b + c)`` transitions for ``M`` model calls (``max_turns``, plus
 ``model_retries_per_run`` when the table retries); each resume into state
 ``e`` adds at most ``1 + max(a_e + c - b, z_e)`` (``TerminationBound.per_resume``), since the
-model calls of every activation together stay within ``M``.
+model calls of every activation together stay within ``M``. Under ``Limits.last_answer``
+each activation may add its last answer: one model call, and the longest way through
+LAST_ANSWER is part of ``c``; without it the rows that lead there never fire and the bound
+leaves them out.
 """
 
 from __future__ import annotations
@@ -41,7 +52,10 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.limits import Limits
 from agent_fsm.loop.guards import GUARDS, Guard
 from agent_fsm.table import (
+    CLOSING_GUARDS,
     INITIAL_STATE,
+    LAST_ANSWER_GUARD,
+    LAST_CALL_STATE,
     RESUME_TRIGGER,
     RETRY_BUDGET_GUARD,
     STOP_GUARDS,
@@ -53,6 +67,7 @@ from agent_fsm.table import (
     Row,
     StopReason,
     Verb,
+    softened_stop,
 )
 
 __all__ = ["TerminationBound", "termination_bound", "verify_table"]
@@ -63,7 +78,7 @@ class TerminationBound:
     """Upper bounds on one run, computed from the table and the limits before it starts."""
 
     model_calls: int
-    """Model calls in the whole run, every activation together, retries included."""
+    """Model calls in a run that is never resumed: turns, retries and its last answer."""
     transitions: int
     """Transitions of a run that is never resumed."""
     per_resume: int
@@ -72,10 +87,18 @@ class TerminationBound:
     formula: str
     """The transitions bound as a formula of the limits, e.g.
     ``5·(max_turns + model_retries_per_run) + 2``."""
+    last_answers: int = 0
+    """Model calls each activation may make beyond the run's turns and retries: 1 under
+    ``Limits.last_answer`` (its last answer), else 0."""
 
     def with_resumes(self, resumes: int) -> int:
         """The transitions bound of a run resumed ``resumes`` times (after stops)."""
         return self.transitions + resumes * self.per_resume
+
+    def calls_with_resumes(self, resumes: int) -> int:
+        """The model-call bound of a run resumed ``resumes`` times: turns and retries carry
+        over a resume, and each activation may add its last answer."""
+        return self.model_calls + resumes * self.last_answers
 
 
 def _describe(row: Row, index: int) -> str:
@@ -137,6 +160,7 @@ def verify_table(rows: tuple[Row, ...], guards: Mapping[str, Guard] = GUARDS) ->
     for i in range(len(rows)):
         _check_row(rows, i, guards)
     _check_ways_out(rows)
+    _check_last_answer_rows(rows)
     loop_rows = tuple(row for row in rows if not row.resumes)
     edges: dict[AgentState, set[AgentState]] = {}
     for row in loop_rows:
@@ -244,6 +268,50 @@ def _check_turns_are_gated(rows: tuple[Row, ...]) -> None:
             )
 
 
+def _check_last_answer_rows(rows: tuple[Row, ...]) -> None:
+    """Rule 5: a last answer softens a stop, ends the run, and ends it with that stop."""
+    exits: set[StopReason] = set()
+    for i, row in enumerate(rows):
+        if row.source != LAST_CALL_STATE:
+            continue
+        if row.dest not in TERMINAL_STATES:
+            raise ConfigError(
+                f"{_describe(row, i)} does not end the run: a last answer is the run's last "
+                "model call"
+            )
+        closing = [g for g in row.guards if g in CLOSING_GUARDS]
+        if row.guards and (len(closing) != 1 or CLOSING_GUARDS[closing[0]] != row.outcome):
+            raise ConfigError(
+                f"{_describe(row, i)} must name the one guard of {sorted(CLOSING_GUARDS)} "
+                "that says its stop reason"
+            )
+        exits.add(StopReason(row.outcome))
+    for i, row in enumerate(rows):
+        if row.dest != LAST_CALL_STATE:
+            continue
+        stop = softened_stop(rows, i)
+        if LAST_ANSWER_GUARD not in row.guards or stop is None:
+            raise ConfigError(
+                f"{_describe(row, i)} must stand right before the stop row it softens, with "
+                f"that row's guards and '{LAST_ANSWER_GUARD}'"
+            )
+        if stop not in exits:
+            raise ConfigError(
+                f"{_describe(row, i)} softens the stop {stop.value}, but no row out of "
+                f"{LAST_CALL_STATE} ends the run with it"
+            )
+    for i, row in enumerate(rows):
+        if (
+            row.source not in (LAST_CALL_STATE, *TERMINAL_STATES)
+            and row.stop_reason in exits
+            and not (i and rows[i - 1].dest == LAST_CALL_STATE and softened_stop(rows, i - 1))
+        ):
+            raise ConfigError(
+                f"{_describe(row, i)} ends the run with {row.label}, which gets a last "
+                f"answer everywhere else: put its row into {LAST_CALL_STATE} right before it"
+            )
+
+
 def _ungated_count_free_edges(rows: tuple[Row, ...]) -> dict[AgentState, set[AgentState]]:
     """Edges of rows that neither count a turn nor are gated by the turn budget."""
     graph: dict[AgentState, set[AgentState]] = {}
@@ -316,13 +384,16 @@ def _activation_constant(rows: tuple[Row, ...], entry: AgentState, b: int, c: in
 def termination_bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound:
     """Bounds that hold for every run of a verified table under ``limits``.
 
-    With ``M`` model calls for the whole run (``max_turns``, plus ``model_retries_per_run``
+    With ``M`` turns and retries for the whole run (``max_turns``, plus ``model_retries_per_run``
     when the table has a retry row; resumes continue both counts), an
     activation entered at ``e`` that makes ``m`` calls takes at most
     ``a_e + m·(1 + b) - b + c`` transitions (``z_e`` when ``m = 0``). The first activation
     gives ``transitions``; each resume adds its own row and its entry's constant:
     ``per_resume``.
     """
+    if not limits.last_answer:  # the rows into LAST_ANSWER never fire
+        rows = tuple(row for row in rows if LAST_ANSWER_GUARD not in row.guards)
+    last_answers = int(any(row.dest == LAST_CALL_STATE for row in rows))
     b = max(_longest_path(rows, TURN_STATE, _counting), 0)
     c = _longest_path(rows, TURN_STATE, _terminal)
     first = _activation_constant(rows, INITIAL_STATE, b, c)
@@ -334,8 +405,9 @@ def termination_bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound
     m = limits.max_turns + (limits.model_retries_per_run if retries else 0)
     calls = "(max_turns + model_retries_per_run)" if retries else "max_turns"
     return TerminationBound(
-        model_calls=m,
+        model_calls=m + last_answers,
         transitions=m * (1 + b) + first,
         per_resume=per_resume,
         formula=f"{1 + b}·{calls} + {first}",
+        last_answers=last_answers,
     )

@@ -48,8 +48,13 @@ def policy_context(
     )
 
 
-def compact(ctx: RunContext) -> None:
-    """COMPACT's work: the policies shrink the prompt, or one asks for a summary."""
+def compact(ctx: RunContext, *, summaries: bool = True) -> None:
+    """COMPACT's work: the policies shrink the prompt, or one asks for a summary.
+
+    Args:
+        summaries: whether a policy may ask for a summary; without (a last answer has no
+            call to spare for one), a policy that asks is passed over, and reported.
+    """
     state = ctx.state
     state.summary_due = None
     state.context_problem = None
@@ -70,6 +75,9 @@ def compact(ctx: RunContext) -> None:
             problems.append(f"{name} failed: {describe(exc)}")
             continue
         if change is None:
+            continue
+        if isinstance(change, SummaryDue) and not summaries:
+            problems.append(f"{name} asked for a summary, which there is no call left for")
             continue
         if isinstance(change, SummaryDue):
             due = change.model_copy(update={"policy": index})

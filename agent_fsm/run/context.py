@@ -90,6 +90,9 @@ class RunConfig:
     context_policies: tuple[ContextPolicy, ...] = ()
     """Shrink a prompt that does not fit the context window, in order (COMPACT)."""
     reflector: Reflector | None = None
+    last_answer_prompt: str | None = None
+    """Asks for the last answer when a limit ends the run (``Limits.last_answer``);
+    ``{reason}`` in it becomes why. None: ``run.answering.LAST_ANSWER_PROMPT``."""
     parallel_tool_calls: bool = True
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep

@@ -34,6 +34,7 @@ from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage, clean_text
 from agent_fsm.run.acting import act
+from agent_fsm.run.answering import answer
 from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
 from agent_fsm.run.history import HistoryRepair
@@ -42,7 +43,14 @@ from agent_fsm.run.outcome import ending_events, record_stop
 from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.thinking import think
 from agent_fsm.state import RunResult, RunState, TraceEntry, reopen_fields
-from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason, Trigger
+from agent_fsm.table import (
+    LAST_CALL_STATE,
+    TERMINAL_STATES,
+    AgentState,
+    Row,
+    StopReason,
+    Trigger,
+)
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 
 __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
@@ -58,6 +66,7 @@ _WORK: dict[AgentState, Callable[[RunContext], Awaitable[None] | None]] = {
     AgentState.THINK: think,
     AgentState.ACT: act,
     AgentState.REFLECT: reflect,
+    AgentState.LAST_ANSWER: answer,
 }
 """The work done in each loop state before its trigger fires."""
 
@@ -312,7 +321,8 @@ class Run:
 
     def _time_up(self) -> None:
         self._state.timed_out = True
-        self._interrupt()
+        if self._state.state is not LAST_CALL_STATE:  # the last answer has its own limit
+            self._interrupt()
 
     def _interrupt(self) -> None:
         """Cancel what is in flight: the model call or the tool calls, through the stop

@@ -9,7 +9,7 @@ from agent_fsm.limits import Limits
 from agent_fsm.messages import AssistantMessage
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import RunResult, RunState, RunStatus, calibrated_prompt_tokens
-from agent_fsm.table import AgentState, Row, StopReason
+from agent_fsm.table import LAST_CALL_STATE, AgentState, Row, StopReason
 from agent_fsm.tools.results import skipped_result
 
 __all__ = ["describe_failure", "ending_events", "record_stop"]
@@ -24,7 +24,8 @@ def record_stop(ctx: RunContext, row: Row) -> None:
     state.stop_reason = stop_reason
     if row.dest is AgentState.ERROR:
         state.error = describe_failure(state, ctx.limits, stop_reason)
-        state.output = None
+        if row.source is not LAST_CALL_STATE:  # its output is the last answer, if written
+            state.output = None
     if row.source is AgentState.THINK and state.last_tool_calls:
         last = state.messages[-1]
         if isinstance(last, AssistantMessage):

@@ -34,7 +34,7 @@ from agent_fsm.table import Verb
 from agent_fsm.tokens import calibrate, estimate_message_tokens
 from agent_fsm.tools.execution import retry_delay
 
-__all__ = ["backoff_s", "failure_from", "think", "with_call_ids"]
+__all__ = ["backoff_s", "failure_from", "report_failure", "take_usage", "think", "with_call_ids"]
 
 # Built on every model call (see constructors.builder).
 _model_request = builder(ModelRequest)
@@ -133,8 +133,13 @@ def _estimate_prompt(ctx: RunContext) -> int:
 def _failed(ctx: RunContext, failure: ModelFailure) -> None:
     """Record a failed model call; the THINK guards decide whether it is retried (its own
     budget: ``Limits.model_retries``), so it does not count as a failed turn."""
+    ctx.state.model_failure = failure
+    report_failure(ctx, failure)
+
+
+def report_failure(ctx: RunContext, failure: ModelFailure) -> None:
+    """Log a failed model call and announce it (``ModelFailed``)."""
     state = ctx.state
-    state.model_failure = failure
     ctx.log.warning(
         "model_call_failed", turn=state.turns, error=failure.message, permanent=failure.permanent
     )
@@ -224,6 +229,31 @@ def _entered_by_retry(ctx: RunContext) -> bool:
     return ctx.config.machine.rows[trace[-1][0]].outcome is Verb.RETRY
 
 
+def take_usage(
+    ctx: RunContext, response: ModelResponse, message: AssistantMessage, estimate: int
+) -> Usage:
+    """Add the usage of one reply to the run's, and return it: the server's report (one
+    request, each count clamped to ``USAGE_CEILING``), or an estimate when it gave none. A
+    report calibrates every later estimate against ``estimate``, the engine's own estimate
+    of the prompt sent."""
+    state = ctx.state
+    usage = response.usage
+    if usage is None:
+        usage = Usage(
+            input_tokens=estimate,
+            output_tokens=estimate_message_tokens(message, ctx.config.count_tokens),
+            requests=1,
+            estimated=True,
+        )
+    elif usage.requests != 1 or max(usage.input_tokens, usage.output_tokens) > USAGE_CEILING:
+        usage = _one_sane_request(usage)
+    if not usage.estimated and estimate > 0:
+        state.reported_prompt_tokens += usage.input_tokens
+        state.estimated_prompt_tokens += estimate
+    state.usage = state.usage + usage
+    return usage
+
+
 def _take_reply(ctx: RunContext, response: object, estimate: int) -> None:
     state = ctx.state
     if not isinstance(response, ModelResponse):
@@ -236,20 +266,7 @@ def _take_reply(ctx: RunContext, response: object, estimate: int) -> None:
         )
         return
     message = clean_message(response.message)  # output and loop detection read it too
-    usage = response.usage
-    if usage is None:
-        usage = Usage(
-            input_tokens=estimate,
-            output_tokens=estimate_message_tokens(message, ctx.config.count_tokens),
-            requests=1,
-            estimated=True,
-        )
-    elif usage.requests != 1 or max(usage.input_tokens, usage.output_tokens) > USAGE_CEILING:
-        usage = _one_sane_request(usage)
-    if not usage.estimated and estimate > 0:  # calibrates every later estimate
-        state.reported_prompt_tokens += usage.input_tokens
-        state.estimated_prompt_tokens += estimate
-    state.usage = state.usage + usage
+    usage = take_usage(ctx, response, message, estimate)
     emit = ctx.bus.emitter
     if emit is not None:
         emit(

@@ -30,6 +30,7 @@ from agent_fsm.messages import (
 from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry, status_for
 from agent_fsm.table import (
     INITIAL_STATE,
+    LAST_CALL_STATE,
     STOP_GUARDS,
     TABLE,
     TERMINAL_STATES,
@@ -270,9 +271,13 @@ def state_problems(
 
 def _control_problem(result: RunResult) -> str | None:
     """If the last turn's control-flow tool ran, the run must have stopped for it."""
-    if not result.trace or result.trace[-1].source is not AgentState.REFLECT:
+    trace, messages = result.trace, result.messages
+    if trace and trace[-1].source is LAST_CALL_STATE and len(trace) > 1:
+        trace = trace[:-1]  # the limit that asked for the last answer was taken after REFLECT
+        if result.output is not None:  # the last answer and the message asking for it
+            messages = messages[:-2]
+    if not trace or trace[-1].source is not AgentState.REFLECT:
         return None
-    messages = result.messages
     last = next(
         (i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AssistantMessage)),
         None,
@@ -310,8 +315,10 @@ def check_invariants(
     connected path from OBSERVE, ends where the run ended with the stop reason's row, and its
     turn counts never go back; every tool call is answered exactly once, in order; a
     control-flow tool that ran in the last turn stopped the run (ask_user before
-    finish_task); with ``events``, usage is the sum of the replies' usage, no model call
-    started once the token budget was spent, so it is overshot by at most the call in flight,
+    finish_task); at most one last answer per activation, and only under
+    ``Limits.last_answer``; with ``events``, usage is the sum of the replies' usage, no model
+    call but a last answer started once the token budget was spent, so it is overshot by at
+    most the call in flight (and the last answer),
     and every prompt sent (by the calibrated estimate ``ModelRequested`` reports) left
     ``reply_tokens`` of the context window free.
 
@@ -370,13 +377,20 @@ def _outcome_problems(
             f"status {result.status} disagrees with {result.final_state}/{result.stop_reason}"
         )
     problems += _count_problems(result.turns, result.retries, limits)
-    calls = result.turns + result.retries
+    calls = result.turns + result.retries + result.last_answers
     if result.usage.requests > calls:
         problems.append(
             f"usage counts {result.usage.requests} replies but only {calls} model calls"
         )
-    if bound is not None and calls > bound.model_calls:
-        problems.append(f"{calls} model calls exceed the bound {bound.model_calls}")
+    resumes = len(activations(result.trace)) - 1
+    if result.last_answers > resumes + 1:
+        problems.append(
+            f"{result.last_answers} last answers in {resumes + 1} activation(s): at most one each"
+        )
+    if result.last_answers and not limits.last_answer:
+        problems.append(f"{result.last_answers} last answer(s) without Limits.last_answer")
+    if bound is not None and calls > bound.calls_with_resumes(resumes):
+        problems.append(f"{calls} model calls exceed the bound {bound.calls_with_resumes(resumes)}")
     if result.status is RunStatus.FAILED and not result.error:
         problems.append("the run failed but carries no error")
     if result.status is not RunStatus.FAILED and result.error:
@@ -421,10 +435,15 @@ def _usage_problems(result: RunResult, limits: Limits, events: Sequence[Event]) 
         problems.append(
             f"{len(calls)} replies were received but usage counts {result.usage.requests}"
         )
-    if calls and total.total_tokens - calls[-1].total_tokens >= limits.token_budget:
-        problems.append(
-            f"a model call started with the budget of {limits.token_budget} already spent"
-        )
+    # A last answer may start with the budget spent (that is what it is for); no other call.
+    responded = [e for e in events if isinstance(e, ModelResponded)]
+    last = max((i for i, e in enumerate(responded) if not e.last_answer), default=None)
+    if last is not None:
+        before = sum((e.usage for e in responded[:last]), Usage())
+        if before.total_tokens >= limits.token_budget:
+            problems.append(
+                f"a model call started with the budget of {limits.token_budget} already spent"
+            )
     window = limits.context_window
     if window is not None:
         for event in events:

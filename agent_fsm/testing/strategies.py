@@ -528,26 +528,30 @@ def window_pressure_for(agent: Agent, *, max_steps: int = 10) -> st.SearchStrate
 def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
     """Arbitrary valid limits, retry budgets included (zero retry backoff and no wait for a
     Retry-After, so runs never sleep), with no context window or one from far smaller than a
-    huge tool result to roomy (``reply_tokens`` always below it)."""
+    huge tool result to roomy (``reply_tokens`` always below it), with and without a last
+    answer when a limit ends the run."""
     return st.builds(
-        lambda turns, budget, errors, k, p, detect, timeout, retries, run_retries, window: Limits(
-            **{
-                "max_turns": turns,
-                "token_budget": budget,
-                "max_consecutive_errors": errors,
-                "loop_threshold": k,
-                "loop_max_period": p,
-                "loop_detection": detect,
-                "timeout_s": timeout,
-                "model_retries": retries,
-                "model_retries_per_run": run_retries,
-                "retry_backoff_s": 0.0,
-                "retry_backoff_max_s": 0.0,
-                "retry_after_max_s": 0.0,
-                "context_window": window[0],
-                "reply_tokens": window[1],
-                **fixed,
-            }
+        lambda turns, budget, errors, k, p, detect, timeout, retries, run_retries, window, last: (
+            Limits(
+                **{
+                    "max_turns": turns,
+                    "token_budget": budget,
+                    "max_consecutive_errors": errors,
+                    "loop_threshold": k,
+                    "loop_max_period": p,
+                    "loop_detection": detect,
+                    "timeout_s": timeout,
+                    "model_retries": retries,
+                    "model_retries_per_run": run_retries,
+                    "retry_backoff_s": 0.0,
+                    "retry_backoff_max_s": 0.0,
+                    "retry_after_max_s": 0.0,
+                    "context_window": window[0],
+                    "reply_tokens": window[1],
+                    "last_answer": last,
+                    **fixed,
+                }
+            )
         ),
         st.integers(1, 25),
         st.one_of(st.integers(1, 400), st.integers(400, 10**7)),
@@ -559,6 +563,7 @@ def limits(**fixed: Any) -> st.SearchStrategy[Limits]:
         st.integers(0, 6),
         st.integers(0, 12),
         _windows(),
+        st.booleans(),
     )
 
 
