@@ -173,6 +173,8 @@ def _summary(out: TextIO, outcome: _Outcome) -> None:
     print("", file=out)
     if outcome.status is RunStatus.FAILED:
         print(f"error: {outcome.error}", file=out)
+        if outcome.output is not None:  # the last answer a limit asked for
+            print(f"last answer: {outcome.output}", file=out)
     elif outcome.stop_reason is StopReason.ASK_USER:
         print(f"question for you: {outcome.output}", file=out)
     elif outcome.status is RunStatus.NEEDS_INPUT:

@@ -46,7 +46,7 @@ def _run(behaviour: Behaviour, run_limits: Limits, tick: float) -> None:
     # and nothing else ever does.
     if run_limits.last_answer and result.stop_reason in LIMIT_STOPS:
         assert result.trace[-1].source is AgentState.LAST_ANSWER
-        assert result.last_answers == 1
+        assert result.last_answers <= 1  # none when its prompt cannot fit the window
     else:
         assert result.last_answers == 0
     assert result.turns <= run_limits.max_turns
