@@ -221,8 +221,10 @@ TRIGGER_FOR_STATE: dict[AgentState, Trigger] = {
 
 def _last_answer_before(trigger: Trigger, source: AgentState, *limit: str) -> Row:
     """The row into LAST_ANSWER that softens the stop row right after it, guarded by
-    ``limit``: taken instead of that row when the limits want a last answer."""
-    return Row(trigger, source, S.LAST_ANSWER, (*limit, LAST_ANSWER_GUARD), V.LAST_ANSWER)
+    ``limit``: taken instead of that row when the limits want a last answer. Its own guard
+    comes first: it is the cheapest, and false by default, so the limit's guard (a prompt
+    estimate, for the budget) is not evaluated twice on every turn."""
+    return Row(trigger, source, S.LAST_ANSWER, (LAST_ANSWER_GUARD, *limit), V.LAST_ANSWER)
 
 
 TABLE: tuple[Row, ...] = (

@@ -38,27 +38,27 @@ stateDiagram-v2
     [*] --> OBSERVE
     OBSERVE --> ERROR : observed #1 [abort_requested] aborted
     OBSERVE --> COMPACT : observed #2 [prompt_exceeds_window] compact
-    OBSERVE --> LAST_ANSWER : observed #3 [prompt_exceeds_budget ∧ last_answer_wanted] last_answer
+    OBSERVE --> LAST_ANSWER : observed #3 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
     OBSERVE --> ERROR : observed #4 [prompt_exceeds_budget] token_budget
-    OBSERVE --> LAST_ANSWER : observed #5 [no_turns_left ∧ last_answer_wanted] last_answer
+    OBSERVE --> LAST_ANSWER : observed #5 [last_answer_wanted ∧ no_turns_left] last_answer
     OBSERVE --> ERROR : observed #6 [no_turns_left] max_turns
     OBSERVE --> THINK : observed #7 [else] think
     COMPACT --> ERROR : compacted #1 [abort_requested] aborted
-    COMPACT --> LAST_ANSWER : compacted #2 [no_turns_left ∧ last_answer_wanted] last_answer
+    COMPACT --> LAST_ANSWER : compacted #2 [last_answer_wanted ∧ no_turns_left] last_answer
     COMPACT --> ERROR : compacted #3 [no_turns_left] max_turns
-    COMPACT --> LAST_ANSWER : compacted #4 [budget_exhausted ∧ last_answer_wanted] last_answer
+    COMPACT --> LAST_ANSWER : compacted #4 [last_answer_wanted ∧ budget_exhausted] last_answer
     COMPACT --> ERROR : compacted #5 [budget_exhausted] token_budget
     COMPACT --> THINK : compacted #6 [summary_requested] summarise
     COMPACT --> ERROR : compacted #7 [prompt_exceeds_window] context_window
-    COMPACT --> LAST_ANSWER : compacted #8 [prompt_exceeds_budget ∧ last_answer_wanted] last_answer
+    COMPACT --> LAST_ANSWER : compacted #8 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
     COMPACT --> ERROR : compacted #9 [prompt_exceeds_budget] token_budget
     COMPACT --> THINK : compacted #10 [else] think
     THINK --> ERROR : thought #1 [abort_requested] aborted
-    THINK --> LAST_ANSWER : thought #2 [model_call_failed ∧ time_is_up ∧ last_answer_wanted] last_answer
+    THINK --> LAST_ANSWER : thought #2 [last_answer_wanted ∧ model_call_failed ∧ time_is_up] last_answer
     THINK --> ERROR : thought #3 [model_call_failed ∧ time_is_up] timeout
     THINK --> ERROR : thought #4 [model_call_failed ∧ model_error_is_permanent] model_error
     THINK --> ERROR : thought #5 [model_call_failed ∧ no_retries_left] model_error
-    THINK --> LAST_ANSWER : thought #6 [model_call_failed ∧ prompt_exceeds_budget ∧ last_answer_wanted] last_answer
+    THINK --> LAST_ANSWER : thought #6 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget] last_answer
     THINK --> ERROR : thought #7 [model_call_failed ∧ prompt_exceeds_budget] token_budget
     THINK --> THINK : thought #8 [model_call_failed] retry
     THINK --> OBSERVE : thought #9 [summary_written] summarised
@@ -73,13 +73,13 @@ stateDiagram-v2
     REFLECT --> DONE : reflected #3 [finish_task_called] finish_task
     REFLECT --> DONE : reflected #4 [approval_pending] approval_required
     REFLECT --> ERROR : reflected #5 [too_many_errors] consecutive_errors
-    REFLECT --> LAST_ANSWER : reflected #6 [budget_exhausted ∧ last_answer_wanted] last_answer
+    REFLECT --> LAST_ANSWER : reflected #6 [last_answer_wanted ∧ budget_exhausted] last_answer
     REFLECT --> ERROR : reflected #7 [budget_exhausted] token_budget
-    REFLECT --> LAST_ANSWER : reflected #8 [no_turns_left ∧ last_answer_wanted] last_answer
+    REFLECT --> LAST_ANSWER : reflected #8 [last_answer_wanted ∧ no_turns_left] last_answer
     REFLECT --> ERROR : reflected #9 [no_turns_left] max_turns
-    REFLECT --> LAST_ANSWER : reflected #10 [time_is_up ∧ last_answer_wanted] last_answer
+    REFLECT --> LAST_ANSWER : reflected #10 [last_answer_wanted ∧ time_is_up] last_answer
     REFLECT --> ERROR : reflected #11 [time_is_up] timeout
-    REFLECT --> LAST_ANSWER : reflected #12 [is_looping ∧ last_answer_wanted] last_answer
+    REFLECT --> LAST_ANSWER : reflected #12 [last_answer_wanted ∧ is_looping] last_answer
     REFLECT --> ERROR : reflected #13 [is_looping] loop_detected
     REFLECT --> DONE : reflected #14 [reflector_says_done] reflector_done
     REFLECT --> OBSERVE : reflected #15 [else] continue

@@ -33,13 +33,13 @@ def test_reflect_priority_order_is_pinned() -> None:
         (("finish_task_called",), "finish_task"),
         (("approval_pending",), "approval_required"),
         (("too_many_errors",), "consecutive_errors"),
-        (("budget_exhausted", "last_answer_wanted"), "last_answer"),
+        (("last_answer_wanted", "budget_exhausted"), "last_answer"),
         (("budget_exhausted",), "token_budget"),
-        (("no_turns_left", "last_answer_wanted"), "last_answer"),
+        (("last_answer_wanted", "no_turns_left"), "last_answer"),
         (("no_turns_left",), "max_turns"),
-        (("time_is_up", "last_answer_wanted"), "last_answer"),
+        (("last_answer_wanted", "time_is_up"), "last_answer"),
         (("time_is_up",), "timeout"),
-        (("is_looping", "last_answer_wanted"), "last_answer"),
+        (("last_answer_wanted", "is_looping"), "last_answer"),
         (("is_looping",), "loop_detected"),
         (("reflector_says_done",), "reflector_done"),
         ((), "continue"),
@@ -63,31 +63,31 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
     assert _rows(S.OBSERVE) == [
         (("abort_requested",), "aborted"),
         (("prompt_exceeds_window",), "compact"),
-        (("prompt_exceeds_budget", last), "last_answer"),
+        ((last, "prompt_exceeds_budget"), "last_answer"),
         (("prompt_exceeds_budget",), "token_budget"),
-        (("no_turns_left", last), "last_answer"),
+        ((last, "no_turns_left"), "last_answer"),
         (("no_turns_left",), "max_turns"),
         ((), "think"),
     ]
     assert _rows(S.COMPACT) == [
         (("abort_requested",), "aborted"),
-        (("no_turns_left", last), "last_answer"),
+        ((last, "no_turns_left"), "last_answer"),
         (("no_turns_left",), "max_turns"),
-        (("budget_exhausted", last), "last_answer"),
+        ((last, "budget_exhausted"), "last_answer"),
         (("budget_exhausted",), "token_budget"),
         (("summary_requested",), "summarise"),
         (("prompt_exceeds_window",), "context_window"),
-        (("prompt_exceeds_budget", last), "last_answer"),
+        ((last, "prompt_exceeds_budget"), "last_answer"),
         (("prompt_exceeds_budget",), "token_budget"),
         ((), "think"),
     ]
     assert _rows(S.THINK) == [
         (("abort_requested",), "aborted"),
-        (("model_call_failed", "time_is_up", last), "last_answer"),
+        ((last, "model_call_failed", "time_is_up"), "last_answer"),
         (("model_call_failed", "time_is_up"), "timeout"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
         (("model_call_failed", "no_retries_left"), "model_error"),
-        (("model_call_failed", "prompt_exceeds_budget", last), "last_answer"),
+        ((last, "model_call_failed", "prompt_exceeds_budget"), "last_answer"),
         (("model_call_failed", "prompt_exceeds_budget"), "token_budget"),
         (("model_call_failed",), "retry"),
         (("summary_written",), "summarised"),
@@ -205,7 +205,7 @@ def test_last_answer_rows_that_break_rule_5_are_rejected() -> None:
         verify_table(rows)
     # Without last_answer_wanted, the row would fire whatever the limits say.
     rows = list(TABLE)
-    rows[into] = dataclasses.replace(rows[into], guards=("budget_exhausted", "no_turns_left"))
+    rows[into] = dataclasses.replace(rows[into], guards=("no_turns_left", "budget_exhausted"))
     rows[into + 1] = dataclasses.replace(rows[into + 1], guards=("budget_exhausted",))
     with pytest.raises(ConfigError, match="must stand right before"):
         verify_table(tuple(rows))
@@ -358,10 +358,17 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     state = RunState(run_id="in-order", state=S.THINK, turns=1, last_tool_calls=1)
     assert machine.fire(machine.handle(state, Limits())).label == "act"
     leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
-    assert leading.count("model_call_failed") == 7
+    assert leading.count("model_call_failed") == 5
+    # A last-answer row asks first whether a last answer is wanted: no, by default.
     assert asked == [
         "abort_requested",
-        *["model_call_failed"] * 7,
+        "last_answer_wanted",
+        "model_call_failed",
+        "model_call_failed",
+        "model_call_failed",
+        "last_answer_wanted",
+        "model_call_failed",
+        "model_call_failed",
         "summary_written",
         "reply_was_filtered",
         "reply_has_tool_calls",
