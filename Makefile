@@ -31,8 +31,9 @@ lint: $(STAMP_DEV)
 typecheck: $(STAMP_DEV)
 	$(BIN)/mypy
 
+# Both cores (pytest-xdist): the CI profile plays over 10,000 generated agent runs.
 pytest: $(STAMP_DEV)
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto
 
 # The suite against the lowest version of every dependency pyproject.toml allows (its lower
 # bounds are promises to users: this holds them). uv resolves the floors; transitive
@@ -45,12 +46,12 @@ test-lowest:
 	VIRTUAL_ENV=$(VENV_LOWEST) $(VENV_LOWEST)/bin/uv pip install --quiet \
 		--resolution lowest-direct -e '.[dev]'
 	$(VENV_LOWEST)/bin/python -m pip list --format=freeze | grep -iE \
-		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|hypothesis|hypothesis.jsonschema|mypy)=='
-	$(VENV_LOWEST)/bin/pytest -q
+		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|pytest.xdist|hypothesis|hypothesis.jsonschema|mypy)=='
+	$(VENV_LOWEST)/bin/pytest -q -n auto
 
 # The thorough hypothesis profile: many more examples; run by hand.
 thorough: $(STAMP_DEV)
-	HYPOTHESIS_PROFILE=thorough $(BIN)/pytest -q tests/test_properties.py
+	HYPOTHESIS_PROFILE=thorough $(BIN)/pytest -q -n auto tests/test_properties.py
 
 format: $(STAMP_DEV)
 	$(BIN)/ruff format agent_fsm tests examples benchmarks

@@ -92,6 +92,13 @@ def _context_policies(
     return policies
 
 
+def _taken(run_id: str) -> ConfigError:
+    return ConfigError(
+        f"run id {run_id!r} is taken: the store holds that run. Resume it (agent.resume), "
+        "delete it (agent.checkpoints.delete), or choose a new id"
+    )
+
+
 def _token_counter(model: Model) -> TextCounter:
     """The model's own tokenizer (a ``count_tokens(text) -> int`` method), or the estimate."""
     count = getattr(model, "count_tokens", None)
@@ -273,6 +280,8 @@ class Agent:
             ConfigError: ``run_id`` names a run the store holds (or one being resumed): a
                 new run under that id would be answered from the old run's tool journal, and
                 its calls would never run. Resume that run, delete it, or choose a new id.
+                With a store, the new run is saved here (``CheckpointStore.create``), so a
+                second start under its id is refused even before this one takes a step.
                 Also: a malformed ``history``, both ``history`` and ``continues``, or a
                 ``continues`` run that has not stopped.
             CheckpointError: no run ``continues`` in the store.
@@ -282,10 +291,7 @@ class Agent:
         if run_id is not None and (
             self.checkpoints.exists(run_id) or self._config.in_process.is_resuming(run_id)
         ):
-            raise ConfigError(
-                f"run id {run_id!r} is taken: the store holds that run. Resume it "
-                "(agent.resume), delete it (agent.checkpoints.delete), or choose a new id"
-            )
+            raise _taken(run_id)
         if continues is not None:
             if history is not None:
                 raise ConfigError("pass history= or continues=, not both")
@@ -300,6 +306,10 @@ class Agent:
             messages,
             self._config.count_tokens,
         )
+        # A durable run claims its id now, atomically: another start under the same id,
+        # here or in another process, is refused even before either run takes a step.
+        if self._config.checkpoint_every_transition and not self.checkpoints.create(state):
+            raise _taken(run_id)
         return Run(self._config, state, repaired=repaired)
 
     def _stored_conversation(self, run_id: str) -> list[Message]:

@@ -3,6 +3,7 @@ and SQLite's file handling (WAL, several instances and processes on one file).""
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import itertools
 import json
@@ -184,6 +185,35 @@ def test_round_trip_after_every_save_of_a_growing_run(store: CheckpointStore) ->
         state.usage = state.usage + Usage(input_tokens=10, output_tokens=n, requests=1)
         store.save(state)
         assert store.load("run-1") == state
+
+
+def test_create_saves_a_new_run_and_refuses_a_known_id_leaving_it_as_it_was(
+    store: CheckpointStore,
+) -> None:
+    first = rich_state()
+    assert store.create(first) is True
+    assert store.load("run-1") == first
+    other = RunState(run_id="run-1", turns=99)
+    assert store.create(other) is False
+    assert store.load("run-1") == first
+
+
+def test_of_many_stores_on_one_file_creating_one_run_exactly_one_wins(tmp_path: Path) -> None:
+    """Eight "processes" (each its own connection) start runs under one id at once."""
+    path = tmp_path / "runs.sqlite3"
+    stores = [SQLiteStore(path) for _ in range(8)]
+    barrier = threading.Barrier(len(stores))
+
+    def start(store: SQLiteStore, n: int) -> bool:
+        barrier.wait()
+        return store.create(RunState(run_id="job-7", turns=n))
+
+    with concurrent.futures.ThreadPoolExecutor(len(stores)) as pool:
+        won = list(pool.map(start, stores, range(len(stores))))
+    assert won.count(True) == 1
+    assert stores[0].load("job-7").turns == won.index(True)
+    for store in stores:
+        store.close()
 
 
 def test_unknown_run_id(store: CheckpointStore) -> None:

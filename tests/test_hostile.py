@@ -5,10 +5,14 @@ effect."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from agent_fsm import (
@@ -75,6 +79,27 @@ def test_a_reused_run_id_is_refused_and_never_answered_from_the_old_journal(
     assert SENT == ["alice", "bob"]
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_two_runs_started_under_one_id_before_either_steps_run_once(
+    kind: str, tmp_path: Path
+) -> None:
+    """Two workers take the same job: the second start is refused at once, so bob's mail is
+    never answered from alice's journal (it was, while the id was claimed only at the first
+    checkpoint)."""
+    store = _store(kind, tmp_path)
+    alice = Agent(
+        model=ScriptedModel([reply("", call("send_email", to="alice")), "Sent."]),
+        tools=[send_email],
+        store=store,
+    )
+    bob = alice.replace(model=ScriptedModel([reply("", call("send_email", to="bob")), "x"]))
+    first = alice.start("Mail Alice.", run_id="job-7")
+    with pytest.raises(ConfigError, match="run id 'job-7' is taken"):
+        bob.start("Mail Bob.", run_id="job-7")
+    assert (await first.run()).output == "Sent."
+    assert SENT == ["alice"]
+
+
 @pytest.mark.parametrize("kind", ["default", "memory", "sqlite"])
 async def test_a_double_clicked_approval_pays_once(kind: str, tmp_path: Path) -> None:
     agent = Agent(
@@ -104,6 +129,23 @@ async def test_two_reopened_copies_of_one_pause_carry_it_out_once() -> None:
     with pytest.raises(ResumeError, match="is already being resumed"):
         await other.run()
     assert SENT == ["paid 5"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_two_reopened_copies_of_a_durable_pause_go_on_once(kind: str, tmp_path: Path) -> None:
+    """With a durable store, the second copy used to take its resume row too: the journal
+    kept the payment single, but the run went on twice (another model call, and whatever
+    new calls it made)."""
+    model = ScriptedModel([reply("", call("pay", amount=5)), "Paid.", "Paid again."])
+    agent = Agent(model=model, tools=[pay], store=_store(kind, tmp_path))
+    paused = await agent.run("Pay 5.")
+    one = agent.reopen(paused.run_id, approvals=True)
+    other = agent.reopen(paused.run_id, approvals=True)
+    assert (await one.run()).output == "Paid."
+    with pytest.raises(ResumeError, match="has moved on since it was reopened"):
+        await other.run()
+    assert SENT == ["paid 5"]
+    assert model.remaining == 1  # no second continuation
 
 
 async def test_a_reopened_copy_that_fell_behind_is_refused() -> None:
@@ -354,3 +396,36 @@ def test_an_integer_parameter_receives_an_int_even_when_the_json_says_2_0() -> N
     Agent(model=ScriptedModel(script), tools=[repeat, maybe]).run_sync("Go.")
     assert seen == [2, 1, 3, 4]
     assert all(type(value) is int for value in seen)
+
+
+@st.composite
+def _schemas_with_a_ref(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
+    """A tool schema with one ``$ref`` somewhere inside it, and the name it refers to."""
+    name = draw(st.from_regex(r"[A-Z][a-z]{0,8}", fullmatch=True))
+    node: dict[str, Any] = {"$ref": f"#/$defs/{name}"}
+    for wrap in draw(st.lists(st.sampled_from(["items", "anyOf", "allOf", "object"]), max_size=4)):
+        if wrap == "items":
+            node = {"type": "array", "items": node}
+        elif wrap == "anyOf":
+            node = {"anyOf": [{"type": "null"}, node]}
+        elif wrap == "allOf":
+            node = {"allOf": [node]}
+        else:
+            node = {"type": "object", "properties": {"inner": node}}
+    return {"type": "object", "properties": {"x": node}}, name
+
+
+@settings(max_examples=200)  # each example builds two tools: no run, no need for thousands
+@given(found=_schemas_with_a_ref(), remote=st.booleans())
+def test_a_ref_anywhere_that_cannot_resolve_is_refused_when_the_tool_is_made(
+    found: tuple[dict[str, Any], str], remote: bool
+) -> None:
+    schema, name = found
+    if remote:  # never fetched: the network is not part of validating a call
+        text = json.dumps(schema).replace("#/$defs/", "https://schemas.example/defs.json#/")
+        schema = json.loads(text)
+    with pytest.raises(ConfigError, match="refer to what they do not define"):
+        Tool(name="t", description="T.", parameters=schema, fn=lambda **kw: "ok")
+    if not remote:
+        defined = {**schema, "$defs": {name: {"type": "string"}}}
+        assert Tool(name="t", description="T.", parameters=defined, fn=lambda **kw: "ok")

@@ -5,14 +5,27 @@ The default ``ci`` profile runs 2,000 examples per property; ``make thorough`` r
 
 from __future__ import annotations
 
-import asyncio
 import itertools
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
-from agent_fsm import Agent, Limits, RunStatus, StopReason
+from agent_fsm import (
+    Agent,
+    CheckpointStore,
+    Limits,
+    MemoryStore,
+    RunStatus,
+    SQLiteStore,
+    StopReason,
+)
+from agent_fsm.demo import demo_agent
 from agent_fsm.table import TABLE, AgentState
+from agent_fsm.testing import assert_terminates
+from agent_fsm.testing.harness import LoopRunner
 from agent_fsm.testing.invariants import InvariantViolation, check_invariants
 from agent_fsm.testing.strategies import Behaviour, BehaviourModel, behaviours, limits
 from tests.conftest import Recorder, add, boom, echo
@@ -22,6 +35,17 @@ TOOL_NAMES = [t.name for t in TOOLS]
 LIMIT_STOPS = frozenset(
     {StopReason.TOKEN_BUDGET, StopReason.MAX_TURNS, StopReason.TIMEOUT, StopReason.LOOP_DETECTED}
 )
+
+
+LOOP = LoopRunner()
+"""One event loop for every example of the module: a new loop per run costs as much as the
+run (``asyncio.run``), and the CI profile plays thousands."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_the_loop() -> Iterator[None]:
+    yield
+    LOOP.close()
 
 
 def _run(behaviour: Behaviour, run_limits: Limits, tick: float) -> None:
@@ -38,7 +62,7 @@ def _run(behaviour: Behaviour, run_limits: Limits, tick: float) -> None:
     agent = agent.subscribe(recorder)
     run = agent.start("do the task")
     model.on_abort = run.abort
-    result = asyncio.run(run.run())
+    result = LOOP.run(run.run)
 
     check_invariants(result, limits=run_limits, bound=agent.bound, events=recorder)
     assert len(model.requests) == result.turns + result.retries + result.last_answers
@@ -86,6 +110,21 @@ def test_endless_behaviour_stops_by_max_turns_at_the_latest(
         ),
         0.0,
     )
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_durable_runs_keep_every_invariant_and_their_checkpoints(kind: str, tmp_path: Path) -> None:
+    """The demo agent, checkpointed after every transition, against every generated
+    behaviour: its runs end within the bound with valid transcripts, and the store holds
+    each one as it ended (``assert_terminates`` with a durable store)."""
+    store: CheckpointStore = (
+        SQLiteStore(tmp_path / "runs.sqlite3") if kind == "sqlite" else MemoryStore()
+    )
+    with store:
+        assert_terminates(demo_agent(), store=store)
+        runs = store.list_runs()
+        assert len(runs) >= settings.default.max_examples
+        assert all(run.state in (AgentState.DONE, AgentState.ERROR) for run in runs)
 
 
 def test_the_harness_finds_a_seeded_priority_bug() -> None:

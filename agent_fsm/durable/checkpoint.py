@@ -154,6 +154,13 @@ class CheckpointStore(Protocol):
         the last save of the run, so the cost does not grow with the transcript."""
         ...
 
+    def create(self, state: RunState) -> bool:
+        """Save the first checkpoint of a new run, unless the store already holds a run with
+        its id: then save nothing and return False. Atomic, so of two processes (or two
+        tasks) starting runs under one id, exactly one gets True: the other must not run, or
+        its tool calls would be answered from the first run's journal."""
+        ...
+
     def load(self, run_id: str) -> RunState:
         """The last saved state of ``run_id``, equal to the one saved.
 
@@ -307,6 +314,12 @@ class MemoryStore(ClosingStore):
         stored.summary = summarize(state, created_at=stored.summary.created_at, updated_at=now)
         self._revision += 1
         stored.revision = self._revision
+
+    def create(self, state: RunState) -> bool:
+        if state.run_id in self._runs:  # no await between the test and the save
+            return False
+        self.save(state)
+        return True
 
     def load(self, run_id: str) -> RunState:
         stored = self._runs.get(run_id)

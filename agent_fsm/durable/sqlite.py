@@ -236,49 +236,69 @@ class SQLiteStore(ClosingStore):
                 ) from exc
 
     def save(self, state: RunState) -> None:
+        with self._transaction(f"save run {state.run_id!r}", write=True) as conn:
+            self._write(conn, state)
+        self._saved(state)
+
+    def create(self, state: RunState) -> bool:
+        run_id = state.run_id
+        with self._transaction(f"create run {run_id!r}", write=True) as conn:
+            # BEGIN IMMEDIATE holds the write lock from here: no other process can create
+            # the run between this look-up and the write.
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
+                return False
+            self._write(conn, state)
+        self._saved(state)
+        return True
+
+    def _saved(self, state: RunState) -> None:
+        """Remember what was committed, so the next save of the run need not read it back."""
+        messages = state.messages
+        self._seen[state.run_id] = (len(messages), messages[-1] if messages else None)
+
+    def _write(self, conn: sqlite3.Connection, state: RunState) -> None:
+        """Write ``state`` as its run's checkpoint, inside the caller's transaction."""
         run_id = state.run_id
         version, header = encode_header(state)
         now = self._clock()
         messages, trace = state.messages, state.trace
-        with self._transaction(f"save run {run_id!r}", write=True) as conn:
-            row = conn.execute(
-                "SELECT message_count, trace_count, created_at FROM runs WHERE run_id = ?",
-                (run_id,),
-            ).fetchone()
-            stored_messages, stored_trace, created_at = row if row else (0, 0, now)
-            stored_messages = self._kept_messages(conn, run_id, stored_messages, messages)
-            stored_trace = _kept_trace(conn, run_id, stored_trace, trace)
-            conn.executemany(
-                "INSERT INTO messages VALUES (?, ?, ?)",
-                [
-                    (run_id, idx, MESSAGE_ADAPTER.dump_json(messages[idx]).decode())
-                    for idx in range(stored_messages, len(messages))
-                ],
-            )
-            conn.executemany(
-                "INSERT INTO trace VALUES (?, ?, ?, ?)",
-                [(run_id, idx, *trace[idx]) for idx in range(stored_trace, len(trace))],
-            )
-            summary = summarize(state, created_at=created_at, updated_at=now)
-            conn.execute(
-                _UPSERT_RUN,
-                (
-                    run_id,
-                    version,
-                    header.decode(),
-                    summary.state.value,
-                    summary.turns,
-                    summary.total_tokens,
-                    len(messages),
-                    len(trace),
-                    summary.last_row,
-                    summary.output,
-                    summary.error,
-                    created_at,
-                    now,
-                ),
-            )
-        self._seen[run_id] = (len(messages), messages[-1] if messages else None)
+        row = conn.execute(
+            "SELECT message_count, trace_count, created_at FROM runs WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
+        stored_messages, stored_trace, created_at = row if row else (0, 0, now)
+        stored_messages = self._kept_messages(conn, run_id, stored_messages, messages)
+        stored_trace = _kept_trace(conn, run_id, stored_trace, trace)
+        conn.executemany(
+            "INSERT INTO messages VALUES (?, ?, ?)",
+            [
+                (run_id, idx, MESSAGE_ADAPTER.dump_json(messages[idx]).decode())
+                for idx in range(stored_messages, len(messages))
+            ],
+        )
+        conn.executemany(
+            "INSERT INTO trace VALUES (?, ?, ?, ?)",
+            [(run_id, idx, *trace[idx]) for idx in range(stored_trace, len(trace))],
+        )
+        summary = summarize(state, created_at=created_at, updated_at=now)
+        conn.execute(
+            _UPSERT_RUN,
+            (
+                run_id,
+                version,
+                header.decode(),
+                summary.state.value,
+                summary.turns,
+                summary.total_tokens,
+                len(messages),
+                len(trace),
+                summary.last_row,
+                summary.output,
+                summary.error,
+                created_at,
+                now,
+            ),
+        )
 
     def _kept_messages(
         self, conn: sqlite3.Connection, run_id: str, stored: int, live: list[Message]

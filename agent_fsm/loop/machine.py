@@ -10,6 +10,7 @@ a reference to every run it ever drove.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -127,6 +128,11 @@ class _Machine(Machine):
     event_cls = _Event
 
 
+@functools.lru_cache(maxsize=1024)
+def _bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound:
+    return termination_bound(rows, limits)
+
+
 class AgentMachine:
     """The verified, shared machine of one agent definition."""
 
@@ -182,8 +188,9 @@ class AgentMachine:
         self._guards = guards
 
     def bound(self, limits: Limits) -> TerminationBound:
-        """Bounds that hold for every run of this machine under ``limits``."""
-        return termination_bound(self.rows, limits)
+        """Bounds that hold for every run of this machine under ``limits``: computed once
+        per limits (a few longest-path searches over the table), then remembered."""
+        return _bound(self.rows, limits)
 
     def handle(self, run_state: RunState, limits: Limits) -> RunHandle:
         """What one run fires this machine with; nothing to release when the run ends."""

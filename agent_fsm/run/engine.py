@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.constructors import builder
+from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.errors import ConfigError, ResumeError, RunError
 from agent_fsm.events import (
     AbortRequested,
@@ -228,7 +229,7 @@ class Run:
         if state.state in TERMINAL_STATES and not self._resumed_from_stop:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
         if state.state in TERMINAL_STATES:
-            self._take_from_in_process_store()
+            self._claim_the_stop()
         if self._handle is None:
             self._handle = config.machine.handle(state, config.limits)
         if not self._announced:
@@ -247,18 +248,21 @@ class Run:
         self._after(row)
         return row
 
-    def _take_from_in_process_store(self) -> None:
-        """A run resumed from the agent's in-process store leaves it as its resume row is
-        taken, until it stops again: a second resume of the same pause (a double-clicked
-        Approve) then finds nothing to carry out twice. A durable store is saved as the row is
-        taken instead, and a second resume finds the run no longer stopped.
+    def _claim_the_stop(self) -> None:
+        """Only one resume of a pause goes on (a double-clicked Approve must not carry it out
+        twice). A run resumed from the agent's in-process store leaves it as its resume row
+        is taken, until it stops again, so a second resume finds nothing. A durable store is
+        saved as the row is taken, so a second copy finds the checkpoint moved on.
 
         Raises:
             ResumeError: another resume of this pause has already taken it.
         """
         config, run_id = self._config, self._state.run_id
         store = config.store
-        if config.checkpoint_every_transition or store is None:
+        if store is None:
+            return
+        if config.checkpoint_every_transition:
+            self._check_still_stopped(store)
             return
         if not store.exists(run_id):
             raise ResumeError(f"run {run_id} is already being resumed")
@@ -266,6 +270,20 @@ class Run:
             raise ResumeError(f"run {run_id} has moved on since it was reopened: reopen it again")
         store.delete(run_id)
         config.in_process.resuming(run_id)
+
+    def _check_still_stopped(self, store: CheckpointStore) -> None:
+        """A durable store's checkpoint must still be the stop this run was reopened from:
+        another copy of the same pause (a double-clicked Approve) that took its resume row
+        first has saved past it. Checked and then saved with no await between, so of two
+        copies in one process exactly one goes on; across processes, a run lease is what
+        makes it exact.
+
+        Raises:
+            ResumeError: the stored run has moved on since this copy was reopened.
+        """
+        run_id = self._state.run_id
+        if len(store.load(run_id).trace) != len(self._state.trace):
+            raise ResumeError(f"run {run_id} has moved on since it was reopened: reopen it again")
 
     async def iterate(self) -> AsyncIterator[TraceEntry]:
         """Step until the run ends, yielding each transition."""
@@ -310,12 +328,13 @@ class Run:
                     turn=state.turns,
                 )
             )
-        # A run reopened after a stop is saved once its resume row is taken: until then its
-        # answer is not accepted, and a crash leaves the stop as it was.
+        # A new run was saved as it was started (``CheckpointStore.create``, which claims its
+        # id); a run reopened after a stop is saved once its resume row is taken: until then
+        # its answer is not accepted, and a crash leaves the stop as it was.
         if (
             config.store is not None
             and config.checkpoint_every_transition
-            and not (self._resumed_from_stop)
+            and self._resumed == "crashed"
         ):
             config.store.save(state)
 

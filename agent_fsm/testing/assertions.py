@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from agent_fsm.agent import Agent
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.testing.behaviour import Behaviour
-from agent_fsm.testing.harness import DEFAULT_INPUT, HarnessFailure, Stage
+from agent_fsm.testing.harness import DEFAULT_INPUT, HarnessFailure, LoopRunner, Stage
 from agent_fsm.testing.strategies import behaviours_for, edge_behaviours, window_pressure_for
 
 __all__ = ["assert_terminates"]
@@ -76,10 +76,12 @@ def assert_terminates(
         suppress_health_check=[*base.suppress_health_check, HealthCheck.too_slow],
     )
 
+    loop = LoopRunner()
+
     @chosen
     @given(behaviour=strategy)
     def every_run_terminates(behaviour: Behaviour) -> None:
-        case = stage.play(behaviour)
+        case = stage.play(behaviour, loop)
         if not case.ok:
             raise HarnessFailure(
                 case,
@@ -90,4 +92,7 @@ def assert_terminates(
     if behaviours is None:
         for edge in edge_behaviours(stage.agent):
             every_run_terminates = example(behaviour=edge)(every_run_terminates)
-    every_run_terminates()
+    try:
+        every_run_terminates()
+    finally:
+        loop.close()

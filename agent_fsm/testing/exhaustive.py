@@ -20,7 +20,7 @@ from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.messages import ToolCall, ToolSpec
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.testing.behaviour import Behaviour, example_arguments, user_tools
-from agent_fsm.testing.harness import DEFAULT_INPUT, CaseResult, HarnessFailure, Stage
+from agent_fsm.testing.harness import DEFAULT_INPUT, CaseResult, HarnessFailure, LoopRunner, Stage
 from agent_fsm.testing.models import call, raw_call, reply
 
 if TYPE_CHECKING:
@@ -132,12 +132,16 @@ def check_exhaustively(
     names = tuple(events)
     checked = 0
     failures: list[tuple[tuple[str, ...], CaseResult]] = []
-    for length in range(1, max_length + 1):
-        for sequence in itertools.product(names, repeat=length):
-            case = stage.play(Behaviour(steps=_script(sequence, events), cycle=False))
-            checked += 1
-            if not case.ok:
-                failures.append((sequence, case))
+    loop = LoopRunner()
+    try:
+        for length in range(1, max_length + 1):
+            for sequence in itertools.product(names, repeat=length):
+                case = stage.play(Behaviour(steps=_script(sequence, events), cycle=False), loop)
+                checked += 1
+                if not case.ok:
+                    failures.append((sequence, case))
+    finally:
+        loop.close()
     return ExhaustiveReport(
         alphabet=names, max_length=max_length, checked=checked, failures=tuple(failures)
     )

@@ -235,9 +235,14 @@ class Stage:
             self._calls = {}
         return model
 
-    def play(self, behaviour: Behaviour) -> CaseResult:
+    def play(self, behaviour: Behaviour, loop: LoopRunner | None = None) -> CaseResult:
         """Run the agent against ``behaviour`` and check every invariant. Never raises for
-        what the run does: a run that raises or does not end is a violation."""
+        what the run does: a run that raises or does not end is a violation.
+
+        Args:
+            loop: the event loop to play on, kept by the caller for many plays (a new loop
+                per play costs as much as a short run); a fresh one when None.
+        """
         model = self.load(behaviour)
         events: list[Event] = []
         run = self.agent.start(self.user_input)
@@ -247,7 +252,8 @@ class Stage:
         result: RunResult | None = None
         violation: str | None = None
         try:
-            if run_sync(lambda: _drive(run, bound.transitions)):
+            drive = loop.run if loop is not None else run_sync
+            if drive(lambda: _drive(run, bound.transitions)):
                 result = run.result
             else:
                 violation = (

@@ -8,7 +8,9 @@ step them a few transitions at a time (each taking no time, or a share of the ti
 the fake clock), steer them, queue follow-ups, abort them (between steps or during a model
 call), "crash" them (drop the ``Run`` and continue from the store's last checkpoint, as a
 new process would), resume the ones that stopped (answering ``ask_user``, deciding
-approvals, restarting aborted and timed-out runs), and try resumes that must be refused. Up
+approvals, restarting aborted and timed-out runs), and try what must be refused: resumes
+that do not fit the stop, a second copy of one resume (a double-clicked Approve), and a
+second run started under a run's id. Up
 to ``max_runs`` runs are open at once, all checkpointed after every transition in one store.
 
 After every transition and every rule, every run must keep these invariants, and a run that
@@ -244,9 +246,43 @@ class AgentStateMachine(RuleBasedStateMachine):
     def resume(self, pick: int, data: st.DataObject) -> None:
         """Answer a stopped run the way its stop asks for, and reopen it."""
         tracked = self._pick([t for t in self.runs if t.resumable], pick)
+        reason = self._run(tracked).result.stop_reason
+        reply, approvals = self._answer(tracked, data)
+        tracked.attach(self.staged.reopen(tracked.run_id, reply, approvals=approvals))
+        tracked.durable = False
+        tracked.note(f"resumed after {reason.value} with {reply or approvals!r}")
+
+    @precondition(lambda self: any(t.resumable for t in self.runs))
+    @rule(pick=_PICK, data=st.data())
+    def resume_twice(self, pick: int, data: st.DataObject) -> None:
+        """A double-clicked answer: two copies of a stopped run are reopened with it before
+        either moves; the first takes its resume row, and the second is then refused and
+        changes nothing (its pause is not carried out twice)."""
+        tracked = self._pick([t for t in self.runs if t.resumable], pick)
+        reason = self._run(tracked).result.stop_reason
+        reply, approvals = self._answer(tracked, data)
+        first = self.staged.reopen(tracked.run_id, reply, approvals=approvals)
+        twin = self.staged.reopen(tracked.run_id, reply, approvals=approvals)
+        tracked.attach(first)
+        tracked.durable = False
+        tracked.note(f"resumed twice after {reason.value} with {reply or approvals!r}")
+        self._advance(tracked, 1)
+        before = RUN_STATE_ADAPTER.dump_json(self.store.load(tracked.run_id))
+        try:
+            self.loop.run(twin.step)
+        except ResumeError:
+            pass
+        else:
+            raise tracked.violation(["a second copy of one resume took its resume row too"])
+        if RUN_STATE_ADAPTER.dump_json(self.store.load(tracked.run_id)) != before:
+            raise tracked.violation(["a refused second resume changed the checkpoint"])
+
+    def _answer(
+        self, tracked: TrackedRun, data: st.DataObject
+    ) -> tuple[str | None, dict[str, bool | Approval] | None]:
+        """The answer a stopped run's stop asks for: decisions on its pending calls, a reply
+        to its question, or (for an interrupted run) maybe a new message."""
         result = self._run(tracked).result
-        reply: str | None = None
-        approvals: dict[str, bool | Approval] | None = None
         if result.stop_reason is StopReason.APPROVAL_REQUIRED:
             assert result.pending is not None
             pending = [c.id for c in result.pending.pending_calls]
@@ -254,14 +290,27 @@ class AgentStateMachine(RuleBasedStateMachine):
                 st.lists(_DECISIONS, min_size=len(pending), max_size=len(pending)),
                 label="decisions",
             )
-            approvals = dict(zip(pending, decisions, strict=True))
-        elif result.stop_reason is StopReason.ASK_USER:
-            reply = data.draw(_REPLIES, label="reply")
+            return None, dict(zip(pending, decisions, strict=True))
+        if result.stop_reason is StopReason.ASK_USER:
+            return data.draw(_REPLIES, label="reply"), None
+        return data.draw(st.none() | _REPLIES, label="reply"), None
+
+    @precondition(lambda self: bool(self.runs))
+    @rule(pick=_PICK)
+    def start_under_a_used_id(self, pick: int) -> None:
+        """Another run started under the id of one already started (running, paused,
+        crashed or ended) is refused at once, and changes nothing: it would otherwise be
+        answered from the first run's tool journal."""
+        tracked = self._pick(self.runs, pick)
+        before = RUN_STATE_ADAPTER.dump_json(self.store.load(tracked.run_id))
+        try:
+            self.staged.start(self.user_input, run_id=tracked.run_id)
+        except ConfigError:
+            pass
         else:
-            reply = data.draw(st.none() | _REPLIES, label="reply")
-        tracked.attach(self.staged.reopen(tracked.run_id, reply, approvals=approvals))
-        tracked.durable = False
-        tracked.note(f"resumed after {result.stop_reason.value} with {reply or approvals!r}")
+            raise tracked.violation([f"a second run was started under the id {tracked.run_id}"])
+        if RUN_STATE_ADAPTER.dump_json(self.store.load(tracked.run_id)) != before:
+            raise tracked.violation(["a refused start changed the checkpoint"])
 
     @precondition(lambda self: any(t.stopped for t in self.runs))
     @rule(pick=_PICK)
