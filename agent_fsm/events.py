@@ -128,6 +128,8 @@ class ModelRequested:
     messages: int
     """Messages in the prompt."""
     estimated_prompt_tokens: int
+    model: str = ""
+    """The name of the model called (``Model.name``)."""
     last_answer: bool = False
     """The call asks for the last answer as a limit ends the run (``Limits.last_answer``):
     not a turn, and beyond the limit that fired."""

@@ -66,6 +66,7 @@ LAYERS = [
     "run",
     # the top
     "diagrams",
+    "otel",
     "agent",
     "testing.models",
     "testing.invariants",
@@ -96,6 +97,7 @@ ONLY_IN = {
         "testing.plugin",
     },
     "hypothesis_jsonschema": {"testing.strategies"},
+    "opentelemetry": {"otel"},
 }
 
 

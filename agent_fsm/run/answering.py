@@ -115,6 +115,7 @@ async def _ask(ctx: RunContext, request: UserMessage, extra: int) -> None:
                 turn=state.turns,
                 messages=len(messages),
                 estimated_prompt_tokens=calibrated,
+                model=config.model.name,
                 last_answer=True,
             )
         )

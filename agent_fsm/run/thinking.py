@@ -193,6 +193,7 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None, estimate: 
                 estimated_prompt_tokens=calibrate(
                     estimate, state.reported_prompt_tokens, state.estimated_prompt_tokens
                 ),
+                model=model.name,
             )
         )
 
