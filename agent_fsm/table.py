@@ -268,6 +268,15 @@ TABLE: tuple[Row, ...] = (
     Row(
         T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "prompt_exceeds_budget"), R.TOKEN_BUDGET
     ),
+    # The failed call's report raised the prompt estimate past the window: shrink it first
+    # (the call after COMPACT is a new turn, gated there).
+    Row(
+        T.THOUGHT,
+        S.THINK,
+        S.COMPACT,
+        ("model_call_failed", "prompt_exceeds_window"),
+        V.COMPACT,
+    ),
     Row(T.THOUGHT, S.THINK, S.THINK, ("model_call_failed",), V.RETRY),
     Row(T.THOUGHT, S.THINK, S.OBSERVE, ("summary_written",), V.SUMMARISED),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_filtered",), R.CONTENT_FILTER),

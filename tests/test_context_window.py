@@ -493,3 +493,29 @@ def test_compaction_leaves_headroom_so_the_next_turns_need_not_compact(compact_t
         assert compactions >= 12
     else:
         assert 2 <= compactions <= 6
+
+
+def test_a_failed_call_whose_report_outgrows_the_window_is_not_retried_as_it_was() -> None:
+    """Found by the property test: an empty reply (a transient failure) reported a prompt
+    of 2,800 tokens, which calibrated the estimate past the window; the retry row then sent
+    the same prompt again. A failed call now goes through COMPACT when its prompt no longer
+    fits, and the call after it is a new turn."""
+    script = [
+        reply("", call("fetch", page=1)),
+        reply("", usage=(2_800, 0)),  # empty: a failed call, with a report
+        "Done.",
+    ]
+    model = ScriptedModel(script)
+    agent = Agent(
+        model=model,
+        tools=[fetch],
+        limits=limits(model_retries=3),
+        context_policy=ClearToolResults(keep_last_turns=0),
+        system_prompt="Read.",
+    )
+    _, result = run(agent)  # every prompt sent fit the window, by the invariants
+    assert result.output == "Done."  # type: ignore[attr-defined]
+    labels = [(entry.source, entry.label) for entry in result.trace]  # type: ignore[attr-defined]
+    assert (AgentState.THINK, "compact") in labels
+    assert (AgentState.THINK, "retry") not in labels
+    assert result.turns == 3  # type: ignore[attr-defined]

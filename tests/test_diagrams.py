@@ -60,13 +60,14 @@ stateDiagram-v2
     THINK --> ERROR : thought #5 [model_call_failed ∧ no_retries_left] model_error
     THINK --> LAST_ANSWER : thought #6 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget] last_answer
     THINK --> ERROR : thought #7 [model_call_failed ∧ prompt_exceeds_budget] token_budget
-    THINK --> THINK : thought #8 [model_call_failed] retry
-    THINK --> OBSERVE : thought #9 [summary_written] summarised
-    THINK --> ERROR : thought #10 [reply_was_filtered] content_filter
-    THINK --> ACT : thought #11 [reply_has_tool_calls] act
-    THINK --> REFLECT : thought #12 [input_waiting] follow_up
-    THINK --> DONE : thought #13 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #14 [else] final_answer
+    THINK --> COMPACT : thought #8 [model_call_failed ∧ prompt_exceeds_window] compact
+    THINK --> THINK : thought #9 [model_call_failed] retry
+    THINK --> OBSERVE : thought #10 [summary_written] summarised
+    THINK --> ERROR : thought #11 [reply_was_filtered] content_filter
+    THINK --> ACT : thought #12 [reply_has_tool_calls] act
+    THINK --> REFLECT : thought #13 [input_waiting] follow_up
+    THINK --> DONE : thought #14 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #15 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
@@ -163,11 +164,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    OBSERVE --> THINK : observed #7 [else] think ×3\n" in mermaid
-    assert "    THINK --> ACT : thought #11 [reply_has_tool_calls] act ×2\n" in mermaid
+    assert "    THINK --> ACT : thought #12 [reply_has_tool_calls] act ×2\n" in mermaid
     assert "    REFLECT --> OBSERVE : reflected #15 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #14 [else] final_answer ×1\n" in mermaid
+    assert "    THINK --> DONE : thought #15 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #13 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #14 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -188,7 +189,7 @@ def test_dot_overlay_colours_and_counts() -> None:
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #13')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #14')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot

@@ -89,6 +89,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("model_call_failed", "no_retries_left"), "model_error"),
         ((last, "model_call_failed", "prompt_exceeds_budget"), "last_answer"),
         (("model_call_failed", "prompt_exceeds_budget"), "token_budget"),
+        (("model_call_failed", "prompt_exceeds_window"), "compact"),
         (("model_call_failed",), "retry"),
         (("summary_written",), "summarised"),
         (("reply_was_filtered",), "content_filter"),
@@ -358,7 +359,7 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     state = RunState(run_id="in-order", state=S.THINK, turns=1, last_tool_calls=1)
     assert machine.fire(machine.handle(state, Limits())).label == "act"
     leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
-    assert leading.count("model_call_failed") == 5
+    assert leading.count("model_call_failed") == 6
     # A last-answer row asks first whether a last answer is wanted: no, by default.
     assert asked == [
         "abort_requested",
@@ -367,6 +368,7 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
         "model_call_failed",
         "model_call_failed",
         "last_answer_wanted",
+        "model_call_failed",
         "model_call_failed",
         "model_call_failed",
         "summary_written",

@@ -33,9 +33,15 @@ def prompt_exceeds_budget(state: RunState, limits: Limits) -> bool:
 
 def prompt_exceeds_window(state: RunState, limits: Limits) -> bool:
     """The next prompt (by the calibrated estimate) leaves less than ``reply_tokens`` of the
-    model's context window: the call would fail, or its reply would be cut."""
+    model's context window: the call would fail, or its reply would be cut. While a summary
+    is due the next call is the summary's, whose prompt the policy sized: false then (a
+    failed summary call is retried, not compacted again)."""
     window = limits.context_window
-    return window is not None and calibrated_prompt_tokens(state) + limits.reply_tokens > window
+    return (
+        window is not None
+        and state.summary_due is None
+        and calibrated_prompt_tokens(state) + limits.reply_tokens > window
+    )
 
 
 def summary_requested(state: RunState, limits: Limits) -> bool:
