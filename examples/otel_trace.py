@@ -91,7 +91,6 @@ def main() -> None:
     print(f"stop reason: {result.stop_reason.value}; last answer: {result.output}")
     if not args.console:
         print("\n".join(tree(memory.get_finished_spans())))
-    provider.shutdown()
 
 
 if __name__ == "__main__":
