@@ -23,19 +23,18 @@ from __future__ import annotations
 import asyncio
 
 from agent_fsm.cancellation import StopEvent, StopScope
-from agent_fsm.events import ModelRequested, ModelResponded
+from agent_fsm.events import ModelRequested
 from agent_fsm.failures import is_own_failure
 from agent_fsm.messages import (
     AssistantMessage,
     ModelRequest,
     ModelResponse,
     UserMessage,
-    clean_message,
 )
 from agent_fsm.prompt import prompt_messages
 from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import RunContext
-from agent_fsm.run.thinking import failure_from, report_failure, take_usage
+from agent_fsm.run.thinking import failure_from, report_failure, take_response
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import StopReason, softened_stop
 from agent_fsm.tokens import calibrate, estimate_message_tokens
@@ -146,21 +145,7 @@ def _take_answer(ctx: RunContext, request: UserMessage, response: object, estima
     if not isinstance(response, ModelResponse):
         _skipped(ctx, f"the model returned {type(response).__name__}, not a ModelResponse")
         return
-    message = clean_message(response.message)
-    usage = take_usage(ctx, response, message, estimate)
-    emit = ctx.bus.emitter
-    if emit is not None:
-        emit(
-            ModelResponded(
-                run_id=state.run_id,
-                turn=state.turns,
-                text=message.content,
-                tool_calls=message.tool_calls,
-                finish_reason=response.finish_reason,
-                usage=usage,
-                last_answer=True,
-            )
-        )
+    message = take_response(ctx, response, estimate, last_answer=True)
     if not message.content.strip():
         _skipped(ctx, "the reply had no text")
         return

@@ -34,7 +34,7 @@ from agent_fsm.table import Verb
 from agent_fsm.tokens import calibrate, estimate_message_tokens
 from agent_fsm.tools.execution import retry_delay
 
-__all__ = ["backoff_s", "failure_from", "report_failure", "take_usage", "think", "with_call_ids"]
+__all__ = ["backoff_s", "failure_from", "report_failure", "take_response", "think", "with_call_ids"]
 
 # Built on every model call (see constructors.builder).
 _model_request = builder(ModelRequest)
@@ -230,7 +230,32 @@ def _entered_by_retry(ctx: RunContext) -> bool:
     return ctx.config.machine.rows[trace[-1][0]].outcome is Verb.RETRY
 
 
-def take_usage(
+def take_response(
+    ctx: RunContext, response: ModelResponse, estimate: int, *, last_answer: bool = False
+) -> AssistantMessage:
+    """Take in the reply of one model call: its message cleaned, its usage added to the
+    run's (``_take_usage``), and the reply announced (``ModelResponded``). Returns the
+    cleaned message, which the caller records as it needs."""
+    state = ctx.state
+    message = clean_message(response.message)  # output and loop detection read it too
+    usage = _take_usage(ctx, response, message, estimate)
+    emit = ctx.bus.emitter
+    if emit is not None:
+        emit(
+            _model_responded(
+                run_id=state.run_id,
+                turn=state.turns,
+                text=message.content,
+                tool_calls=message.tool_calls,
+                finish_reason=response.finish_reason,
+                usage=usage,
+                last_answer=last_answer,
+            )
+        )
+    return message
+
+
+def _take_usage(
     ctx: RunContext, response: ModelResponse, message: AssistantMessage, estimate: int
 ) -> Usage:
     """Add the usage of one reply to the run's, and return it: the server's report (one
@@ -266,20 +291,7 @@ def _take_reply(ctx: RunContext, response: object, estimate: int) -> None:
             ),
         )
         return
-    message = clean_message(response.message)  # output and loop detection read it too
-    usage = take_usage(ctx, response, message, estimate)
-    emit = ctx.bus.emitter
-    if emit is not None:
-        emit(
-            _model_responded(
-                run_id=state.run_id,
-                turn=state.turns,
-                text=message.content,
-                tool_calls=message.tool_calls,
-                finish_reason=response.finish_reason,
-                usage=usage,
-            )
-        )
+    message = take_response(ctx, response, estimate)
     if state.summary_due is not None:
         summary = message.content.strip()
         if not summary:
