@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
@@ -20,12 +21,18 @@ from typing import Any, Literal, overload
 from agent_fsm.compaction import ContextPolicy
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
-from agent_fsm.errors import CheckpointError, ConfigError, ResumeError, RunError
+from agent_fsm.errors import (
+    CheckpointError,
+    ConfigError,
+    ResumeError,
+    RunError,
+    ToolSchemaWarning,
+)
 from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound
-from agent_fsm.messages import Message
-from agent_fsm.models.base import Model
+from agent_fsm.messages import Message, ToolSpec
+from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import prepare_history
 from agent_fsm.run.resuming import Decisions, finished, reopen
@@ -90,6 +97,20 @@ def _context_policies(
             "Limits(context_window=...) or use a model that knows its own (context_window)"
         )
     return policies
+
+
+def _review_tool_schemas(model: Model, tools: Sequence[ToolSpec]) -> None:
+    """Let a model whose provider cannot take every JSON Schema keyword say so now: a schema
+    it cannot send at all is a ``ConfigError``, one it sends with keywords dropped or rewritten
+    a ``ToolSchemaWarning``; each names the tool, the keyword and the provider."""
+    if not tools or not isinstance(model, ReviewsToolSchemas):
+        return
+    issues = list(model.tool_schema_issues(tools))
+    fatal = [str(issue) for issue in issues if issue.fatal]
+    if fatal:
+        raise ConfigError("tool schemas the model cannot be sent:\n- " + "\n- ".join(fatal))
+    for issue in issues:
+        warnings.warn(str(issue), ToolSchemaWarning, stacklevel=4)
 
 
 def _taken(run_id: str) -> ConfigError:
@@ -195,6 +216,7 @@ class Agent:
         _set(self, "control_tools", tuple(self.control_tools))
         _set(self, "handlers", tuple(checked_handler(handler) for handler in self.handlers))
         registry = ToolRegistry([*tools, *(_CONTROL_TOOLS[name] for name in self.control_tools)])
+        _review_tool_schemas(model, registry.specs)
         config = RunConfig(
             model=model,
             tools=registry,

@@ -20,6 +20,9 @@ with a stop reason. ``run()`` therefore never raises for them.
      ├── TraceFileError           a trace file cannot be read (also a ValueError); the message
      │                            names the file and line
      └── CheckpointError          a checkpoint cannot be read, written or resumed
+
+    ToolSchemaWarning (a UserWarning)  a provider gets a tool schema with a keyword dropped
+                                       or rewritten (see ``models.base.ToolSchemaIssue``)
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "ResumeError",
     "RunError",
     "ScriptExhaustedError",
+    "ToolSchemaWarning",
     "TraceFileError",
 ]
 
@@ -88,3 +92,9 @@ class TraceFileError(AgentFSMError, ValueError):
 
 class CheckpointError(AgentFSMError):
     """A checkpoint cannot be read, written, migrated or resumed."""
+
+
+class ToolSchemaWarning(UserWarning):
+    """A tool's schema reaches the provider with a keyword dropped or rewritten: the provider
+    holds the model to less than the schema says (agent_fsm still validates every call against
+    the whole schema, and answers a call that breaks it with an error the model can correct)."""

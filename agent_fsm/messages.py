@@ -162,6 +162,8 @@ class FinishReason(StrEnum):
     TOOL_CALLS = "tool_calls"
     LENGTH = "length"
     CONTENT_FILTER = "content_filter"
+    REFUSAL = "refusal"
+    """The model declined the request (its text, if any, says why)."""
 
 
 class ModelResponse(BaseModel):

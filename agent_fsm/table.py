@@ -86,6 +86,8 @@ class StopReason(StrEnum):
     ABORTED = "aborted"
     MODEL_ERROR = "model_error"
     CONTENT_FILTER = "content_filter"
+    REFUSED = "refused"
+    """The model declined the request; its refusal is the last message."""
     CONSECUTIVE_ERRORS = "consecutive_errors"
     TOKEN_BUDGET = "token_budget"
     CONTEXT_WINDOW = "context_window"
@@ -280,6 +282,7 @@ TABLE: tuple[Row, ...] = (
     Row(T.THOUGHT, S.THINK, S.THINK, ("model_call_failed",), V.RETRY),
     Row(T.THOUGHT, S.THINK, S.OBSERVE, ("summary_written",), V.SUMMARISED),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_filtered",), R.CONTENT_FILTER),
+    Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_refused",), R.REFUSED),
     Row(T.THOUGHT, S.THINK, S.ACT, ("reply_has_tool_calls",), V.ACT),
     # A reply that would end the run, while the caller has queued more input: go round again
     # (through REFLECT, so the budget guards still decide).

@@ -64,10 +64,11 @@ stateDiagram-v2
     THINK --> THINK : thought #9 [model_call_failed] retry
     THINK --> OBSERVE : thought #10 [summary_written] summarised
     THINK --> ERROR : thought #11 [reply_was_filtered] content_filter
-    THINK --> ACT : thought #12 [reply_has_tool_calls] act
-    THINK --> REFLECT : thought #13 [input_waiting] follow_up
-    THINK --> DONE : thought #14 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #15 [else] final_answer
+    THINK --> ERROR : thought #12 [reply_was_refused] refused
+    THINK --> ACT : thought #13 [reply_has_tool_calls] act
+    THINK --> REFLECT : thought #14 [input_waiting] follow_up
+    THINK --> DONE : thought #15 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #16 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
@@ -164,11 +165,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    OBSERVE --> THINK : observed #7 [else] think ×3\n" in mermaid
-    assert "    THINK --> ACT : thought #12 [reply_has_tool_calls] act ×2\n" in mermaid
+    assert "    THINK --> ACT : thought #13 [reply_has_tool_calls] act ×2\n" in mermaid
     assert "    REFLECT --> OBSERVE : reflected #15 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #15 [else] final_answer ×1\n" in mermaid
+    assert "    THINK --> DONE : thought #16 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #14 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #15 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -189,7 +190,7 @@ def test_dot_overlay_colours_and_counts() -> None:
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #14')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #15')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot

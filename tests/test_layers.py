@@ -46,9 +46,17 @@ LAYERS = [
     "tools",
     # models/: the Model protocol and its adapters
     "models.base",
+    "models.common",
     "models.openai_schema",
     "models.openai_convert",
     "models.openai_chat",
+    "models.openai_responses_convert",
+    "models.openai_responses",
+    "models.anthropic_convert",
+    "models.anthropic_messages",
+    "models.gemini_schema",
+    "models.gemini_convert",
+    "models.gemini",
     "models",
     # run/: one run
     "run.context",
@@ -68,6 +76,7 @@ LAYERS = [
     "diagrams",
     "otel",
     "agent",
+    "mcp",
     "testing.models",
     "testing.invariants",
     "testing.behaviour",
@@ -89,7 +98,10 @@ LAYERS = [
 
 ONLY_IN = {
     "transitions": {"loop.machine"},
-    "openai": {"models.openai_chat"},
+    "openai": {"models.openai_chat", "models.openai_responses"},
+    "anthropic": {"models.anthropic_messages"},
+    "google": {"models.gemini"},
+    "mcp": {"mcp"},
     "hypothesis": {
         "testing.strategies",
         "testing.assertions",

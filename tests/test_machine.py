@@ -93,6 +93,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("model_call_failed",), "retry"),
         (("summary_written",), "summarised"),
         (("reply_was_filtered",), "content_filter"),
+        (("reply_was_refused",), "refused"),
         (("reply_has_tool_calls",), "act"),
         (("input_waiting",), "follow_up"),
         (("reply_was_truncated",), "max_tokens"),
@@ -373,5 +374,6 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
         "model_call_failed",
         "summary_written",
         "reply_was_filtered",
+        "reply_was_refused",
         "reply_has_tool_calls",
     ]

@@ -13,6 +13,7 @@ import email.utils
 import json
 import os
 import traceback
+import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ import openai
 import pytest
 from structlog.testing import capture_logs
 
-from agent_fsm.errors import ConfigError
+from agent_fsm.agent import Agent
+from agent_fsm.errors import ConfigError, ToolSchemaWarning
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
@@ -40,15 +42,15 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.models.common import parse_retry_after
 from agent_fsm.models.openai_chat import OpenAIChatModel
 from agent_fsm.models.openai_convert import (
     finish_reason_from,
-    parse_retry_after,
     response_from_completion,
     usage_from,
 )
 from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
-from agent_fsm.tools.tool import Tool, ToolRegistry
+from agent_fsm.tools.tool import Tool, ToolRegistry, tool
 from tests.openai_payloads import (
     COMPLETION_ID,
     SERVED_MODEL,
@@ -257,11 +259,13 @@ async def test_legacy_function_call_becomes_a_tool_call(
     assert response.finish_reason is FinishReason.TOOL_CALLS
 
 
-async def test_refusal_is_shown_as_content(
+async def test_refusal_is_shown_as_content_and_reported_as_refusal(
     server: FakeServer, make_model: Callable[..., Any]
 ) -> None:
     server.json(completion(None, refusal="I can't help with that."))
-    assert (await ask(make_model())).message.content == "I can't help with that."
+    response = await ask(make_model())
+    assert response.message.content == "I can't help with that."
+    assert response.finish_reason is FinishReason.REFUSAL
 
 
 def test_missing_tool_call_ids_are_synthesised_stably() -> None:
@@ -582,6 +586,23 @@ async def test_inexpressible_schema_is_sent_non_strict(
     function = server.body()["tools"][0]["function"]
     assert "strict" not in function
     assert function["parameters"] == schema
+    [issue] = make_model(strict=True).tool_schema_issues([spec])
+    assert (issue.tool, issue.fatal) == ("t", False)
+    assert issue.keyword in ("free-form object", "allOf")
+    assert make_model().tool_schema_issues([spec]) == []
+
+
+def test_an_agent_warns_of_a_tool_that_strict_mode_cannot_express() -> None:
+    def store(data: dict[str, Any]) -> str:
+        """Store free-form data."""
+        return "ok"
+
+    model = OpenAIChatModel("m", api_key="k", strict=True)
+    with pytest.warns(ToolSchemaWarning, match=r"tool 'store': openai strict mode cannot express"):
+        Agent(model=model, tools=[tool(store)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Agent(model=OpenAIChatModel("m", api_key="k"), tools=[tool(store)])
 
 
 # --------------------------------------------------------------------------- strict replies

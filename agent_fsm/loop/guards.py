@@ -93,6 +93,11 @@ def reply_was_filtered(state: RunState, limits: Limits) -> bool:
     return state.last_finish_reason is FinishReason.CONTENT_FILTER
 
 
+def reply_was_refused(state: RunState, limits: Limits) -> bool:
+    """The model declined to answer (a refusal, which a provider reports apart from text)."""
+    return state.last_finish_reason is FinishReason.REFUSAL
+
+
 def reply_has_tool_calls(state: RunState, limits: Limits) -> bool:
     """The reply asks for tool calls (whatever its finish reason says)."""
     return state.last_tool_calls > 0
@@ -223,6 +228,7 @@ GUARDS: dict[str, Guard] = {
         no_turns_left,
         no_retries_left,
         reply_was_filtered,
+        reply_was_refused,
         reply_has_tool_calls,
         input_waiting,
         reply_was_truncated,

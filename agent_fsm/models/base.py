@@ -9,13 +9,21 @@ catches all of them, records them, and lets the THINK guards decide (retry, or E
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from pydantic_core import from_json
 
-from agent_fsm.messages import ModelRequest, ModelResponse
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
 
-__all__ = ["Model", "ModelCallError", "replayable_arguments"]
+__all__ = [
+    "Model",
+    "ModelCallError",
+    "ReviewsToolSchemas",
+    "ToolSchemaIssue",
+    "replayable_arguments",
+]
 
 
 @runtime_checkable
@@ -29,6 +37,45 @@ class Model(Protocol):
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Answer one request. Raise ``ModelCallError`` (or anything) on failure."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSchemaIssue:
+    """Something in a tool's parameter schema that a provider cannot take as it is.
+
+    Adapters send each provider a sanitised *copy* of a tool's schema; the tool's own schema,
+    and the validation of the model's arguments against it, never change. An issue says what
+    the copy lost (``fatal=False``: the keyword is dropped or rewritten, so the provider holds
+    the model to less than the tool checks; ``Agent`` warns) or that the tool cannot be sent
+    at all (``fatal=True``; ``Agent`` raises ``ConfigError``).
+    """
+
+    tool: str
+    """The tool's name."""
+    keyword: str
+    """The schema keyword at fault, with its place: ``"properties/when/format"``."""
+    provider: str
+    """The provider (adapter) that cannot express it, e.g. ``"gemini"``."""
+    detail: str
+    """What the adapter does about it, or why the tool cannot be sent."""
+    fatal: bool = False
+
+    def __str__(self) -> str:
+        return f"tool {self.tool!r}: {self.provider} cannot express {self.keyword}: {self.detail}"
+
+
+@runtime_checkable
+class ReviewsToolSchemas(Protocol):
+    """A Model that can say, before any request, which tool schemas its provider cannot take.
+
+    ``Agent`` calls it once at construction with every tool it will offer (control tools
+    included), so a schema problem surfaces as a warning or a ``ConfigError`` naming the tool,
+    the keyword and the provider, not as an HTTP 400 in the middle of a run.
+    """
+
+    def tool_schema_issues(self, tools: Sequence[ToolSpec]) -> Sequence[ToolSchemaIssue]:
+        """The issues of ``tools`` for this provider; empty when every schema goes as it is."""
         ...
 
 

@@ -19,22 +19,22 @@ import functools
 import inspect
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any, Self
 
 import openai
 
 from agent_fsm.errors import ConfigError
-from agent_fsm.logs import get_logger
-from agent_fsm.messages import ModelRequest, ModelResponse, ReplyDelta, ToolSpec
-from agent_fsm.models.base import ModelCallError
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
+from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
+from agent_fsm.models.common import DeltaReporter, parse_retry_after, scrub_secrets
 from agent_fsm.models.openai_convert import (
     ReplyAssembler,
-    parse_retry_after,
     to_openai_messages,
     to_openai_tools,
 )
+from agent_fsm.models.openai_schema import strict_obstacle
 
 __all__ = ["OpenAIChatModel", "request_settings"]
 
@@ -45,7 +45,6 @@ _TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
 # Statuses worth retrying, as the SDK itself would: timeout, conflict, rate limit, 5xx.
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
 _MAX_MESSAGE_CHARS = 500
-_MIN_SECRET_CHARS = 8  # shorter "keys" are placeholders for local servers, not secrets
 
 # The ``tools`` payload, and the original schemas of the tools sent strict, by name.
 _WireTools = tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
@@ -166,6 +165,26 @@ class OpenAIChatModel:
             parts.append(f"settings={sorted(self._settings)}")  # names only: values may be secret
         return f"OpenAIChatModel({', '.join(parts)})"
 
+    def tool_schema_issues(self, tools: Sequence[ToolSpec]) -> list[ToolSchemaIssue]:
+        """With ``strict=True``: the tools strict mode cannot express, which are sent without
+        it (the API then does not hold the model to their schemas). None otherwise: Chat
+        Completions takes any JSON Schema outside strict mode."""
+        if not self._strict:
+            return []
+        issues: list[ToolSchemaIssue] = []
+        for spec in tools:
+            obstacle = strict_obstacle(spec.parameters)
+            if obstacle is not None:
+                issues.append(
+                    ToolSchemaIssue(
+                        tool=spec.name,
+                        keyword=obstacle,
+                        provider="openai strict mode",
+                        detail="the tool is sent without strict mode",
+                    )
+                )
+        return issues
+
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send one request and convert the reply.
 
@@ -277,7 +296,7 @@ class OpenAIChatModel:
             failure = self._failure(err, attempt)
         if failure is not None:
             raise failure
-        report = _DeltaReporter(request.on_delta, request.run_id)
+        report = DeltaReporter(request.on_delta, request.run_id)
         async with stream:  # releases the connection however the loop below ends
             chunks = stream.__aiter__()
             while True:
@@ -337,33 +356,7 @@ class OpenAIChatModel:
         for client in (self._given_client, self._own_client):
             if client is not None:
                 secrets.add(getattr(client, "api_key", None))
-        for secret in secrets:
-            if isinstance(secret, str) and len(secret) >= _MIN_SECRET_CHARS:
-                text = text.replace(secret, "[redacted]")
-        return text
-
-
-class _DeltaReporter:
-    """Calls ``on_delta``, shielding the request from a callback that raises."""
-
-    __slots__ = ("_failures", "_on_delta", "_run_id")
-
-    def __init__(self, on_delta: Callable[[ReplyDelta], None] | None, run_id: str) -> None:
-        self._on_delta = on_delta
-        self._run_id = run_id
-        self._failures = 0
-
-    def __call__(self, delta: ReplyDelta) -> None:
-        if self._on_delta is None:
-            return
-        try:
-            self._on_delta(delta)
-        except Exception as err:
-            self._failures += 1
-            if self._failures == 1:  # once per request: a broken listener must not flood logs
-                get_logger(__name__).warning(
-                    "on_delta_failed", run_id=self._run_id, error=f"{type(err).__name__}: {err}"
-                )
+        return scrub_secrets(text, secrets)
 
 
 def _check_settings(settings: Mapping[str, Any]) -> None:

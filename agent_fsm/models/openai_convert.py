@@ -12,12 +12,8 @@ the non-streaming path simply feeds it the whole message as a single fragment.
 from __future__ import annotations
 
 import copy
-import email.utils
-import math
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC
 from typing import Any
 
 from agent_fsm.messages import (
@@ -39,7 +35,6 @@ from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
 __all__ = [
     "ReplyAssembler",
     "finish_reason_from",
-    "parse_retry_after",
     "response_from_completion",
     "to_openai_messages",
     "to_openai_tools",
@@ -163,45 +158,6 @@ def usage_from(raw: object) -> Usage | None:
     )
 
 
-def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
-    """The delay, in seconds, a server asked for before the next attempt.
-
-    Reads ``retry-after-ms`` (milliseconds) first, then ``retry-after`` as seconds or as an
-    HTTP date. Returns None when neither is present or readable; never a negative number.
-
-    Args:
-        headers: response headers; lookups must be case-insensitive (as httpx's are) or the
-            names lower-case.
-        now: the current POSIX time, for dates; defaults to ``time.time()``.
-    """
-    millis = _finite(headers.get("retry-after-ms"))
-    if millis is not None:
-        return max(millis / 1000.0, 0.0)
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    seconds = _finite(raw)
-    if seconds is not None:
-        return max(seconds, 0.0)
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # "-0000": a date with no zone; HTTP dates are GMT anyway
-        when = when.replace(tzinfo=UTC)
-    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
-
-
-def _finite(raw: str | None) -> float | None:
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def response_from_completion(completion: object, *, fallback_id_prefix: str) -> ModelResponse:
     """Convert a whole (non-streamed) ``chat.completion`` reply.
 
@@ -322,11 +278,15 @@ class ReplyAssembler:
         calls = tuple(
             self._tool_call(position, parts) for position, parts in enumerate(self._calls)
         )
-        # A refusal is the model's own explanation; show it rather than an empty reply.
+        # A refusal is the model's own explanation; show it rather than an empty reply, and
+        # say so in the finish reason (the API reports "stop" for it).
         content = "".join(self._text) or "".join(self._refusal)
+        finish = finish_reason_from(self._finish_reason)
+        if self._refusal and not calls and finish is FinishReason.STOP:
+            finish = FinishReason.REFUSAL
         return ModelResponse(
             message=AssistantMessage(content=content, tool_calls=calls),
-            finish_reason=finish_reason_from(self._finish_reason),
+            finish_reason=finish,
             usage=self._usage,
             model_name=self._model,
         )

@@ -21,7 +21,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-__all__ = ["strict_schema", "without_strict_nulls"]
+__all__ = ["strict_obstacle", "strict_schema", "without_strict_nulls"]
 
 
 # --------------------------------------------------------------------------- requests
@@ -57,6 +57,16 @@ def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
         return _strict_node(schema)
     except _NotExpressible:
         return None
+
+
+def strict_obstacle(schema: Mapping[str, Any]) -> str | None:
+    """What keeps ``schema`` out of strict mode (a keyword, or "free-form object"), or None
+    when ``strict_schema`` can adapt it."""
+    try:
+        _strict_node(schema)
+    except _NotExpressible as exc:
+        return str(exc)
+    return None
 
 
 def _strict_node(node: Mapping[str, Any]) -> dict[str, Any]:

@@ -72,6 +72,7 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
         StopReason.ABORTED: state.abort_reason or "aborted",
         StopReason.MODEL_ERROR: _model_error(state, limits),
         StopReason.CONTENT_FILTER: "the provider's content filter withheld the reply",
+        StopReason.REFUSED: "the model declined the request",
         StopReason.CONSECUTIVE_ERRORS: (
             f"{state.consecutive_errors} consecutive errors (limit {limits.max_consecutive_errors})"
         ),

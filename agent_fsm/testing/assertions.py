@@ -11,12 +11,15 @@ under pytest and in a plain script, and honours the active hypothesis settings p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import HealthCheck, Phase, example, given
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
 
 from agent_fsm.agent import Agent
 from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.models.base import Model
 from agent_fsm.testing.behaviour import Behaviour
 from agent_fsm.testing.harness import DEFAULT_INPUT, HarnessFailure, LoopRunner, Stage
 from agent_fsm.testing.strategies import behaviours_for, edge_behaviours, window_pressure_for
@@ -33,6 +36,7 @@ def assert_terminates(
     max_examples: int | None = None,
     settings: Settings | None = None,
     store: CheckpointStore | None = None,
+    through: Callable[[Model], Model] | None = None,
 ) -> None:
     """Check that every run of ``agent`` ends in DONE or ERROR within its termination bound,
     with a valid transcript, whatever its model and tools do.
@@ -53,12 +57,14 @@ def assert_terminates(
         settings: hypothesis settings to start from; the active profile by default.
         store: where the generated runs are checkpointed; an in-memory store of the harness
             by default, never the agent's own (a production database stays untouched).
+        through: wraps the generated model before the agent gets it (``Stage``'s
+            ``through``): to play the behaviours through a model adapter and its wire format.
 
     Raises:
         HarnessFailure: an AssertionError naming the broken invariants of the minimal failing
             behaviour, with a pasteable reproducer (also in its ``reproducer`` attribute).
     """
-    stage = Stage(agent, user_input=user_input, store=store)
+    stage = Stage(agent, user_input=user_input, store=store, through=through)
     strategy = behaviours if behaviours is not None else behaviours_for(
         stage.agent, tool_failures=tool_failures
     )  # fmt: skip

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.events import Event
 from agent_fsm.messages import ModelRequest, ModelResponse
+from agent_fsm.models.base import Model
 from agent_fsm.run.engine import Run
 from agent_fsm.state import RunResult
 from agent_fsm.testing.behaviour import (
@@ -172,6 +173,11 @@ class Stage:
         store: where the staged runs are checkpointed. None (the default) keeps them in an
             in-memory store of the harness: generated runs never land in the agent's own
             store (a user's production database, say) unless a test passes it on purpose.
+        through: wraps the harness's model before the staged agent gets it, e.g. in a
+            provider adapter whose fake HTTP transport serves the harness's replies in the
+            provider's wire format: the same behaviours then test the adapter's conversions
+            too. The wrapper must pass each request on (its replies and failures may change
+            form, never meaning).
     """
 
     def __init__(
@@ -180,6 +186,7 @@ class Stage:
         *,
         user_input: str = DEFAULT_INPUT,
         store: CheckpointStore | None = None,
+        through: Callable[[Model], Model] | None = None,
     ) -> None:
         self.user_input = user_input
         self._model = _StageModel()
@@ -188,7 +195,7 @@ class Stage:
         self._calls: dict[str, int] = {}
         self.tool_names = tuple(t.name for t in user_tools(agent))
         self.agent = agent.replace(
-            model=self._model,
+            model=through(self._model) if through is not None else self._model,
             tools=[self._double(t) for t in user_tools(agent)],
             clock=self._clock,
             sleep=self._clock.sleep,

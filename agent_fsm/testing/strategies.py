@@ -194,8 +194,8 @@ def model_errors(*, retry_after: bool = False) -> st.SearchStrategy[BaseExceptio
 
 
 def edge_replies() -> st.SearchStrategy[ModelResponse]:
-    """Replies at the edges: empty, truncated (``length``, also mid tool call) and withheld by
-    the content filter."""
+    """Replies at the edges: empty, truncated (``length``, also mid tool call), withheld by
+    the content filter, and refused by the model."""
     return st.sampled_from(
         [
             reply(""),
@@ -206,6 +206,8 @@ def edge_replies() -> st.SearchStrategy[ModelResponse]:
                   finish_reason=FinishReason.LENGTH),
             reply("", finish_reason=FinishReason.CONTENT_FILTER),
             reply("partial", finish_reason=FinishReason.CONTENT_FILTER),
+            reply("I can't help with that.", finish_reason=FinishReason.REFUSAL),
+            reply("", finish_reason=FinishReason.REFUSAL),
         ]
     )  # fmt: skip
 
