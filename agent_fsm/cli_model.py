@@ -1,5 +1,7 @@
 """``agent-fsm run`` and ``agent-fsm resume``: the demo's tools against a real model.
 
+``--provider`` picks the adapter (``PROVIDERS``): OpenAI Chat Completions (the default, and
+any OpenAI-compatible server), the OpenAI Responses API, Anthropic Messages or Google Gemini.
 Everything a local OpenAI-compatible server (llama.cpp, vLLM, Ollama) needs is an option:
 the sampling settings, a timeout, retries, a key read from an environment variable the user
 names, and ``--set key=value`` for any other request field (a field the SDK does not know goes
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
 import sys
@@ -25,29 +28,85 @@ from agent_fsm.agent import Agent
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.events import Event, MessageUpdated, ModelResponded
+from agent_fsm.models.base import Model
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import ControlKind, RunResult, RunStatus
 
-__all__ = ["add_model_options", "build_agent", "run_until_settled"]
+__all__ = [
+    "PROVIDERS",
+    "Provider",
+    "add_model_options",
+    "build_agent",
+    "build_model",
+    "run_until_settled",
+]
 
-DEFAULT_KEY_VARIABLE = "OPENAI_API_KEY"
 _TOOLS = ("get_weather", "calculator")
+
+
+@dataclasses.dataclass(frozen=True)
+class Provider:
+    """How the CLI builds one provider's adapter: imported only when chosen, so the command
+    line works without the optional SDKs it is not asked to use."""
+
+    module: str
+    """The adapter's module, e.g. ``agent_fsm.models.anthropic_messages``."""
+    cls: str
+    """The adapter class in it."""
+    key_variable: str
+    """The environment variable the provider's own SDK reads the key from."""
+    extra: str | None
+    """The pip extra that installs its SDK (None: a core dependency)."""
+
+    def adapter(self) -> Callable[..., Model]:
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError as err:
+            hint = f": pip install 'agent-fsm[{self.extra}]'" if self.extra else ""
+            raise ConfigError(
+                f"this provider needs a package that is missing ({err}){hint}"
+            ) from None
+        adapter: Callable[..., Model] = getattr(module, self.cls)
+        return adapter
+
+
+PROVIDERS: dict[str, Provider] = {
+    "openai": Provider("agent_fsm.models.openai_chat", "OpenAIChatModel", "OPENAI_API_KEY", None),
+    "openai-responses": Provider(
+        "agent_fsm.models.openai_responses", "OpenAIResponsesModel", "OPENAI_API_KEY", None
+    ),
+    "anthropic": Provider(
+        "agent_fsm.models.anthropic_messages", "AnthropicModel", "ANTHROPIC_API_KEY", "anthropic"
+    ),
+    "gemini": Provider("agent_fsm.models.gemini", "GeminiModel", "GEMINI_API_KEY", "gemini"),
+}
+"""The adapters ``--provider`` chooses from, by name."""
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, store_required: bool) -> None:
     """The options that build the agent, shared by ``run`` and ``resume`` (a resumed run
     needs the same model and tools it started with)."""
     model = parser.add_argument_group("model")
+    model.add_argument(
+        "--provider",
+        choices=sorted(PROVIDERS),
+        default="openai",
+        help="the API the model speaks (default: openai, Chat Completions, which any "
+        "OpenAI-compatible server speaks too)",
+    )
     model.add_argument("--model", required=True, help="model name, e.g. gpt-4o-mini")
     model.add_argument(
-        "--base-url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1"
+        "--base-url",
+        help="the API root: an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1, or a "
+        "proxy in front of the provider",
     )
     model.add_argument(
         "--api-key-env",
         metavar="NAME",
-        default=DEFAULT_KEY_VARIABLE,
-        help=f"the environment variable holding the API key (default: {DEFAULT_KEY_VARIABLE});"
-        " a --base-url server may need none",
+        default=None,
+        help="the environment variable holding the API key (default: the provider's own: "
+        + ", ".join(f"{p.key_variable} for {name}" for name, p in sorted(PROVIDERS.items()))
+        + "); a --base-url server may need none",
     )
     model.add_argument("--temperature", type=float, help="sampling temperature")
     model.add_argument("--max-tokens", type=int, help="cap on each reply's tokens")
@@ -107,25 +166,9 @@ def build_agent(args: argparse.Namespace) -> Agent:
     """
     from agent_fsm.demo import calculator, get_weather
     from agent_fsm.limits import Limits
-    from agent_fsm.models.openai_chat import OpenAIChatModel, request_settings
     from agent_fsm.tools.tool import Tool
 
-    api_key = os.environ.get(args.api_key_env)
-    if api_key is None:
-        if args.base_url is None:
-            raise ConfigError(
-                f"no API key: set {args.api_key_env}, or name the variable that holds it with "
-                "--api-key-env (a local server given with --base-url may need none)"
-            )
-        api_key = "unused"  # local OpenAI-compatible servers usually need no key
-    settings = request_settings(_fields(args.fields))
-    for name in ("temperature", "max_tokens", "timeout"):
-        value = getattr(args, name)
-        if value is not None:
-            settings[name] = value
-    model = OpenAIChatModel(
-        args.model, base_url=args.base_url, api_key=api_key, stream=args.stream, **settings
-    )
+    model = build_model(args)
     tools: list[Tool] = [get_weather, calculator]
     tools = [
         dataclasses.replace(tool, requires_approval=True)
@@ -144,6 +187,38 @@ def build_agent(args: argparse.Namespace) -> Agent:
             model_retries_per_run=max(args.retries * 3, args.retries),
         ),
         store=SQLiteStore(args.store) if args.store else None,
+    )
+
+
+def build_model(args: argparse.Namespace) -> Model:
+    """The model adapter the options describe (``--provider``, ``--model``, the key, ...).
+
+    Raises:
+        ConfigError: no API key where one is needed, a provider whose SDK is not installed,
+            a bad ``--set``, or a setting the adapter refuses.
+    """
+    provider = PROVIDERS[args.provider]
+    variable = args.api_key_env or provider.key_variable
+    api_key = os.environ.get(variable)
+    if api_key is None:
+        if args.base_url is None:
+            raise ConfigError(
+                f"no API key: set {variable}, or name the variable that holds it with "
+                "--api-key-env (a local server given with --base-url may need none)"
+            )
+        api_key = "unused"  # local OpenAI-compatible servers usually need no key
+    adapter = provider.adapter()
+    fields = _fields(args.fields)
+    if args.provider == "openai":
+        from agent_fsm.models.openai_chat import request_settings
+
+        fields = request_settings(fields)  # fields the SDK does not know go to extra_body
+    for name in ("temperature", "max_tokens", "timeout"):
+        value = getattr(args, name)
+        if value is not None:
+            fields[name] = value
+    return adapter(
+        args.model, base_url=args.base_url, api_key=api_key, stream=args.stream, **fields
     )
 
 

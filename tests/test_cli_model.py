@@ -24,10 +24,14 @@ class Finished:
     err: str
 
 
+# what the SDKs read from the environment: a developer's own keys must not change a test
+_PROVIDER_VARIABLES = frozenset(
+    {"OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"}
+)
+
+
 async def agent_fsm(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> Finished:
-    environment = {
-        k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")
-    }
+    environment = {k: v for k, v in os.environ.items() if k not in _PROVIDER_VARIABLES}
     environment.update(env or {})
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -155,6 +159,9 @@ async def test_an_approval_is_given_at_the_terminal_or_later(tmp_path: Path) -> 
         (("--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--set", "oops"),
          "--set takes KEY=VALUE"),
         (("--model", "m", "--temprature", "1"), "unrecognized arguments: --temprature"),
+        (("--provider", "anthropic", "--model", "m"), "no API key: set ANTHROPIC_API_KEY"),
+        (("--provider", "gemini", "--model", "m"), "no API key: set GEMINI_API_KEY"),
+        (("--provider", "mistral", "--model", "m"), "invalid choice: 'mistral'"),
     ],
 )  # fmt: skip
 async def test_usage_errors_exit_2(args: tuple[str, ...], says: str) -> None:
@@ -169,3 +176,12 @@ async def test_a_failed_run_exits_1_and_says_why() -> None:
     )
     assert done.code == 1
     assert "connection refused" in done.out
+
+
+def test_a_provider_whose_sdk_is_missing_names_its_extra() -> None:
+    from agent_fsm.cli_model import Provider
+    from agent_fsm.errors import ConfigError
+
+    missing = Provider("agent_fsm.models.not_installed", "Nope", "NOPE_KEY", "nope")
+    with pytest.raises(ConfigError, match=r"pip install 'agent-fsm\[nope\]'"):
+        missing.adapter()
