@@ -82,6 +82,11 @@ class AssistantMessage(BaseModel):
     """Visible text of the reply; empty when the reply is only tool calls."""
     tool_calls: tuple[ToolCall, ...] = ()
     """Calls to run, in the order the model gave them."""
+    provider_data: dict[str, JsonValue] | None = None
+    """What the provider that wrote this reply needs back with it on later turns, keyed by
+    the adapter's name: reasoning items, thinking blocks and their signatures, thought
+    signatures. Opaque to the engine (checkpointed, never shown, never counted as text);
+    an adapter reads only its own key, so a transcript can move between providers."""
 
 
 class ToolStatus(StrEnum):
@@ -330,6 +335,12 @@ def clean_message(message: _M) -> _M:
         and not _json_is_clean(message.details)
     ):
         update["details"] = clean_json(message.details)
+    if (
+        isinstance(message, AssistantMessage)
+        and message.provider_data is not None
+        and not _json_is_clean(message.provider_data)
+    ):
+        update["provider_data"] = clean_json(message.provider_data)
     if not update:
         return message
     return cast("_M", message.model_copy(update=update))
