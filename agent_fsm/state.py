@@ -45,6 +45,8 @@ class ControlKind(StrEnum):
 
     ASK_USER = "ask_user"
     FINISH_TASK = "finish_task"
+    TERMINAL_TOOL = "terminal_tool"
+    """A user tool declared ``terminal`` ran successfully: its output is the run's output."""
     APPROVAL = "approval"
 
 
@@ -55,7 +57,7 @@ class ControlRequest(BaseModel):
 
     kind: ControlKind
     text: str = ""
-    """The question (ask_user) or the summary (finish_task)."""
+    """The question (ask_user), the summary (finish_task) or the terminal tool's output."""
     tool_call_id: str = ""
     """The call that made the request."""
     pending_calls: tuple[ToolCall, ...] = ()

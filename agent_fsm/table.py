@@ -80,6 +80,8 @@ class StopReason(StrEnum):
 
     FINAL_ANSWER = "final_answer"
     FINISH_TASK = "finish_task"
+    TERMINAL_TOOL = "terminal_tool"
+    """A tool declared terminal ran successfully; its output is the run's output."""
     ASK_USER = "ask_user"
     APPROVAL_REQUIRED = "approval_required"
     MAX_TOKENS = "max_tokens"
@@ -295,6 +297,7 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("ask_user_called",), R.ASK_USER),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("finish_task_called",), R.FINISH_TASK),
+    Row(T.REFLECTED, S.REFLECT, S.DONE, ("terminal_tool_succeeded",), R.TERMINAL_TOOL),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("approval_pending",), R.APPROVAL_REQUIRED),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("too_many_errors",), R.CONSECUTIVE_ERRORS),
     _last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),

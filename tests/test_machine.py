@@ -31,6 +31,7 @@ def test_reflect_priority_order_is_pinned() -> None:
         (("abort_requested",), "aborted"),
         (("ask_user_called",), "ask_user"),
         (("finish_task_called",), "finish_task"),
+        (("terminal_tool_succeeded",), "terminal_tool"),
         (("approval_pending",), "approval_required"),
         (("too_many_errors",), "consecutive_errors"),
         (("last_answer_wanted", "budget_exhausted"), "last_answer"),

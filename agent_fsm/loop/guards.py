@@ -123,6 +123,11 @@ def finish_task_called(state: RunState, limits: Limits) -> bool:
     return state.control is not None and state.control.kind is ControlKind.FINISH_TASK
 
 
+def terminal_tool_succeeded(state: RunState, limits: Limits) -> bool:
+    """A tool declared terminal ran successfully in this turn: its output ends the run."""
+    return state.control is not None and state.control.kind is ControlKind.TERMINAL_TOOL
+
+
 def approval_pending(state: RunState, limits: Limits) -> bool:
     """A tool call in this turn waits for a person's approval."""
     return state.control is not None and state.control.kind is ControlKind.APPROVAL
@@ -234,6 +239,7 @@ GUARDS: dict[str, Guard] = {
         reply_was_truncated,
         ask_user_called,
         finish_task_called,
+        terminal_tool_succeeded,
         approval_pending,
         budget_exhausted,
         time_is_up,

@@ -9,11 +9,15 @@ resume brought the run here (``carry_out``); otherwise it answers the calls of t
    every other call is answered "skipped" without running. Checking the whole turn rather than
    the last call is what stops ``finish_task`` from repeating forever;
 2. **gating**: a call that cannot run is answered with its error; a call that needs approval is
-   answered "awaiting approval" and becomes part of a pending request (``approvals.py``);
+   answered "awaiting approval" and becomes part of a pending request (``approvals.py``); a
+   call of a terminal tool after the turn's first valid one is answered "skipped";
 3. **running** the rest through ``tools.scheduling`` (concurrently unless the agent says not
    to, through the journal, until steering interrupts or the run is stopped);
 4. **fair share**: the turn's outputs are cut to fit ``Limits.turn_max_output_chars``;
-5. **counters**: the consecutive-error count and the loop detector see the turn.
+5. **terminal tools**: when the turn's terminal call succeeded, its output becomes the run's
+   output and a ``terminal_tool`` request for REFLECT (it outranks calls left awaiting
+   approval in the same turn: the run ends, and they never run);
+6. **counters**: the consecutive-error count and the loop detector see the turn.
 
 Must not raise for anything a model or a tool does.
 """
@@ -34,7 +38,12 @@ from agent_fsm.run.approvals import (
 )
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import ControlKind, ControlRequest
-from agent_fsm.tools.results import error_result, fit_turn, skipped_result
+from agent_fsm.tools.results import (
+    error_result,
+    fit_turn,
+    merge_runtime_details,
+    skipped_result,
+)
 from agent_fsm.tools.scheduling import STOPPED, TurnCalls, run_until_stopped, tool_started, waves
 from agent_fsm.tools.tool import PreparedCall
 
@@ -103,6 +112,7 @@ async def answer_calls(
         result if result is not None else skipped_result(prepared[index].call, STOPPED)
         for index, result in enumerate(turn.results)
     ]
+    _end_on_terminal_tool(ctx, prepared, final)
     fit_turn(final, ctx.limits.turn_max_output_chars)
     _report(ctx, turn, prepared, final)
     _count(ctx, winner is not None, prepared, final)
@@ -153,15 +163,38 @@ def _gate(
     return the indices of the calls that run, and the calls that wait."""
     runnable: list[int] = []
     pending: list[PreparedCall] = []
+    terminal: PreparedCall | None = None
     for index, item in enumerate(prepared):
         if item.error is not None or item.tool is None:
             results[index] = error_result(item.call, item.error or "the call cannot run")
+        elif item.tool.terminal and terminal is not None:
+            reason = f"{terminal.call.name} is ending the run, so this call was not run."
+            results[index] = skipped_result(item.call, reason)
         elif needs_approval(item, approved):
             results[index] = awaiting_approval(item.call)
             pending.append(item)
         else:
             runnable.append(index)
+        if item.tool is not None and item.tool.terminal and item.error is None:
+            terminal = terminal or item
     return runnable, pending
+
+
+def _end_on_terminal_tool(
+    ctx: RunContext, prepared: Sequence[PreparedCall], final: list[ToolMessage]
+) -> None:
+    """A terminal tool's successful call ends the run: its output is the run's output, and its
+    result says so (``details["runtime"]["ends_run"]``), for people and for the invariants."""
+    for index, (item, result) in enumerate(zip(prepared, final, strict=True)):
+        if item.tool is not None and item.tool.terminal and result.status is ToolStatus.OK:
+            control = ControlRequest(
+                kind=ControlKind.TERMINAL_TOOL, text=result.content, tool_call_id=item.call.id
+            )
+            ctx.state.control = control
+            ctx.state.output = control.text
+            details = merge_runtime_details(result.details, {"ends_run": True})
+            final[index] = result.model_copy(update={"details": details})
+            return
 
 
 def _report(

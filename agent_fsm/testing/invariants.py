@@ -284,19 +284,27 @@ def _control_problem(result: RunResult) -> str | None:
     )
     if last is None:
         return None
-    answered = {
-        m.name
-        for m in messages[last + 1 :]
-        if isinstance(m, ToolMessage) and m.status is ToolStatus.OK
-    }
+    results = [
+        m for m in messages[last + 1 :] if isinstance(m, ToolMessage) and m.status is ToolStatus.OK
+    ]
+    answered = {m.name for m in results}
     expected = None
     if "ask_user" in answered:
         expected = StopReason.ASK_USER
     elif "finish_task" in answered:
         expected = StopReason.FINISH_TASK
+    elif any(_ends_run(m) for m in results):
+        expected = StopReason.TERMINAL_TOOL
     if expected is not None and result.stop_reason not in (expected, StopReason.ABORTED):
         return f"{expected.value} was called but the run stopped with {result.stop_reason.value}"
     return None
+
+
+def _ends_run(result: ToolMessage) -> bool:
+    """The result of a terminal tool's call that ended the run (the runtime marks it)."""
+    details = result.details
+    runtime = details.get("runtime") if isinstance(details, dict) else None
+    return isinstance(runtime, dict) and runtime.get("ends_run") is True
 
 
 def check_invariants(
@@ -315,7 +323,7 @@ def check_invariants(
     connected path from OBSERVE, ends where the run ended with the stop reason's row, and its
     turn counts never go back; every tool call is answered exactly once, in order; a
     control-flow tool that ran in the last turn stopped the run (ask_user before
-    finish_task); at most one last answer per activation, and only under
+    finish_task, before a terminal tool); at most one last answer per activation, and only under
     ``Limits.last_answer``; with ``events``, usage is the sum of the replies' usage, no model
     call but a last answer started once the token budget was spent, so it is overshot by at
     most the call in flight (and the last answer),

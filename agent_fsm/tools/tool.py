@@ -113,6 +113,11 @@ class Tool:
             "needs approval").
         arguments_model: converts validated JSON arguments into the function's Python types
             (``@tool`` derives it); None passes the JSON values as they are.
+        terminal: a successful call ends the run (DONE, stop reason ``terminal_tool``) with
+            the call's output as the run's output: a ``submit_answer`` that delivers the
+            result. Ranked after ``ask_user`` and ``finish_task`` and before approvals and
+            the limits; only the first valid call of a terminal tool in a reply runs (later
+            ones are skipped), and a failed one goes back to the model like any error.
 
     Raises:
         ConfigError: for an invalid name, schema or option, naming the tool.
@@ -132,6 +137,7 @@ class Tool:
     max_retries: int | None = None
     requires_approval: bool | ApprovalPredicate = False
     arguments_model: type[BaseModel] | None = field(default=None, repr=False)
+    terminal: bool = False
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
     fast_check: Callable[[dict[str, Any]], bool] | None = field(
         init=False, repr=False, compare=False
@@ -211,7 +217,7 @@ class Tool:
             )
         if not isinstance(self.requires_approval, bool) and not callable(self.requires_approval):
             problems.append("requires_approval must be a bool or a predicate over the arguments")
-        for flag in ("sequential", "idempotent"):
+        for flag in ("sequential", "idempotent", "terminal"):
             if not isinstance(getattr(self, flag), bool):
                 problems.append(f"{flag} must be a bool")
         if problems:
@@ -318,6 +324,7 @@ _TOOL_OPTIONS = frozenset(
         "retry_on",
         "max_retries",
         "requires_approval",
+        "terminal",
     }
 )
 
