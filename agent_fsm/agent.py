@@ -33,6 +33,7 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound
 from agent_fsm.messages import Message, ToolSpec
 from agent_fsm.models.base import Model, ReviewsToolSchemas
+from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import prepare_history
 from agent_fsm.run.resuming import Decisions, finished, reopen
@@ -97,6 +98,22 @@ def _context_policies(
             "Limits(context_window=...) or use a model that knows its own (context_window)"
         )
     return policies
+
+
+def _output_spec(
+    output_type: OutputType | None, mode: OutputMode, model: Model
+) -> OutputSpec | None:
+    """The agent's output spec; native mode needs a model that says it supports it."""
+    if output_type is None:
+        return None
+    spec = OutputSpec(output_type, mode=mode)
+    if mode == "native" and getattr(model, "supports_native_output", False) is not True:
+        raise ConfigError(
+            f"output_mode='native' needs a model that constrains its reply to a JSON Schema "
+            f"(supports_native_output); {type(model).__name__} does not say it does: use "
+            "output_mode='tool'"
+        )
+    return spec
 
 
 def _review_tool_schemas(model: Model, tools: Sequence[ToolSpec]) -> None:
@@ -176,6 +193,15 @@ class Agent:
     """The user message that asks for the last answer when a limit ends a run under
     ``Limits.last_answer``; ``{reason}`` in it becomes why the run is ending. None: the
     default (``agent_fsm.run.answering.LAST_ANSWER_PROMPT``)."""
+    output_type: OutputType | None = None
+    """What the final answer must be: a pydantic model class or the JSON Schema of an object.
+    The run's ``RunResult.value`` is then the validated value; an answer that does not
+    validate goes back to the model (``Limits.output_retries`` times at most)."""
+    output_mode: OutputMode = "tool"
+    """How the model gives typed output: ``"tool"`` (a terminal ``final_result`` tool whose
+    arguments are the output; works with every model) or ``"native"`` (the schema is sent
+    with each request and the reply's text validated; for models with
+    ``supports_native_output``)."""
     _config: RunConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -215,7 +241,11 @@ class Agent:
         _set(self, "tools", tools)
         _set(self, "control_tools", tuple(self.control_tools))
         _set(self, "handlers", tuple(checked_handler(handler) for handler in self.handlers))
-        registry = ToolRegistry([*tools, *(_CONTROL_TOOLS[name] for name in self.control_tools)])
+        output = _output_spec(self.output_type, self.output_mode, model)
+        offered = [*tools, *(_CONTROL_TOOLS[name] for name in self.control_tools)]
+        if output is not None and output.mode == "tool":
+            offered.append(output.tool())
+        registry = ToolRegistry(offered)
         _review_tool_schemas(model, registry.specs)
         config = RunConfig(
             model=model,
@@ -226,6 +256,7 @@ class Agent:
             count_tokens=count_tokens,
             context_policies=policies,
             reflector=self.reflector,
+            output=output,
             last_answer_prompt=prompt,
             parallel_tool_calls=self.parallel_tool_calls,
             clock=self.clock,
@@ -262,6 +293,12 @@ class Agent:
     def registry(self) -> ToolRegistry:
         """The tools offered to the model, control tools included, validated."""
         return self._config.tools
+
+    @property
+    def output_tool_name(self) -> str | None:
+        """The tool that delivers the typed output (tool mode), or None."""
+        output = self._config.output
+        return output.tool_name if output is not None and output.mode == "tool" else None
 
     @property
     def machine(self) -> AgentMachine:

@@ -53,6 +53,10 @@ class Limits(BaseModel):
     max_consecutive_errors: int = Field(default=3, ge=1)
     """Turns whose tool calls all failed, in a row, before the run stops. A successful tool
     call resets the count. (Failed model calls have their own bound: ``model_retries``.)"""
+    output_retries: int = Field(default=3, ge=0)
+    """Final answers that did not validate against ``Agent(output_type=...)``, sent back to the
+    model with the errors, before the run stops in ERROR ``invalid_output``. Each correction
+    is a model call, counted as a turn."""
     timeout_s: float = Field(default=600.0, gt=0)
     """Wall-clock seconds a run may take, checked at every REFLECT."""
     tool_timeout_s: float = Field(default=60.0, gt=0)

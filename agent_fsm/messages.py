@@ -26,6 +26,7 @@ __all__ = [
     "Message",
     "ModelRequest",
     "ModelResponse",
+    "OutputFormat",
     "ReplyDelta",
     "SystemMessage",
     "ToolCall",
@@ -251,6 +252,17 @@ class ReplyDelta:
     arguments: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """The JSON Schema a reply's text must match, for models that constrain their output
+    natively (``Agent(output_type=..., output_mode="native")``)."""
+
+    name: str
+    """A name for the schema (some providers require one)."""
+    schema: dict[str, Any]
+    """The JSON Schema of the reply (an object); adapters send a copy, adapted as needed."""
+
+
 @quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRequest:
@@ -271,6 +283,8 @@ class ModelRequest:
     on_delta: Callable[[ReplyDelta], None] | None = None
     """Where a streaming model reports fragments as they arrive; None when nobody listens.
     Must not raise into the model; the assembled ModelResponse is still returned at the end."""
+    output: OutputFormat | None = None
+    """The schema the reply's text must match (native typed output); None for free text."""
 
 
 def clean_text(text: str) -> str:

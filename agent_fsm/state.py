@@ -180,7 +180,7 @@ class RunState:
     )
     """The transcript, append-only (``RunContext.append``; the stores refill it on load)."""
     pending_input: list[str] = _declared(
-        L.RUN, "run.observing run.engine run.resuming run.acting", factory=list
+        L.RUN, "run.observing run.engine run.resuming run.acting run.thinking", factory=list
     )
     """User messages (the input, steering, answers, approval outcomes) not yet observed; all
     are taken at the next OBSERVE."""
@@ -202,6 +202,9 @@ class RunState:
     """The last model call wrote the summary a policy asked for."""
     context_problem: str | None = _declared(L.STOP, "run.compacting", None)
     """Why the last compaction left the prompt too big (a policy failed or found nothing)."""
+    output_failures: int = _declared(L.RUN, "run.thinking run.acting", 0)
+    """Final answers that did not validate against the agent's output type, over the run
+    (``Limits.output_retries`` bounds them)."""
     consecutive_errors: int = _declared(L.STOP, "run.context", 0)
     """All-failed tool turns in a row (``RunContext.count_failure``)."""
     last_finish_reason: FinishReason | None = _declared(L.STOP, "run.thinking", None)
@@ -366,6 +369,9 @@ class RunResult(BaseModel):
     last_answers: int = 0
     """Last answers asked for when a limit ended the run (``Limits.last_answer``): model
     calls that are neither turns nor retries (``turns + retries + last_answers`` in all)."""
+    value: Any = None
+    """The typed output (``Agent(output_type=...)``): an instance of the pydantic model, or
+    the JSON value of the schema, validated; None when the run did not end with one."""
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """A summary, not the whole transcript: a result is repr'd by debuggers, logs and

@@ -91,6 +91,9 @@ class StopReason(StrEnum):
     REFUSED = "refused"
     """The model declined the request; its refusal is the last message."""
     CONSECUTIVE_ERRORS = "consecutive_errors"
+    INVALID_OUTPUT = "invalid_output"
+    """The final answer failed to validate against the output type more often than
+    ``Limits.output_retries`` allows."""
     TOKEN_BUDGET = "token_budget"
     CONTEXT_WINDOW = "context_window"
     """The prompt cannot be made to fit the model's context window (stopped before the call)."""
@@ -300,6 +303,7 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("terminal_tool_succeeded",), R.TERMINAL_TOOL),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("approval_pending",), R.APPROVAL_REQUIRED),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("too_many_errors",), R.CONSECUTIVE_ERRORS),
+    Row(T.REFLECTED, S.REFLECT, S.ERROR, ("output_retries_exhausted",), R.INVALID_OUTPUT),
     _last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
     _last_answer_before(T.REFLECTED, S.REFLECT, "no_turns_left"),

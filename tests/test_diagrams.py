@@ -76,16 +76,17 @@ stateDiagram-v2
     REFLECT --> DONE : reflected #4 [terminal_tool_succeeded] terminal_tool
     REFLECT --> DONE : reflected #5 [approval_pending] approval_required
     REFLECT --> ERROR : reflected #6 [too_many_errors] consecutive_errors
-    REFLECT --> LAST_ANSWER : reflected #7 [last_answer_wanted ∧ budget_exhausted] last_answer
-    REFLECT --> ERROR : reflected #8 [budget_exhausted] token_budget
-    REFLECT --> LAST_ANSWER : reflected #9 [last_answer_wanted ∧ no_turns_left] last_answer
-    REFLECT --> ERROR : reflected #10 [no_turns_left] max_turns
-    REFLECT --> LAST_ANSWER : reflected #11 [last_answer_wanted ∧ time_is_up] last_answer
-    REFLECT --> ERROR : reflected #12 [time_is_up] timeout
-    REFLECT --> LAST_ANSWER : reflected #13 [last_answer_wanted ∧ is_looping] last_answer
-    REFLECT --> ERROR : reflected #14 [is_looping] loop_detected
-    REFLECT --> DONE : reflected #15 [reflector_says_done] reflector_done
-    REFLECT --> OBSERVE : reflected #16 [else] continue
+    REFLECT --> ERROR : reflected #7 [output_retries_exhausted] invalid_output
+    REFLECT --> LAST_ANSWER : reflected #8 [last_answer_wanted ∧ budget_exhausted] last_answer
+    REFLECT --> ERROR : reflected #9 [budget_exhausted] token_budget
+    REFLECT --> LAST_ANSWER : reflected #10 [last_answer_wanted ∧ no_turns_left] last_answer
+    REFLECT --> ERROR : reflected #11 [no_turns_left] max_turns
+    REFLECT --> LAST_ANSWER : reflected #12 [last_answer_wanted ∧ time_is_up] last_answer
+    REFLECT --> ERROR : reflected #13 [time_is_up] timeout
+    REFLECT --> LAST_ANSWER : reflected #14 [last_answer_wanted ∧ is_looping] last_answer
+    REFLECT --> ERROR : reflected #15 [is_looping] loop_detected
+    REFLECT --> DONE : reflected #16 [reflector_says_done] reflector_done
+    REFLECT --> OBSERVE : reflected #17 [else] continue
     LAST_ANSWER --> ERROR : last_answered #1 [closing_on_token_budget] token_budget
     LAST_ANSWER --> ERROR : last_answered #2 [closing_on_max_turns] max_turns
     LAST_ANSWER --> ERROR : last_answered #3 [closing_on_timeout] timeout
@@ -136,7 +137,7 @@ def test_every_row_is_one_edge_with_priority_and_guards() -> None:
     dot = render(TABLE, "dot")
     edges = [line for line in dot.splitlines() if " -> " in line and "__start" not in line]
     assert len(edges) == len(TABLE)
-    assert 'REFLECT -> OBSERVE [label="reflected #16 [else] continue"];' in dot
+    assert 'REFLECT -> OBSERVE [label="reflected #17 [else] continue"];' in dot
     assert "DONE [shape=doublecircle];" in dot
     assert "ERROR [shape=doublecircle];" in dot
 
@@ -167,7 +168,7 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    OBSERVE --> THINK : observed #7 [else] think ×3\n" in mermaid
     assert "    THINK --> ACT : thought #13 [reply_has_tool_calls] act ×2\n" in mermaid
-    assert "    REFLECT --> OBSERVE : reflected #16 [else] continue ×2\n" in mermaid
+    assert "    REFLECT --> OBSERVE : reflected #17 [else] continue ×2\n" in mermaid
     assert "    THINK --> DONE : thought #16 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
     assert "    THINK --> DONE : thought #15 [reply_was_truncated] max_tokens\n" in mermaid
@@ -205,7 +206,7 @@ def test_overlay_of_a_failed_run_marks_error() -> None:
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    class ERROR stopped_error\n" in mermaid
     assert "note right of ERROR : stopped﹕ max_turns, 2 turns" in mermaid
-    assert "    REFLECT --> ERROR : reflected #10 [no_turns_left] max_turns ×1\n" in mermaid
+    assert "    REFLECT --> ERROR : reflected #11 [no_turns_left] max_turns ×1\n" in mermaid
     assert "class DONE" not in mermaid
     assert 'ERROR [style="rounded,filled", fillcolor="#fee2e2"' in render(TABLE, "dot", run=result)
 

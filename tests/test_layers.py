@@ -44,6 +44,7 @@ LAYERS = [
     "tools.execution",
     "tools.scheduling",
     "tools",
+    "output",
     # models/: the Model protocol and its adapters
     "models.base",
     "models.common",

@@ -34,6 +34,7 @@ def test_reflect_priority_order_is_pinned() -> None:
         (("terminal_tool_succeeded",), "terminal_tool"),
         (("approval_pending",), "approval_required"),
         (("too_many_errors",), "consecutive_errors"),
+        (("output_retries_exhausted",), "invalid_output"),
         (("last_answer_wanted", "budget_exhausted"), "last_answer"),
         (("budget_exhausted",), "token_budget"),
         (("last_answer_wanted", "no_turns_left"), "last_answer"),

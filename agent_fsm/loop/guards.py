@@ -128,6 +128,11 @@ def terminal_tool_succeeded(state: RunState, limits: Limits) -> bool:
     return state.control is not None and state.control.kind is ControlKind.TERMINAL_TOOL
 
 
+def output_retries_exhausted(state: RunState, limits: Limits) -> bool:
+    """The final answer failed to validate more often than ``output_retries`` allows."""
+    return state.output_failures > limits.output_retries
+
+
 def approval_pending(state: RunState, limits: Limits) -> bool:
     """A tool call in this turn waits for a person's approval."""
     return state.control is not None and state.control.kind is ControlKind.APPROVAL
@@ -230,6 +235,7 @@ GUARDS: dict[str, Guard] = {
         model_call_failed,
         model_error_is_permanent,
         too_many_errors,
+        output_retries_exhausted,
         no_turns_left,
         no_retries_left,
         reply_was_filtered,

@@ -31,6 +31,7 @@ from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
 from agent_fsm.models.common import DeltaReporter, parse_retry_after, scrub_secrets
 from agent_fsm.models.openai_convert import (
     ReplyAssembler,
+    response_format,
     to_openai_messages,
     to_openai_tools,
 )
@@ -205,6 +206,9 @@ class OpenAIChatModel:
             assembler = ReplyAssembler(
                 fallback_id_prefix=f"{request.run_id}_{request.turn}",
                 strict_schemas=self._wire_tools(request.tools)[1] if request.tools else None,
+                output_schema=request.output.schema
+                if request.output is not None and self._strict
+                else None,
             )
             attempt = _Attempt(client, self._settings.get("timeout"))
             if self._stream:
@@ -251,10 +255,16 @@ class OpenAIChatModel:
             self._own_loop = loop
         return self._own_client
 
+    supports_native_output = True
+    """Typed output can travel as ``response_format`` (a JSON Schema), for servers that
+    support structured outputs (OpenAI, vLLM, llama.cpp)."""
+
     def _request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self._settings)
         kwargs["model"] = self._model
         kwargs["messages"] = to_openai_messages(request.messages)
+        if request.output is not None:
+            kwargs["response_format"] = response_format(request.output, strict=self._strict)
         if request.tools:
             kwargs["tools"] = self._wire_tools(request.tools)[0]
         else:

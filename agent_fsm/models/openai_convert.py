@@ -12,6 +12,7 @@ the non-streaming path simply feeds it the whole message as a single fragment.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from agent_fsm.messages import (
     FinishReason,
     Message,
     ModelResponse,
+    OutputFormat,
     ReplyDelta,
     SystemMessage,
     ToolCall,
@@ -34,6 +36,7 @@ from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
 
 __all__ = [
     "ReplyAssembler",
+    "response_format",
     "finish_reason_from",
     "response_from_completion",
     "to_openai_messages",
@@ -112,6 +115,23 @@ def to_openai_tools(tools: Iterable[ToolSpec], *, strict: bool = False) -> list[
             function["strict"] = True
         out.append({"type": "function", "function": function})
     return out
+
+
+def response_format(output: OutputFormat, *, strict: bool = False) -> dict[str, Any]:
+    """The ``response_format`` that asks for a reply matching ``output``'s JSON Schema.
+
+    With ``strict=True`` the schema is adapted as tools are (``strict_schema``) when strict
+    mode can express it; otherwise it is sent as it is, which servers take as guidance.
+    """
+    adapted = strict_schema(output.schema) if strict else None
+    name = re.sub(r"[^a-zA-Z0-9_-]", "_", output.name)[:64] or "output"
+    json_schema: dict[str, Any] = {"name": name}
+    if adapted is None:
+        json_schema["schema"] = copy.deepcopy(output.schema)
+    else:
+        json_schema["schema"] = adapted
+        json_schema["strict"] = True
+    return {"type": "json_schema", "json_schema": json_schema}
 
 
 # --------------------------------------------------------------------------- replies
@@ -202,9 +222,11 @@ class ReplyAssembler:
         *,
         fallback_id_prefix: str,
         strict_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
     ) -> None:
         self._fallback_prefix = fallback_id_prefix
         self._strict_schemas: Mapping[str, Mapping[str, Any]] = strict_schemas or {}
+        self._output_schema = output_schema
         self._id_prefix: str | None = None
         self._completion_id: str | None = None
         self._model: str | None = None
@@ -281,6 +303,9 @@ class ReplyAssembler:
         # A refusal is the model's own explanation; show it rather than an empty reply, and
         # say so in the finish reason (the API reports "stop" for it).
         content = "".join(self._text) or "".join(self._refusal)
+        if self._output_schema is not None and self._text:
+            # the typed output was sent strict: take out the nulls strict mode added
+            content = without_strict_nulls(content, self._output_schema)
         finish = finish_reason_from(self._finish_reason)
         if self._refusal and not calls and finish is FinishReason.STOP:
             finish = FinishReason.REFUSAL

@@ -185,7 +185,10 @@ def _end_on_terminal_tool(
 ) -> None:
     """A terminal tool's successful call ends the run: its output is the run's output, and its
     result says so (``details["runtime"]["ends_run"]``), for people and for the invariants."""
+    output = ctx.config.output
     for index, (item, result) in enumerate(zip(prepared, final, strict=True)):
+        if output is not None and item.call.name == output.tool_name and result.is_error:
+            ctx.state.output_failures += 1
         if item.tool is not None and item.tool.terminal and result.status is ToolStatus.OK:
             control = ControlRequest(
                 kind=ControlKind.TERMINAL_TOOL, text=result.content, tool_call_id=item.call.id

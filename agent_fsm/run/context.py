@@ -25,6 +25,7 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import Message
 from agent_fsm.models.base import Model
+from agent_fsm.output import OutputSpec
 from agent_fsm.prompt import ContextEdits, prompt_messages
 from agent_fsm.state import RunState
 from agent_fsm.table import StopReason
@@ -90,6 +91,8 @@ class RunConfig:
     context_policies: tuple[ContextPolicy, ...] = ()
     """Shrink a prompt that does not fit the context window, in order (COMPACT)."""
     reflector: Reflector | None = None
+    output: OutputSpec | None = None
+    """What the final answer must be (``Agent(output_type=...)``); None for free text."""
     last_answer_prompt: str | None = None
     """Asks for the last answer when a limit ends the run (``Limits.last_answer``);
     ``{reason}`` in it becomes why. None: ``run.answering.LAST_ANSWER_PROMPT``."""

@@ -34,6 +34,7 @@ from agent_fsm.events import (
 from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage, clean_text
+from agent_fsm.output import typed_result
 from agent_fsm.run.acting import act
 from agent_fsm.run.answering import answer
 from agent_fsm.run.compacting import compact
@@ -395,6 +396,8 @@ class Run:
             self._deadline.cancel()
             self._deadline = None
         result = RunResult.from_state(state, config.machine.rows, self._entries)
+        if config.output is not None:
+            result = typed_result(result, config.output)
         self._result = result
         self._checkpoint_final(result.stop_reason)
         self._ctx.log.info(

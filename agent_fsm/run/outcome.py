@@ -73,6 +73,10 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
         StopReason.MODEL_ERROR: _model_error(state, limits),
         StopReason.CONTENT_FILTER: "the provider's content filter withheld the reply",
         StopReason.REFUSED: "the model declined the request",
+        StopReason.INVALID_OUTPUT: (
+            f"the final answer did not validate {state.output_failures} times "
+            f"(output_retries={limits.output_retries})"
+        ),
         StopReason.CONSECUTIVE_ERRORS: (
             f"{state.consecutive_errors} consecutive errors (limit {limits.max_consecutive_errors})"
         ),

@@ -26,6 +26,7 @@ from agent_fsm.messages import (
     clean_message,
 )
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.output import OutputInvalid
 from agent_fsm.prompt import prompt_messages
 from agent_fsm.run.compacting import summary_messages, take_summary
 from agent_fsm.run.context import RunContext
@@ -119,6 +120,27 @@ async def think(ctx: RunContext) -> None:
     _take_reply(ctx, response, estimate)
 
 
+def _hold_to_output_type(ctx: RunContext, text: str, finish: FinishReason) -> None:
+    """A text reply that would end a run with an output type: in tool mode it gave no result
+    at all, in native mode its text must validate. One that fails goes back to the model as a
+    correction (queued input: the ``input_waiting`` row takes the run round again, a turn
+    like any other) and counts against ``Limits.output_retries``."""
+    output = ctx.config.output
+    assert output is not None
+    if finish is not FinishReason.STOP:
+        return  # truncated, filtered or refused: the rows for those decide
+    problem: str | None = None
+    if output.mode == "native":
+        try:
+            output.parse(text)
+        except OutputInvalid as exc:
+            problem = str(exc)
+        else:
+            return
+    ctx.state.output_failures += 1
+    ctx.state.pending_input.append(output.correction(problem))
+
+
 def _estimate_prompt(ctx: RunContext) -> int:
     """The engine's own estimate of the prompt about to be sent (uncalibrated): what the
     server's report of the call is compared with."""
@@ -201,13 +223,16 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None, estimate: 
             """Streamed fragments of the reply in flight (its turn is the current one)."""
             ctx.bus.emit(MessageUpdated(run_id=state.run_id, turn=state.turns, delta=delta))
 
+    output = config.output
     request = _model_request(
         messages=messages,
         tools=config.tools.specs if tools is None else tools,
         run_id=state.run_id,
         turn=state.turns,
         on_delta=on_delta,
-    )
+        output=output.format if output is not None and output.mode == "native" and due is None
+        else None,
+    )  # fmt: skip
     return await model.request(request)
 
 
@@ -308,6 +333,8 @@ def _take_reply(ctx: RunContext, response: object, estimate: int) -> None:
     else:
         state.output = message.content
     ctx.append(message)
+    if ctx.config.output is not None and not message.tool_calls:
+        _hold_to_output_type(ctx, message.content, response.finish_reason)
     state.last_finish_reason = response.finish_reason
     state.last_tool_calls = len(message.tool_calls)
     record_reply_text(

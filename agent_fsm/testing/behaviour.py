@@ -186,9 +186,11 @@ def tool_double(tool: Tool, outcomes: Sequence[ToolOutcome]) -> Tool:
 
 
 def user_tools(agent: Agent) -> list[Tool]:
-    """The agent's own tools, in order, without the built-in control-flow tools."""
+    """The agent's own tools, in order, without the built-in control-flow tools and the
+    output tool (``Agent(output_type=...)`` adds it, whatever ``tools`` says)."""
+    output = agent.output_tool_name
     found = (agent.registry.get(spec.name) for spec in agent.registry.specs)
-    return [t for t in found if t is not None and t.control is None]
+    return [t for t in found if t is not None and t.control is None and t.name != output]
 
 
 def with_tool_doubles(agent: Agent, doubles: Mapping[str, Sequence[ToolOutcome]]) -> Agent:

@@ -151,6 +151,8 @@ class _StageModel:
     """The model of the staged agent: delegates to the BehaviourModel cast for the request's
     run, or to the current case's."""
 
+    supports_native_output = True  # it plays generated replies: valid output or not
+
     def __init__(self) -> None:
         self.current = BehaviourModel(Behaviour(steps=(), cycle=False))
         self.by_run: dict[str, BehaviourModel] = {}

@@ -77,6 +77,10 @@ class ScriptedModel:
     ``ScriptExhaustedError`` naming the request, which ends the run in ERROR model_error.
     """
 
+    supports_native_output = True
+    """It replies whatever it was given, so it can stand in for a model that constrains its
+    text to ``ModelRequest.output`` (``Agent(output_mode="native")``)."""
+
     def __init__(self, script: Iterable[ScriptItem], *, name: str = "scripted") -> None:
         self._script: list[ScriptItem] = list(script)
         self._name = name
@@ -124,6 +128,9 @@ class FunctionModel:
 
     ``fn`` may return a ModelResponse or plain text, and may raise to simulate failures.
     """
+
+    supports_native_output = True
+    """Its function sees ``ModelRequest.output`` and can honour it."""
 
     def __init__(self, fn: ReplyFunction, *, name: str = "function") -> None:
         self._fn = fn
