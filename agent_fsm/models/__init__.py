@@ -1,23 +1,41 @@
 """Models: the protocol and its adapters.
 
-``OpenAIChatModel`` is imported lazily, so ``openai`` is loaded only by programs that use it.
+The adapters are imported lazily, so each SDK is loaded only by programs that use it (and the
+optional ones, ``anthropic`` and ``google-genai``, need not be installed at all).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from agent_fsm.models.base import Model, ModelCallError
 
 if TYPE_CHECKING:
+    from agent_fsm.models.anthropic_messages import AnthropicModel
+    from agent_fsm.models.gemini import GeminiModel
     from agent_fsm.models.openai_chat import OpenAIChatModel
+    from agent_fsm.models.openai_responses import OpenAIResponsesModel
 
-__all__ = ["Model", "ModelCallError", "OpenAIChatModel"]
+__all__ = [
+    "AnthropicModel",
+    "GeminiModel",
+    "Model",
+    "ModelCallError",
+    "OpenAIChatModel",
+    "OpenAIResponsesModel",
+]
+
+_ADAPTERS = {
+    "AnthropicModel": "agent_fsm.models.anthropic_messages",
+    "GeminiModel": "agent_fsm.models.gemini",
+    "OpenAIChatModel": "agent_fsm.models.openai_chat",
+    "OpenAIResponsesModel": "agent_fsm.models.openai_responses",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "OpenAIChatModel":
-        from agent_fsm.models.openai_chat import OpenAIChatModel
-
-        return OpenAIChatModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _ADAPTERS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

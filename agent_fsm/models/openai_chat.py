@@ -33,6 +33,7 @@ from agent_fsm.models.openai_convert import (
     ReplyAssembler,
     response_format,
     to_openai_messages,
+    to_openai_tool_choice,
     to_openai_tools,
 )
 from agent_fsm.models.openai_schema import strict_obstacle
@@ -267,6 +268,8 @@ class OpenAIChatModel:
             kwargs["response_format"] = response_format(request.output, strict=self._strict)
         if request.tools:
             kwargs["tools"] = self._wire_tools(request.tools)[0]
+            if request.tool_choice is not None:  # the request's own choice wins over settings
+                kwargs["tool_choice"] = to_openai_tool_choice(request.tool_choice)
         else:
             for key in _TOOL_SETTINGS:
                 kwargs.pop(key, None)

@@ -40,6 +40,7 @@ __all__ = [
     "finish_reason_from",
     "response_from_completion",
     "to_openai_messages",
+    "to_openai_tool_choice",
     "to_openai_tools",
     "usage_from",
 ]
@@ -94,6 +95,14 @@ def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
         else:
             raise TypeError(f"not a transcript message: {type(message).__name__}")
     return out
+
+
+def to_openai_tool_choice(choice: str) -> str | dict[str, Any]:
+    """``ModelRequest.tool_choice`` as Chat Completions takes it: a mode as it is, a tool's
+    name as ``{"type": "function", "function": {"name": ...}}``."""
+    if choice in ("auto", "required", "none"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
 
 
 def to_openai_tools(tools: Iterable[ToolSpec], *, strict: bool = False) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """The kit protocol, a fake HTTP server for the SDKs' own clients, and ``OverTheWire``.
 
 Every SDK here is built on httpx (openai before 3.x) or its successor httpx2 (openai 3.x,
-anthropic 2.x, google-genai 3.x); ``http`` is whichever the environment has, and a kit hands
-its SDK an ``http.AsyncClient`` whose ``MockTransport`` is a ``FakeServer``.
+anthropic 2.x, google-genai 3.x); ``http`` is the one the installed openai SDK uses (the
+SDKs of one environment move together), and a kit hands its SDK an ``http.AsyncClient`` whose
+``MockTransport`` is a ``FakeServer``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,17 @@ from typing import Any, Protocol
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.models.base import Model, ModelCallError
 
-try:
-    import httpx2 as http
-except ImportError:  # pragma: no cover - SDK versions built on httpx (the lowest floors)
-    import httpx as http  # type: ignore[no-redef]
+
+def _sdk_http() -> Any:
+    """The HTTP library the installed ``openai`` SDK is built on (its ``_base_client`` imports
+    exactly one): httpx2 from openai 3.x, httpx before. Both may be installed at once (the
+    lowest-versions job), so what is importable does not say which one the SDKs take."""
+    from openai import _base_client
+
+    return getattr(_base_client, "httpx2", None) or _base_client.httpx
+
+
+http = _sdk_http()
 
 __all__ = ["FAKE_KEY", "FakeServer", "OverTheWire", "WireKit", "http", "sse_body"]
 

@@ -1,0 +1,512 @@
+"""The Google Gemini adapter: the only module in agent_fsm that imports ``google.genai``.
+
+It speaks the Gemini Developer API (an API key; ``base_url`` for a proxy or a test server)
+through the ``google-genai`` SDK. The wire conversion lives in ``gemini_convert`` and the tool
+schema rewriting in ``gemini_schema``; this module owns the SDK client, the request,
+streaming, thought signatures across turns and the mapping of failures to ``ModelCallError``.
+
+Retrying is the engine's job (its THINK → THINK row, bounded by the consecutive-error guard,
+with backoff honouring ``retry_after_s``), so every request carries
+``HttpRetryOptions(attempts=1)``, on a client built here and on a given one alike: retries
+hidden in here would be invisible to the budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import functools
+import re
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType, TracebackType
+from typing import Any, Self
+
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
+from pydantic import ValidationError
+
+from agent_fsm.errors import ConfigError
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
+from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
+from agent_fsm.models.common import DeltaReporter, parse_retry_after, scrub_secrets
+from agent_fsm.models.gemini_convert import (
+    ReplyAssembler,
+    needs_signatures,
+    to_gemini_contents,
+    to_gemini_tools,
+)
+from agent_fsm.models.gemini_schema import gemini_schema
+
+__all__ = ["GeminiModel"]
+
+PROVIDER = "gemini"
+# Config fields the adapter sets itself; a setting may not override them.
+_RESERVED = frozenset({"system_instruction", "tools", "http_options", "automatic_function_calling"})
+_TOOL_SETTINGS = ("tool_config",)  # only meaningful when tools are sent
+_NO_RETRIES: dict[str, Any] = {"attempts": 1}
+
+
+@functools.cache
+def _config_fields() -> frozenset[str]:
+    """Names ``GenerateContentConfig`` accepts: the settings a request can carry."""
+    return frozenset(genai_types.GenerateContentConfig.model_fields)
+
+
+class GeminiModel:
+    """A Model backed by Gemini's ``generateContent`` (``streamGenerateContent`` with
+    ``stream=True``) on the Gemini Developer API.
+
+    The SDK client is built on first use from ``api_key`` and ``base_url`` (None: the SDK
+    reads ``GEMINI_API_KEY``/``GOOGLE_API_KEY``), always for the Developer API, never Vertex.
+    A client built here belongs to the event loop of its first request; a request from another
+    loop gets a fresh one. Release it with ``await model.aclose()`` or ``async with model:``.
+
+    Gemini 2.5+ thinking models attach a ``thoughtSignature`` to function calls, which must go
+    back with the call on later turns (Gemini 3 refuses the history otherwise). They travel in
+    the reply's ``provider_data["gemini"]``, so checkpoints and resumes keep them; a call
+    without one (another provider's reply, a scripted one) is sent with Google's documented
+    stand-in, which skips the check, except to Gemini 1.x/2.x, which never check.
+
+    Failures are raised as ``ModelCallError``: transient for 408/409/429 (with the server's
+    ``Retry-After`` or ``google.rpc.RetryInfo`` delay) and 5xx, timeouts, dropped connections,
+    malformed replies, cut streams and the finish reasons that leave no usable reply;
+    permanent for the other 4xx (bad request, permission, not found). The API key never
+    appears in an error, a repr or a log line.
+
+    Args:
+        model: the model name, e.g. ``"gemini-2.5-flash"``.
+        base_url: the API root, e.g. ``"https://generativelanguage.googleapis.com"``.
+        api_key: the key; default: the SDK's environment variables.
+        client: a ready ``google.genai.Client`` to use instead (then ``base_url`` and
+            ``api_key`` must be None); every request turns its retries off, and it is never
+            closed by this adapter.
+        stream: stream replies, reporting fragments to ``ModelRequest.on_delta``. The result
+            is the same ModelResponse either way.
+        temperature: sampling temperature; None leaves it to the server.
+        max_tokens: cap on the reply's tokens (``max_output_tokens``, thinking included).
+        timeout: seconds allowed for one request; None keeps the SDK's default.
+        context_window: the model's context window in tokens, for ``Agent`` to keep every
+            prompt inside; None when unknown.
+        **settings: any other ``GenerateContentConfig`` field (``top_p``, ``thinking_config``,
+            ``safety_settings``, ``tool_config``, ...), sent with every request.
+
+    Raises:
+        ConfigError: for an empty model name, ``client`` combined with ``base_url`` or
+            ``api_key``, a non-positive timeout, or a setting the config does not accept.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: genai.Client | None = None,
+        stream: bool = False,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        context_window: int | None = None,
+        **settings: Any,
+    ) -> None:
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError("GeminiModel needs a model name, e.g. 'gemini-2.5-flash'")
+        if client is not None and (base_url is not None or api_key is not None):
+            raise ConfigError("pass either client= or base_url=/api_key=, not both")
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if context_window is not None and (
+            isinstance(context_window, bool)
+            or not isinstance(context_window, int)
+            or context_window < 1
+        ):
+            raise ConfigError(f"context_window must be a positive int, got {context_window!r}")
+        for key, value in (("temperature", temperature), ("max_output_tokens", max_tokens)):
+            if value is not None:
+                settings[key] = value
+        _check_settings(settings)
+        self.context_window = context_window
+        """The model's context window in tokens, which ``Agent`` takes when its ``Limits``
+        name none."""
+        self._model = model
+        self._base_url = base_url
+        self._api_key = api_key
+        self._stream = stream
+        self._timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
+        self._settings: Mapping[str, Any] = MappingProxyType(dict(settings))
+        self._given_client = client
+        self._own_client: genai.Client | None = None
+        self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._tools_cache: tuple[tuple[ToolSpec, ...], list[dict[str, Any]]] | None = None
+
+    @property
+    def name(self) -> str:
+        """The model name, as sent to the server."""
+        return self._model
+
+    def __repr__(self) -> str:
+        parts = [repr(self._model)]
+        if self._base_url is not None:
+            parts.append(f"base_url={_redact_url(self._base_url)!r}")
+        parts.append(f"stream={self._stream}")
+        if self._settings:
+            parts.append(f"settings={sorted(self._settings)}")  # names only: values may be secret
+        return f"GeminiModel({', '.join(parts)})"
+
+    def tool_schema_issues(self, tools: Sequence[ToolSpec]) -> list[ToolSchemaIssue]:
+        """What each tool's schema loses on its way to Gemini (see ``gemini_schema``), and
+        the tools that cannot be sent at all: a fatal schema, a name Gemini refuses, or a
+        converted declaration the installed SDK does not accept."""
+        issues: list[ToolSchemaIssue] = []
+        for spec in tools:
+            converted = gemini_schema(spec.parameters)
+            for problem in converted.problems:
+                issues.append(
+                    ToolSchemaIssue(
+                        tool=spec.name,
+                        keyword=problem.keyword,
+                        provider=PROVIDER,
+                        detail=problem.detail,
+                        fatal=problem.fatal,
+                    )
+                )
+            if converted.fatal:
+                continue
+            refused = _sdk_refusal(spec, converted.parameters)
+            if refused is not None:
+                issues.append(ToolSchemaIssue(spec.name, refused[0], PROVIDER, refused[1], True))
+        return issues
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Send one request and convert the reply.
+
+        Raises:
+            ModelCallError: for every failure of the server, the network or the reply,
+                raised with no chained cause (the SDK's exceptions can carry the key).
+        """
+        failure: ModelCallError
+        try:
+            client = self._client()
+        except Exception as err:  # no key given and none in the environment, bad options
+            message = self._scrub(f"cannot build the Gemini client: {err}")
+            failure = ModelCallError(message, transient=False)
+        else:
+            config = self._config(request)
+            contents = to_gemini_contents(
+                request.messages,
+                run_id=request.run_id,
+                stand_in_signature=needs_signatures(self._model),
+            )
+            assembler = ReplyAssembler(fallback_id_prefix=f"{request.run_id}_{request.turn}")
+            attempt = _Attempt(self._url(client), self._timeout_ms)
+            if contents.system_instruction is not None:
+                config["system_instruction"] = contents.system_instruction
+            call = {"model": self._model, "contents": contents.contents, "config": config}
+            if self._stream:
+                outcome = await self._streamed(client, call, request, assembler, attempt)
+            else:
+                outcome = await self._whole(client, call, assembler, attempt)
+            if isinstance(outcome, ModelResponse):
+                return outcome
+            failure = outcome
+        raise failure  # outside the except blocks, so no __context__ links to the SDK error
+
+    async def aclose(self) -> None:
+        """Close the client this adapter built, if any; a given ``client`` is left open.
+
+        The adapter stays usable: the next request builds a new client.
+        """
+        client, self._own_client, self._own_loop = self._own_client, None, None
+        if client is not None:
+            await client.aio.aclose()
+            client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- internals
+
+    def _client(self) -> genai.Client:
+        if self._given_client is not None:
+            return self._given_client
+        loop = asyncio.get_running_loop()
+        if self._own_client is None or self._own_loop is not loop:
+            options = genai_types.HttpOptions(
+                base_url=self._base_url,
+                retry_options=genai_types.HttpRetryOptions(**_NO_RETRIES),
+            )
+            self._own_client = genai.Client(
+                vertexai=False, api_key=self._api_key, http_options=options
+            )
+            self._own_loop = loop
+        return self._own_client
+
+    def _config(self, request: ModelRequest) -> dict[str, Any]:
+        config: dict[str, Any] = dict(self._settings)
+        http_options: dict[str, Any] = {"retry_options": _NO_RETRIES}
+        if self._timeout_ms is not None:
+            http_options["timeout"] = self._timeout_ms
+        config["http_options"] = http_options
+        config["automatic_function_calling"] = {"disable": True}
+        tools = self._wire_tools(request.tools) if request.tools else []
+        if tools:
+            config["tools"] = tools
+        else:
+            for key in _TOOL_SETTINGS:
+                config.pop(key, None)
+        return config
+
+    def _wire_tools(self, tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+        # The engine sends the same tuple every turn: convert (and sanitise) it once.
+        cached = self._tools_cache
+        if cached is not None and cached[0] is tools:
+            return cached[1]
+        wire = to_gemini_tools(tools)
+        self._tools_cache = (tools, wire)
+        return wire
+
+    async def _whole(
+        self,
+        client: genai.Client,
+        call: dict[str, Any],
+        assembler: ReplyAssembler,
+        attempt: _Attempt,
+    ) -> ModelResponse | ModelCallError:
+        try:
+            reply = await client.aio.models.generate_content(**call)
+        except Exception as err:
+            return self._failure(err, attempt)
+        return self._built(assembler, reply, streamed=False)
+
+    async def _streamed(
+        self,
+        client: genai.Client,
+        call: dict[str, Any],
+        request: ModelRequest,
+        assembler: ReplyAssembler,
+        attempt: _Attempt,
+    ) -> ModelResponse | ModelCallError:
+        try:
+            stream = await client.aio.models.generate_content_stream(**call)
+        except Exception as err:
+            return self._failure(err, attempt)
+        report = DeltaReporter(request.on_delta, request.run_id)
+        chunks = stream.__aiter__()
+        try:
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except Exception as err:  # transport, decoding, an error event mid-stream
+                    return self._failure(err, attempt, streaming=True)
+                try:
+                    deltas = assembler.add(chunk)
+                except ModelCallError as err:
+                    return self._rescrubbed(err)
+                for delta in deltas:
+                    report(delta)
+        finally:
+            closing = getattr(chunks, "aclose", None)
+            if closing is not None:
+                await closing()  # releases the connection however the loop ended
+        return self._built(assembler, None, streamed=True)
+
+    def _built(
+        self, assembler: ReplyAssembler, reply: object, *, streamed: bool
+    ) -> ModelResponse | ModelCallError:
+        try:
+            if not streamed:
+                assembler.add(reply)
+            return assembler.build(streamed=streamed)
+        except ModelCallError as err:
+            return self._rescrubbed(err)
+
+    def _rescrubbed(self, err: ModelCallError) -> ModelCallError:
+        """A fresh, scrubbed copy: the model's own text (a finish message) goes in errors."""
+        return ModelCallError(
+            self._scrub(str(err)), transient=err.transient, retry_after_s=err.retry_after_s
+        )
+
+    def _failure(
+        self, err: Exception, attempt: _Attempt, *, streaming: bool = False
+    ) -> ModelCallError:
+        message, transient, retry_after = _failure_message(err, attempt)
+        if streaming:
+            message = f"while streaming: {message}"
+        return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
+
+    def _url(self, client: genai.Client) -> str:
+        options = getattr(getattr(client, "_api_client", None), "_http_options", None)
+        base = getattr(options, "base_url", None) or self._base_url or "the Gemini API"
+        return f"{_redact_url(str(base)).rstrip('/')} ({self._model})"
+
+    def _scrub(self, text: str) -> str:
+        secrets: set[object] = {self._api_key}
+        for client in (self._given_client, self._own_client):
+            secrets.add(getattr(getattr(client, "_api_client", None), "api_key", None))
+        return scrub_secrets(text, secrets)
+
+
+def _check_settings(settings: Mapping[str, Any]) -> None:
+    """Refuse a setting the adapter sets itself, one ``GenerateContentConfig`` does not
+    take (naming the likely typo), or a value the SDK's own config model refuses."""
+    reserved = sorted(_RESERVED.intersection(settings))
+    if reserved:
+        raise ConfigError(f"GeminiModel sets {reserved} itself; they cannot be settings")
+    problems = []
+    for key in sorted(set(settings) - _config_fields()):
+        if key in ("max_retries", "retry_options"):
+            problems.append(
+                f"{key}: retries are the engine's, where budgets and the termination bound see "
+                "them (the SDK never retries for this adapter); set them in Limits"
+            )
+            continue
+        close = difflib.get_close_matches(key, sorted(_config_fields()), n=1, cutoff=0.85)
+        hint = f": did you mean {close[0]!r}?" if close else ""
+        problems.append(f"GenerateContentConfig takes no field {key!r}{hint}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    try:
+        genai_types.GenerateContentConfig.model_validate(dict(settings))
+    except ValidationError as err:
+        found = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
+        raise ConfigError(
+            f"GeminiModel settings refused by GenerateContentConfig: {found}"
+        ) from None
+
+
+# Gemini's rule for function names (the API refuses others with HTTP 400).
+_FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
+
+
+def _sdk_refusal(spec: ToolSpec, parameters: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(keyword, why) when Gemini refuses the tool's name, or the installed SDK its converted
+    declaration."""
+    if not _FUNCTION_NAME.fullmatch(spec.name):
+        return "name", "Gemini takes function names of letters, digits, _ . : - (up to 128)"
+    declaration: dict[str, Any] = {"name": spec.name, "description": spec.description}
+    if parameters is not None:
+        declaration["parameters"] = parameters
+    try:
+        genai_types.FunctionDeclaration.model_validate(declaration)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = "/".join(str(p) for p in first["loc"]) or "parameters"
+        return where, f"the installed google-genai SDK refuses the converted schema: {first['msg']}"
+    return None
+
+
+# --------------------------------------------------------------------------- failures
+
+_TRANSIENT_STATUSES = frozenset({408, 409, 429})
+_MAX_MESSAGE_CHARS = 500
+_RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+
+
+class _Attempt:
+    """One request's where and when, for its error message."""
+
+    __slots__ = ("_began", "timeout_ms", "url")
+
+    def __init__(self, url: str, timeout_ms: int | None) -> None:
+        self.url = url
+        self.timeout_ms = timeout_ms
+        self._began = time.monotonic()
+
+    def elapsed(self) -> str:
+        return f"{time.monotonic() - self._began:.1f} s"
+
+
+def _failure_message(err: Exception, attempt: _Attempt) -> tuple[str, bool, float | None]:
+    """(message, transient, retry-after seconds) for an exception from the SDK's call."""
+    if isinstance(err, genai_errors.APIError):
+        return _status_failure(err, attempt)
+    if isinstance(err, ValueError):  # a body that is no JSON, or no GenerateContentResponse
+        return f"malformed reply from {attempt.url}: {type(err).__name__}: {err}", True, None
+    kind = type(err).__name__
+    library = type(err).__module__.split(".")[0]
+    if library in ("httpx", "httpx2", "aiohttp") or isinstance(err, OSError | TimeoutError):
+        if "Timeout" in kind or isinstance(err, TimeoutError):
+            limit = f"{attempt.timeout_ms / 1000:g} s" if attempt.timeout_ms else "the SDK's"
+            return (
+                f"the request to {attempt.url} timed out ({limit} timeout; gave up after"
+                f" {attempt.elapsed()})",
+                True,
+                None,
+            )
+        if "Connect" in kind or isinstance(err, ConnectionRefusedError):
+            return f"cannot connect to {attempt.url}: {kind}: {err}", True, None
+        return (
+            f"{attempt.url} closed the connection after {attempt.elapsed()} without a complete"
+            f" reply: {kind}: {err}",
+            True,
+            None,
+        )
+    return f"unexpected error from the Gemini client: {kind}: {err}", False, None
+
+
+def _status_failure(
+    err: genai_errors.APIError, attempt: _Attempt
+) -> tuple[str, bool, float | None]:
+    status = err.code if isinstance(err.code, int) else 0
+    transient = status in _TRANSIENT_STATUSES or status >= 500 or status == 0
+    label = f"HTTP {status}" + (f", {err.status}" if err.status else "")
+    text = err.message if isinstance(err.message, str) and err.message else str(err)
+    text = " ".join(text.split())
+    if len(text) > _MAX_MESSAGE_CHARS:
+        text = text[:_MAX_MESSAGE_CHARS] + "..."
+    message = f"{type(err).__name__} ({label}) from {attempt.url}: {text}"
+    return message, transient, _retry_after(err) if transient else None
+
+
+def _retry_after(err: genai_errors.APIError) -> float | None:
+    """The delay the server asked for: a ``Retry-After`` header, else the ``retryDelay`` of
+    a ``google.rpc.RetryInfo`` in the error's details (Gemini's usual way)."""
+    headers = getattr(err.response, "headers", None)
+    if isinstance(headers, Mapping):
+        lowered = {str(k).lower(): str(v) for k, v in headers.items()}
+        delay = parse_retry_after(lowered)
+        if delay is not None:
+            return delay
+    body = err.details if isinstance(err.details, Mapping) else {}
+    error = body.get("error", body)
+    details = error.get("details") if isinstance(error, Mapping) else None
+    for detail in details if isinstance(details, list) else ():
+        if isinstance(detail, Mapping) and detail.get("@type") == _RETRY_INFO:
+            return _duration(detail.get("retryDelay"))
+    return None
+
+
+def _duration(raw: object) -> float | None:
+    """Seconds of a protobuf JSON duration (``"7s"``, ``"0.5s"``); None if unreadable."""
+    if not isinstance(raw, str) or not raw.endswith("s"):
+        return None
+    try:
+        seconds = float(raw[:-1])
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 and seconds != float("inf") else None
+
+
+def _redact_url(url: str) -> str:
+    """The URL without user info or query, which can hold credentials (``?key=``)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
