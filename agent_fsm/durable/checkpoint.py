@@ -21,7 +21,8 @@ Nothing is ever read half-way: ``load`` either returns the whole state or raises
 ``CheckpointError``.
 
 ``SQLiteStore`` (the embedded default, one file shared safely by several processes) lives in
-``checkpoint_sqlite``.
+``durable.sqlite``, ``PostgresStore`` (many workers on many machines) in ``durable.postgres``.
+Every store here also leases runs to workers (``durable.leases``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent_fsm.durable.journal import MemoryJournal, ToolJournal
+from agent_fsm.durable.journal import GuardedJournal, MemoryJournal, ToolJournal
+from agent_fsm.durable.leases import Lease, MemoryLeases
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
@@ -285,7 +287,8 @@ class MemoryStore(ClosingStore):
     """A checkpoint store in a dict: survives a resumed ``Run`` object, not a process.
 
     Stores the encoded header and immutable entries, never a reference to the live state's
-    mutable parts, so a saved checkpoint does not change when the run goes on.
+    mutable parts, so a saved checkpoint does not change when the run goes on. Leases runs
+    (``LeaseStore``) between the runs of this process, by ``clock``.
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
@@ -293,8 +296,10 @@ class MemoryStore(ClosingStore):
         self._journals: dict[str, MemoryJournal] = {}
         self._clock = clock
         self._revision = 0
+        self._leases = MemoryLeases(clock)
 
-    def save(self, state: RunState) -> None:
+    def save(self, state: RunState, *, lease: Lease | None = None) -> None:
+        self._leases.check_write(state.run_id, lease)
         version, header = encode_header(state)
         now = self._clock()
         stored = self._runs.get(state.run_id)
@@ -315,10 +320,13 @@ class MemoryStore(ClosingStore):
         self._revision += 1
         stored.revision = self._revision
 
-    def create(self, state: RunState) -> bool:
+    def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
         if state.run_id in self._runs:  # no await between the test and the save
             return False
-        self.save(state)
+        if lease is None:  # subclasses may override save(state) alone
+            self.save(state)
+        else:
+            self.save(state, lease=lease)
         return True
 
     def load(self, run_id: str) -> RunState:
@@ -340,9 +348,23 @@ class MemoryStore(ClosingStore):
     def delete(self, run_id: str) -> None:
         self._runs.pop(run_id, None)
         self._journals.pop(run_id, None)
+        self._leases.forget(run_id)
 
-    def journal(self, run_id: str) -> ToolJournal:
-        return self._journals.setdefault(run_id, MemoryJournal())
+    def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
+        journal = self._journals.setdefault(run_id, MemoryJournal())
+        return GuardedJournal(journal, lambda: self._leases.check_write(run_id, lease))
+
+    def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+        return self._leases.claim(run_id, owner, ttl_s)
+
+    def renew(self, lease: Lease) -> Lease:
+        return self._leases.renew(lease)
+
+    def release(self, lease: Lease) -> None:
+        self._leases.release(lease)
+
+    def lease(self, run_id: str) -> Lease | None:
+        return self._leases.lease(run_id)
 
     def close(self) -> None:
         """Nothing to release; present for the protocol."""

@@ -18,13 +18,21 @@ Implementations must make ``record_started`` durable before returning.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from agent_fsm.messages import ToolCall, ToolMessage
 
-__all__ = ["CallStatus", "JournalEntry", "MemoryJournal", "ToolJournal", "journal_key"]
+__all__ = [
+    "CallStatus",
+    "GuardedJournal",
+    "JournalEntry",
+    "MemoryJournal",
+    "ToolJournal",
+    "journal_key",
+]
 
 
 class CallStatus(StrEnum):
@@ -89,3 +97,24 @@ class MemoryJournal:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class GuardedJournal:
+    """``journal`` with ``guard()`` called before every ``record_started``: raising refuses
+    the record, and so the call (a run lease that was taken over: ``durable.leases``)."""
+
+    __slots__ = ("_guard", "_journal")
+
+    def __init__(self, journal: ToolJournal, guard: Callable[[], None]) -> None:
+        self._journal = journal
+        self._guard = guard
+
+    def lookup(self, key: str) -> JournalEntry | None:
+        return self._journal.lookup(key)
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        self._guard()
+        self._journal.record_started(key, call)
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        self._journal.record_finished(key, result)

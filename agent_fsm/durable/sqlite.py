@@ -13,13 +13,16 @@ schema version each run records):
     messages  run_id, idx, json           one row per transcript message
     trace     run_id, idx, row, turn      one row per transition
     journal   run_id, key, call, status, result     the tool journal
+    leases    run_id, owner, token, expires_at      run leases (``sqlite_leases``)
 
 A save reads the run's stored counts (one indexed lookup), inserts only the new messages and
-trace rows and rewrites the small ``runs`` row; see ``checkpoint`` for the rules.
+trace rows and rewrites the small ``runs`` row; see ``checkpoint`` for the rules. A save
+of a leased run checks and renews the lease in its own transaction (``durable.leases``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
@@ -31,6 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+import agent_fsm.durable.sqlite_leases as sqlite_leases
 from agent_fsm.durable.checkpoint import (
     MESSAGE_ADAPTER,
     ClosingStore,
@@ -40,16 +44,19 @@ from agent_fsm.durable.checkpoint import (
     summarize,
     unknown_run,
 )
-from agent_fsm.durable.journal import CallStatus, JournalEntry, ToolJournal
+from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.durable.leases import Lease, check_ttl
+from agent_fsm.durable.sqlite_journal import SQLiteJournal
 from agent_fsm.errors import CheckpointError
-from agent_fsm.messages import Message, ToolCall, ToolMessage
+from agent_fsm.messages import Message
 from agent_fsm.state import RunState
 from agent_fsm.table import AgentState
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
 
-LAYOUT_VERSION = 1
-"""The table layout, as stored in ``PRAGMA user_version``."""
+LAYOUT_VERSION = 2
+"""The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table (a
+version 1 file is upgraded when opened)."""
 
 _LAYOUT = """
 CREATE TABLE runs (
@@ -114,7 +121,8 @@ def _summary(row: tuple[Any, ...]) -> RunSummary:
 
 
 class SQLiteStore(ClosingStore):
-    """Checkpoints in one SQLite file: the embedded default, safe for several processes.
+    """Checkpoints in one SQLite file: the embedded default, safe for several processes,
+    which it can lease runs to (``LeaseStore``; lease times are ``clock``'s).
 
     Args:
         path: the database file, created when missing (with its tables).
@@ -162,21 +170,12 @@ class SQLiteStore(ClosingStore):
             raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
 
     def _prepare_layout(self, conn: sqlite3.Connection) -> None:
-        """Create the tables in a new file; refuse a file laid out by anyone else."""
-        if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+        """Create the tables in a new file, upgrade an older layout; refuse a file laid out
+        by anyone else."""
+        if conn.execute("PRAGMA user_version").fetchone()[0] < LAYOUT_VERSION:
             conn.execute("BEGIN IMMEDIATE")  # two processes may create the same new file
             try:
-                if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
-                    if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                        raise CheckpointError(
-                            f"{self.path} is not an agent_fsm checkpoint store (it holds"
-                            " other tables)"
-                        )
-                    # Statement by statement: executescript would commit the transaction.
-                    for statement in _LAYOUT.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
+                self._lay_out(conn, conn.execute("PRAGMA user_version").fetchone()[0])
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -192,6 +191,21 @@ class SQLiteStore(ClosingStore):
             raise CheckpointError(
                 f"checkpoint store {self.path} has unknown layout version {version}"
             )
+
+    def _lay_out(self, conn: sqlite3.Connection, version: int) -> None:
+        """Bring a layout of ``version`` to ``LAYOUT_VERSION``, inside the caller's
+        transaction, statement by statement (executescript would commit it)."""
+        if version == 0:
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise CheckpointError(
+                    f"{self.path} is not an agent_fsm checkpoint store (it holds other tables)"
+                )
+            for statement in _LAYOUT.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        if version in (0, 1):
+            conn.execute(sqlite_leases.LEASES_TABLE)
+            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
 
     def _check_writable(self, conn: sqlite3.Connection) -> None:
         """Refuse a store that cannot be written (a read-only file, directory or file system)
@@ -235,19 +249,19 @@ class SQLiteStore(ClosingStore):
                     f"checkpoint store {self.path}: cannot {what}: {exc}"
                 ) from exc
 
-    def save(self, state: RunState) -> None:
+    def save(self, state: RunState, *, lease: Lease | None = None) -> None:
         with self._transaction(f"save run {state.run_id!r}", write=True) as conn:
-            self._write(conn, state)
+            self._write(conn, state, lease)
         self._saved(state)
 
-    def create(self, state: RunState) -> bool:
+    def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
         run_id = state.run_id
         with self._transaction(f"create run {run_id!r}", write=True) as conn:
             # BEGIN IMMEDIATE holds the write lock from here: no other process can create
             # the run between this look-up and the write.
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                 return False
-            self._write(conn, state)
+            self._write(conn, state, lease)
         self._saved(state)
         return True
 
@@ -256,11 +270,13 @@ class SQLiteStore(ClosingStore):
         messages = state.messages
         self._seen[state.run_id] = (len(messages), messages[-1] if messages else None)
 
-    def _write(self, conn: sqlite3.Connection, state: RunState) -> None:
-        """Write ``state`` as its run's checkpoint, inside the caller's transaction."""
+    def _write(self, conn: sqlite3.Connection, state: RunState, lease: Lease | None) -> None:
+        """Write ``state`` as its run's checkpoint, inside the caller's transaction (fenced
+        by ``lease``, which it renews)."""
         run_id = state.run_id
-        version, header = encode_header(state)
         now = self._clock()
+        sqlite_leases.fence(conn, run_id, lease, now)
+        version, header = encode_header(state)
         messages, trace = state.messages, state.trace
         row = conn.execute(
             "SELECT message_count, trace_count, created_at FROM runs WHERE run_id = ?",
@@ -372,12 +388,30 @@ class SQLiteStore(ClosingStore):
 
     def delete(self, run_id: str) -> None:
         with self._transaction(f"delete run {run_id!r}", write=True) as conn:
-            for table in ("runs", "messages", "trace", "journal"):
+            for table in ("runs", "messages", "trace", "journal", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         self._seen.pop(run_id, None)
 
-    def journal(self, run_id: str) -> ToolJournal:
-        return _SQLiteJournal(self, run_id)
+    def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
+        return SQLiteJournal(self, run_id, lease)
+
+    def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+        ttl_s = check_ttl(ttl_s)
+        with self._transaction(f"claim run {run_id!r}", write=True) as conn:
+            return sqlite_leases.claim(conn, run_id, owner, ttl_s, self._clock())
+
+    def renew(self, lease: Lease) -> Lease:
+        with self._transaction(f"renew the lease of run {lease.run_id!r}", write=True) as conn:
+            expires_at = sqlite_leases.renew(conn, lease, self._clock())
+        return dataclasses.replace(lease, expires_at=expires_at)
+
+    def release(self, lease: Lease) -> None:
+        with self._transaction(f"release the lease of run {lease.run_id!r}", write=True) as conn:
+            sqlite_leases.release(conn, lease)
+
+    def lease(self, run_id: str) -> Lease | None:
+        with self._transaction(f"look up the lease of run {run_id!r}", write=False) as conn:
+            return sqlite_leases.live(conn, run_id, self._clock())
 
     def close(self) -> None:
         """Close the file; idempotent."""
@@ -404,52 +438,3 @@ def _kept_trace(
         conn.execute("DELETE FROM trace WHERE run_id = ?", (run_id,))
         return 0
     return stored
-
-
-class _SQLiteJournal:
-    """One run's tool journal in the store's ``journal`` table; every call commits."""
-
-    __slots__ = ("_run_id", "_store")
-
-    def __init__(self, store: SQLiteStore, run_id: str) -> None:
-        self._store = store
-        self._run_id = run_id
-
-    def lookup(self, key: str) -> JournalEntry | None:
-        with self._store._transaction(f"read journal entry {key!r}", write=False) as conn:
-            row = conn.execute(
-                "SELECT call, status, result FROM journal WHERE run_id = ? AND key = ?",
-                (self._run_id, key),
-            ).fetchone()
-        if row is None:
-            return None
-        call, status, result = row
-        try:
-            return JournalEntry(
-                key,
-                ToolCall.model_validate_json(call),
-                CallStatus(status),
-                None if result is None else ToolMessage.model_validate_json(result),
-            )
-        except ValueError as exc:
-            raise CheckpointError(
-                f"journal entry {key!r} of run {self._run_id!r} is unreadable: {exc}"
-            ) from exc
-
-    def record_started(self, key: str, call: ToolCall) -> None:
-        # Committed before returning: it guards a side effect about to happen.
-        with self._store._transaction(f"record journal entry {key!r}", write=True) as conn:
-            conn.execute(
-                "INSERT INTO journal VALUES (?, ?, ?, ?, NULL) ON CONFLICT (run_id, key)"
-                " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL",
-                (self._run_id, key, call.model_dump_json(), CallStatus.STARTED.value),
-            )
-
-    def record_finished(self, key: str, result: ToolMessage) -> None:
-        with self._store._transaction(f"record journal entry {key!r}", write=True) as conn:
-            updated = conn.execute(
-                "UPDATE journal SET status = ?, result = ? WHERE run_id = ? AND key = ?",
-                (CallStatus.FINISHED.value, result.model_dump_json(), self._run_id, key),
-            ).rowcount
-            if not updated:
-                raise KeyError(f"journal entry {key!r} finished without having started")

@@ -1,0 +1,228 @@
+"""Run leases: only one worker drives a run at a time, and a dead worker's runs are taken over.
+
+A lease is a claim on one run: its holder (``owner``, a worker id), a *fencing token* and an
+expiry. The contract every ``LeaseStore`` keeps:
+
+- ``claim`` takes the lease when no live one exists (never claimed, released, or expired by
+  the store's clock) and raises the run's token by one; otherwise it raises ``RunLeased``
+  naming the holder and the expiry. Of two workers claiming at once, exactly one wins.
+- A driver passes its lease to every write of the run: ``save(state, lease=...)``,
+  ``create(state, lease=...)`` and the ``record_started`` of ``journal(run_id, lease=...)``.
+  Such a write is *fenced*: it commits only if the lease's token is still the run's latest,
+  checked in the write's own transaction, which also renews the lease, so leases cost no
+  extra round trip per transition. A write without a lease is refused while a lease on the
+  run is live.
+- Expiry decides only when another worker *may* take over (liveness); the token decides whose
+  writes count (safety). So clock skew cannot make two drivers: ``PostgresStore`` reads the
+  time on the server alone, the SQLite and memory stores on the one machine they live on. A
+  lease that expired but was not taken over is still its holder's: the next fenced write
+  renews it.
+- A driver whose lease was taken over finds out at its next save or tool start, which raise
+  ``RunLeased`` and write nothing: it stops there, and the new holder continues from the last
+  checkpoint (``Agent.resume``, the crash-resume path). A tool call the old driver had
+  journalled before the takeover may still be running: the new holder finds it started and,
+  for a non-idempotent tool, tells the model its outcome is unknown instead of running it
+  again (an idempotent one runs again). So no non-idempotent side effect happens twice; a
+  model call may be repeated, which costs tokens and has no side effect.
+  ``record_finished`` is not fenced: it records what really happened to a call started under
+  a valid lease, which the new holder may then replay instead of calling it unknown.
+- The engine renews at every save and, while a step is in flight (a long model or tool
+  call), every ``ttl_s / 3`` seconds from the event loop, and releases the lease when the run
+  stops. Choose ``ttl_s`` well above the longest stall of the event loop: a run of a worker
+  that died can be taken over ``ttl_s`` after its last renewal.
+
+``MemoryLeases`` is the in-process implementation (``MemoryStore`` uses it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
+
+from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.errors import ConfigError, RunLeased
+from agent_fsm.state import RunState
+
+__all__ = [
+    "Lease",
+    "LeaseStore",
+    "MemoryLeases",
+    "check_ttl",
+    "default_worker_id",
+    "leased_error",
+    "lost_error",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """One worker's claim on one run, as the store granted (or last renewed) it."""
+
+    run_id: str
+    owner: str
+    """The worker id of the holder (names it in errors; not part of the fence)."""
+    token: int
+    """The fencing token: raised by one at every claim of the run, so a write carrying an
+    older token is refused."""
+    ttl_s: float
+    """How long each renewal keeps the lease."""
+    expires_at: float
+    """Unix time the lease runs out unless renewed, by the store's clock."""
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """A checkpoint store that can lease runs to workers (see the module's contract): its
+    writes take the writer's lease, and it claims, renews and releases leases."""
+
+    def save(self, state: RunState, *, lease: Lease | None = None) -> None:
+        """``CheckpointStore.save``, fenced by ``lease`` (which it renews).
+
+        Raises:
+            RunLeased: ``lease`` was taken over, or (no lease given) a lease is live.
+        """
+        ...
+
+    def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
+        """``CheckpointStore.create``, fenced by ``lease`` like ``save``."""
+        ...
+
+    def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
+        """``CheckpointStore.journal``, whose ``record_started`` is fenced by ``lease``."""
+        ...
+
+    def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+        """Take ``run_id``'s lease for ``ttl_s`` seconds; the run need not exist yet.
+
+        Raises:
+            RunLeased: another lease on the run is live.
+            CheckpointError: the store cannot be read or written.
+        """
+        ...
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend a held lease by its ``ttl_s`` from now (also after it expired, as long as
+        nobody took it over).
+
+        Raises:
+            RunLeased: the lease was taken over.
+        """
+        ...
+
+    def release(self, lease: Lease) -> None:
+        """Give the lease up so another worker may claim the run at once; a lease that was
+        taken over meanwhile is left to its new holder."""
+        ...
+
+    def lease(self, run_id: str) -> Lease | None:
+        """The live lease on ``run_id`` (anyone's), or None."""
+        ...
+
+
+def check_ttl(ttl_s: object) -> float:
+    """``ttl_s`` as a float, or ConfigError: a positive, finite number of seconds."""
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < 1e9:
+        raise ConfigError(f"a lease's ttl_s must be a positive number of seconds, got {ttl_s!r}")
+    return float(ttl_s)
+
+
+def default_worker_id() -> str:
+    """A worker id naming this process: ``host:pid:random`` (random, so that two processes
+    with reused pids, or two agents in one process, are told apart in errors)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def leased_error(run_id: str, holder: str, expires_at: float, now: float) -> RunLeased:
+    """The error for claiming (or writing) a run that another worker's live lease holds."""
+    return RunLeased(
+        f"run {run_id!r} is leased to worker {holder!r} for {max(expires_at - now, 0.0):.1f}"
+        " s more: another worker is driving it. Try again after the lease expires (its holder"
+        " renews it while it drives the run, and releases it when the run stops)",
+        run_id=run_id,
+        holder=holder,
+        expires_at=expires_at,
+    )
+
+
+def lost_error(lease: Lease, holder: str, expires_at: float) -> RunLeased:
+    """The error for a write under a lease that was taken over."""
+    return RunLeased(
+        f"run {lease.run_id!r}: the lease of worker {lease.owner!r} (token {lease.token}) was"
+        f" taken over by worker {holder!r} after it expired; this driver stops here without"
+        " writing, and the new holder continues the run from its last checkpoint",
+        run_id=lease.run_id,
+        holder=holder,
+        expires_at=expires_at,
+    )
+
+
+@dataclass(slots=True)
+class _Row:
+    owner: str
+    token: int
+    expires_at: float
+
+
+class MemoryLeases:
+    """Leases in a dict, for ``MemoryStore``: exact between the runs of one process."""
+
+    __slots__ = ("_clock", "_rows")
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._rows: dict[str, _Row] = {}
+
+    def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+        ttl_s, now = check_ttl(ttl_s), self._clock()
+        row = self._rows.get(run_id)
+        if row is not None and row.expires_at > now:
+            raise leased_error(run_id, row.owner, row.expires_at, now)
+        token = row.token + 1 if row is not None else 1
+        self._rows[run_id] = _Row(owner, token, now + ttl_s)
+        return Lease(run_id=run_id, owner=owner, token=token, ttl_s=ttl_s, expires_at=now + ttl_s)
+
+    def renew(self, lease: Lease) -> Lease:
+        row = self._rows.get(lease.run_id)
+        if row is None or row.token != lease.token:
+            holder, expires = (row.owner, row.expires_at) if row else ("nobody", 0.0)
+            raise lost_error(lease, holder, expires)
+        row.expires_at = self._clock() + lease.ttl_s
+        return replace(lease, expires_at=row.expires_at)
+
+    def release(self, lease: Lease) -> None:
+        row = self._rows.get(lease.run_id)
+        if row is not None and row.token == lease.token:
+            row.expires_at = 0.0
+
+    def lease(self, run_id: str) -> Lease | None:
+        row = self._rows.get(run_id)
+        if row is None or row.expires_at <= self._clock():
+            return None
+        return Lease(
+            run_id=run_id, owner=row.owner, token=row.token, ttl_s=0.0, expires_at=row.expires_at
+        )
+
+    def check_write(self, run_id: str, lease: Lease | None) -> None:
+        """Fence a write of ``run_id`` (see the module's contract), renewing ``lease``.
+
+        Raises:
+            RunLeased: ``lease`` was taken over, or (none given) a lease is live.
+        """
+        if lease is not None:
+            self.renew(lease)
+            return
+        row = self._rows.get(run_id)
+        if row is None:  # never leased: no need to read the clock
+            return
+        now = self._clock()
+        if row.expires_at > now:
+            raise leased_error(run_id, row.owner, row.expires_at, now)
+
+    def forget(self, run_id: str) -> None:
+        """The run was deleted: its lease goes too."""
+        self._rows.pop(run_id, None)

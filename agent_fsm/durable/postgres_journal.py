@@ -1,0 +1,89 @@
+"""One run's tool journal in a PostgresStore's ``journal`` table (``durable.journal``'s
+contract): every call is its own transaction, through the store's connection."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import agent_fsm.durable.postgres_leases as leases
+from agent_fsm.durable.journal import CallStatus, JournalEntry
+from agent_fsm.durable.leases import Lease
+from agent_fsm.errors import CheckpointError
+from agent_fsm.messages import ToolCall, ToolMessage
+
+if TYPE_CHECKING:
+    from agent_fsm.durable.postgres import PostgresStore
+
+__all__ = ["PostgresJournal"]
+
+_STARTED, _FINISHED = CallStatus.STARTED.value, CallStatus.FINISHED.value
+_START = (
+    f"INSERT INTO journal SELECT %(run_id)s, %(key)s, %(call)s::json, '{_STARTED}', NULL"
+    " WHERE true ON CONFLICT (run_id, key) DO UPDATE SET call = excluded.call,"
+    f" status = '{_STARTED}', result = NULL RETURNING 1"
+)
+"""Record a call as started (``fenced_insert`` adds the lease's fence to its WHERE)."""
+
+
+class PostgresJournal:
+    """The journal of ``run_id`` in ``store``."""
+
+    __slots__ = ("_lease", "_run_id", "_store")
+
+    def __init__(self, store: PostgresStore, run_id: str, lease: Lease | None) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._lease = lease
+        """Fences ``record_started`` (``durable.leases``)."""
+
+    def lookup(self, key: str) -> JournalEntry | None:
+        with self._store._connected(f"read journal entry {key!r}") as conn:
+            row = conn.execute(
+                "SELECT call::text, status, result::text FROM journal"
+                " WHERE run_id = %s AND key = %s",
+                (self._run_id, key),
+            ).fetchone()
+        if row is None:
+            return None
+        call, status, result = row
+        try:
+            return JournalEntry(
+                key,
+                ToolCall.model_validate_json(call),
+                CallStatus(status),
+                None if result is None else ToolMessage.model_validate_json(result),
+            )
+        except ValueError as exc:
+            raise CheckpointError(
+                f"journal entry {key!r} of run {self._run_id!r} is unreadable: {exc}"
+            ) from exc
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        """Committed with a flush to disk before returning: it guards a side effect about to
+        happen. Fenced by the run's lease (``durable.leases``): a driver whose lease was
+        taken over must not start the call, and gets ``RunLeased``. One statement, whose
+        answer is read after the commit (it wrote nothing when the fence failed)."""
+        run_id, lease = self._run_id, self._lease
+        params: dict[str, object] = {"run_id": run_id, "key": key, "call": call.model_dump_json()}
+        if lease is not None:
+            params.update(ttl=lease.ttl_s, token=lease.token)
+        store = self._store
+        with store._transaction(f"record journal entry {key!r}") as conn:
+            started = conn.execute(leases.fenced_insert(_START, lease), params)
+        if started.fetchone() is None:
+            with store._connected(f"record journal entry {key!r}") as conn:
+                raise leases.refusal(conn, run_id, lease)
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        """Not fenced: it records what really happened to a call started under a valid
+        lease. Committed without waiting for the disk, as saves are: if a crash of the
+        server loses it, the call looks started, and is answered "outcome unknown" (or run
+        again, if idempotent): never twice."""
+        with self._store._connected(f"record journal entry {key!r}") as conn:
+            updated = conn.execute(
+                f"UPDATE journal SET status = '{_FINISHED}', result = %s WHERE run_id = %s"
+                " AND key = %s RETURNING 1",
+                (result.model_dump_json(), self._run_id, key),
+            ).fetchone()
+        if updated is None:
+            raise KeyError(f"journal entry {key!r} finished without having started")

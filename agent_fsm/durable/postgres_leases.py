@@ -1,0 +1,174 @@
+"""Run leases in a PostgresStore's ``leases`` table (the contract is ``durable.leases``'s).
+
+Every function runs inside the caller's transaction. Times are read on the server
+(``NOW``), so the workers' clocks never matter. A claim is one ``INSERT ... ON CONFLICT DO
+UPDATE ... WHERE expired``: the row lock it takes makes a concurrent claim wait and then find
+the lease live, so exactly one of them wins. A fenced write first updates the lease row by
+its token (the renewal): a takeover committed before it leaves no row to update, and one
+attempted after it waits for the write's commit, so a write and a takeover never interleave.
+A released lease keeps its row (expired), so the run's token only ever grows.
+
+psycopg is imported for the type checker only (``durable.postgres`` is the module using it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agent_fsm.durable.leases import Lease, leased_error, lost_error
+from agent_fsm.durable.postgres_rows import NOW
+from agent_fsm.errors import RunLeased
+
+if TYPE_CHECKING:
+    import psycopg
+
+    Connection = psycopg.Connection[Any]
+    Cursor = psycopg.Cursor[Any]
+
+__all__ = [
+    "check_fence",
+    "check_locked_fence",
+    "claim",
+    "fence",
+    "fenced_insert",
+    "live",
+    "refusal",
+    "release",
+    "renew",
+]
+
+_CLAIM = (
+    "INSERT INTO leases AS l VALUES (%s, %s, 1, " + NOW + " + %s)"
+    " ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = l.token + 1,"
+    " expires_at = excluded.expires_at WHERE l.expires_at <= "
+    + NOW
+    + " RETURNING token, expires_at"
+)
+_RENEW = (
+    "UPDATE leases SET expires_at = " + NOW + " + %s WHERE run_id = %s AND token = %s"
+    " RETURNING expires_at"
+)
+_LIVE = (
+    "SELECT owner, expires_at, token, " + NOW + " FROM leases WHERE run_id = %s"
+    " AND expires_at > " + NOW
+)
+
+
+def fenced_insert(insert: str, lease: Lease | None) -> str:
+    """``insert`` (an ``INSERT ... SELECT`` of the run ``%(run_id)s``, ending in ``WHERE``
+    and a ``RETURNING``) made to write only under the fence: the renewal of ``lease`` (with
+    ``%(ttl)s``, ``%(token)s``), or (none given) no live lease on the run. One statement: no
+    row back says the fence failed and nothing was written (``refusal`` says why)."""
+    if lease is not None:
+        return (
+            "WITH fence AS (UPDATE leases SET expires_at = " + NOW + " + %(ttl)s"
+            " WHERE run_id = %(run_id)s AND token = %(token)s RETURNING 1) "
+            + insert.replace(" WHERE ", " WHERE EXISTS (SELECT FROM fence) AND ", 1)
+        )
+    return insert.replace(
+        " WHERE ",
+        " WHERE NOT EXISTS (SELECT FROM leases WHERE run_id = %(run_id)s"
+        " AND expires_at > " + NOW + ") AND ",
+        1,
+    )
+
+
+def refusal(conn: Connection, run_id: str, lease: Lease | None) -> RunLeased:
+    """Why a fenced write of ``run_id`` under ``lease`` was refused: the lease was taken
+    over, or (none given) another's lease is live."""
+    holder, expires_at, now = _holder(conn, run_id)
+    if lease is None:
+        return leased_error(run_id, holder, expires_at, now)
+    return lost_error(lease, holder, expires_at)
+
+
+def claim(conn: Connection, run_id: str, owner: str, ttl_s: float) -> Lease:
+    """Take the run's lease unless a live one exists.
+
+    Raises:
+        RunLeased: another lease is live.
+    """
+    claimed = conn.execute(_CLAIM, (run_id, owner, ttl_s)).fetchone()
+    if claimed is None:
+        holder, expires_at, now = _holder(conn, run_id)
+        raise leased_error(run_id, holder, expires_at, now)
+    token, expires_at = claimed
+    return Lease(run_id=run_id, owner=owner, token=token, ttl_s=ttl_s, expires_at=expires_at)
+
+
+def fence(conn: Connection, run_id: str, lease: Lease | None) -> Cursor:
+    """Send the fence of a write of ``run_id`` under ``lease``: the lease's renewal, or (none
+    given) the look-up of a live lease. Its result is read after the write's own statement
+    was sent too, in one round trip (``check_fence``)."""
+    if lease is not None:
+        return conn.execute(_RENEW, (lease.ttl_s, run_id, lease.token))
+    return conn.execute(_LIVE, (run_id,))
+
+
+def check_fence(conn: Connection, run_id: str, lease: Lease | None, sent: Cursor) -> float | None:
+    """The renewed expiry of ``lease`` (None without one), from the fence ``sent``.
+
+    Raises:
+        RunLeased: ``lease`` was taken over, or (none given) a lease is live.
+    """
+    row = sent.fetchone()
+    if lease is None:
+        if row is not None:
+            owner, expires_at, _, now = row
+            raise leased_error(run_id, owner, expires_at, now)
+        return None
+    if row is None:
+        holder, expires_at, _ = _holder(conn, run_id)
+        raise lost_error(lease, holder, expires_at)
+    return float(row[0])
+
+
+def check_locked_fence(
+    conn: Connection, run_id: str, lease: Lease | None, fence: list[Any]
+) -> None:
+    """``check_fence`` for the fence columns a save reads with the run's row
+    (``LOCK_LEASED_RUN``: the renewed expiry; ``LOCK_FREE_RUN``: a live lease's holder,
+    expiry and the server's time)."""
+    if lease is None:
+        owner, expires_at, now = fence
+        if owner is not None:
+            raise leased_error(run_id, owner, expires_at, now)
+    elif fence[0] is None:
+        holder, expires_at, _ = _holder(conn, run_id)
+        raise lost_error(lease, holder, expires_at)
+
+
+def renew(conn: Connection, lease: Lease) -> float:
+    """Extend ``lease`` by its ``ttl_s`` from now; return the new expiry.
+
+    Raises:
+        RunLeased: the lease was taken over.
+    """
+    expires_at = check_fence(conn, lease.run_id, lease, fence(conn, lease.run_id, lease))
+    assert expires_at is not None  # a lease was given
+    return expires_at
+
+
+def release(conn: Connection, lease: Lease) -> None:
+    """Let the lease expire now, unless it was taken over meanwhile."""
+    conn.execute(
+        "UPDATE leases SET expires_at = 0 WHERE run_id = %s AND token = %s",
+        (lease.run_id, lease.token),
+    )
+
+
+def live(conn: Connection, run_id: str) -> Lease | None:
+    """The run's live lease, or None."""
+    row = conn.execute(_LIVE, (run_id,)).fetchone()
+    if row is None:
+        return None
+    owner, expires_at, token, _ = row
+    return Lease(run_id=run_id, owner=owner, token=token, ttl_s=0.0, expires_at=expires_at)
+
+
+def _holder(conn: Connection, run_id: str) -> tuple[str, float, float]:
+    """Who holds the run's lease, until when, and the server's time now."""
+    row = conn.execute(
+        "SELECT owner, expires_at, " + NOW + " FROM leases WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    return (row[0], row[1], row[2]) if row is not None else ("nobody", 0.0, 0.0)

@@ -1,0 +1,71 @@
+"""One run's tool journal in a SQLiteStore's ``journal`` table (``durable.journal``'s
+contract): every call is its own transaction, through the store's connection."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import agent_fsm.durable.sqlite_leases as sqlite_leases
+from agent_fsm.durable.journal import CallStatus, JournalEntry
+from agent_fsm.durable.leases import Lease
+from agent_fsm.errors import CheckpointError
+from agent_fsm.messages import ToolCall, ToolMessage
+
+if TYPE_CHECKING:
+    from agent_fsm.durable.sqlite import SQLiteStore
+
+__all__ = ["SQLiteJournal"]
+
+
+class SQLiteJournal:
+    """The journal of ``run_id`` in ``store``."""
+
+    __slots__ = ("_lease", "_run_id", "_store")
+
+    def __init__(self, store: SQLiteStore, run_id: str, lease: Lease | None) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._lease = lease
+        """Fences ``record_started`` (``durable.leases``)."""
+
+    def lookup(self, key: str) -> JournalEntry | None:
+        with self._store._transaction(f"read journal entry {key!r}", write=False) as conn:
+            row = conn.execute(
+                "SELECT call, status, result FROM journal WHERE run_id = ? AND key = ?",
+                (self._run_id, key),
+            ).fetchone()
+        if row is None:
+            return None
+        call, status, result = row
+        try:
+            return JournalEntry(
+                key,
+                ToolCall.model_validate_json(call),
+                CallStatus(status),
+                None if result is None else ToolMessage.model_validate_json(result),
+            )
+        except ValueError as exc:
+            raise CheckpointError(
+                f"journal entry {key!r} of run {self._run_id!r} is unreadable: {exc}"
+            ) from exc
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        # Committed before returning: it guards a side effect about to happen. Fenced by the
+        # run's lease: a driver whose lease was taken over must not start the call.
+        store = self._store
+        with store._transaction(f"record journal entry {key!r}", write=True) as conn:
+            sqlite_leases.fence(conn, self._run_id, self._lease, store._clock())
+            conn.execute(
+                "INSERT INTO journal VALUES (?, ?, ?, ?, NULL) ON CONFLICT (run_id, key)"
+                " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL",
+                (self._run_id, key, call.model_dump_json(), CallStatus.STARTED.value),
+            )
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        with self._store._transaction(f"record journal entry {key!r}", write=True) as conn:
+            updated = conn.execute(
+                "UPDATE journal SET status = ?, result = ? WHERE run_id = ? AND key = ?",
+                (CallStatus.FINISHED.value, result.model_dump_json(), self._run_id, key),
+            ).rowcount
+            if not updated:
+                raise KeyError(f"journal entry {key!r} finished without having started")

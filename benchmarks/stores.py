@@ -1,0 +1,241 @@
+"""Checkpoint cost per transition and runs per second on every store, with one and with
+several worker processes.
+
+Each run makes ``--turns`` model calls (instant: a FunctionModel), every one but the last
+calling one async no-op tool, and is checkpointed after every transition under a lease
+(``lease_s=30``, as several workers sharing a store run). The runs are split evenly between
+the worker processes; each worker opens its own store on the shared storage (one SQLite
+file; one PostgreSQL schema) and drives its runs one after another. MemoryStore cannot be
+shared between processes: with several workers each has its own.
+
+Printed per store and number of workers: runs per second (all runs over the wall time from
+the first worker's start to the last one's end), saves per run, the mean and the 99th
+percentile of one save (what a transition pays for its checkpoint), what the tool journal
+costs per tool call (its look-up, start and finish), and the rest of the time per
+transition (the engine, the model, the tool, leases taken and released).
+
+    python benchmarks/stores.py [--runs 1000] [--turns 10] [--workers 1 4] [--stores ...]
+
+PostgreSQL: the database of AGENT_FSM_POSTGRES_URL, else a throwaway cluster started (and
+stopped) with scripts/postgres.sh. Each configuration gets a fresh schema, dropped after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import multiprocessing
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _open(kind: str, location: str) -> Any:
+    from agent_fsm import MemoryStore, SQLiteStore
+
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "sqlite":
+        return SQLiteStore(location)
+    from agent_fsm.durable.postgres import PostgresStore
+
+    url, schema = location.split(" ", 1)
+    return PostgresStore(url, schema=schema)
+
+
+def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[str, Any]:
+    """Drive ``run_ids`` to the end in this process; return its timings."""
+    from agent_fsm import Agent, Limits, tool
+    from agent_fsm.messages import ModelRequest, ModelResponse
+    from agent_fsm.testing import FunctionModel, call, reply
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+    @tool
+    async def step(n: int) -> int:
+        """Return n + 1."""
+        return n + 1
+
+    def model(request: ModelRequest) -> ModelResponse | str:
+        return reply("", call("step", n=request.turn)) if request.turn < turns else "done"
+
+    store = _open(kind, location)
+    saves: list[float] = []
+    save = store.save
+
+    def timed_save(state: Any, **lease: Any) -> None:
+        started = time.perf_counter()
+        save(state, **lease)
+        saves.append(time.perf_counter() - started)
+
+    store.save = timed_save
+    journal_s: list[float] = []
+    journal = store.journal
+
+    def timed_journal(run_id: str, **lease: Any) -> _TimedJournal:
+        return _TimedJournal(journal(run_id, **lease), journal_s)
+
+    store.journal = timed_journal
+    agent = Agent(
+        model=FunctionModel(model),
+        tools=[step],
+        limits=Limits(max_turns=turns + 1, loop_detection=False),
+        store=store,
+        lease_s=30,
+    )
+    transitions = 0
+
+    async def drive() -> None:
+        nonlocal transitions
+        for run_id in run_ids:
+            result = await agent.run("go", run_id=run_id)
+            assert result.output == "done", result
+            transitions += len(result.trace)
+
+    started = time.time()
+    asyncio.run(drive())
+    ended = time.time()
+    store.close()
+    return {
+        "start": started,
+        "end": ended,
+        "saves": saves,
+        "journal_s": sum(journal_s),
+        "tool_calls": len(journal_s) // 3,  # a lookup, a start and a finish each
+        "transitions": transitions,
+    }
+
+
+class _TimedJournal:
+    """A tool journal that adds the time of each of its calls to ``spent``."""
+
+    def __init__(self, journal: Any, spent: list[float]) -> None:
+        self._journal = journal
+        self._spent = spent
+
+    def _timed(self, method: str, *args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return getattr(self._journal, method)(*args)
+        finally:
+            self._spent.append(time.perf_counter() - started)
+
+    def lookup(self, key: str) -> Any:
+        return self._timed("lookup", key)
+
+    def record_started(self, key: str, call: Any) -> None:
+        self._timed("record_started", key, call)
+
+    def record_finished(self, key: str, result: Any) -> None:
+        self._timed("record_finished", key, result)
+
+
+def measure(kind: str, location: str, runs: int, turns: int, workers: int) -> dict[str, float]:
+    """One configuration: ``runs`` runs split between ``workers`` processes."""
+    ids = [f"run-{n:05d}" for n in range(runs)]
+    context = multiprocessing.get_context("spawn")  # no connection crosses a fork
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        parts = [
+            pool.submit(_worker, kind, location, ids[n::workers], turns) for n in range(workers)
+        ]
+        results = [part.result() for part in parts]
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    saves = [s for r in results for s in r["saves"]]
+    transitions = sum(r["transitions"] for r in results)
+    busy = sum(r["end"] - r["start"] for r in results)
+    journal_s = sum(r["journal_s"] for r in results)
+    tool_calls = sum(r["tool_calls"] for r in results)
+    return {
+        "runs_per_s": runs / wall,
+        "saves_per_run": len(saves) / runs,
+        "save_us": statistics.fmean(saves) * 1e6,
+        "save_p99_us": statistics.quantiles(saves, n=100)[98] * 1e6,
+        "journal_us": journal_s / tool_calls * 1e6,
+        "rest_us": (busy - sum(saves) - journal_s) / transitions * 1e6,
+    }
+
+
+@contextmanager
+def postgres_url() -> Iterator[str]:
+    """AGENT_FSM_POSTGRES_URL, or a throwaway cluster for the benchmark's duration."""
+    url = os.environ.get("AGENT_FSM_POSTGRES_URL")
+    if url:
+        yield url
+        return
+    script = ROOT / "scripts" / "postgres.sh"
+    home = Path(tempfile.mkdtemp(prefix="agent-fsm-bench-pg."))
+    subprocess.run(
+        ["bash", str(script), "start", "--dir", str(home)], check=True, stdout=subprocess.DEVNULL
+    )
+    try:
+        yield (home / "url").read_text().strip()
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(home)], check=True)
+
+
+@contextmanager
+def storage(kind: str, pg_url: str | None) -> Iterator[str]:
+    """A fresh place for a store of ``kind``: a SQLite file, a PostgreSQL schema."""
+    if kind == "memory":
+        yield ""
+    elif kind == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield str(Path(tmp) / "bench.sqlite3")
+    else:
+        import psycopg
+        from psycopg import sql
+
+        assert pg_url is not None
+        schema = f"bench_{uuid.uuid4().hex[:12]}"
+        try:
+            yield f"{pg_url} {schema}"
+        finally:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+                conn.execute(drop)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "postgres"])
+    args = parser.parse_args()
+    print(f"{args.runs} runs x {args.turns} turns (model calls), leased, on {os.cpu_count()} cores")
+    header = (
+        f"{'store':9} {'workers':>7} {'runs/s':>8} {'saves/run':>9} {'µs/save':>8}"
+        f" {'p99 µs':>8} {'µs journal/tool call':>20} {'µs/transition, rest':>19}"
+    )
+    print(header)
+    print("-" * len(header))
+    server = postgres_url() if "postgres" in args.stores else contextlib.nullcontext(None)
+    with server as pg_url:
+        for kind in args.stores:
+            for workers in args.workers:
+                with storage(kind, pg_url) as location:
+                    m = measure(kind, location, args.runs, args.turns, workers)
+                print(
+                    f"{kind:9} {workers:>7} {m['runs_per_s']:>8.1f} {m['saves_per_run']:>9.1f}"
+                    f" {m['save_us']:>8.0f} {m['save_p99_us']:>8.0f} {m['journal_us']:>20.0f}"
+                    f" {m['rest_us']:>19.0f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""PostgresStore's own behaviour: the schema it lays out, saves that write only what is new,
+corrupt rows, connections that break, and errors that name the store but not its password.
+(The checkpoint and lease suites run on it too: tests/test_checkpoint.py, test_leases.py.)"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("psycopg")  # the extra agent-fsm[postgres]; tests/stores.py says more
+
+import psycopg
+from psycopg import sql
+
+from agent_fsm import CheckpointError
+from agent_fsm.durable.postgres import LAYOUT_VERSION, PostgresStore
+from agent_fsm.messages import AssistantMessage
+from tests.test_checkpoint import REFLECT, add_turn, rich_state
+
+
+@pytest.fixture
+def admin(postgres_url: str, postgres_schema: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection of its own to the test's schema, as a database administrator has."""
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (postgres_schema,))
+        yield conn
+
+
+@pytest.fixture
+def pg(postgres_url: str, postgres_schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(postgres_url, schema=postgres_schema) as store:
+        yield store
+
+
+def test_the_tables_live_in_a_versioned_schema_of_their_own(
+    pg: PostgresStore, admin: psycopg.Connection[Any], postgres_url: str, postgres_schema: str
+) -> None:
+    tables = admin.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (postgres_schema,)
+    ).fetchall()
+    assert [name for (name,) in tables] == [
+        "journal",
+        "layout",
+        "leases",
+        "messages",
+        "runs",
+        "trace",
+    ]
+    assert admin.execute("SELECT version FROM layout").fetchall() == [(LAYOUT_VERSION,)]
+    pg.save(rich_state())
+    with PostgresStore(postgres_url, schema=postgres_schema + "_other") as other:
+        try:
+            assert not other.exists("run-1")  # another schema, another store
+        finally:
+            admin.execute(
+                sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(postgres_schema + "_other"))
+            )
+
+
+def test_workers_starting_at_once_lay_the_schema_out_once(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    barrier = threading.Barrier(6)
+
+    def open_store(_: int) -> PostgresStore:
+        barrier.wait()
+        return PostgresStore(postgres_url, schema=postgres_schema)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        stores = list(pool.map(open_store, range(6)))
+    stores[0].save(rich_state())
+    assert all(store.load("run-1") == rich_state() for store in stores)
+    for store in stores:
+        store.close()
+
+
+def test_a_foreign_or_newer_schema_is_refused(
+    admin: psycopg.Connection[Any], postgres_url: str, postgres_schema: str
+) -> None:
+    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(postgres_schema)))
+    admin.execute("CREATE TABLE customers (id integer)")
+    with pytest.raises(CheckpointError, match="not an agent_fsm checkpoint store"):
+        PostgresStore(postgres_url, schema=postgres_schema)
+    admin.execute("DROP TABLE customers")
+    PostgresStore(postgres_url, schema=postgres_schema).close()
+    admin.execute("UPDATE layout SET version = 99")
+    with pytest.raises(CheckpointError, match="laid out by a newer agent_fsm"):
+        PostgresStore(postgres_url, schema=postgres_schema)
+
+
+_LOG = """
+CREATE TABLE write_log (id serial, tbl text, op text, idx integer);
+CREATE FUNCTION log_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO write_log (tbl, op, idx) VALUES (TG_TABLE_NAME, TG_OP, OLD.idx);
+    ELSE
+        INSERT INTO write_log (tbl, op, idx) VALUES (TG_TABLE_NAME, TG_OP, NEW.idx);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER log_messages AFTER INSERT OR UPDATE OR DELETE ON messages
+    FOR EACH ROW EXECUTE FUNCTION log_write();
+CREATE TRIGGER log_trace AFTER INSERT OR UPDATE OR DELETE ON trace
+    FOR EACH ROW EXECUTE FUNCTION log_write();
+"""
+
+
+def _drain(admin: psycopg.Connection[Any]) -> list[tuple[str, str, int]]:
+    """The rows written since the last drain, sorted (one statement inserts in the
+    messages and the trace tables, in no set order)."""
+    rows = admin.execute("SELECT tbl, op, idx FROM write_log ORDER BY tbl, op, idx").fetchall()
+    admin.execute("DELETE FROM write_log")
+    return [(tbl, op, idx) for tbl, op, idx in rows]
+
+
+def test_saves_write_only_the_new_entries(
+    pg: PostgresStore, admin: psycopg.Connection[Any], postgres_url: str, postgres_schema: str
+) -> None:
+    admin.execute(_LOG)
+    state = rich_state()
+    pg.save(state)
+    assert _drain(admin) == [("messages", "INSERT", i) for i in range(7)] + [
+        ("trace", "INSERT", i) for i in range(6)
+    ]
+    add_turn(state, 1)
+    pg.save(state)
+    assert _drain(admin) == [
+        ("messages", "INSERT", 7),
+        ("messages", "INSERT", 8),
+        *[("trace", "INSERT", i) for i in range(6, 10)],
+    ]
+    pg.save(state)
+    assert _drain(admin) == []
+    # A store that has never seen the run compares with what is stored, then appends.
+    with PostgresStore(postgres_url, schema=postgres_schema) as reopened:
+        add_turn(state, 2)
+        reopened.save(state)
+        assert _drain(admin) == [
+            ("messages", "INSERT", 9),
+            ("messages", "INSERT", 10),
+            *[("trace", "INSERT", i) for i in range(10, 14)],
+        ]
+        # Restored from an older checkpoint: only the extra rows go.
+        older = copy.deepcopy(state)
+        del older.messages[-2:]
+        del older.trace[-4:]
+        reopened.save(older)
+        assert _drain(admin) == [("messages", "DELETE", 9), ("messages", "DELETE", 10)] + [
+            ("trace", "DELETE", i) for i in range(10, 14)
+        ]
+        assert reopened.load("run-1") == older
+        # The first store's memory of the run is stale now: it reads the stored rows.
+        add_turn(state, 3)
+        pg.save(state)
+        assert pg.load("run-1") == state
+    # A different history under the same id is written whole.
+    other = rich_state()
+    other.messages[-1] = AssistantMessage(content="a different ending")
+    other.trace[-1] = (REFLECT, 9)
+    pg.save(other)
+    assert pg.load("run-1") == other
+
+
+@pytest.mark.parametrize(
+    ("statement", "match"),
+    [
+        ('UPDATE runs SET header = \'{"turns": "many"}\'', "'run-1' is unreadable"),
+        (
+            "UPDATE runs SET header = json_build_object('run_id', 'x')",
+            "header is for run 'x'",
+        ),
+        (
+            'UPDATE messages SET message = \'{"role": "robot"}\' WHERE idx = 3',
+            "unreadable message",
+        ),
+        ("DELETE FROM messages WHERE idx = 3", "incomplete: 6 of 7 messages"),
+        ("DELETE FROM trace WHERE idx = 0", "incomplete"),
+    ],
+)
+def test_a_corrupt_checkpoint_is_an_error_not_a_half_read_state(
+    pg: PostgresStore, admin: psycopg.Connection[Any], statement: str, match: str
+) -> None:
+    pg.save(rich_state())
+    admin.execute(statement)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointError, match=match):
+        pg.load("run-1")
+
+
+def test_errors_name_the_store_but_never_its_password(postgres_url: str) -> None:
+    unreachable = re.sub(r"@[^/]+/", "@127.0.0.1:9/", postgres_url)
+    with pytest.raises(CheckpointError, match=r"postgresql://127\.0\.0\.1:9/") as failed:
+        PostgresStore(unreachable, schema="nowhere")
+    password = psycopg.conninfo.conninfo_to_dict(postgres_url).get("password")
+    assert password
+    assert str(password) not in str(failed.value)
+    with pytest.raises(CheckpointError, match="not a PostgreSQL connection string"):
+        PostgresStore("port", schema="x")
+
+
+def test_a_closed_store_says_so(pg: PostgresStore) -> None:
+    pg.close()
+    pg.close()
+    with pytest.raises(CheckpointError, match="is closed"):
+        pg.save(rich_state())
+
+
+def test_a_dropped_connection_fails_one_call_and_is_replaced(
+    pg: PostgresStore, admin: psycopg.Connection[Any]
+) -> None:
+    pg.save(rich_state())
+    backend = pg._conn.info.backend_pid if pg._conn is not None else 0
+    admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    with pytest.raises(CheckpointError, match="cannot load run 'run-1'"):
+        pg.load("run-1")
+    assert pg.load("run-1") == rich_state()  # a new connection
+
+
+@pytest.mark.parametrize(("synchronous", "setting"), [(False, "off"), (True, "on")])
+def test_saves_commit_without_a_flush_unless_asked(
+    postgres_url: str, postgres_schema: str, synchronous: bool, setting: str
+) -> None:
+    with PostgresStore(postgres_url, schema=postgres_schema, synchronous_saves=synchronous) as pg:
+        pg.save(rich_state())
+        assert pg._conn is not None
+        shown = pg._conn.execute("SHOW synchronous_commit").fetchone()
+        assert shown == (setting,)
+
+
+def test_a_save_of_a_run_the_store_knows_is_one_statement(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the first save, a save that only appends is one statement (one round trip),
+    leased or not; a lease to report on takes the long way, which says why."""
+    state = rich_state()
+    pg.save(state)
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counting(conn: psycopg.Connection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(conn, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counting)
+    add_turn(state, 1)
+    pg.save(state)
+    assert len(sent) == 1
+    alice = pg.claim("run-1", "alice", 60)
+    sent.clear()
+    add_turn(state, 2)
+    pg.save(state, lease=alice)
+    assert len(sent) == 1
+    assert sent[0].startswith("WITH fence AS (UPDATE leases")
+    assert pg.load("run-1") == state
