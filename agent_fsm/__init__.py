@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from agent_fsm.compaction import ClearToolResults, ContextPolicy, KeepLastTurns, Summarize
     from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
     from agent_fsm.durable.sqlite import SQLiteStore
-    from agent_fsm.errors import AgentFSMError, CheckpointError, ConfigError, ResumeError, RunError
+    from agent_fsm.errors import (
+        AgentFSMError,
+        CheckpointError,
+        ConfigError,
+        ResumeError,
+        RunError,
+        RunLeased,
+    )
+    from agent_fsm.hooks import StepHooks
     from agent_fsm.limits import Limits
     from agent_fsm.loop.verify import TerminationBound
     from agent_fsm.run.engine import Run
@@ -38,6 +46,8 @@ _WHERE: dict[str, str] = {
     "ConfigError": "agent_fsm.errors",
     "ResumeError": "agent_fsm.errors",
     "RunError": "agent_fsm.errors",
+    "RunLeased": "agent_fsm.errors",
+    "StepHooks": "agent_fsm.hooks",
     "Limits": "agent_fsm.limits",
     "TerminationBound": "agent_fsm.loop.verify",
     "Run": "agent_fsm.run.engine",
@@ -78,6 +88,7 @@ __all__ = [
     "tool",
     "Run",
     "Approval",
+    "StepHooks",
     # context windows
     "ContextPolicy",
     "KeepLastTurns",
@@ -99,5 +110,6 @@ __all__ = [
     "ConfigError",
     "RunError",
     "ResumeError",
+    "RunLeased",
     "CheckpointError",
 ]

@@ -14,13 +14,14 @@ import inspect
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from agent_fsm.compaction import ContextPolicy
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
+from agent_fsm.durable.leases import Lease, LeaseStore, check_ttl, default_worker_id
 from agent_fsm.errors import (
     CheckpointError,
     ConfigError,
@@ -29,6 +30,7 @@ from agent_fsm.errors import (
     ToolSchemaWarning,
 )
 from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
+from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound
 from agent_fsm.messages import Message, ToolSpec
@@ -37,7 +39,7 @@ from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import prepare_history
 from agent_fsm.run.resuming import Decisions, finished, reopen
-from agent_fsm.state import RunResult
+from agent_fsm.state import RunResult, RunState
 from agent_fsm.table import TABLE, AgentState, Row
 from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
@@ -130,6 +132,23 @@ def _review_tool_schemas(model: Model, tools: Sequence[ToolSpec]) -> None:
         warnings.warn(str(issue), ToolSchemaWarning, stacklevel=4)
 
 
+def _lease_settings(
+    lease_s: float | None, worker_id: str | None, store: CheckpointStore | None
+) -> dict[str, Any]:
+    """The lease fields of the RunConfig, checked: a lease needs a store that leases."""
+    if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+        raise ConfigError(f"worker_id must be a non-empty str, got {worker_id!r}")
+    if lease_s is None:
+        return {}
+    ttl_s = check_ttl(lease_s)
+    if not isinstance(store, LeaseStore):
+        raise ConfigError(
+            "lease_s needs a store that the workers share and that leases runs (SQLiteStore,"
+            f" PostgresStore, MemoryStore), got {type(store).__name__}"
+        )
+    return {"leases": store, "lease_s": ttl_s, "worker_id": worker_id or default_worker_id()}
+
+
 def _taken(run_id: str) -> ConfigError:
     return ConfigError(
         f"run id {run_id!r} is taken: the store holds that run. Resume it (agent.resume), "
@@ -153,8 +172,10 @@ class Agent:
 
     Raises:
         ConfigError: for a model that is not a Model, invalid tools, duplicate tool names,
-            unknown control tools, a store that is no CheckpointStore, or a table that fails
-            verification.
+            unknown control tools, a store that is no CheckpointStore, hooks that are no
+            StepHooks, lease options that do not fit (``lease_s`` without a store that
+            leases runs, a ``lease_s`` or ``worker_id`` of the wrong kind), or a table that
+            fails verification.
     """
 
     model: Model
@@ -169,6 +190,10 @@ class Agent:
     """Built-in control-flow tools offered to the model; ``()`` for none."""
     reflector: Reflector | None = None
     """Optional hook called in REFLECT; returning True ends the run as done."""
+    hooks: StepHooks | None = None
+    """Per-step hooks (``agent_fsm.hooks``): before each model call (choose the model,
+    ``tool_choice``, the tools offered, the messages sent), and before and after each tool
+    call (inspect, change the arguments, deny, replace the result)."""
     parallel_tool_calls: bool = True
     """Run several calls of one reply concurrently (results stay in call order)."""
     table: tuple[Row, ...] = TABLE
@@ -182,6 +207,17 @@ class Agent:
     default for durable runs) a run is saved after every transition and can be resumed in
     another process after a crash. Without one, runs that stop resumable are kept in an
     in-memory store of this agent, so ``resume`` works in this process."""
+    lease_s: float | None = None
+    """Lease every run this agent drives for this many seconds, so that several workers can
+    share a ``store`` (``SQLiteStore``, ``PostgresStore``): a run is claimed before it is
+    started or resumed (``RunLeased`` when another worker holds it), renewed at every save
+    and while a step is in flight, and released when it stops; a worker that dies leaves its
+    runs to be taken over ``lease_s`` after its last renewal, through ``resume``. The
+    contract (fencing, clocks, a lease lost mid-run) is ``agent_fsm.durable.leases``'s.
+    None: no leases (one driver per run is then the caller's to ensure)."""
+    worker_id: str | None = None
+    """Names this agent's leases (shown to other workers in ``RunLeased``); None: the host,
+    the process id and a random suffix."""
     handlers: Sequence[EventHandler] = ()
     """Receive the events of every run of this agent (see ``subscribe``)."""
     context_policy: ContextPolicy | Sequence[ContextPolicy] | None = None
@@ -227,6 +263,12 @@ class Agent:
             raise ConfigError(
                 f"unknown control tool(s) {unknown}; available: {sorted(_CONTROL_TOOLS)}"
             )
+        hooks = self.hooks
+        if hooks is not None and not isinstance(hooks, StepHooks):
+            raise ConfigError(
+                f"hooks must be a StepHooks(before_model=..., before_tool=..., after_tool=...), "
+                f"got {type(hooks).__name__}"
+            )
         prompt = self.last_answer_prompt
         if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
             raise ConfigError(
@@ -256,6 +298,7 @@ class Agent:
             count_tokens=count_tokens,
             context_policies=policies,
             reflector=self.reflector,
+            hooks=None if hooks is None or hooks.empty else hooks,
             output=output,
             last_answer_prompt=prompt,
             parallel_tool_calls=self.parallel_tool_calls,
@@ -264,6 +307,7 @@ class Agent:
             handlers=tuple(self.handlers),
             store=store if store is not None else MemoryStore(),
             checkpoint_every_transition=store is not None,
+            **_lease_settings(self.lease_s, self.worker_id, store),
         )
         _set(self, "_config", config)
 
@@ -344,6 +388,7 @@ class Agent:
                 Also: a malformed ``history``, both ``history`` and ``continues``, or a
                 ``continues`` run that has not stopped.
             CheckpointError: no run ``continues`` in the store.
+            RunLeased: another worker leased ``run_id`` first (``lease_s``).
         """
         if not isinstance(user_input, str):
             raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
@@ -367,9 +412,36 @@ class Agent:
         )
         # A durable run claims its id now, atomically: another start under the same id,
         # here or in another process, is refused even before either run takes a step.
-        if self._config.checkpoint_every_transition and not self.checkpoints.create(state):
-            raise _taken(run_id)
-        return Run(self._config, state, repaired=repaired)
+        with self._claimed(run_id) as lease:
+            if self._config.checkpoint_every_transition and not self._create(state, lease):
+                raise _taken(run_id)
+        return Run(self._config, state, repaired=repaired, lease=lease)
+
+    def _create(self, state: RunState, lease: Lease | None) -> bool:
+        """Save the first checkpoint of a new run, claiming its id (fenced by its lease)."""
+        leases = self._config.leases
+        if lease is not None and leases is not None:
+            return leases.create(state, lease=lease)
+        return self.checkpoints.create(state)
+
+    @contextlib.contextmanager
+    def _claimed(self, run_id: str) -> Iterator[Lease | None]:
+        """Claim the lease of ``run_id`` (when this agent leases runs) for the Run about to be
+        made from the store; release it when making that Run fails. The claim comes before
+        the run is created or loaded, so what is loaded is the last checkpoint, which the
+        previous holder can no longer change."""
+        config = self._config
+        leases = config.leases
+        if leases is None:
+            yield None
+            return
+        lease = leases.claim(run_id, config.worker_id, config.lease_s)
+        try:
+            yield lease
+        except BaseException:
+            with contextlib.suppress(CheckpointError):
+                leases.release(lease)
+            raise
 
     def _stored_conversation(self, run_id: str) -> list[Message]:
         """The transcript of a stopped run of this agent's store."""
@@ -400,17 +472,18 @@ class Agent:
         if not isinstance(run_id, str):
             raise ConfigError(f"run_id must be a str, got {type(run_id).__name__}")
         config = self._config
-        try:
-            state = self.checkpoints.load(run_id)
-        except CheckpointError:
-            if config.in_process.is_resuming(run_id):
-                raise ResumeError(f"run {run_id} is already being resumed") from None
-            ended = config.in_process.how_it_ended(run_id)
-            if ended is None:
-                raise
-            raise finished(run_id, ended.value) from None
-        answered = reopen(state, config.machine, config.limits, reply, approvals)
-        return Run(config, state, resumed=answered)
+        with self._claimed(run_id) as lease:
+            try:
+                state = self.checkpoints.load(run_id)
+            except CheckpointError:
+                if config.in_process.is_resuming(run_id):
+                    raise ResumeError(f"run {run_id} is already being resumed") from None
+                ended = config.in_process.how_it_ended(run_id)
+                if ended is None:
+                    raise
+                raise finished(run_id, ended.value) from None
+            answered = reopen(state, config.machine, config.limits, reply, approvals)
+        return Run(config, state, resumed=answered, lease=lease)
 
     async def resume(
         self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
@@ -429,6 +502,11 @@ class Agent:
             CheckpointError: no checkpoint for ``run_id`` in this agent's store.
             ResumeError: the run finished, or the answer does not fit its pause (a reply to
                 an approval, a missing decision, approvals for an ask_user).
+            RunLeased: another worker holds the run's lease (``lease_s``), before or while
+                this one drives it.
+
+        A run whose worker died (it has not stopped) continues from its last checkpoint:
+        that is also how a worker takes over a run whose lease expired.
         """
         return await self.reopen(run_id, reply, approvals=approvals).run()
 

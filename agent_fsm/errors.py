@@ -12,17 +12,25 @@ with a stop reason. ``run()`` therefore never raises for them.
      │                            cannot be proved to terminate
      ├── RunError                 a run cannot be driven further (for example stepping a run
      │   │                        that already ended); carries the RunResult when there is one
-     │   └── ResumeError          resume() was asked to continue a run that cannot be (it
-     │                            finished), or with the wrong answer for its pause
+     │   ├── ResumeError          resume() was asked to continue a run that cannot be (it
+     │   │                        finished), or with the wrong answer for its pause
+     │   └── RunLeased            another worker holds the run's lease: it drives the run now
+     │                            (raised on start/resume, and mid-run by a driver whose
+     │                            expired lease was taken over)
      ├── ScriptExhaustedError     a ScriptedModel was asked for more replies than it was given
      ├── DiagramError             a diagram cannot be drawn (graphviz missing or failing, or a
      │                            run that does not fit the table it is drawn on)
      ├── TraceFileError           a trace file cannot be read (also a ValueError); the message
      │                            names the file and line
-     └── CheckpointError          a checkpoint cannot be read, written or resumed
+     ├── CheckpointError          a checkpoint cannot be read, written or resumed
+     └── MCPConnectionError       (in ``agent_fsm.mcp``, the optional extra) an MCP server
+                                  cannot be started or does not complete the handshake, raised
+                                  on entering its ``async with``; its failures later are results
 
     ToolSchemaWarning (a UserWarning)  a provider gets a tool schema with a keyword dropped
                                        or rewritten (see ``models.base.ToolSchemaIssue``)
+    SkippedToolWarning (a UserWarning, in ``agent_fsm.mcp``)  an MCP server's tool is not
+                                       offered to the model (a name or schema it cannot take)
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ __all__ = [
     "DiagramError",
     "ResumeError",
     "RunError",
+    "RunLeased",
     "ScriptExhaustedError",
     "ToolSchemaWarning",
     "TraceFileError",
@@ -67,6 +76,25 @@ class RunError(AgentFSMError):
 class ResumeError(RunError):
     """``Agent.resume`` cannot continue the run as asked: it finished, or the answer does not
     fit the pause (a reply for an approval, a missing decision, an unknown call id)."""
+
+
+class RunLeased(RunError):
+    """Another worker holds the run's lease, so this one must not drive it.
+
+    Raised by ``Agent.start``/``reopen``/``resume`` when the run is claimed by a live lease,
+    and by a running driver at its next checkpoint save (or tool-journal write) once its own
+    lease was taken over after expiring: that driver stops there, and the holder continues
+    the run from its last checkpoint. Retrying later is the remedy (``expires_at`` says when
+    the lease runs out if its holder stops renewing it).
+    """
+
+    def __init__(self, message: str, *, run_id: str, holder: str, expires_at: float) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.holder = holder
+        """The worker id of the lease's holder."""
+        self.expires_at = expires_at
+        """Unix time the holder's lease runs out, by the store's clock, unless renewed."""
 
 
 class ScriptExhaustedError(AgentFSMError):

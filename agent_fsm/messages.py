@@ -285,6 +285,12 @@ class ModelRequest:
     Must not raise into the model; the assembled ModelResponse is still returned at the end."""
     output: OutputFormat | None = None
     """The schema the reply's text must match (native typed output); None for free text."""
+    tool_choice: str | None = None
+    """What the model must do with ``tools``: ``"auto"``, ``"required"`` (call at least one),
+    ``"none"`` (call none), or the name of one of them (call it), as a ``before_model`` hook
+    chose (``agent_fsm.hooks``). None: the model's own settings decide. An adapter sends it
+    only with tools, over any setting of its own for the same thing (``OpenAIChatModel``:
+    its ``tool_choice``)."""
 
 
 def clean_text(text: str) -> str:

@@ -176,7 +176,7 @@ class RunState:
     """Seconds the current turn has waited before its retries."""
     usage: Usage = _declared(L.RUN, "run.thinking", factory=Usage)
     messages: list[Message] = _declared(
-        L.RUN, "run.context durable.checkpoint durable.sqlite", factory=list
+        L.RUN, "run.context durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
     """The transcript, append-only (``RunContext.append``; the stores refill it on load)."""
     pending_input: list[str] = _declared(
@@ -238,7 +238,7 @@ class RunState:
     stop_reason: StopReason | None = _declared(L.STOP, "run.outcome run.resuming", None)
     """Why the run stopped, while it is in DONE or ERROR; what the resume rows' guards read."""
     trace: list[tuple[int, int]] = _declared(
-        L.RUN, "run.engine durable.checkpoint durable.sqlite", factory=list
+        L.RUN, "run.engine durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
     """(row index in the machine's table, turn) for every transition taken."""
 

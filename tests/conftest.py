@@ -18,6 +18,9 @@ from agent_fsm.events import Event
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
 from agent_fsm.testing import ScriptedModel, ScriptItem
 
+# The checkpoint stores of every kind, and PostgreSQL for them (``store``, ``postgres_url``).
+pytest_plugins = ["tests.stores"]
+
 
 def _configure_structlog() -> None:
     """The test suite is an application: it configures structlog (warnings and above)."""

@@ -1,7 +1,9 @@
-"""The process that tests/test_crash.py kills: one durable agent run on a SQLite store.
+"""The process that tests/test_crash.py kills: one durable agent run on a shared store.
 
-``python -m tests.crash_child DB LOG RUN_ID`` starts the run, or resumes it when the store
-already holds it. The agent makes ``STEPS`` tool turns, each calling two tools in one reply:
+``python -m tests.crash_child LOG RUN_ID KIND LOCATION...`` starts the run, or resumes it when
+the store (``tests.stores.open_location(KIND, *LOCATION)``: a SQLite file, or a PostgreSQL
+URL and schema) already holds it. The agent makes ``STEPS`` tool turns, each calling two
+tools in one reply:
 
 - ``append_line`` (not idempotent) appends ``step N`` to LOG: the visible side effect that
   must never happen twice;
@@ -20,16 +22,17 @@ import time
 from pathlib import Path
 
 from agent_fsm import Agent, Limits, RunResult, tool
-from agent_fsm.durable.sqlite import SQLiteStore
+from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse
 from agent_fsm.table import TERMINAL_STATES
 from agent_fsm.testing import FunctionModel, call, reply
+from tests.stores import open_location
 
 STEPS = 5
 PAUSE_S = 0.004
 
 
-def build_agent(db: str, log: Path) -> Agent:
+def build_agent(store: CheckpointStore, log: Path) -> Agent:
     @tool
     def append_line(text: str) -> str:
         """Append a line to the log file."""
@@ -58,12 +61,12 @@ def build_agent(db: str, log: Path) -> Agent:
         model=FunctionModel(model),
         tools=[append_line, lookup],
         limits=Limits(max_turns=4 * STEPS, loop_detection=False),
-        store=SQLiteStore(db),
+        store=store,
     )
 
 
-async def main(db: str, log: str, run_id: str) -> int:
-    agent = build_agent(db, Path(log))
+async def main(log: str, run_id: str, kind: str, *location: str) -> int:
+    agent = build_agent(open_location(kind, *location), Path(log))
     print("ready", flush=True)
     if agent.checkpoints.exists(run_id):
         state = agent.checkpoints.load(run_id)
@@ -78,4 +81,4 @@ async def main(db: str, log: str, run_id: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(*sys.argv[1:4])))
+    sys.exit(asyncio.run(main(*sys.argv[1:])))

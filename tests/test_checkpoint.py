@@ -1,5 +1,6 @@
 """Checkpoint stores: round trips, incremental saves, isolation, schema versions, the journal,
-and SQLite's file handling (WAL, several instances and processes on one file)."""
+on every store (memory, SQLite, PostgreSQL: ``tests/stores.py``), several instances and
+processes on one store, and SQLite's file handling (WAL, paths, foreign files)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent_fsm import CheckpointError, CheckpointStore, MemoryStore, SQLiteStore
+from agent_fsm import CheckpointError, CheckpointStore, SQLiteStore
 from agent_fsm.durable import RunSummary
 from agent_fsm.durable import checkpoint as checkpoint_module
 from agent_fsm.durable.journal import CallStatus, ToolJournal, journal_key
+from agent_fsm.durable.sqlite import LAYOUT_VERSION
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
@@ -41,8 +43,7 @@ from agent_fsm.state import (
     RunState,
 )
 from agent_fsm.table import TABLE, AgentState
-
-STORES = ["memory", "sqlite"]
+from tests.stores import Opener
 
 
 def row_index(label: str) -> int:
@@ -138,17 +139,6 @@ def add_turn(state: RunState, n: int) -> None:
     state.trace.append((CONTINUE, state.turns))
 
 
-def make_store(kind: str, path: Path, clock: Callable[[], float] | None = None) -> Any:
-    extra = {} if clock is None else {"clock": clock}
-    return MemoryStore(**extra) if kind == "memory" else SQLiteStore(path, **extra)
-
-
-@pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
-    with make_store(request.param, tmp_path / "runs.sqlite3") as opened:
-        yield opened
-
-
 def fake_clock() -> Callable[[], float]:
     ticks = itertools.count(1000)
     return lambda: float(next(ticks))
@@ -198,13 +188,14 @@ def test_create_saves_a_new_run_and_refuses_a_known_id_leaving_it_as_it_was(
     assert store.load("run-1") == first
 
 
-def test_of_many_stores_on_one_file_creating_one_run_exactly_one_wins(tmp_path: Path) -> None:
+def test_of_many_stores_on_one_storage_creating_one_run_exactly_one_wins(
+    open_shared_store: Opener,
+) -> None:
     """Eight "processes" (each its own connection) start runs under one id at once."""
-    path = tmp_path / "runs.sqlite3"
-    stores = [SQLiteStore(path) for _ in range(8)]
+    stores = [open_shared_store() for _ in range(8)]
     barrier = threading.Barrier(len(stores))
 
-    def start(store: SQLiteStore, n: int) -> bool:
+    def start(store: CheckpointStore, n: int) -> bool:
         barrier.wait()
         return store.create(RunState(run_id="job-7", turns=n))
 
@@ -212,8 +203,6 @@ def test_of_many_stores_on_one_file_creating_one_run_exactly_one_wins(tmp_path: 
         won = list(pool.map(start, stores, range(len(stores))))
     assert won.count(True) == 1
     assert stores[0].load("job-7").turns == won.index(True)
-    for store in stores:
-        store.close()
 
 
 def test_unknown_run_id(store: CheckpointStore) -> None:
@@ -328,9 +317,8 @@ def test_sqlite_saves_write_only_the_new_entries(tmp_path: Path) -> None:
 # --- list_runs, delete ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", STORES)
-def test_list_runs_most_recent_first_with_summaries(kind: str, tmp_path: Path) -> None:
-    with make_store(kind, tmp_path / "runs.sqlite3", fake_clock()) as store:
+def test_list_runs_most_recent_first_with_summaries(open_store: Opener) -> None:
+    with open_store(fake_clock()) as store:
         assert store.list_runs() == []
         for run_id in ("a", "b", "c"):
             store.save(RunState(run_id=run_id))  # clock: 1000, 1001, 1002
@@ -402,10 +390,9 @@ def test_journal_records_started_and_finished_calls(store: CheckpointStore) -> N
         journal.record_finished("9:0:x", result)
 
 
-def test_sqlite_journal_is_durable_and_shared(tmp_path: Path) -> None:
-    path = tmp_path / "runs.sqlite3"
+def test_the_journal_is_durable_and_shared(open_shared_store: Opener) -> None:
     call = ToolCall(id="c1", name="transfer")
-    with SQLiteStore(path) as first, SQLiteStore(path) as second:
+    with open_shared_store() as first, open_shared_store() as second:
         # Written from a worker thread, as a sync tool's runtime may do.
         worker = threading.Thread(target=first.journal("r").record_started, args=("k", call))
         worker.start()
@@ -413,7 +400,7 @@ def test_sqlite_journal_is_durable_and_shared(tmp_path: Path) -> None:
         entry = second.journal("r").lookup("k")  # committed before record_started returned
         assert entry is not None
         assert entry.status is CallStatus.STARTED
-    with SQLiteStore(path) as reopened:
+    with open_shared_store() as reopened:
         entry = reopened.journal("r").lookup("k")
         assert entry is not None
         assert entry.call == call
@@ -558,7 +545,7 @@ def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
         store.save(rich_state())
         with sqlite3.connect(path) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION
         assert store._conn is not None
         assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
@@ -597,9 +584,8 @@ def test_a_closed_store_says_so(tmp_path: Path) -> None:
         store.save(rich_state())
 
 
-def test_two_instances_on_one_file(tmp_path: Path) -> None:
-    path = tmp_path / "runs.sqlite3"
-    with SQLiteStore(path) as first, SQLiteStore(path) as second:
+def test_two_instances_on_one_storage(open_shared_store: Opener) -> None:
+    with open_shared_store() as first, open_shared_store() as second:
         state = rich_state()
         first.save(state)
         resumed = second.load("run-1")
@@ -619,12 +605,12 @@ def test_two_instances_on_one_file(tmp_path: Path) -> None:
 
 _CHILD = """
 import sys
-from agent_fsm import SQLiteStore
 from agent_fsm.messages import ToolCall, UserMessage
 from agent_fsm.state import RunState
+from tests.stores import open_location
 
 state = RunState(run_id="child")
-with SQLiteStore(sys.argv[1]) as store:
+with open_location(*sys.argv[1:]) as store:
     print("ready", flush=True)
     for n in range(200):
         state.messages.append(UserMessage(content=str(n)))
@@ -634,11 +620,13 @@ with SQLiteStore(sys.argv[1]) as store:
 """
 
 
-def test_a_writer_in_another_process(tmp_path: Path) -> None:
-    path = tmp_path / "runs.sqlite3"
-    with SQLiteStore(path) as store:
+def test_a_writer_in_another_process(open_shared_store: Opener) -> None:
+    with open_shared_store() as store:
         child = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", _CHILD, open_shared_store.kind, *open_shared_store.location],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
         )
         assert child.stdout is not None
         assert child.stdout.readline() == "ready\n"  # the two processes now write together

@@ -1,7 +1,8 @@
 """Crash test: a child process runs a durable agent and is killed with SIGKILL at random
-points; each time a fresh process resumes the run from its SQLite checkpoint, until it
-completes. Then: the transcript is valid (every tool call answered exactly once), and the
-non-idempotent tool's side effect (a line appended to a file) never happened twice.
+points; each time a fresh process resumes the run from its checkpoint (in SQLite, and in
+PostgreSQL), until it completes. Then: the transcript is valid (every tool call answered
+exactly once), and the non-idempotent tool's side effect (a line appended to a file) never
+happened twice.
 
 Seeded and bounded: ``TRIALS`` runs, at most ``MAX_KILLS`` kills each.
 """
@@ -19,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.messages import AssistantMessage, ToolMessage
 from agent_fsm.table import AgentState
 from agent_fsm.testing.invariants import transcript_problems
 from tests.crash_child import STEPS
+from tests.stores import Opener
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIALS = int(os.environ.get("AGENT_FSM_CRASH_TRIALS", "6"))
@@ -33,9 +34,9 @@ SEED = 20261122
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 
 
-def _child(db: Path, log: Path, run_id: str) -> subprocess.Popen[str]:
+def _child(store: Opener, log: Path, run_id: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_child", str(db), str(log), run_id],
+        [sys.executable, "-m", "tests.crash_child", str(log), run_id, store.kind, *store.location],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -43,11 +44,11 @@ def _child(db: Path, log: Path, run_id: str) -> subprocess.Popen[str]:
     )
 
 
-def _run_with_kills(rng: random.Random, db: Path, log: Path, run_id: str) -> int:
+def _run_with_kills(rng: random.Random, store: Opener, log: Path, run_id: str) -> int:
     """Start/resume the run until a child finishes it; return how many children were killed."""
     kills = 0
     while True:
-        child = _child(db, log, run_id)
+        child = _child(store, log, run_id)
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
         if kills < MAX_KILLS:
@@ -63,13 +64,15 @@ def _run_with_kills(rng: random.Random, db: Path, log: Path, run_id: str) -> int
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
-def test_killed_runs_resume_and_never_repeat_a_side_effect(trial: int, tmp_path: Path) -> None:
+def test_killed_runs_resume_and_never_repeat_a_side_effect(
+    trial: int, tmp_path: Path, open_shared_store: Opener
+) -> None:
     rng = random.Random(SEED + trial)
-    db, log, run_id = tmp_path / "runs.sqlite3", tmp_path / "side_effects.log", f"crash-{trial}"
-    kills = _run_with_kills(rng, db, log, run_id)
+    log, run_id = tmp_path / "side_effects.log", f"crash-{trial}"
+    kills = _run_with_kills(rng, open_shared_store, log, run_id)
     assert kills >= 1, "no child was killed: the kill window misses the run"
 
-    with SQLiteStore(db) as store:
+    with open_shared_store() as store:
         state = store.load(run_id)
     assert state.state is AgentState.DONE
     assert state.output == "done"

@@ -1,5 +1,5 @@
 """Pause, steer, follow up, abort, time out and resume (issue #5), through real agents on the
-scripted and function models."""
+scripted and function models; the durable cases on every checkpoint store."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from agent_fsm import Agent, AgentState, Approval, StopReason, tool
+from agent_fsm import Agent, AgentState, Approval, CheckpointStore, StopReason, tool
 from agent_fsm.durable.checkpoint import MemoryStore
 from agent_fsm.errors import CheckpointError, ResumeError
 from agent_fsm.events import (
@@ -23,6 +23,7 @@ from agent_fsm.state import RUN_STATE_ADAPTER, RunState, RunStatus
 from agent_fsm.testing import FunctionModel, ScriptedModel, call, reply
 from agent_fsm.testing.invariants import transcript_problems
 from tests.conftest import Recorder, SpyStore, echo, limits
+from tests.stores import Opener
 
 
 def _user_texts(state_messages: object) -> list[str]:
@@ -58,8 +59,9 @@ async def test_ask_user_pauses_and_resume_continues_with_the_reply() -> None:
         await agent.resume(paused.run_id, "again")
 
 
-async def test_resume_refuses_what_does_not_fit_and_changes_nothing() -> None:
-    store = MemoryStore()
+async def test_resume_refuses_what_does_not_fit_and_changes_nothing(
+    store: CheckpointStore,
+) -> None:
     agent = Agent(
         model=ScriptedModel([reply("", call("ask_user", question="Which city?"))]),
         limits=limits(),
@@ -180,7 +182,9 @@ async def test_the_deadline_interrupts_a_slow_model_call() -> None:
     assert "timed out" in result.error
 
 
-async def test_a_durable_store_gets_a_checkpoint_per_transition_and_a_crash_resumes() -> None:
+async def test_a_durable_store_gets_a_checkpoint_per_transition_and_a_crash_resumes(
+    open_store: Opener,
+) -> None:
     script = [reply("", call("echo", text="a")), reply("done")]
     store = SpyStore()
     agent = Agent(model=ScriptedModel(script), tools=[echo], limits=limits(), store=store)
@@ -188,11 +192,12 @@ async def test_a_durable_store_gets_a_checkpoint_per_transition_and_a_crash_resu
     assert len(store.saved) == len(result.trace) + 1  # the start, then every transition
     assert store.load("r1").state is AgentState.DONE
 
-    # "Crash" after each checkpoint in turn: a fresh agent resumes from it and completes
-    # with the same transcript.
+    # "Crash" after each checkpoint in turn: a fresh agent resumes from it, in a store of
+    # every kind, and completes with the same transcript.
+    fresh_store = open_store()
     for snapshot in store.saved[:-1]:
         crashed = RUN_STATE_ADAPTER.validate_json(snapshot)
-        fresh_store = MemoryStore()
+        fresh_store.delete("r1")  # its journal too: the crash came before any tool call
         fresh_store.save(crashed)
         remaining = ScriptedModel(script[crashed.turns :])
         again = Agent(model=remaining, tools=[echo], limits=limits(), store=fresh_store)
@@ -202,8 +207,7 @@ async def test_a_durable_store_gets_a_checkpoint_per_transition_and_a_crash_resu
         assert not transcript_problems(resumed.messages)
 
 
-async def test_resuming_a_crashed_run_with_an_answer_is_refused() -> None:
-    store = MemoryStore()
+async def test_resuming_a_crashed_run_with_an_answer_is_refused(store: CheckpointStore) -> None:
     store.save(RunState(run_id="r", pending_input=["hi"]))
     agent = Agent(model=ScriptedModel(["x"]), limits=limits(), store=store)
     with pytest.raises(ResumeError, match="interrupted in OBSERVE"):
@@ -303,7 +307,9 @@ async def test_steering_mid_act_skips_the_calls_not_yet_started() -> None:
     assert not transcript_problems(result.messages)
 
 
-async def test_abort_during_a_slow_tool_cancels_it_and_answers_the_call() -> None:
+async def test_abort_during_a_slow_tool_cancels_it_and_answers_the_call(
+    store: CheckpointStore,
+) -> None:
     started = asyncio.Event()
     cancelled: list[bool] = []
 
@@ -318,7 +324,6 @@ async def test_abort_during_a_slow_tool_cancels_it_and_answers_the_call() -> Non
             raise
         return "never"
 
-    store = MemoryStore()
     model = ScriptedModel([reply("", call("slow", n=1), call("echo", text="fast")), "after"])
     agent = Agent(model=model, tools=[slow, echo], limits=limits(), store=store)
     run = agent.start("Go")

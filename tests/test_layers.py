@@ -33,14 +33,22 @@ LAYERS = [
     "loop",
     # durable/: what outlives a process
     "durable.journal",
+    "durable.leases",
     "durable.checkpoint",
+    "durable.sqlite_leases",
+    "durable.sqlite_journal",
     "durable.sqlite",
+    "durable.postgres_rows",
+    "durable.postgres_leases",
+    "durable.postgres_journal",
+    "durable.postgres",
     "durable.tracefile",
     "durable",
     # tools/: a tool call from definition to answer
     "tools.schemas",
     "tools.results",
     "tools.tool",
+    "tools.hooks",
     "tools.execution",
     "tools.scheduling",
     "tools",
@@ -52,13 +60,16 @@ LAYERS = [
     "models.openai_convert",
     "models.openai_chat",
     "models.openai_responses_convert",
+    "models.openai_responses_reply",
     "models.openai_responses",
     "models.anthropic_convert",
+    "models.anthropic_reply",
     "models.anthropic_messages",
     "models.gemini_schema",
     "models.gemini_convert",
     "models.gemini",
     "models",
+    "hooks",
     # run/: one run
     "run.context",
     "run.observing",
@@ -71,6 +82,7 @@ LAYERS = [
     "run.outcome",
     "run.resuming",
     "run.history",
+    "run.leasing",
     "run.engine",
     "run",
     # the top
@@ -111,6 +123,7 @@ ONLY_IN = {
     },
     "hypothesis_jsonschema": {"testing.strategies"},
     "opentelemetry": {"otel"},
+    "psycopg": {"durable.postgres"},
 }
 
 

@@ -61,11 +61,7 @@ from tests.openai_payloads import (
     sse,
     tool_call,
 )
-
-try:  # the HTTP library the installed SDK is built on: httpx2 for openai 3.x, httpx before
-    import httpx2 as http
-except ImportError:  # pragma: no cover
-    import httpx as http  # type: ignore[no-redef]
+from tests.provider_kits.base import http  # the HTTP library the installed SDK is built on
 
 FAKE_KEY = "sk-test-DO-NOT-LEAK-0123456789abcdefABCDEF"
 MODEL = "gpt-4o-mini"

@@ -8,16 +8,21 @@ resume brought the run here (``carry_out``); otherwise it answers the calls of t
    ``finish_task``) appears *anywhere* among the calls, it wins the turn, is answered once, and
    every other call is answered "skipped" without running. Checking the whole turn rather than
    the last call is what stops ``finish_task`` from repeating forever;
-2. **gating**: a call that cannot run is answered with its error; a call that needs approval is
+2. **the before_tool hook** (``Agent(hooks=...)``, if set) decides, in call order, each call
+   that would be gated next: it may deny it (answered with the reason) or change its
+   arguments (validated again; the answer records the change) (``_screened``);
+3. **gating**: a call that cannot run is answered with its error; a call that needs approval is
    answered "awaiting approval" and becomes part of a pending request (``approvals.py``); a
-   call of a terminal tool after the turn's first valid one is answered "skipped";
-3. **running** the rest through ``tools.scheduling`` (concurrently unless the agent says not
-   to, through the journal, until steering interrupts or the run is stopped);
-4. **fair share**: the turn's outputs are cut to fit ``Limits.turn_max_output_chars``;
-5. **terminal tools**: when the turn's terminal call succeeded, its output becomes the run's
+   call of a terminal tool after the turn's first valid one is answered "skipped". So a
+   person approves the arguments that will run, and is not asked about a denied call;
+4. **running** the rest through ``tools.scheduling`` (concurrently unless the agent says not
+   to, through the journal, until steering interrupts or the run is stopped); the answer of
+   each call that ran goes through the after_tool hook, if set (``_reviewer``);
+5. **fair share**: the turn's outputs are cut to fit ``Limits.turn_max_output_chars``;
+6. **terminal tools**: when the turn's terminal call succeeded, its output becomes the run's
    output and a ``terminal_tool`` request for REFLECT (it outranks calls left awaiting
    approval in the same turn: the run ends, and they never run);
-6. **counters**: the consecutive-error count and the loop detector see the turn.
+7. **counters**: the consecutive-error count and the loop detector see the turn.
 
 Must not raise for anything a model or a tool does.
 """
@@ -26,7 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from pydantic import JsonValue
+
+from agent_fsm.cancellation import StopScope
 from agent_fsm.constructors import builder
+from agent_fsm.durable.journal import CallStatus, journal_key
 from agent_fsm.events import ToolFinished
 from agent_fsm.loop.detection import canonical_arguments, record_calls, record_turn_results
 from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, ToolStatus
@@ -38,13 +47,21 @@ from agent_fsm.run.approvals import (
 )
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import ControlKind, ControlRequest
+from agent_fsm.tools.hooks import AfterTool, BeforeTool, review_result, screen_call
 from agent_fsm.tools.results import (
     error_result,
     fit_turn,
     merge_runtime_details,
     skipped_result,
 )
-from agent_fsm.tools.scheduling import STOPPED, TurnCalls, run_until_stopped, tool_started, waves
+from agent_fsm.tools.scheduling import (
+    STOPPED,
+    Review,
+    TurnCalls,
+    run_until_stopped,
+    tool_started,
+    waves,
+)
 from agent_fsm.tools.tool import PreparedCall
 
 __all__ = ["act", "answer_calls", "carry_out"]
@@ -91,31 +108,35 @@ async def answer_calls(
     control request, the error count and loop signals in the run state.
 
     Args:
-        approved: ids of calls a person already approved: they run without asking again.
+        approved: ids of calls a person already approved: they run without asking again
+            (and without the ``before_tool`` hook, which saw them before they were asked).
     """
     state = ctx.state
     state.control = None
     prepared = [ctx.config.tools.prepare(call) for call in calls]
-    turn = TurnCalls(ctx, prepared)
+    hooks = ctx.config.hooks
+    turn = TurnCalls(ctx, prepared, None if hooks is None else _reviewer(ctx, hooks.after_tool))
     winner = _control_winner(prepared)
     if winner is not None:
         _answer_control(ctx, winner, prepared, turn.results)
-    else:
-        runnable, pending = _gate(prepared, approved, turn.results)
+    elif hooks is None or await _screened(ctx, hooks.before_tool, turn, approved):
+        runnable, pending = _gate(turn.prepared, approved, turn.results)
         if runnable:
-            groups = waves(prepared, runnable, ctx.config.parallel_tool_calls)
+            groups = waves(turn.prepared, runnable, ctx.config.parallel_tool_calls)
             await run_until_stopped(turn, groups)
         if pending:
             state.control = approval_request(pending)
             state.output = state.control.text
     final = [
-        result if result is not None else skipped_result(prepared[index].call, STOPPED)
+        result if result is not None else skipped_result(turn.prepared[index].call, STOPPED)
         for index, result in enumerate(turn.results)
     ]
-    _end_on_terminal_tool(ctx, prepared, final)
+    if hooks is not None:
+        _keep_hook_facts(turn.prepared, final)
+    _end_on_terminal_tool(ctx, turn.prepared, final)
     fit_turn(final, ctx.limits.turn_max_output_chars)
-    _report(ctx, turn, prepared, final)
-    _count(ctx, winner is not None, prepared, final)
+    _report(ctx, turn, turn.prepared, final)
+    _count(ctx, winner is not None, prepared, final)  # the loop detector sees the model's calls
     return final
 
 
@@ -154,6 +175,125 @@ def _answer_control(
         )
 
 
+async def _screened(
+    ctx: RunContext, hook: BeforeTool | None, turn: TurnCalls, approved: Collection[str]
+) -> bool:
+    """Put each call that would be gated next to the ``before_tool`` hook, one at a time in
+    call order (``tools.hooks.screen_call``): a denied or failed one is answered, a changed
+    one replaced in ``turn.prepared``. False when the run was stopped meanwhile: then no call
+    is gated or run (each unanswered one is answered "skipped").
+
+    Not put to the hook: calls that cannot run (their error answers them), control and
+    typed-output calls (the engine's own), calls a person approved (the hook saw them before
+    they were asked), terminal calls after the turn's first (skipped), and calls the journal
+    answers (a crashed run's finished calls are replayed as they were, the hook not asked
+    again; an idempotent call that never finished is re-run, and asked again).
+    """
+    if hook is None:
+        return True
+    registry, prepared = ctx.config.tools, list(turn.prepared)
+    terminal = False  # a terminal call goes on: later ones are skipped, so not asked about
+    with StopScope(ctx.stop) as scope:
+        for index, item in enumerate(prepared):
+            tool = item.tool
+            if tool is None or item.error is not None or (tool.terminal and terminal):
+                continue
+            if _asks_hook(ctx, index, item, approved):
+                timeout_s = tool.timeout_s or ctx.limits.tool_timeout_s
+                screened = await screen_call(hook, item, registry, timeout_s)
+                if isinstance(screened, ToolMessage):
+                    turn.results[index] = screened
+                    _log_hook_failure(ctx, screened)
+                    continue
+                prepared[index] = screened
+            terminal = terminal or tool.terminal
+    turn.prepared = prepared
+    return not (scope.stopped or ctx.stop.is_set())
+
+
+def _asks_hook(ctx: RunContext, index: int, item: PreparedCall, approved: Collection[str]) -> bool:
+    """Whether ``before_tool`` decides this valid call (see ``_screened``)."""
+    return (
+        _hooked(ctx, item)
+        and item.call.id not in approved
+        and not _journal_answers(ctx, index, item)
+    )
+
+
+def _hooked(ctx: RunContext, item: PreparedCall) -> bool:
+    """Whether the tool hooks see this call: every tool's but the engine's own (control
+    tools, and the typed-output tool, whose arguments are the run's result)."""
+    tool = item.tool
+    if tool is None or tool.control is not None:
+        return False
+    output = ctx.config.output
+    return output is None or output.mode != "tool" or tool.name != output.tool_name
+
+
+def _journal_answers(ctx: RunContext, index: int, item: PreparedCall) -> bool:
+    """The journal of a resumed durable run answers this call without running it: it
+    finished before the crash, or it started and is not idempotent (its outcome unknown)."""
+    journal = ctx.journal
+    if journal is None:
+        return False
+    try:
+        entry = journal.lookup(journal_key(ctx.state.turns, index, item.call.id))
+    except Exception:  # the store failed: running the call will say so
+        return False
+    if entry is None:
+        return False
+    idempotent = item.tool is not None and item.tool.idempotent
+    return entry.status is CallStatus.FINISHED or not idempotent
+
+
+def _log_hook_failure(ctx: RunContext, result: ToolMessage) -> None:
+    """The people who run the agent see a hook's failure in the log (the model sees the
+    answer)."""
+    runtime = result.details.get("runtime") if isinstance(result.details, dict) else None
+    failed = runtime.get("hook_failed") if isinstance(runtime, dict) else None
+    if failed is not None:
+        ctx.log.warning(
+            "tool_hook_failed",
+            tool=result.name,
+            call_id=result.tool_call_id,
+            turn=ctx.state.turns,
+            error=result.content[:500],
+        )
+
+
+def _reviewer(ctx: RunContext, hook: AfterTool | None) -> Review:
+    """What a call's answer goes through once it ran (``TurnCalls.review``): the facts of a
+    ``before_tool`` change added, then the ``after_tool`` hook (which cannot drop them)."""
+
+    async def review(item: PreparedCall, result: ToolMessage) -> ToolMessage:
+        if item.runtime is not None:
+            result = _with_facts(result, item.runtime)
+        if hook is None or not _hooked(ctx, item):
+            return result
+        tool, limits = item.tool, ctx.limits
+        assert tool is not None  # it ran
+        timeout_s = tool.timeout_s or limits.tool_timeout_s
+        limit = tool.max_output_chars or limits.tool_max_output_chars
+        reviewed = await review_result(hook, item, result, timeout_s, limit)
+        if reviewed is not result and item.runtime is not None:
+            reviewed = _with_facts(reviewed, item.runtime)
+        return reviewed  # a failed hook is logged with the failed calls (tool_call_failed)
+
+    return review
+
+
+def _with_facts(result: ToolMessage, runtime: dict[str, JsonValue]) -> ToolMessage:
+    return result.model_copy(update={"details": merge_runtime_details(result.details, runtime)})
+
+
+def _keep_hook_facts(prepared: Sequence[PreparedCall], final: list[ToolMessage]) -> None:
+    """Every answer of a call a ``before_tool`` hook changed says so, whatever became of the
+    call (run, awaiting approval, skipped, cancelled)."""
+    for index, item in enumerate(prepared):
+        if item.runtime is not None:
+            final[index] = _with_facts(final[index], item.runtime)
+
+
 def _gate(
     prepared: Sequence[PreparedCall],
     approved: Collection[str],
@@ -165,6 +305,8 @@ def _gate(
     pending: list[PreparedCall] = []
     terminal: PreparedCall | None = None
     for index, item in enumerate(prepared):
+        if results[index] is not None:  # answered by the before_tool hook
+            continue
         if item.error is not None or item.tool is None:
             results[index] = error_result(item.call, item.error or "the call cannot run")
         elif item.tool.terminal and terminal is not None:

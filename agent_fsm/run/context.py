@@ -20,7 +20,9 @@ from agent_fsm.cancellation import StopEvent
 from agent_fsm.compaction import ContextPolicy
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.events import EventBus, EventHandler
+from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import Message
@@ -91,6 +93,9 @@ class RunConfig:
     context_policies: tuple[ContextPolicy, ...] = ()
     """Shrink a prompt that does not fit the context window, in order (COMPACT)."""
     reflector: Reflector | None = None
+    hooks: StepHooks | None = None
+    """The per-step hooks (``Agent(hooks=...)``); None when no hook is set, so a run without
+    hooks pays one attribute check per model call and per turn of tool calls."""
     output: OutputSpec | None = None
     """What the final answer must be (``Agent(output_type=...)``); None for free text."""
     last_answer_prompt: str | None = None
@@ -104,6 +109,13 @@ class RunConfig:
     checkpoint_every_transition: bool = False
     """Save after every transition (a durable store), or only runs that end resumable
     (paused, aborted, timed out) so that ``Agent.resume`` works in-process."""
+    leases: LeaseStore | None = None
+    """The store, when runs are leased (``Agent(lease_s=...)``): a run is claimed before it
+    is created or loaded, renewed while it is driven, and released when it stops."""
+    lease_s: float = 30.0
+    """How long a lease lasts from each renewal."""
+    worker_id: str = ""
+    """Who holds this agent's leases (``Agent(worker_id=...)``)."""
     in_process: InProcessRuns = field(default_factory=InProcessRuns)
     """What the in-process store knows of the runs it does not hold (``InProcessRuns``)."""
 

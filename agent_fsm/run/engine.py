@@ -7,6 +7,10 @@ triggers, here, so the synchronous ``transitions`` machine never waits on I/O.
 Per-turn work is O(1) amortised in the length of the run: the prompt-size estimate, error
 counts and loop-detector state are kept incrementally, and the model receives a zero-copy
 ``TranscriptView`` of the transcript.
+
+A leased run (``Agent(lease_s=...)``) saves and journals under its lease (``run.leasing``),
+and releases it when it stops. When the lease was taken over, the next save raises
+``RunLeased`` and this driver stops without writing.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.constructors import builder
 from agent_fsm.durable.checkpoint import CheckpointStore
-from agent_fsm.errors import ConfigError, ResumeError, RunError
+from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.durable.leases import Lease
+from agent_fsm.errors import ConfigError, ResumeError, RunError, RunLeased
 from agent_fsm.events import (
     AbortRequested,
     Event,
@@ -40,6 +46,7 @@ from agent_fsm.run.answering import answer
 from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
 from agent_fsm.run.history import HistoryRepair
+from agent_fsm.run.leasing import RunLease
 from agent_fsm.run.observing import observe
 from agent_fsm.run.outcome import ending_events, record_stop
 from agent_fsm.run.reflecting import reflect
@@ -83,8 +90,14 @@ class Run:
         *,
         resumed: str | None = None,
         repaired: HistoryRepair | None = None,
+        lease: Lease | None = None,
     ) -> None:
         log = get_logger("agent_fsm").bind(run_id=state.run_id)
+        leased = (
+            RunLease(config.leases, lease, log)
+            if lease is not None and config.leases is not None
+            else None
+        )
         self._config = config
         self._state = state
         # Asked once per run: the transition line is built only when it will be written.
@@ -96,11 +109,7 @@ class Run:
             config=config,
             bus=EventBus(config.handlers, on_handler_error=self._handler_failed),
             stop=StopEvent(),
-            journal=(
-                config.store.journal(state.run_id)
-                if config.store is not None and config.checkpoint_every_transition
-                else None
-            ),
+            journal=_journal(config, state.run_id, leased),
             log=log,
             limits=config.limits,
             clock=config.clock,
@@ -117,6 +126,8 @@ class Run:
         """The trace entries of the transitions this Run object fired, for ``step`` and the
         result (a resumed run's earlier ones are built from ``state.trace`` at the end)."""
         self._deadline: asyncio.TimerHandle | None = None
+        self._lease = leased
+        """The run's lease, when its agent leases runs (``Agent(lease_s=...)``)."""
 
     # -- public surface ---------------------------------------------------------------
 
@@ -220,8 +231,14 @@ class Run:
 
         Raises:
             RunError: when the run has already ended.
+            RunLeased: the run's lease was taken over: this driver must stop (nothing of
+                this step was saved).
         """
-        await self._advance()
+        try:
+            await self._advance()
+        except RunLeased:
+            self._release()
+            raise
         return self._entries[-1]
 
     async def _advance(self) -> Row:
@@ -243,7 +260,7 @@ class Run:
         else:
             work = _WORK[state.state](self._ctx)
             if work is not None:
-                await work
+                await (work if self._lease is None else self._lease.during_step(work))
             state.elapsed_s = config.clock() - self._started_at
             row = config.machine.fire(self._handle)
         self._after(row)
@@ -292,9 +309,18 @@ class Run:
             yield await self.step()
 
     async def run(self) -> RunResult:
-        """Step until the run ends; return its result."""
-        while not self.done:
-            await self._advance()
+        """Step until the run ends; return its result.
+
+        Raises:
+            RunLeased: the run's lease was taken over by another worker (this driver stopped
+                at its next save, writing nothing; the other one carries the run on).
+        """
+        try:
+            while not self.done:
+                await self._advance()
+        except BaseException:
+            self._release()  # a lease held by a driver that gives up is released at once
+            raise
         return self.result
 
     def _announce(self) -> None:
@@ -329,6 +355,8 @@ class Run:
                     turn=state.turns,
                 )
             )
+        if self._lease is not None:
+            self._lease.start()
         # A new run was saved as it was started (``CheckpointStore.create``, which claims its
         # id); a run reopened after a stop is saved once its resume row is taken: until then
         # its answer is not accepted, and a crash leaves the stop as it was.
@@ -337,7 +365,12 @@ class Run:
             and config.checkpoint_every_transition
             and self._resumed == "crashed"
         ):
-            config.store.save(state)
+            self._save()
+
+    def _release(self) -> None:
+        """Give the run's lease up, if it holds one (``RunLease.release``)."""
+        if self._lease is not None:
+            self._lease.release()
 
     def _time_up(self) -> None:
         self._state.timed_out = True
@@ -386,7 +419,7 @@ class Run:
         if row.dest in TERMINAL_STATES:
             self._finish(row)
         elif self._config.checkpoint_every_transition and self._config.store is not None:
-            self._config.store.save(state)
+            self._save()
 
     def _finish(self, row: Row) -> None:
         state, config = self._state, self._config
@@ -400,6 +433,7 @@ class Run:
             result = typed_result(result, config.output)
         self._result = result
         self._checkpoint_final(result.stop_reason)
+        self._release()
         self._ctx.log.info(
             "run_finished",
             status=result.status.value,
@@ -412,6 +446,18 @@ class Run:
             for event in ending_events(state, row, result):
                 emit(event)
 
+    def _save(self) -> None:
+        """Checkpoint the run in the durable store, fenced by the run's lease when it holds
+        one (which the save renews: ``durable.leases``).
+
+        Raises:
+            RunLeased: the lease was taken over; nothing was written.
+        """
+        if self._lease is not None:
+            self._lease.save(self._state)
+        elif self._config.store is not None:
+            self._config.store.save(self._state)
+
     def _checkpoint_final(self, stop_reason: StopReason) -> None:
         """Save the ended run: always in a durable store; in the in-process default store
         only while it can be resumed (and drop it once it cannot)."""
@@ -420,7 +466,7 @@ class Run:
         if store is None:
             return
         if config.checkpoint_every_transition:
-            store.save(state)
+            self._save()
         elif stop_reason in config.machine.resumable:
             store.save(state)
             config.in_process.stopped(state.run_id)
@@ -428,6 +474,14 @@ class Run:
             if store.exists(state.run_id):
                 store.delete(state.run_id)
             config.in_process.ended(state.run_id, stop_reason)
+
+
+def _journal(config: RunConfig, run_id: str, lease: RunLease | None) -> ToolJournal | None:
+    """The run's tool journal: with a durable store only, fenced by the run's lease when it
+    has one (a driver whose lease was taken over starts no tool call)."""
+    if config.store is None or not config.checkpoint_every_transition:
+        return None
+    return config.store.journal(run_id) if lease is None else lease.journal(run_id)
 
 
 def new_run_state(

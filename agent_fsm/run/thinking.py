@@ -8,20 +8,25 @@ the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agent_fsm.cancellation import StopScope
 from agent_fsm.constructors import builder
 from agent_fsm.errors import ScriptExhaustedError
 from agent_fsm.events import MessageUpdated, ModelFailed, ModelRequested, ModelResponded
 from agent_fsm.failures import describe, is_own_failure
+from agent_fsm.hooks import BeforeModel, ModelPlan, plan_call
 from agent_fsm.limits import Limits
 from agent_fsm.loop.detection import record_reply_text
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
+    Message,
     ModelRequest,
     ModelResponse,
     ReplyDelta,
     ToolCall,
+    ToolSpec,
     Usage,
     clean_message,
 )
@@ -32,7 +37,7 @@ from agent_fsm.run.compacting import summary_messages, take_summary
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import Verb
-from agent_fsm.tokens import calibrate, estimate_message_tokens
+from agent_fsm.tokens import calibrate, estimate_message_tokens, estimate_tools_tokens
 from agent_fsm.tools.execution import retry_delay
 
 __all__ = ["backoff_s", "failure_from", "report_failure", "take_response", "think", "with_call_ids"]
@@ -105,7 +110,7 @@ async def think(ctx: RunContext) -> None:
     estimate = _estimate_prompt(ctx)
     try:
         with scope:
-            response = await _call_model(ctx, previous, estimate)
+            response, estimate = await _call_model(ctx, previous, estimate)
     except BaseException as exc:
         if scope.stopped:  # the model turned our cancellation into an error of its own
             _interrupted(ctx)
@@ -183,10 +188,15 @@ def _interrupted(ctx: RunContext) -> None:
     _failed(ctx, ModelFailure(message=message, permanent=True))
 
 
-async def _call_model(ctx: RunContext, previous: ModelFailure | None, estimate: int) -> object:
+async def _call_model(
+    ctx: RunContext, previous: ModelFailure | None, estimate: int
+) -> tuple[object, int]:
     """Make one model call: a new turn (turn += 1), or, when the row into THINK was a retry
     row, a retry of the turn's call after a backoff (retries += 1). The verifier bounds each
-    kind by its own budget, so which it is follows the row, as the verifier reads it."""
+    kind by its own budget, so which it is follows the row, as the verifier reads it.
+
+    Returns what the model returned, and the estimate of the prompt it was sent (a
+    ``before_model`` hook may have changed the prompt)."""
     state, config = ctx.state, ctx.config
     if _entered_by_retry(ctx):
         state.retries += 1
@@ -200,10 +210,34 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None, estimate: 
         state.turn_retries = 0
         state.turn_retry_wait_s = 0.0
     due = state.summary_due
-    model, messages, tools = config.model, prompt_messages(state.messages, state.context), None
+    model, messages = config.model, prompt_messages(state.messages, state.context)
+    tools, choice = config.tools.specs, None
+    hooks = config.hooks
     if due is not None:  # this turn's call writes the summary a context policy asked for
         model = getattr(config.context_policies[due.policy], "model", None) or model
         messages, tools = summary_messages(due), ()
+    elif hooks is not None and hooks.before_model is not None:
+        plan = ModelPlan(
+            model=model, messages=messages, tools=tools, run_id=state.run_id, turn=state.turns,
+            retry=state.turn_retries, last_error=None if previous is None else previous.message,
+        )  # fmt: skip
+        plan, estimate = await _planned(ctx, hooks.before_model, plan, estimate)
+        model, messages, tools, choice = plan.model, plan.messages, plan.tools, plan.tool_choice
+    request = _request_for(ctx, model.name, messages, tools, choice, estimate)
+    return await model.request(request), estimate
+
+
+def _request_for(
+    ctx: RunContext,
+    model_name: str,
+    messages: Sequence[Message],
+    tools: tuple[ToolSpec, ...],
+    tool_choice: str | None,
+    estimate: int,
+) -> ModelRequest:
+    """The request of one model call (announced by ``ModelRequested`` while anyone
+    listens)."""
+    state = ctx.state
     emit = ctx.bus.emitter
     on_delta = None
     if emit is not None:
@@ -215,7 +249,7 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None, estimate: 
                 estimated_prompt_tokens=calibrate(
                     estimate, state.reported_prompt_tokens, state.estimated_prompt_tokens
                 ),
-                model=model.name,
+                model=model_name,
             )
         )
 
@@ -223,17 +257,55 @@ async def _call_model(ctx: RunContext, previous: ModelFailure | None, estimate: 
             """Streamed fragments of the reply in flight (its turn is the current one)."""
             ctx.bus.emit(MessageUpdated(run_id=state.run_id, turn=state.turns, delta=delta))
 
-    output = config.output
-    request = _model_request(
+    output = ctx.config.output
+    return _model_request(
         messages=messages,
-        tools=config.tools.specs if tools is None else tools,
+        tools=tools,
         run_id=state.run_id,
         turn=state.turns,
         on_delta=on_delta,
-        output=output.format if output is not None and output.mode == "native" and due is None
+        output=output.format
+        if output is not None and output.mode == "native" and state.summary_due is None
         else None,
+        tool_choice=tool_choice,
     )  # fmt: skip
-    return await model.request(request)
+
+
+async def _planned(
+    ctx: RunContext, hook: BeforeModel, plan: ModelPlan, estimate: int
+) -> tuple[ModelPlan, int]:
+    """The plan ``hook`` makes of the call (``hooks.plan_call``), and the estimate of the
+    prompt it sends: the hook may add text, but the prompt must still fit the context
+    window with ``reply_tokens`` to spare, as the context rules keep every prompt.
+
+    Raises:
+        ModelCallError: "before_model hook failed: ...", as ``plan_call`` says, or a prompt
+            that no longer fits (permanent).
+    """
+    state, config, limits = ctx.state, ctx.config, ctx.limits
+    planned = await plan_call(hook, plan, config.tools)
+    if planned.messages is plan.messages and planned.tools is plan.tools:
+        return planned, estimate
+    count = config.count_tokens
+    changed = (
+        state.prompt_tokens_estimate
+        if planned.messages is plan.messages
+        else sum(estimate_message_tokens(message, count) for message in planned.messages)
+    ) + (
+        state.tools_tokens_estimate
+        if planned.tools is plan.tools
+        else estimate_tools_tokens(planned.tools, count)
+    )
+    window = limits.context_window
+    if window is not None and changed > estimate:
+        tokens = calibrate(changed, state.reported_prompt_tokens, state.estimated_prompt_tokens)
+        if tokens + limits.reply_tokens > window:
+            raise ModelCallError(
+                f"before_model hook failed: its prompt of ~{tokens} tokens leaves less than "
+                f"reply_tokens={limits.reply_tokens} of the context window {window}",
+                transient=False,
+            )
+    return planned, changed
 
 
 USAGE_CEILING = 10**12

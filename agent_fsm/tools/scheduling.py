@@ -26,13 +26,27 @@ from agent_fsm.tools.execution import ABANDONED_NOTE, Executed, RetryHandler, ex
 from agent_fsm.tools.results import error_result, merge_runtime_details, skipped_result
 from agent_fsm.tools.tool import PreparedCall
 
-__all__ = ["STOPPED", "CallSite", "TurnCalls", "run_until_stopped", "tool_started", "waves"]
+__all__ = [
+    "STOPPED",
+    "CallSite",
+    "Review",
+    "TurnCalls",
+    "run_until_stopped",
+    "tool_started",
+    "waves",
+]
 
 tool_started = builder(ToolStarted)
 """Builds ToolStarted on every tool call (see constructors.builder); acting uses it too."""
 
 STOPPED = "the run was stopped before this call started"
 """Why a call that had not started when the run was stopped was skipped."""
+
+
+Review = Callable[[PreparedCall, ToolMessage], Awaitable[ToolMessage]]
+"""Given the answer of a call that ran, the answer to keep (the ``after_tool`` hook, and the
+facts a ``before_tool`` hook's change adds): before the journal records it, so that a replay
+gives the model the very answer it saw. Must not raise, except the run's own cancellation."""
 
 
 class CallSite(Protocol):
@@ -73,13 +87,18 @@ class TurnCalls:
         "open_keys",
         "prepared",
         "results",
+        "review",
         "site",
         "started",
     )
 
-    def __init__(self, site: CallSite, prepared: Sequence[PreparedCall]) -> None:
+    def __init__(
+        self, site: CallSite, prepared: Sequence[PreparedCall], review: Review | None = None
+    ) -> None:
         self.site = site
         self.prepared = prepared
+        """The calls, by index; a ``before_tool`` hook may have replaced some (new arguments)."""
+        self.review = review
         self.emit = site.emitter()
         count = len(prepared)
         self.results: list[ToolMessage | None] = [None] * count
@@ -119,10 +138,12 @@ class TurnCalls:
             emit(tool_started(run_id=state.run_id, turn=state.turns, call=item.call))
         begun = site.clock()
         try:
-            if site.journal is None:
+            if site.journal is None:  # the hot path: ``_execute``, inlined
                 executed = await execute(
                     item, site.limits, sleep=site.sleep, on_retry=self.on_retry
                 )
+                if self.review is not None and executed.attempts:
+                    executed.result = await self.review(item, executed.result)
             else:
                 executed = await self._journalled(index, item)
         except asyncio.CancelledError:
@@ -180,10 +201,17 @@ class TurnCalls:
         replayed = self._from_journal(index, item)
         if replayed is not None:
             return replayed
-        executed = await execute(
-            item, self.site.limits, sleep=self.site.sleep, on_retry=self.on_retry
-        )
+        executed = await self._execute(item)
         self._record_finished(index, executed.result)
+        return executed
+
+    async def _execute(self, item: PreparedCall) -> Executed:
+        """Run the call, and ``review`` its answer when it ran."""
+        site = self.site
+        executed = await execute(item, site.limits, sleep=site.sleep, on_retry=self.on_retry)
+        review = self.review
+        if review is not None and executed.attempts:
+            executed.result = await review(item, executed.result)
         return executed
 
     def _from_journal(self, index: int, item: PreparedCall) -> Executed | None:

@@ -23,7 +23,7 @@ from typing import Any, overload
 
 import jsonschema
 from jsonschema import Draft202012Validator
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import from_json
 from referencing import Registry
@@ -366,6 +366,9 @@ class PreparedCall:
     """Why the call cannot run, worded for the model; None when it is valid."""
     values: dict[str, Any] | None = None
     """The keyword arguments for the function (``arguments`` converted to its types)."""
+    runtime: dict[str, JsonValue] | None = None
+    """Facts the runtime adds to the call's answer whatever it is (``details["runtime"]``):
+    a ``before_tool`` hook's change of the arguments (``tools.hooks``)."""
 
 
 def _where(path: Iterable[Any]) -> str:
@@ -422,7 +425,7 @@ def _format_conversion_errors(tool_name: str, exc: PydanticValidationError) -> s
 class ToolRegistry:
     """The tools of one agent, by name; validators are built once, when tools are defined."""
 
-    __slots__ = ("_specs", "_tools")
+    __slots__ = ("_spec_of", "_specs", "_tools")
 
     def __init__(self, tools: Iterable[Tool]) -> None:
         self._tools: dict[str, Tool] = {}
@@ -436,11 +439,16 @@ class ToolRegistry:
                 raise ConfigError(f"two tools are named {item.name!r}; tool names must be unique")
             self._tools[item.name] = item
         self._specs = tuple(t.spec for t in self._tools.values())
+        self._spec_of = {spec.name: spec for spec in self._specs}
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
         """Every tool as the model sees it, in registration order."""
         return self._specs
+
+    def spec_of(self, name: str) -> ToolSpec | None:
+        """The tool ``name`` as the model sees it (the very object ``specs`` holds), or None."""
+        return self._spec_of.get(name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
