@@ -68,6 +68,20 @@ class LocalServer:
 
         self.behaviours.append(send)
 
+    def raw(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        """Reply with exactly these bytes (a provider kit's encoding of a reply)."""
+
+        async def send(writer: asyncio.StreamWriter) -> None:
+            head = {
+                k: v
+                for k, v in headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")
+            }
+            head["content-length"] = str(len(body))
+            writer.write(_head(status, head) + body)
+
+        self.behaviours.append(send)
+
     def reply_counted(self, payload: dict[str, Any]) -> None:
         """Reply with ``payload``, its usage reporting the prompt tokens this server counted
         for the request (``context_size`` must be set), as llama-server does."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -185,3 +186,42 @@ def test_a_provider_whose_sdk_is_missing_names_its_extra() -> None:
     missing = Provider("agent_fsm.models.not_installed", "Nope", "NOPE_KEY", "nope")
     with pytest.raises(ConfigError, match=r"pip install 'agent-fsm\[nope\]'"):
         missing.adapter()
+
+
+_PROVIDER_MODELS = {
+    "openai": "gpt-4o-mini",
+    "openai-responses": "gpt-4.1-mini",
+    "anthropic": "claude-sonnet-4-6",
+    "gemini": "gemini-2.5-flash",
+}
+
+
+@pytest.mark.parametrize("provider", sorted(_PROVIDER_MODELS))
+async def test_every_provider_runs_a_tool_turn_from_the_command_line(provider: str) -> None:
+    """``--provider`` drives each adapter through its SDK against a server on 127.0.0.1 that
+    speaks that provider's wire format (the provider kits write it)."""
+    from agent_fsm.messages import AssistantMessage, FinishReason, ModelResponse, ToolCall
+    from tests.provider_kits import all_kits
+
+    [kit] = [k for k in all_kits() if k.name == provider]
+    weather = ToolCall(id="call_w1", name="get_weather", arguments='{"city": "Paris"}')
+    replies = [
+        ModelResponse(
+            message=AssistantMessage(tool_calls=(weather,)), finish_reason=FinishReason.TOOL_CALLS
+        ),
+        ModelResponse(message=AssistantMessage(content="Sunny in Paris.")),
+    ]
+    server = LocalServer()
+    async with server as url:
+        for response in replies:
+            encoded = kit.reply(response)
+            server.raw(encoded.status_code, dict(encoded.headers), encoded.content)
+        done = await agent_fsm(
+            "run", "Weather in Paris?", "--provider", provider,
+            "--model", _PROVIDER_MODELS[provider], "--base-url", url.removesuffix("/v1"),
+            "--api-key-env", "MY_KEY", env={"MY_KEY": KEY},
+        )  # fmt: skip
+    assert done.code == 0, done.err + done.out
+    assert "final answer: Sunny in Paris." in done.out
+    assert len(server.seen) == 2
+    assert "Paris" in json.dumps(server.seen[1][1]), "the tool's result went back"
