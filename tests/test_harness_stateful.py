@@ -71,7 +71,10 @@ class Seen(AgentStateMachine):
 
 def test_runs_with_approvals_and_questions_keep_every_invariant() -> None:
     Seen.seen.clear()
-    Seen.TestCase.settings = settings(QUICK, max_examples=150, stateful_step_count=30)
+    # derandomized: which kinds show up depends on the hypothesis version and the strategies;
+    # 200 sequences cover every kind below on the floor (6.128) and the newest alike (150
+    # missed the approval resume on 6.128 once the edge replies gained refusals)
+    Seen.TestCase.settings = settings(QUICK, max_examples=200, stateful_step_count=30)
     Seen.TestCase().runTest()
     # the machine really went through every kind of stop, resume, crash and message
     for what in (
