@@ -350,6 +350,23 @@ async def test_tool_settings_are_dropped_when_no_tools_are_sent(server: FakeServ
     assert "toolConfig" not in server.body()
 
 
+@pytest.mark.parametrize(
+    ("choice", "config"),
+    [
+        ("required", {"mode": "ANY"}),
+        ("none", {"mode": "NONE"}),
+        ("get_weather", {"mode": "ANY", "allowedFunctionNames": ["get_weather"]}),
+    ],
+)
+async def test_a_requested_tool_choice_becomes_the_function_calling_config(
+    server: FakeServer, choice: str, config: dict[str, Any]
+) -> None:
+    server.then(KIT.reply(answer("ok")))
+    setting = {"function_calling_config": {"mode": "AUTO"}}
+    await model_for(server, tool_config=setting).request(a_request(tool_choice=choice))
+    assert server.body()["toolConfig"] == {"functionCallingConfig": config}
+
+
 async def test_a_tool_without_arguments_is_declared_without_parameters(server: FakeServer) -> None:
     spec = ToolSpec(
         name="now",

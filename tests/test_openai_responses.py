@@ -45,6 +45,7 @@ from agent_fsm.models.openai_responses_reply import finish_reason_from, usage_fr
 from tests.local_server import LocalServer
 from tests.provider_kits.base import FakeServer, http
 from tests.provider_kits.openai_responses import (
+    KIT,
     RESPONSE_ID,
     SERVED_MODEL,
     USAGE,
@@ -952,3 +953,28 @@ async def test_live_tool_turn() -> None:
         )
     assert result.stop_reason is StopReason.FINAL_ANSWER, result.error
     assert result.usage.requests >= 1
+
+
+@pytest.mark.parametrize(
+    ("choice", "sent"),
+    [
+        ("required", "required"),
+        ("none", "none"),
+        ("lookup", {"type": "function", "name": "lookup"}),
+    ],
+)
+async def test_a_requested_tool_choice_is_sent_and_wins_over_the_setting(
+    choice: str, sent: object
+) -> None:
+    server = FakeServer()
+    server.then(KIT.reply(ModelResponse(message=AssistantMessage(content="ok"))))
+    sdk = openai.AsyncOpenAI(
+        api_key="k", base_url="https://api.test/v1", http_client=server.client()
+    )
+    model = OpenAIResponsesModel("gpt-4.1-mini", client=sdk, tool_choice="auto")
+    spec = ToolSpec(name="lookup", description="d", parameters={"type": "object"})
+    request = ModelRequest(
+        messages=(UserMessage(content="hi"),), tools=(spec,), run_id="r", turn=1, tool_choice=choice
+    )
+    await model.request(request)
+    assert server.body()["tool_choice"] == sent

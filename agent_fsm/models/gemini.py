@@ -262,6 +262,8 @@ class GeminiModel:
         tools = self._wire_tools(request.tools) if request.tools else []
         if tools:
             config["tools"] = tools
+            if request.tool_choice is not None:  # a hook's choice wins over the settings
+                config["tool_config"] = _tool_config(request.tool_choice)
         else:
             for key in _TOOL_SETTINGS:
                 config.pop(key, None)
@@ -510,3 +512,12 @@ def _redact_url(url: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _tool_config(choice: str) -> dict[str, Any]:
+    """``ModelRequest.tool_choice`` as Gemini's ``function_calling_config``: ``auto`` is AUTO,
+    ``required`` is ANY, ``none`` is NONE, and a tool's name is ANY restricted to it."""
+    modes = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
+    if choice in modes:
+        return {"function_calling_config": {"mode": modes[choice]}}
+    return {"function_calling_config": {"mode": "ANY", "allowed_function_names": [choice]}}

@@ -336,6 +336,8 @@ class OpenAIResponsesModel:
             kwargs["text"] = text
         if request.tools:
             kwargs["tools"] = self._wire_tools(request.tools)[0]
+            if request.tool_choice is not None:  # a hook's choice wins over the settings
+                kwargs["tool_choice"] = _tool_choice(request.tool_choice)
         else:
             for key in _TOOL_SETTINGS:
                 kwargs.pop(key, None)
@@ -496,3 +498,11 @@ def _unknown_setting(key: str, accepted: frozenset[str]) -> str:
             f"({server_field})"
         )
     return f"responses.create takes no argument {key!r}; {server_field}"
+
+
+def _tool_choice(choice: str) -> str | dict[str, str]:
+    """``ModelRequest.tool_choice`` as the Responses API takes it: a mode as it is, a tool's
+    name as a forced function call."""
+    if choice in ("auto", "required", "none"):
+        return choice
+    return {"type": "function", "name": choice}
