@@ -20,8 +20,8 @@ import inspect
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType, TracebackType
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any
 
 import anthropic
 
@@ -37,7 +37,13 @@ from agent_fsm.models.anthropic_convert import (
 )
 from agent_fsm.models.anthropic_reply import AnthropicReply
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
-from agent_fsm.models.common import DeltaReporter, parse_retry_after, scrub_secrets
+from agent_fsm.models.common import (
+    ClosesOnExit,
+    DeltaReporter,
+    check_adapter_options,
+    parse_retry_after,
+    scrub_secrets,
+)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "MAX_CONTINUATIONS", "AnthropicModel"]
 
@@ -84,7 +90,7 @@ def _create_parameters() -> frozenset[str] | None:
         return None
 
 
-class AnthropicModel:
+class AnthropicModel(ClosesOnExit):
     """A Model backed by the Anthropic Messages API (``POST /v1/messages``).
 
     The SDK client is built on first use, from ``api_key`` and ``base_url`` or, when they are
@@ -147,15 +153,18 @@ class AnthropicModel:
         context_window: int | None = None,
         **settings: Any,
     ) -> None:
-        if not isinstance(model, str) or not model.strip():
-            raise ConfigError("AnthropicModel needs a model name, e.g. 'claude-sonnet-4-6'")
-        if client is not None and (base_url is not None or api_key is not None):
-            raise ConfigError("pass either client= or base_url=/api_key=, not both")
-        if timeout is not None and not timeout > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        for name, value in (("max_tokens", max_tokens), ("context_window", context_window)):
-            if value is not None and (type(value) is not int or value < 1):
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        check_adapter_options(
+            "AnthropicModel",
+            "claude-sonnet-4-6",
+            model,
+            client=client,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            context_window=context_window,
+        )
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+            raise ConfigError(f"max_tokens must be a positive int, got {max_tokens!r}")
         if temperature is not None:
             settings["temperature"] = temperature
         if timeout is not None:
@@ -253,17 +262,6 @@ class AnthropicModel:
         client, self._own_client, self._own_loop = self._own_client, None, None
         if client is not None:
             await client.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- internals
 

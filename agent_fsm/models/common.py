@@ -11,11 +11,21 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC
+from types import TracebackType
+from typing import Self
 
+from agent_fsm.errors import ConfigError
 from agent_fsm.logs import get_logger
 from agent_fsm.messages import ReplyDelta
 
-__all__ = ["MIN_SECRET_CHARS", "DeltaReporter", "parse_retry_after", "scrub_secrets"]
+__all__ = [
+    "MIN_SECRET_CHARS",
+    "ClosesOnExit",
+    "DeltaReporter",
+    "check_adapter_options",
+    "parse_retry_after",
+    "scrub_secrets",
+]
 
 MIN_SECRET_CHARS = 8
 """Shorter "keys" are placeholders for local servers (``"x"``, ``"none"``), not secrets:
@@ -96,3 +106,49 @@ class DeltaReporter:
                 get_logger(__name__).warning(
                     "on_delta_failed", run_id=self._run_id, error=f"{type(err).__name__}: {err}"
                 )
+
+
+def check_adapter_options(
+    adapter: str,
+    example: str,
+    model: object,
+    *,
+    client: object,
+    base_url: str | None,
+    api_key: str | None,
+    timeout: float | None,
+    context_window: int | None,
+) -> None:
+    """The constructor checks every adapter makes, with the same messages: a model name, a
+    ready ``client`` or ``base_url``/``api_key`` (not both), a positive timeout and context
+    window.
+
+    Raises:
+        ConfigError: naming the adapter (``adapter``) and an example model name.
+    """
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(f"{adapter} needs a model name, e.g. {example!r}")
+    if client is not None and (base_url is not None or api_key is not None):
+        raise ConfigError("pass either client= or base_url=/api_key=, not both")
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if context_window is not None and (type(context_window) is not int or context_window < 1):
+        raise ConfigError(f"context_window must be a positive int, got {context_window!r}")
+
+
+class ClosesOnExit:
+    """``async with model:`` closes what the adapter opened (its ``aclose``) on the way out."""
+
+    async def aclose(self) -> None:
+        """Release what the adapter holds; adapters override it."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

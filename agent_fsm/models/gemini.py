@@ -20,8 +20,8 @@ import re
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType, TracebackType
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any
 
 from google import genai
 from google.genai import errors as genai_errors
@@ -31,7 +31,13 @@ from pydantic import ValidationError
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
-from agent_fsm.models.common import DeltaReporter, parse_retry_after, scrub_secrets
+from agent_fsm.models.common import (
+    ClosesOnExit,
+    DeltaReporter,
+    check_adapter_options,
+    parse_retry_after,
+    scrub_secrets,
+)
 from agent_fsm.models.gemini_convert import (
     ReplyAssembler,
     needs_signatures,
@@ -55,7 +61,7 @@ def _config_fields() -> frozenset[str]:
     return frozenset(genai_types.GenerateContentConfig.model_fields)
 
 
-class GeminiModel:
+class GeminiModel(ClosesOnExit):
     """A Model backed by Gemini's ``generateContent`` (``streamGenerateContent`` with
     ``stream=True``) on the Gemini Developer API.
 
@@ -112,18 +118,16 @@ class GeminiModel:
         context_window: int | None = None,
         **settings: Any,
     ) -> None:
-        if not isinstance(model, str) or not model.strip():
-            raise ConfigError("GeminiModel needs a model name, e.g. 'gemini-2.5-flash'")
-        if client is not None and (base_url is not None or api_key is not None):
-            raise ConfigError("pass either client= or base_url=/api_key=, not both")
-        if timeout is not None and not timeout > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if context_window is not None and (
-            isinstance(context_window, bool)
-            or not isinstance(context_window, int)
-            or context_window < 1
-        ):
-            raise ConfigError(f"context_window must be a positive int, got {context_window!r}")
+        check_adapter_options(
+            "GeminiModel",
+            "gemini-2.5-flash",
+            model,
+            client=client,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            context_window=context_window,
+        )
         for key, value in (("temperature", temperature), ("max_output_tokens", max_tokens)):
             if value is not None:
                 settings[key] = value
@@ -223,17 +227,6 @@ class GeminiModel:
         if client is not None:
             await client.aio.aclose()
             client.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- internals
 

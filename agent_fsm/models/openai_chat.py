@@ -20,15 +20,21 @@ import inspect
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType, TracebackType
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any
 
 import openai
 
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
-from agent_fsm.models.common import DeltaReporter, parse_retry_after, scrub_secrets
+from agent_fsm.models.common import (
+    ClosesOnExit,
+    DeltaReporter,
+    check_adapter_options,
+    parse_retry_after,
+    scrub_secrets,
+)
 from agent_fsm.models.openai_convert import (
     ReplyAssembler,
     response_format,
@@ -62,7 +68,7 @@ def _create_parameters() -> frozenset[str] | None:
         return None
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(ClosesOnExit):
     """A Model backed by the Chat Completions API (``POST /chat/completions``).
 
     The SDK client is built on first use, from ``api_key`` and ``base_url`` or, when they are
@@ -120,24 +126,22 @@ class OpenAIChatModel:
         context_window: int | None = None,
         **settings: Any,
     ) -> None:
-        if not isinstance(model, str) or not model.strip():
-            raise ConfigError("OpenAIChatModel needs a model name, e.g. 'gpt-4o-mini'")
-        if client is not None and (base_url is not None or api_key is not None):
-            raise ConfigError("pass either client= or base_url=/api_key=, not both")
-        if timeout is not None and not timeout > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        check_adapter_options(
+            "OpenAIChatModel",
+            "gpt-4o-mini",
+            model,
+            client=client,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            context_window=context_window,
+        )
         for key, value in (("temperature", temperature), ("max_tokens", max_tokens)):
             if value is not None:
                 settings[key] = value
         if timeout is not None:
             settings["timeout"] = timeout
         _check_settings(settings)
-        if context_window is not None and (
-            isinstance(context_window, bool)
-            or not isinstance(context_window, int)
-            or context_window < 1
-        ):
-            raise ConfigError(f"context_window must be a positive int, got {context_window!r}")
         self.context_window = context_window
         """The model's context window in tokens (the server's ``--ctx-size`` for llama.cpp),
         which ``Agent`` takes when its ``Limits`` name none."""
@@ -231,17 +235,6 @@ class OpenAIChatModel:
         client, self._own_client, self._own_loop = self._own_client, None, None
         if client is not None:
             await client.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- internals
 

@@ -48,15 +48,21 @@ import difflib
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType, TracebackType
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any
 
 import openai
 
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
-from agent_fsm.models.common import DeltaReporter, parse_retry_after, scrub_secrets
+from agent_fsm.models.common import (
+    ClosesOnExit,
+    DeltaReporter,
+    check_adapter_options,
+    parse_retry_after,
+    scrub_secrets,
+)
 from agent_fsm.models.openai_chat import (
     _TRANSIENT_STATUSES,
     _Attempt,
@@ -110,7 +116,7 @@ def _create_parameters() -> frozenset[str] | None:
         return None  # an SDK build whose signature cannot be read: settings go unchecked
 
 
-class OpenAIResponsesModel:
+class OpenAIResponsesModel(ClosesOnExit):
     """A Model backed by the OpenAI Responses API (``client.responses.create``).
 
     The SDK client is built on first use, from ``api_key`` and ``base_url`` or, when they are
@@ -176,20 +182,18 @@ class OpenAIResponsesModel:
         context_window: int | None = None,
         **settings: Any,
     ) -> None:
-        if not isinstance(model, str) or not model.strip():
-            raise ConfigError("OpenAIResponsesModel needs a model name, e.g. 'gpt-4.1-mini'")
-        if client is not None and (base_url is not None or api_key is not None):
-            raise ConfigError("pass either client= or base_url=/api_key=, not both")
-        if timeout is not None and not timeout > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        check_adapter_options(
+            "OpenAIResponsesModel",
+            "gpt-4.1-mini",
+            model,
+            client=client,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            context_window=context_window,
+        )
         if max_tokens is not None and "max_output_tokens" in settings:
             raise ConfigError("pass max_tokens or max_output_tokens, not both")
-        if context_window is not None and (
-            isinstance(context_window, bool)
-            or not isinstance(context_window, int)
-            or context_window < 1
-        ):
-            raise ConfigError(f"context_window must be a positive int, got {context_window!r}")
         for key, value in (
             ("temperature", temperature),
             ("max_output_tokens", max_tokens),
@@ -299,17 +303,6 @@ class OpenAIResponsesModel:
         client, self._own_client, self._own_loop = self._own_client, None, None
         if client is not None:
             await client.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- internals
 
