@@ -46,7 +46,7 @@ test-lowest:
 	VIRTUAL_ENV=$(VENV_LOWEST) $(VENV_LOWEST)/bin/uv pip install --quiet \
 		--resolution lowest-direct -e '.[dev]'
 	$(VENV_LOWEST)/bin/python -m pip list --format=freeze | grep -iE \
-		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|pytest.xdist|hypothesis|hypothesis.jsonschema|mypy|opentelemetry.api|opentelemetry.sdk|mcp|anthropic|google.genai|httpx|httpx2|psycopg|psycopg.binary)=='
+		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|pytest.xdist|hypothesis|hypothesis.jsonschema|mypy|opentelemetry.api|opentelemetry.sdk|mcp|anthropic|google.genai|httpx|httpx2|psycopg|psycopg.binary|dbos)=='
 	$(VENV_LOWEST)/bin/pytest -q -n auto
 
 # The thorough hypothesis profile: many more examples; run by hand.
@@ -62,6 +62,8 @@ format: $(STAMP_DEV)
 diagrams: $(STAMP_RUN)
 	$(BIN)/agent-fsm diagram --format mermaid -o diagrams/agent.mmd
 	$(BIN)/agent-fsm diagram --format dot -o diagrams/agent.dot
+	$(BIN)/agent-fsm diagram --table examples/plan_execute.py:TABLE -o diagrams/plan_execute.mmd
+	$(BIN)/agent-fsm diagram --table examples/judged_answers.py:TABLE -o diagrams/judged_answers.mmd
 	@if command -v dot >/dev/null 2>&1; then \
 		$(BIN)/agent-fsm diagram --format svg -o diagrams/agent.svg; \
 	else \

@@ -27,9 +27,10 @@ if TYPE_CHECKING:
     from agent_fsm.hooks import StepHooks
     from agent_fsm.limits import Limits
     from agent_fsm.loop.verify import TerminationBound
+    from agent_fsm.run.custom import StepContext
     from agent_fsm.run.engine import Run
     from agent_fsm.state import Approval, RunResult, RunStatus, TraceEntry
-    from agent_fsm.table import AgentState, StopReason
+    from agent_fsm.table import AgentState, CustomState, Row, StopReason, Table
     from agent_fsm.tools import Tool, ToolResult, tool
 
 _WHERE: dict[str, str] = {
@@ -50,6 +51,7 @@ _WHERE: dict[str, str] = {
     "StepHooks": "agent_fsm.hooks",
     "Limits": "agent_fsm.limits",
     "TerminationBound": "agent_fsm.loop.verify",
+    "StepContext": "agent_fsm.run.custom",
     "Run": "agent_fsm.run.engine",
     "Approval": "agent_fsm.state",
     "RunResult": "agent_fsm.state",
@@ -57,6 +59,9 @@ _WHERE: dict[str, str] = {
     "TraceEntry": "agent_fsm.state",
     "AgentState": "agent_fsm.table",
     "StopReason": "agent_fsm.table",
+    "Table": "agent_fsm.table",
+    "Row": "agent_fsm.table",
+    "CustomState": "agent_fsm.table",
     "Tool": "agent_fsm.tools",
     "ToolResult": "agent_fsm.tools",
     "tool": "agent_fsm.tools",
@@ -89,6 +94,11 @@ __all__ = [
     "Run",
     "Approval",
     "StepHooks",
+    # your own loop
+    "Table",
+    "Row",
+    "CustomState",
+    "StepContext",
     # context windows
     "ContextPolicy",
     "KeepLastTurns",

@@ -32,7 +32,7 @@ from agent_fsm.errors import (
 from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
-from agent_fsm.loop.machine import AgentMachine, TerminationBound
+from agent_fsm.loop.machine import AgentMachine, TerminationBound, with_builtin_guards
 from agent_fsm.messages import Message, ToolSpec
 from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
@@ -40,11 +40,11 @@ from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import prepare_history
 from agent_fsm.run.resuming import Decisions, finished, reopen
 from agent_fsm.state import RunResult, RunState
-from agent_fsm.table import TABLE, AgentState, Row
+from agent_fsm.table import TABLE, AgentState, Row, Table
 from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "machine_for"]
 
 History = Sequence[Message] | RunResult
 """An earlier conversation to start a run from (``Agent.start(history=...)``)."""
@@ -53,13 +53,21 @@ _CONTROL_TOOLS = {"ask_user": ASK_USER, "finish_task": FINISH_TASK}
 _DEFAULT_MACHINE: AgentMachine | None = None
 
 
-def _machine_for(table: tuple[Row, ...]) -> AgentMachine:
-    """The shared machine for the default table (built once per process), or a new one."""
+def machine_for(table: tuple[Row, ...] | Table) -> AgentMachine:
+    """The shared machine for the default table (built once per process), or a new one.
+
+    Raises:
+        ConfigError: the table fails verification, or is neither rows nor a ``Table``.
+    """
     global _DEFAULT_MACHINE
     if table is TABLE:
         if _DEFAULT_MACHINE is None:
             _DEFAULT_MACHINE = AgentMachine(TABLE)
         return _DEFAULT_MACHINE
+    if isinstance(table, Table):
+        return AgentMachine(table.rows, with_builtin_guards(table.guards), table.states)
+    if not isinstance(table, tuple) or not all(isinstance(row, Row) for row in table):
+        raise ConfigError(f"table must be a Table or a tuple of Rows, got {type(table).__name__}")
     return AgentMachine(table)
 
 
@@ -196,8 +204,9 @@ class Agent:
     call (inspect, change the arguments, deny, replace the result)."""
     parallel_tool_calls: bool = True
     """Run several calls of one reply concurrently (results stay in call order)."""
-    table: tuple[Row, ...] = TABLE
-    """The transition table (advanced: for testing alternative machines)."""
+    table: tuple[Row, ...] | Table = TABLE
+    """The loop: the default one, or a ``Table`` of the user's own (rows, custom states and
+    guards), which is verified to terminate when the agent is built."""
     clock: Callable[[], float] = time.monotonic
     """Time source, replaceable for deterministic tests."""
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -293,7 +302,7 @@ class Agent:
             model=model,
             tools=registry,
             limits=limits,
-            machine=_machine_for(self.table),
+            machine=machine_for(self.table),
             tools_tokens=estimate_tools_tokens(registry.specs, count_tokens),
             count_tokens=count_tokens,
             context_policies=policies,
@@ -332,6 +341,12 @@ class Agent:
         ``Run.subscribe`` on ``agent.start(...)``.
         """
         return dataclasses.replace(self, handlers=(*self.handlers, handler))
+
+    @property
+    def run_config(self) -> RunConfig:
+        """What every run of this agent is driven with (advanced: a runner of its own derives
+        its configuration from it, as ``agent_fsm.dbos`` does, and drives ``Run`` objects)."""
+        return self._config
 
     @property
     def registry(self) -> ToolRegistry:

@@ -12,8 +12,10 @@ finished), 2 bad usage or unreadable input. Errors go to stderr.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
+import runpy
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -23,7 +25,7 @@ from typing import Protocol, TextIO
 
 import structlog
 
-from agent_fsm.agent import Agent
+from agent_fsm.agent import Agent, machine_for
 from agent_fsm.cli_model import add_model_options
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import RunSummary
@@ -48,7 +50,7 @@ from agent_fsm.events import (
 from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import RunResult, RunState, RunStatus
-from agent_fsm.table import TABLE, AgentState, StopReason
+from agent_fsm.table import TABLE, AgentState, Row, StopReason, Table
 from agent_fsm.version import __version__
 
 __all__ = ["main"]
@@ -112,7 +114,7 @@ class _Printer:
         if isinstance(event, StateChanged):
             guards = " ∧ ".join(event.guards) or "else"
             return (
-                f"[turn {event.turn}] {event.source.value:>7} → {event.dest.value:<7} "
+                f"[turn {event.turn}] {event.source!s:>7} → {event.dest!s:<7} "
                 f"guard: {guards:<22} ({event.label})"
             )
         if isinstance(event, ModelResponded) and event.text and not self.streamed:
@@ -125,7 +127,7 @@ class _Printer:
 
     def _track(self, event: Event) -> None:
         if isinstance(event, StateChanged):
-            self.turn, self.doing = event.turn, event.dest.value
+            self.turn, self.doing = event.turn, str(event.dest)
         elif isinstance(event, ModelRequested):
             self.turn, self.doing = event.turn, "THINK: waiting for the model"
         elif isinstance(event, ModelResponded):
@@ -308,6 +310,28 @@ def _open_store(path: str) -> SQLiteStore:
     return SQLiteStore(path)
 
 
+def _table_rows(where: str) -> tuple[Row, ...]:
+    """The rows of the table ``where`` names, ``FILE.py:NAME`` or ``MODULE:NAME``: a
+    ``Table``, a tuple of rows, or an ``Agent``, verified as an agent would verify it."""
+    source, _, name = where.rpartition(":")
+    if not source or not name:
+        raise _UsageError(f"--table wants FILE.py:NAME or MODULE:NAME, got {where!r}")
+    try:
+        if source.endswith(".py"):
+            found = runpy.run_path(source, run_name="agent_fsm_table").get(name)
+        else:
+            found = getattr(importlib.import_module(source), name, None)
+    except (ImportError, OSError) as exc:
+        raise _UsageError(f"cannot load {source}: {exc}") from exc
+    if isinstance(found, Agent):
+        return found.machine.rows
+    if isinstance(found, Table) or (
+        isinstance(found, tuple) and found and all(isinstance(row, Row) for row in found)
+    ):
+        return machine_for(found).rows
+    raise _UsageError(f"{where} is not a Table, a tuple of Rows or an Agent")
+
+
 def _cmd_diagram(args: argparse.Namespace) -> int:
     format = args.format
     if format is None:
@@ -317,14 +341,15 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         raise _UsageError("--run-id needs --trace FILE")
     if args.run and args.trace:
         raise _UsageError("give --run ID (a checkpointed run) or --trace FILE, not both")
+    rows = _table_rows(args.table) if args.table else TABLE
     run: RecordedRun | StoredRunOverlay | None = None
     if args.trace:
         runs = recorded_runs(read_trace(args.trace))
         run = select_run(runs, args.run_id, args.trace, option="--run-id ID")
     elif args.run:
         with _open_store(args.store) as store:
-            run = StoredRunOverlay.of(store.load(args.run), TABLE)
-    diagram = render(TABLE, format, run=run)
+            run = StoredRunOverlay.of(store.load(args.run), rows)
+    diagram = render(rows, format, run=run)
     if args.output:
         data = diagram.encode() if isinstance(diagram, str) else diagram
         Path(args.output).write_bytes(data)
@@ -389,7 +414,7 @@ def _list_runs(runs: list[RunSummary], out: TextIO) -> None:
     print(f"{'RUN':<34} {'STATE':<8} {'STOP':<18} {'TURNS':>5} {'TOKENS':>8}  UPDATED", file=out)
     for run in runs:
         print(
-            f"{run.run_id:<34} {run.state.value:<8} {_stop_of(run.last_row):<18} "
+            f"{run.run_id:<34} {run.state!s:<8} {_stop_of(run.last_row):<18} "
             f"{run.turns:>5} {run.total_tokens:>8}  {_when(run.updated_at)}",
             file=out,
         )
@@ -398,7 +423,7 @@ def _list_runs(runs: list[RunSummary], out: TextIO) -> None:
 def _show_run(state: RunState, out: TextIO) -> None:
     last = state.trace[-1][0] if state.trace else None
     print(f"run:      {state.run_id}", file=out)
-    print(f"state:    {state.state.value} ({_stop_of(last)})", file=out)
+    print(f"state:    {state.state!s} ({_stop_of(last)})", file=out)
     print(f"turns:    {state.turns}, tokens {state.usage.total_tokens:,}", file=out)
     if state.control is not None and state.state is AgentState.DONE:
         print(f"waiting:  {state.control.kind.value}: {state.control.text}", file=out)
@@ -432,6 +457,7 @@ examples:
   agent-fsm demo --trace run.jsonl           run offline, record every event
   agent-fsm replay run.jsonl                 the recorded run, transition by transition
   agent-fsm diagram                          the machine as mermaid text
+  agent-fsm diagram --table loop.py:TABLE    a table of your own (a Table or an Agent)
   agent-fsm diagram --trace run.jsonl -o run.svg   the machine with the run's path (graphviz)
   agent-fsm runs --store runs.sqlite3        the checkpointed runs, newest first
   agent-fsm diagram --run ID --store runs.sqlite3  the path of one checkpointed run
@@ -510,6 +536,12 @@ def _parser() -> argparse.ArgumentParser:
         "--format",
         choices=FORMATS,
         help="output format (default: from the -o suffix .mmd/.dot/.svg/.png, else mermaid)",
+    )
+    diagram.add_argument(
+        "--table",
+        metavar="FILE.py:NAME",
+        help="draw the Table (or Agent) NAME of a Python file or module (MODULE:NAME), not "
+        "the default loop",
     )
     diagram.add_argument("--trace", metavar="FILE", help="overlay the run recorded in FILE")
     diagram.add_argument("--run-id", help="which run of a trace file holding several")

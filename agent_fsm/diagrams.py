@@ -67,7 +67,7 @@ class RunOverlay(Protocol):
     @property
     def trace(self) -> Sequence[TraceEntry]: ...
     @property
-    def final_state(self) -> AgentState | None: ...
+    def final_state(self) -> AgentState | str | None: ...
     @property
     def stop_reason(self) -> StopReason | None: ...
     @property
@@ -80,7 +80,7 @@ class StoredRunOverlay:
 
     run_id: str
     trace: Sequence[TraceEntry]
-    final_state: AgentState | None
+    final_state: AgentState | str | None
     stop_reason: StopReason | None
     turns: int
 
@@ -136,9 +136,9 @@ def edge_counts(rows: Sequence[Row], trace: Sequence[TraceEntry]) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class _Overlay:
     counts: list[int]
-    visited: list[AgentState]
+    visited: list[AgentState | str]
     """Visited states, in table order of first appearance, the stopping state excluded."""
-    stopped: AgentState | None
+    stopped: AgentState | str | None
     tone: Literal["ok", "error", "open"]
     caption: str
 

@@ -45,6 +45,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DiagramError",
+    "TableError",
     "ResumeError",
     "RunError",
     "RunLeased",
@@ -95,6 +96,18 @@ class RunLeased(RunError):
         """The worker id of the lease's holder."""
         self.expires_at = expires_at
         """Unix time the holder's lease runs out, by the store's clock, unless renewed."""
+
+
+class TableError(RunError):
+    """Code of the user's own table failed as the run used it: a guard (``Table.guards``)
+    raised or returned something other than a bool, or the work of a ``CustomState`` raised.
+    A bug in that code, which the property harness finds
+    (``agent_fsm.testing.assert_terminates``).
+
+    Raised out of ``Run.step``/``run``; the run has not moved on, and its durable checkpoint
+    is the one taken before the failing state's work, so once the code is fixed
+    ``Agent.resume`` continues the run as after a crash.
+    """
 
 
 class ScriptExhaustedError(AgentFSMError):

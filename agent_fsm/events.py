@@ -107,8 +107,9 @@ class StateChanged:
 
     kind: Literal["state_changed"] = "state_changed"
     run_id: str
-    source: AgentState
-    dest: AgentState
+    source: AgentState | str
+    """A state of the default loop, or the name of a custom state (as ``dest``)."""
+    dest: AgentState | str
     trigger: str
     guards: tuple[str, ...]
     """Guards of the row that decided; empty for the "else" row."""
@@ -240,7 +241,7 @@ class GuardTripped:
 
     kind: Literal["guard_tripped"] = "guard_tripped"
     run_id: str
-    state: AgentState
+    state: AgentState | str
     """The state the run was in when the guard fired."""
     guards: tuple[str, ...]
     stop_reason: StopReason
@@ -285,7 +286,7 @@ class RunResumed:
 
     kind: Literal["run_resumed"] = "run_resumed"
     run_id: str
-    state: AgentState
+    state: AgentState | str
     """The state the run continues in."""
     answered: str
     """What the resume answered: "reply", "approvals", "interrupted", "recovered" or

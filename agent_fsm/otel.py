@@ -155,7 +155,7 @@ class OtelTracer:
             event.run_id,
             {
                 "agent_fsm.resumed": event.answered,
-                "agent_fsm.resumed_in": event.state.value,
+                "agent_fsm.resumed_in": str(event.state),
                 "agent_fsm.turn": event.turn,
             },
         )
@@ -170,8 +170,8 @@ class OtelTracer:
             event.run_id,
             "agent_fsm.transition",
             {
-                "agent_fsm.source": event.source.value,
-                "agent_fsm.dest": event.dest.value,
+                "agent_fsm.source": str(event.source),
+                "agent_fsm.dest": str(event.dest),
                 "agent_fsm.trigger": event.trigger,
                 "agent_fsm.guards": list(event.guards),
                 "agent_fsm.label": event.label,
@@ -184,7 +184,7 @@ class OtelTracer:
             event.run_id,
             "agent_fsm.guard_tripped",
             {
-                "agent_fsm.state": event.state.value,
+                "agent_fsm.state": str(event.state),
                 "agent_fsm.guards": list(event.guards),
                 "agent_fsm.stop_reason": event.stop_reason.value,
             },

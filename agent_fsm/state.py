@@ -10,14 +10,22 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict, PlainValidator, TypeAdapter
 
 from agent_fsm.constructors import builder, quick_init
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
 from agent_fsm.prompt import ContextEdits, SummaryDue
-from agent_fsm.table import TABLE, AgentState, Row, StopReason, Trigger, resumable_stops
+from agent_fsm.table import (
+    TABLE,
+    AgentState,
+    Row,
+    StopReason,
+    Trigger,
+    resumable_stops,
+    state_named,
+)
 from agent_fsm.tokens import calibrate
 
 __all__ = [
@@ -28,6 +36,7 @@ __all__ = [
     "Lifetime",
     "LoopState",
     "ModelFailure",
+    "StateName",
     "RunResult",
     "RunState",
     "RunStatus",
@@ -38,6 +47,17 @@ __all__ = [
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def _state_from(value: object) -> AgentState | str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"a state name must be a non-empty str, got {value!r}")
+    return state_named(value)
+
+
+StateName = Annotated[AgentState | str, PlainValidator(_state_from)]
+"""A state of the loop: the ``AgentState`` member for a state of the default loop, the name
+of a ``CustomState`` otherwise (``table.state_named``)."""
 
 
 class ControlKind(StrEnum):
@@ -164,8 +184,12 @@ class RunState:
     """
 
     run_id: str = _declared(L.RUN, "")
-    state: AgentState = _declared(L.RUN, "loop.machine", AgentState.OBSERVE)
+    state: StateName = _declared(L.RUN, "loop.machine", AgentState.OBSERVE)
     """Where the run is; moved only by the machine, when a row is taken."""
+    notes: dict[str, Any] = _declared(L.RUN, "", factory=dict)
+    """What the user's own loop keeps: the work of a ``CustomState`` writes it (through
+    ``StepContext.notes``), the table's own guards read it. JSON values, checkpointed with
+    the run."""
     turns: int = _declared(L.RUN, "run.thinking", 0)
     """Turns so far (model calls that were not retries), over every activation."""
     retries: int = _declared(L.RUN, "run.thinking", 0)
@@ -210,7 +234,7 @@ class RunState:
     last_finish_reason: FinishReason | None = _declared(L.STOP, "run.thinking", None)
     last_tool_calls: int = _declared(L.STOP, "run.thinking run.outcome", 0)
     """Tool calls in the last reply (0 once they are answered by the end of the run)."""
-    model_failure: ModelFailure | None = _declared(L.STOP, "run.thinking", None)
+    model_failure: ModelFailure | None = _declared(L.STOP, "run.thinking run.custom", None)
     control: ControlRequest | None = _declared(L.STOP, "run.acting", None)
     decisions: list[Decision] = _declared(L.RUN, "run.resuming run.acting", factory=list)
     """Approval decisions given on resume, with their calls; carried out and emptied by the
@@ -294,7 +318,7 @@ class RunStatus(StrEnum):
 
 
 def status_for(
-    final_state: AgentState, stop_reason: StopReason, rows: tuple[Row, ...] = TABLE
+    final_state: AgentState | str, stop_reason: StopReason, rows: tuple[Row, ...] = TABLE
 ) -> RunStatus:
     """The status implied by a terminal state and stop reason: a run that ended in DONE with
     a stop its table can resume waits for a person (ask_user, approvals); one whose reply was
@@ -318,9 +342,9 @@ class TraceEntry:
     inside RunResult).
     """
 
-    trigger: Trigger
-    source: AgentState
-    dest: AgentState
+    trigger: Trigger | str
+    source: AgentState | str
+    dest: AgentState | str
     guards: tuple[str, ...]
     """The guards that all passed on the winning row; empty for the "else" row."""
     label: str

@@ -18,11 +18,19 @@ each name and the verifier refuses a table that names an unknown guard.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
+
+from agent_fsm.errors import ConfigError
 
 __all__ = [
     "ANSWER_GUARDS",
+    "CustomState",
+    "Table",
+    "state_named",
+    "trigger_named",
     "CLOSING_GUARDS",
     "INITIAL_STATE",
     "LAST_ANSWER_GUARD",
@@ -101,6 +109,8 @@ class StopReason(StrEnum):
     TIMEOUT = "timeout"
     LOOP_DETECTED = "loop_detected"
     REFLECTOR_DONE = "reflector_done"
+    REJECTED = "rejected"
+    """A check of the user's own loop (a judge, say) rejected the result and ended the run."""
 
 
 class Verb(StrEnum):
@@ -130,23 +140,54 @@ class Verb(StrEnum):
     """Resume: a run that a transient model failure stopped tries again."""
 
 
+_STATES = {state.value: state for state in AgentState}
+_TRIGGERS = {trigger.value: trigger for trigger in Trigger}
+_OUTCOMES: dict[str, StopReason | Verb] = {
+    **{verb.value: verb for verb in Verb},
+    **{reason.value: reason for reason in StopReason},
+}
+
+
+def state_named(name: str) -> AgentState | str:
+    """The state called ``name``: the ``AgentState`` member for a state of the default loop
+    (so ``is`` comparisons hold), the name itself for a state a user added (``CustomState``)."""
+    return _STATES.get(name, name)
+
+
+def trigger_named(name: str) -> Trigger | str:
+    """The trigger called ``name``: the ``Trigger`` member, or a custom state's trigger."""
+    return _TRIGGERS.get(name, name)
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One transition: taken on ``trigger`` from ``source`` when every guard passes."""
+    """One transition: taken on ``trigger`` from ``source`` when every guard passes.
 
-    trigger: Trigger
-    source: AgentState
-    dest: AgentState
+    States, triggers and outcomes may be given by name (``Row("observed", "OBSERVE", "PLAN",
+    ("plan_needed",), "plan")``): names of the default loop become its enum members, other
+    names are the states, triggers and verbs of a user's ``CustomState``s.
+    """
+
+    trigger: Trigger | str
+    source: AgentState | str
+    dest: AgentState | str
     guards: tuple[str, ...]
     """Names of pure guard functions that must all be true; empty means "else"."""
-    outcome: StopReason | Verb
+    outcome: StopReason | Verb | str
     """The stop reason of a row into DONE/ERROR, the verb of any other row (the verifier
-    checks that each row has the kind its destination calls for)."""
+    checks that each row has the kind its destination calls for); a name that is neither is
+    a verb of the user's own."""
     label: str = field(init=False, repr=False, compare=False)
     """The outcome as text, as diagrams, events and trace entries show it."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "label", self.outcome.value)
+        _set = object.__setattr__  # a frozen dataclass normalises its own fields here
+        _set(self, "trigger", trigger_named(self.trigger))
+        _set(self, "source", state_named(self.source))
+        _set(self, "dest", state_named(self.dest))
+        _set(self, "guards", tuple(self.guards))
+        _set(self, "outcome", _OUTCOMES.get(self.outcome, self.outcome))
+        _set(self, "label", str(self.outcome))
 
     @property
     def stop_reason(self) -> StopReason | None:
@@ -357,3 +398,98 @@ def softened_stop(rows: tuple[Row, ...], index: int) -> StopReason | None:
     ) - {LAST_ANSWER_GUARD}:
         return stop.stop_reason
     return None
+
+
+StateWork = Callable[[Any], Awaitable[None] | None]
+"""The work of a ``CustomState``: called with the run's ``agent_fsm.StepContext`` (typed
+``Any`` here: the table is plain data, below the engine that defines it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CustomState:
+    """A state a user adds to the loop: its name, the trigger fired when its work is done,
+    and that work.
+
+    The work runs between triggers like that of the default states: it may read the run,
+    keep data of its own in ``RunState.notes``, add a user message to the transcript, and,
+    in a state that ``counts_turn``, make one model call aside from the transcript
+    (``StepContext.ask``). The rows out of the state decide, through guards, where the run
+    goes next.
+    """
+
+    name: str
+    trigger: str
+    """Fired when the work is done: every row out of this state has it."""
+    work: StateWork
+    counts_turn: bool = False
+    """Entering the state takes one turn, as entering THINK does: its work may make one model
+    call. The verifier then holds rows into it to the turn budget, like rows into THINK."""
+
+    def __post_init__(self) -> None:
+        for what, name in (("state", self.name), ("trigger", self.trigger)):
+            if not isinstance(name, str) or not name.strip():
+                raise ConfigError(f"a custom state's {what} needs a name, got {name!r}")
+        if self.name in _STATES:
+            raise ConfigError(f"{self.name} is a state of the default loop already")
+        if self.trigger in _TRIGGERS:
+            raise ConfigError(f"{self.trigger} is a trigger of the default loop already")
+        if not callable(self.work):
+            raise ConfigError(f"the work of state {self.name} must be callable")
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A loop of the user's own: rows in priority order, the states they add, and the guards
+    they name beyond the built-in ones (``Agent(table=...)``).
+
+    Built from the default loop and edited with ``with_states``, ``with_guards``,
+    ``insert`` and ``replace``; each returns a new table. The agent's machine verifies the
+    whole at construction (``loop.verify``): a table that could run forever is refused, with
+    the offending row or cycle named.
+    """
+
+    rows: tuple[Row, ...] = ()
+    states: tuple[CustomState, ...] = ()
+    guards: Mapping[str, Callable[..., bool]] = field(default_factory=dict)
+    """Guards by name: pure functions of ``(RunState, Limits)`` returning a bool."""
+
+    @classmethod
+    def default(cls) -> Table:
+        """The default loop, to build on."""
+        return cls(rows=TABLE)
+
+    def with_states(self, *states: CustomState) -> Table:
+        """This table with ``states`` added."""
+        return Table(self.rows, (*self.states, *states), self.guards)
+
+    def with_guards(self, **guards: Callable[..., bool]) -> Table:
+        """This table with the named ``guards`` added (a later one replaces an earlier one of
+        the same name; the built-in guards cannot be replaced)."""
+        return Table(self.rows, self.states, {**self.guards, **guards})
+
+    def insert(self, rows: Iterable[Row], *, before: tuple[str, str]) -> Table:
+        """This table with ``rows`` put right before the row ``before`` names, as
+        ``(source state, label)``: they take priority over it and the rows after it."""
+        at = self.row_index(*before)
+        return Table((*self.rows[:at], *rows, *self.rows[at:]), self.states, self.guards)
+
+    def replace(self, row: tuple[str, str], *rows: Row) -> Table:
+        """This table with the row ``row`` names, as ``(source state, label)``, replaced by
+        ``rows`` (none: the row is removed)."""
+        at = self.row_index(*row)
+        return Table((*self.rows[:at], *rows, *self.rows[at + 1 :]), self.states, self.guards)
+
+    def row_index(self, source: str, label: str) -> int:
+        """The position of the one row from ``source`` with ``label``.
+
+        Raises:
+            ConfigError: no row, or more than one, matches (the labels there are named).
+        """
+        found = [i for i, row in enumerate(self.rows) if (row.source, row.label) == (source, label)]
+        if len(found) != 1:
+            labels = sorted({row.label for row in self.rows if row.source == source})
+            raise ConfigError(
+                f"{len(found)} rows from {source} are labelled {label!r}, so ({source!r}, "
+                f"{label!r}) names no one row; the labels of rows from {source}: {labels}"
+            )
+        return found[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -32,6 +33,22 @@ def _configure_structlog() -> None:
 
 
 _configure_structlog()
+
+
+def _dbos_logs_to_the_process_stderr() -> None:
+    """DBOS gives its logger a console handler on first use, bound to whatever
+    ``sys.stderr`` is then: inside a test, the stream pytest captured for it, which a later
+    test finds closed. The suite gives it the process's own stderr first (DBOS adds its
+    handler only to a logger that has none)."""
+    dbos_logger = logging.getLogger("dbos")
+    if not dbos_logger.handlers:
+        handler = logging.StreamHandler(sys.__stderr__)
+        handler.name = "__dbos_console_log_handler__"
+        dbos_logger.addHandler(handler)
+        dbos_logger.propagate = False
+
+
+_dbos_logs_to_the_process_stderr()
 
 
 @pytest.fixture(autouse=True)

@@ -533,7 +533,7 @@ def test_a_corrupt_checkpoint_is_an_error_not_a_half_read_state(
 
 def test_decode_header_rejects_a_header_that_fails_validation() -> None:
     with pytest.raises(CheckpointError, match="'r' is unreadable"):
-        checkpoint_module.decode_header("r", 1, b'{"run_id": "r", "state": "NAPPING"}')
+        checkpoint_module.decode_header("r", 1, b'{"run_id": "r", "turns": "many"}')
 
 
 # --- SQLite files --------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from agent_fsm.table import TABLE
 from agent_fsm.testing import call, reply
 from tests.conftest import make_agent
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_demo_prints_the_whole_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
@@ -42,6 +44,31 @@ def test_diagram_to_stdout_and_file(capsys: pytest.CaptureFixture[str], tmp_path
     target = tmp_path / "m.dot"
     assert main(["diagram", "--format", "dot", "-o", str(target)]) == 0
     assert target.read_text().startswith("digraph agent_fsm {")
+
+
+def test_diagram_of_a_table_of_your_own(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--table draws a Table (or an Agent) of a file or module, verified first."""
+    assert main(["diagram", "--table", "examples/plan_execute.py:TABLE"]) == 0
+    drawn = capsys.readouterr().out
+    assert drawn == (ROOT / "diagrams" / "plan_execute.mmd").read_text()
+    assert "REFLECT --> PLAN : reflected #17 [replan_wanted] replan" in drawn
+    assert main(["diagram", "--table", "agent_fsm.table:TABLE"]) == 0
+    assert capsys.readouterr().out == render(TABLE, "mermaid")
+    looping = tmp_path / "looping.py"
+    looping.write_text(
+        "from agent_fsm import Row, Table\n"
+        "TABLE = Table.default().replace(\n"
+        "    ('ACT', 'reflect'), Row('acted', 'ACT', 'THINK', (), 'again')\n"
+        ")\n"
+    )
+    for where, error in [
+        (f"{looping}:TABLE", "cycle THINK -> ACT -> THINK skips the turn gate"),
+        (f"{looping}:MISSING", "is not a Table, a tuple of Rows or an Agent"),
+        ("no_such_module:TABLE", "cannot load no_such_module"),
+        ("TABLE", "wants FILE.py:NAME or MODULE:NAME"),
+    ]:
+        assert main(["diagram", "--table", where]) == 2
+        assert error in capsys.readouterr().err
 
 
 def _transitions(text: str) -> list[str]:

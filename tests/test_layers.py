@@ -75,6 +75,7 @@ LAYERS = [
     "run.observing",
     "run.compacting",
     "run.thinking",
+    "run.custom",
     "run.approvals",
     "run.acting",
     "run.reflecting",
@@ -89,6 +90,11 @@ LAYERS = [
     "diagrams",
     "otel",
     "agent",
+    "dbos.replay",
+    "dbos.steps",
+    "dbos.agent",
+    "dbos.recovery",
+    "dbos",
     "mcp",
     "testing.models",
     "testing.invariants",
@@ -124,6 +130,7 @@ ONLY_IN = {
     "hypothesis_jsonschema": {"testing.strategies"},
     "opentelemetry": {"otel"},
     "psycopg": {"durable.postgres"},
+    "dbos": {"dbos.replay", "dbos.steps", "dbos.agent", "dbos.recovery"},
 }
 
 

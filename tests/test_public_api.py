@@ -15,8 +15,10 @@ from agent_fsm.events import Event
 from agent_fsm.testing import ScriptedModel
 
 
-def test_the_public_face_has_at_most_30_names_and_each_resolves() -> None:
-    assert len(agent_fsm.__all__) <= 30
+def test_the_public_face_has_at_most_32_names_and_each_resolves() -> None:
+    """Short enough to read at a glance: 27 names, and 4 for a loop of your own (Table, Row,
+    CustomState, StepContext)."""
+    assert len(agent_fsm.__all__) <= 32
     assert len(set(agent_fsm.__all__)) == len(agent_fsm.__all__)
     for name in agent_fsm.__all__:
         assert getattr(agent_fsm, name) is not None, name
@@ -30,7 +32,10 @@ def test_the_public_face_has_at_most_30_names_and_each_resolves() -> None:
             ["Event", "RunStarted", "StateChanged", "ToolFinished", "RunFinished"],
         ),
         ("agent_fsm.messages", ["Message", "ToolCall", "ToolMessage", "Usage", "UserMessage"]),
-        ("agent_fsm.errors", ["DiagramError", "TraceFileError", "ScriptExhaustedError"]),
+        (
+            "agent_fsm.errors",
+            ["DiagramError", "TraceFileError", "ScriptExhaustedError", "TableError"],
+        ),
         ("agent_fsm.durable", ["RunSummary", "TraceWriter", "read_run", "SQLiteStore"]),
         ("agent_fsm.tools", ["Tool", "ToolRegistry", "ToolResult", "tool"]),
     ],

@@ -113,8 +113,8 @@ class RunSummary:
     """One stored run, as ``agent-fsm runs`` lists it."""
 
     run_id: str
-    state: AgentState
-    """The state the run was in at its last save."""
+    state: AgentState | str
+    """The state the run was in at its last save (a name, for a custom state)."""
     turns: int
     """Model calls made, retries included."""
     total_tokens: int

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agent_fsm.durable.checkpoint import MESSAGE_ADAPTER, RunSummary, encode_header, summarize
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
-from agent_fsm.table import AgentState
+from agent_fsm.table import state_named
 
 if TYPE_CHECKING:
     import psycopg
@@ -243,7 +243,7 @@ def one(cursor: Cursor) -> Any:
 def summary(row: tuple[Any, ...]) -> RunSummary:
     """A ``RunSummary`` from a row of ``SUMMARY_COLUMNS``."""
     values = dict(zip(_SUMMARY_FIELDS, row, strict=True))
-    values["state"] = AgentState(values["state"])
+    values["state"] = state_named(values["state"])
     return RunSummary(**values)
 
 
@@ -255,7 +255,7 @@ def run_values(state: RunState, now: float) -> dict[str, Any]:
         "run_id": state.run_id,
         "version": version,
         "header": header.decode(),
-        "state": line.state.value,
+        "state": str(line.state),
         "turns": line.turns,
         "total_tokens": line.total_tokens,
         "message_count": line.messages,

@@ -50,7 +50,7 @@ from agent_fsm.durable.sqlite_journal import SQLiteJournal
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
-from agent_fsm.table import AgentState
+from agent_fsm.table import state_named
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
 
@@ -116,7 +116,7 @@ _SUMMARY_COLUMNS = ", ".join(_SUMMARY_FIELDS).replace("messages", "message_count
 
 def _summary(row: tuple[Any, ...]) -> RunSummary:
     values = dict(zip(_SUMMARY_FIELDS, row, strict=True))
-    values["state"] = AgentState(values["state"])
+    values["state"] = state_named(values["state"])
     return RunSummary(**values)
 
 
@@ -303,7 +303,7 @@ class SQLiteStore(ClosingStore):
                 run_id,
                 version,
                 header.decode(),
-                summary.state.value,
+                str(summary.state),
                 summary.turns,
                 summary.total_tokens,
                 len(messages),

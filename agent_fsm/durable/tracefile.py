@@ -31,7 +31,7 @@ from agent_fsm.events import (
 )
 from agent_fsm.messages import Usage
 from agent_fsm.state import RunStatus, TraceEntry
-from agent_fsm.table import AgentState, StopReason, Trigger
+from agent_fsm.table import AgentState, StopReason, state_named, trigger_named
 
 __all__ = [
     "RecordedRun",
@@ -143,7 +143,7 @@ class RecordedRun:
     """All of this run's events, in order."""
 
     @property
-    def final_state(self) -> AgentState | None:
+    def final_state(self) -> AgentState | str | None:
         if self.finished is not None:
             return self.finished.final_state
         return self.trace[-1].dest if self.trace else None
@@ -173,9 +173,9 @@ class RecordedRun:
 
 def _entry(event: StateChanged) -> TraceEntry:
     return TraceEntry(
-        trigger=Trigger(event.trigger),
-        source=event.source,
-        dest=event.dest,
+        trigger=trigger_named(event.trigger),
+        source=state_named(event.source),
+        dest=state_named(event.dest),
         guards=event.guards,
         label=event.label,
         turn=event.turn,
@@ -183,11 +183,8 @@ def _entry(event: StateChanged) -> TraceEntry:
 
 
 def recorded_runs(events: Iterable[Event]) -> list[RecordedRun]:
-    """The runs in ``events``, grouped by run id, in order of first appearance.
-
-    Raises:
-        TraceFileError: for a ``StateChanged`` whose trigger is not a known trigger.
-    """
+    """The runs in ``events``, grouped by run id, in order of first appearance (a trigger or
+    state that is not the default loop's is a custom state's, kept by name)."""
     grouped: dict[str, list[Event]] = {}
     for event in events:
         grouped.setdefault(event.run_id, []).append(event)
@@ -196,13 +193,7 @@ def recorded_runs(events: Iterable[Event]) -> list[RecordedRun]:
         trace: list[TraceEntry] = []
         for event in own:
             if isinstance(event, StateChanged):
-                try:
-                    trace.append(_entry(event))
-                except ValueError:
-                    raise TraceFileError(
-                        f"run {run_id}: unknown trigger {event.trigger!r} in a state_changed "
-                        f"event; known: {[t.value for t in Trigger]}"
-                    ) from None
+                trace.append(_entry(event))
         started = next((e for e in own if isinstance(e, RunStarted)), None)
         finished = next((e for e in reversed(own) if isinstance(e, RunFinished)), None)
         runs.append(

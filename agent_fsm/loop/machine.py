@@ -17,10 +17,15 @@ from typing import Any, cast
 from transitions import EventData, Machine
 from transitions.core import Event, Transition
 
-from agent_fsm.errors import ConfigError, RunError
+from agent_fsm.errors import ConfigError, RunError, TableError
 from agent_fsm.limits import Limits
 from agent_fsm.loop.guards import GUARDS, Guard
-from agent_fsm.loop.verify import TerminationBound, termination_bound, verify_table
+from agent_fsm.loop.verify import (
+    TerminationBound,
+    counting_states,
+    termination_bound,
+    verify_table,
+)
 from agent_fsm.state import RunState
 from agent_fsm.table import (
     ANSWER_GUARDS,
@@ -30,14 +35,13 @@ from agent_fsm.table import (
     TERMINAL_STATES,
     TRIGGER_FOR_STATE,
     AgentState,
+    CustomState,
     Row,
     resumable_stops,
+    state_named,
 )
 
-__all__ = ["AgentMachine", "RunHandle", "TerminationBound", "verify_table"]
-
-
-_STATE_NAMED = {state.value: state for state in AgentState}
+__all__ = ["AgentMachine", "RunHandle", "TerminationBound", "verify_table", "with_builtin_guards"]
 
 
 class RunHandle:
@@ -52,7 +56,7 @@ class RunHandle:
         self.run_state = run_state
         self.limits = limits
         self.taken = -1
-        self._name: str = run_state.state.value
+        self._name: str = str(run_state.state)
 
     @property
     def state(self) -> str:
@@ -63,7 +67,7 @@ class RunHandle:
     @state.setter
     def state(self, value: str) -> None:
         self._name = value
-        self.run_state.state = _STATE_NAMED[value]
+        self.run_state.state = state_named(value)
 
 
 class _GuardCondition:
@@ -97,7 +101,7 @@ class _Transition(Transition):
         super().__init__(*args, **kwargs)
         self.row_index = row_index
         self.dest_name = cast(str, self.dest)
-        self.dest_state = _STATE_NAMED[self.dest_name]
+        self.dest_state = state_named(self.dest_name)
         self.guards: tuple[Guard, ...] = tuple(
             cast(_GuardCondition, c.func).guard for c in self.conditions
         )
@@ -129,23 +133,88 @@ class _Machine(Machine):
 
 
 @functools.lru_cache(maxsize=1024)
-def _bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound:
-    return termination_bound(rows, limits)
+def _bound(
+    rows: tuple[Row, ...], limits: Limits, counting: frozenset[AgentState | str]
+) -> TerminationBound:
+    return termination_bound(rows, limits, counting)
+
+
+class _CheckedGuard:
+    """A guard of the user's own (``Table.guards``), held to the guard contract as it runs: a
+    bool, and no exception. A guard that breaks it raises ``TableError`` naming it, instead
+    of an error from inside the machine, or a truthy value taken for a decision."""
+
+    __slots__ = ("guard", "name")
+
+    def __init__(self, name: str, guard: Guard) -> None:
+        self.name = name
+        self.guard = guard
+
+    def __call__(self, run_state: RunState, limits: Limits) -> bool:
+        try:
+            verdict = self.guard(run_state, limits)
+        except Exception as exc:
+            raise TableError(
+                f"guard {self.name!r} raised {type(exc).__name__}: {exc} (in state "
+                f"{run_state.state}, turn {run_state.turns}); a guard must be a total "
+                "function of the run state"
+            ) from exc
+        if verdict is not True and verdict is not False:
+            raise TableError(
+                f"guard {self.name!r} returned {type(verdict).__name__}, not a bool (in "
+                f"state {run_state.state}, turn {run_state.turns})"
+            )
+        return verdict
+
+
+def with_builtin_guards(custom: Mapping[str, Guard]) -> dict[str, Guard]:
+    """The built-in guards and a table's own (``Table.guards``).
+
+    Raises:
+        ConfigError: a custom guard takes a built-in guard's name (the proof reads those by
+            name: the turn gate is ``no_turns_left``), or is not callable.
+    """
+    taken = sorted(name for name in custom if name in GUARDS and custom[name] is not GUARDS[name])
+    if taken:
+        raise ConfigError(f"guard(s) {taken} are built in: give a guard of your own a new name")
+    for name, guard in custom.items():
+        if not callable(guard):
+            raise ConfigError(f"guard {name!r} is not callable")
+    return {**GUARDS, **custom}
 
 
 class AgentMachine:
-    """The verified, shared machine of one agent definition."""
+    """The verified, shared machine of one agent definition.
 
-    def __init__(self, rows: tuple[Row, ...] = TABLE, guards: Mapping[str, Guard] = GUARDS):
-        verify_table(rows, guards)
+    ``rows``, ``guards`` (every guard the rows may name: ``with_builtin_guards`` adds a
+    table's own to the built-in ones) and ``states`` (the user's ``CustomState``s) make the
+    loop; the default is the default loop. A guard that is not built in is held to the guard
+    contract as it runs (``TableError``).
+    """
+
+    def __init__(
+        self,
+        rows: tuple[Row, ...] = TABLE,
+        guards: Mapping[str, Guard] = GUARDS,
+        states: tuple[CustomState, ...] = (),
+    ):
+        verify_table(rows, guards, states)
+        guards = {
+            name: guard if name in GUARDS else _CheckedGuard(name, guard)
+            for name, guard in guards.items()
+        }
         self.rows = rows
+        self.custom = {state.name: state for state in states}
+        """The custom states of this table by name, whose work the engine does."""
+        self.counting = counting_states(states)
+        """The states whose entry takes a turn (a model call)."""
         self.resumable = resumable_stops(rows)
         """The stops some resume row of this table may leave."""
         transitions: list[dict[str, Any]] = [
             {
-                "trigger": row.trigger.value,
-                "source": row.source,
-                "dest": row.dest,
+                "trigger": str(row.trigger),
+                "source": str(row.source),
+                "dest": str(row.dest),
                 "conditions": [_GuardCondition(name, guards[name]) for name in row.guards],
                 "row_index": i,
             }
@@ -153,7 +222,7 @@ class AgentMachine:
         ]
         self._machine = _Machine(
             model=None,
-            states=[state.value for state in AgentState],
+            states=[state.value for state in AgentState] + [state.name for state in states],
             transitions=transitions,
             initial=INITIAL_STATE.value,
             auto_transitions=False,
@@ -183,14 +252,24 @@ class AgentMachine:
             state.value: machine.events[trigger.value]
             for state, trigger in TRIGGER_FOR_STATE.items()
         }
+        self._event_in.update((state.name, machine.events[state.trigger]) for state in states)
         """The event each non-terminal state fires, by state name (the handle's own key)."""
         self._resume_event = machine.events[RESUME_TRIGGER.value]
         self._guards = guards
 
+    def knows(self, run_state: RunState) -> bool:
+        """Whether ``run_state`` can be a run of this machine: its state is one of the
+        table's, and its trace names rows the table has (a run started with another table
+        cannot be continued with this one)."""
+        rows = len(self.rows)
+        return (run_state.state in self._event_in or run_state.state in TERMINAL_STATES) and all(
+            0 <= index < rows for index, _ in run_state.trace
+        )
+
     def bound(self, limits: Limits) -> TerminationBound:
         """Bounds that hold for every run of this machine under ``limits``: computed once
         per limits (a few longest-path searches over the table), then remembered."""
-        return _bound(self.rows, limits)
+        return _bound(self.rows, limits, self.counting)
 
     def handle(self, run_state: RunState, limits: Limits) -> RunHandle:
         """What one run fires this machine with; nothing to release when the run ends."""

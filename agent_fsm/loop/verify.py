@@ -6,8 +6,9 @@ proof applies whatever executes the table. ``verify_table`` proves that every ru
 1. every guard name exists, and every (trigger, source) group ends with an unguarded "else"
    row, so a step always moves; no row is shadowed by an earlier, weaker row;
 2. every non-terminal state can reach DONE or ERROR;
-3. every cycle passes through a *turn-counting* row (a row into THINK, which makes one model
-   call), i.e. the graph without those rows is acyclic;
+3. every cycle passes through a *turn-counting* row (a row into THINK, or into a custom state
+   that ``counts_turn``: each makes one model call), i.e. the graph without those rows is
+   acyclic;
 4. between two model calls the run always passes a row *gated by the turn budget*: a row R is
    gated by a budget guard g when an earlier row of its group leads to a terminal state on
    the guards ``{g} ∪ S`` with ``S ⊆ guards(R)``: whenever R could fire with the budget
@@ -23,6 +24,11 @@ proof applies whatever executes the table. ``verify_table`` proves that every ru
    of a row out of it (named by the ``table.CLOSING_GUARDS`` guard of its reason, or the
    unguarded last row), so the run ends with the stop that fired. Conversely every stop row
    with one of those outcomes is softened: no limit ends a run without its last answer.
+
+A user's table (``table.Table``) adds states of its own (``table.CustomState``), each left by
+its own trigger, and guards of its own; every rule above holds for it unchanged, with the
+counting states in place of THINK, and a refusal names the offending row and, for rules 3 and
+4, the cycle.
 
 Resume rows (trigger ``resumed``) leave DONE or ERROR for a loop state, each naming exactly
 one of the stop guards (``table.STOP_GUARDS``); they need no "else" row (a stop no row leaves
@@ -44,7 +50,7 @@ leaves them out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -64,13 +70,24 @@ from agent_fsm.table import (
     TURN_BUDGET_GUARD,
     TURN_STATE,
     AgentState,
+    CustomState,
     Row,
     StopReason,
     Verb,
     softened_stop,
 )
 
-__all__ = ["TerminationBound", "termination_bound", "verify_table"]
+__all__ = ["TerminationBound", "counting_states", "termination_bound", "verify_table"]
+
+State = AgentState | str
+COUNTING = frozenset({TURN_STATE})
+"""The states whose entry makes a model call, in the default loop."""
+
+
+def counting_states(states: Sequence[CustomState] = ()) -> frozenset[State]:
+    """The states entering which takes a turn: THINK, and each custom state that
+    ``counts_turn``."""
+    return COUNTING | {state.name for state in states if state.counts_turn}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +123,7 @@ def _describe(row: Row, index: int) -> str:
     return f"row {index} ({row.source} --{row.trigger} [{guards}]--> {row.dest} {row.label})"
 
 
-def _is_gated(rows: tuple[Row, ...], index: int, budget: str = TURN_BUDGET_GUARD) -> bool:
+def _is_gated(rows: Sequence[Row], index: int, budget: str = TURN_BUDGET_GUARD) -> bool:
     """Whether an earlier row of the group stops the run whenever ``rows[index]`` could fire
     with ``budget`` (the guard that says it is spent) true."""
     row = rows[index]
@@ -122,17 +139,17 @@ def _is_gated(rows: tuple[Row, ...], index: int, budget: str = TURN_BUDGET_GUARD
     return False
 
 
-def _retries(row: Row) -> bool:
+def _retries(row: Row, counting: Collection[State] = COUNTING) -> bool:
     """A row that makes a model call counted as a retry of the last one, not a turn."""
-    return row.dest == TURN_STATE and row.outcome is Verb.RETRY
+    return row.dest in counting and row.outcome is Verb.RETRY
 
 
-def _find_cycle(edges: Mapping[AgentState, set[AgentState]]) -> list[AgentState] | None:
+def _find_cycle(edges: Mapping[State, set[State]]) -> list[State] | None:
     """A cycle in the graph, as a list of states, or None when it is acyclic."""
-    visiting: list[AgentState] = []
-    done: set[AgentState] = set()
+    visiting: list[State] = []
+    done: set[State] = set()
 
-    def visit(state: AgentState) -> list[AgentState] | None:
+    def visit(state: State) -> list[State] | None:
         if state in visiting:
             return [*visiting[visiting.index(state) :], state]
         if state in done:
@@ -153,32 +170,64 @@ def _find_cycle(edges: Mapping[AgentState, set[AgentState]]) -> list[AgentState]
     return None
 
 
-def verify_table(rows: tuple[Row, ...], guards: Mapping[str, Guard] = GUARDS) -> None:
-    """Check the rules in the module docstring; raise ConfigError naming the offender."""
+def verify_table(
+    rows: tuple[Row, ...],
+    guards: Mapping[str, Guard] = GUARDS,
+    states: Sequence[CustomState] = (),
+) -> None:
+    """Check the rules in the module docstring; raise ConfigError naming the offender.
+
+    ``states`` are the states a user added (``table.CustomState``): each is left by its own
+    trigger, and one that ``counts_turn`` is held to the turn budget as THINK is.
+    """
     if not rows:
         raise ConfigError("the machine table has no rows")
+    triggers = _triggers(states)
+    counting = counting_states(states)
     for i in range(len(rows)):
-        _check_row(rows, i, guards)
-    _check_ways_out(rows)
+        _check_row(rows, i, guards, triggers)
+    _check_ways_out(rows, triggers)
     _check_last_answer_rows(rows)
     loop_rows = tuple(row for row in rows if not row.resumes)
-    edges: dict[AgentState, set[AgentState]] = {}
+    edges: dict[State, set[State]] = {}
     for row in loop_rows:
         edges.setdefault(row.source, set()).add(row.dest)
-    for state in TRIGGER_FOR_STATE:
+    for state in triggers:
         if not _reaches(edges, state, TERMINAL_STATES):
             raise ConfigError(f"state {state} can never reach DONE or ERROR")
-    _check_cycles_count_turns(loop_rows)
-    _check_turns_are_gated(rows)
+    _check_cycles_count_turns(loop_rows, counting)
+    _check_turns_are_gated(rows, counting)
 
 
-def _check_row(rows: tuple[Row, ...], i: int, guards: Mapping[str, Guard]) -> None:
+def _triggers(states: Sequence[CustomState]) -> dict[State, str]:
+    """The trigger that leaves each loop state: the default loop's and the custom states'."""
+    triggers: dict[State, str] = {
+        state: str(trigger) for state, trigger in TRIGGER_FOR_STATE.items()
+    }
+    for state in states:
+        if state.name in triggers or state.trigger in triggers.values():
+            raise ConfigError(
+                f"custom state {state.name}: a state or trigger of that name exists already"
+            )
+        triggers[state.name] = state.trigger
+    return triggers
+
+
+def _check_row(
+    rows: tuple[Row, ...], i: int, guards: Mapping[str, Guard], triggers: Mapping[State, str]
+) -> None:
     """One row: known guards, the right trigger for its source, an outcome of the kind its
     destination calls for, and not shadowed by an earlier row of its group."""
     row = rows[i]
     unknown = [g for g in row.guards if g not in guards]
     if unknown:
         raise ConfigError(f"{_describe(row, i)} names unknown guard(s) {unknown}")
+    for state in (row.source, row.dest):
+        if state not in triggers and state not in TERMINAL_STATES:
+            raise ConfigError(
+                f"{_describe(row, i)} names state {state}, which is neither a state of the "
+                "default loop nor one of the table's custom states"
+            )
     if row.resumes:
         _check_resume_row(row, i)
     elif row.source in TERMINAL_STATES:
@@ -186,10 +235,10 @@ def _check_row(rows: tuple[Row, ...], i: int, guards: Mapping[str, Guard]) -> No
             f"{_describe(row, i)} leaves terminal state {row.source}: only a "
             f"{RESUME_TRIGGER} row may"
         )
-    elif TRIGGER_FOR_STATE.get(row.source) != row.trigger:
+    elif triggers.get(row.source) != row.trigger:
         raise ConfigError(
             f"{_describe(row, i)}: state {row.source} is left only by trigger "
-            f"{TRIGGER_FOR_STATE.get(row.source)}"
+            f"{triggers.get(row.source)}"
         )
     ends = row.dest in TERMINAL_STATES
     if ends != isinstance(row.outcome, StopReason):
@@ -217,9 +266,9 @@ def _check_resume_row(row: Row, i: int) -> None:
         )
 
 
-def _check_ways_out(rows: tuple[Row, ...]) -> None:
+def _check_ways_out(rows: tuple[Row, ...], triggers: Mapping[State, str]) -> None:
     """Every loop state has rows, the last of them unguarded (a step always moves)."""
-    for state, trigger in TRIGGER_FOR_STATE.items():
+    for state, trigger in triggers.items():
         group = [r for r in rows if r.source == state]
         if not group:
             raise ConfigError(f"state {state} has no way out: add rows for trigger {trigger}")
@@ -230,12 +279,12 @@ def _check_ways_out(rows: tuple[Row, ...]) -> None:
             )
 
 
-def _check_cycles_count_turns(loop_rows: tuple[Row, ...]) -> None:
+def _check_cycles_count_turns(loop_rows: tuple[Row, ...], counting: Collection[State]) -> None:
     """Within an activation, every cycle makes a model call (resume rows are taken only when
     a person answers, once each)."""
-    uncounted: dict[AgentState, set[AgentState]] = {}
+    uncounted: dict[State, set[State]] = {}
     for row in loop_rows:
-        if row.dest != TURN_STATE:
+        if row.dest not in counting:
             uncounted.setdefault(row.source, set()).add(row.dest)
     cycle = _find_cycle(uncounted)
     if cycle:
@@ -244,13 +293,14 @@ def _check_cycles_count_turns(loop_rows: tuple[Row, ...]) -> None:
         )
 
 
-def _check_turns_are_gated(rows: tuple[Row, ...]) -> None:
+def _check_turns_are_gated(rows: tuple[Row, ...], counting: Collection[State]) -> None:
     """No model call can start, after the previous one or after a resume (when every turn may
-    be used already), without passing the turn-budget guard."""
-    free = _ungated_count_free_edges(rows)
-    starts = {TURN_STATE} | {row.dest for row in rows if row.resumes}
+    be used already), without passing the turn-budget guard. A row that could is named, with
+    the way round the loop it opens."""
+    free = _ungated_count_free_edges(rows, counting)
+    resumed_into = sorted({row.dest for row in rows if row.resumes})
     for i, row in enumerate(rows):
-        if _retries(row):
+        if _retries(row, counting):
             if not _is_gated(rows, i, RETRY_BUDGET_GUARD):
                 raise ConfigError(
                     f"{_describe(row, i)} retries a model call without an earlier row of its "
@@ -258,13 +308,19 @@ def _check_turns_are_gated(rows: tuple[Row, ...]) -> None:
                     "model_retries_per_run does not bound the run"
                 )
             continue
-        if row.dest != TURN_STATE or _is_gated(rows, i):
+        if row.dest not in counting or _is_gated(rows, i):
             continue
-        if row.resumes or any(_reaches(free, start, {row.source}) for start in starts):
+        way = _path_from(free, sorted(counting), row.source)
+        if way is not None:
+            where = f"cycle {' -> '.join([*way, row.dest])}"
+        else:
+            way = [row.source] if row.resumes else _path_from(free, resumed_into, row.source)
+            where = f"after a resume, {' -> '.join([*way, row.dest])}" if way else ""
+        if where:
             raise ConfigError(
                 f"{_describe(row, i)} can start another model call without passing the "
-                f"'{TURN_BUDGET_GUARD}' guard after the previous one, so max_turns does "
-                "not bound the run"
+                f"'{TURN_BUDGET_GUARD}' guard after the previous one ({where} skips the turn "
+                "gate), so max_turns does not bound the run"
             )
 
 
@@ -312,19 +368,42 @@ def _check_last_answer_rows(rows: tuple[Row, ...]) -> None:
             )
 
 
-def _ungated_count_free_edges(rows: tuple[Row, ...]) -> dict[AgentState, set[AgentState]]:
+def _ungated_count_free_edges(
+    rows: tuple[Row, ...], counting: Collection[State]
+) -> dict[State, set[State]]:
     """Edges of rows that neither count a turn nor are gated by the turn budget."""
-    graph: dict[AgentState, set[AgentState]] = {}
+    graph: dict[State, set[State]] = {}
     for i, row in enumerate(rows):
-        if row.dest != TURN_STATE and not row.resumes and not _is_gated(rows, i):
+        if row.dest not in counting and not row.resumes and not _is_gated(rows, i):
             graph.setdefault(row.source, set()).add(row.dest)
     return graph
 
 
+def _path_from(
+    edges: Mapping[State, Iterable[State]], starts: Iterable[State], goal: State
+) -> list[State] | None:
+    """The shortest way from one of ``starts`` to ``goal`` along ``edges``, or None."""
+    came_from: dict[State, State | None] = dict.fromkeys(starts)
+    queue = list(came_from)
+    for state in queue:  # grows as it goes: a breadth-first search
+        if state == goal:
+            path: list[State] = []
+            step: State | None = state
+            while step is not None:
+                path.append(step)
+                step = came_from[step]
+            return path[::-1]
+        for nxt in sorted(edges.get(state, ())):
+            if nxt not in came_from:
+                came_from[nxt] = state
+                queue.append(nxt)
+    return None
+
+
 def _reaches(
-    edges: Mapping[AgentState, Iterable[AgentState]],
-    start: AgentState,
-    goals: Iterable[AgentState],
+    edges: Mapping[State, Iterable[State]],
+    start: State,
+    goals: Iterable[State],
 ) -> bool:
     goal_set, seen, stack = set(goals), {start}, [start]
     while stack:
@@ -338,19 +417,22 @@ def _reaches(
     return False
 
 
-def _longest_path(rows: tuple[Row, ...], start: AgentState, goal: Callable[[Row], bool]) -> int:
+def _longest_path(
+    rows: tuple[Row, ...],
+    start: State,
+    goal: Callable[[Row], bool],
+    counting: Collection[State] = COUNTING,
+) -> int:
     """Most transitions on a count-free path within one activation from ``start`` ending with
     a row where ``goal`` holds (that row included when it is not a counting row); -1 when
     there is none."""
     loop_rows = [r for r in rows if not r.resumes]
-    count_free = [r for r in loop_rows if r.dest != TURN_STATE]
+    count_free = [r for r in loop_rows if r.dest not in counting]
 
     @cache
-    def longest(state: AgentState) -> int:
+    def longest(state: State) -> int:
         best = (
-            0
-            if any(goal(r) and r.dest == TURN_STATE for r in loop_rows if r.source == state)
-            else -1
+            0 if any(goal(r) and r.dest in counting for r in loop_rows if r.source == state) else -1
         )
         for row in count_free:
             if row.source != state:
@@ -365,23 +447,23 @@ def _longest_path(rows: tuple[Row, ...], start: AgentState, goal: Callable[[Row]
     return longest(start)
 
 
-def _counting(row: Row) -> bool:
-    return row.dest == TURN_STATE
-
-
 def _terminal(row: Row) -> bool:
     return row.dest in TERMINAL_STATES
 
 
-def _activation_constant(rows: tuple[Row, ...], entry: AgentState, b: int, c: int) -> int:
+def _activation_constant(
+    rows: tuple[Row, ...], entry: State, b: int, c: int, counting: Collection[State]
+) -> int:
     """The transitions an activation entered at ``entry`` takes beyond ``(1 + b)`` per model
     call: ``a + c - b`` when it makes a call, ``z`` when it makes none."""
-    a = _longest_path(rows, entry, _counting)
-    z = _longest_path(rows, entry, _terminal)
+    a = _longest_path(rows, entry, lambda row: row.dest in counting, counting)
+    z = _longest_path(rows, entry, _terminal, counting)
     return max(a + c - b if a >= 0 else 0, z)
 
 
-def termination_bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound:
+def termination_bound(
+    rows: tuple[Row, ...], limits: Limits, counting: frozenset[State] = COUNTING
+) -> TerminationBound:
     """Bounds that hold for every run of a verified table under ``limits``.
 
     With ``M`` turns and retries for the whole run (``max_turns``, plus ``model_retries_per_run``
@@ -389,19 +471,24 @@ def termination_bound(rows: tuple[Row, ...], limits: Limits) -> TerminationBound
     activation entered at ``e`` that makes ``m`` calls takes at most
     ``a_e + m·(1 + b) - b + c`` transitions (``z_e`` when ``m = 0``). The first activation
     gives ``transitions``; each resume adds its own row and its entry's constant:
-    ``per_resume``.
+    ``per_resume``. ``counting`` are the states whose entry makes a model call
+    (``counting_states``): ``b`` and ``c`` are the longest over all of them.
     """
     if not limits.last_answer:  # the rows into LAST_ANSWER never fire
         rows = tuple(row for row in rows if LAST_ANSWER_GUARD not in row.guards)
     last_answers = int(any(row.dest == LAST_CALL_STATE for row in rows))
-    b = max(_longest_path(rows, TURN_STATE, _counting), 0)
-    c = _longest_path(rows, TURN_STATE, _terminal)
-    first = _activation_constant(rows, INITIAL_STATE, b, c)
+
+    def counts(row: Row) -> bool:
+        return row.dest in counting
+
+    b = max(max(_longest_path(rows, state, counts, counting) for state in counting), 0)
+    c = max(_longest_path(rows, state, _terminal, counting) for state in counting)
+    first = _activation_constant(rows, INITIAL_STATE, b, c, counting)
     per_resume = max(
-        (1 + _activation_constant(rows, row.dest, b, c) for row in rows if row.resumes),
+        (1 + _activation_constant(rows, row.dest, b, c, counting) for row in rows if row.resumes),
         default=0,
     )
-    retries = any(_retries(row) for row in rows)
+    retries = any(_retries(row, counting) for row in rows)
     m = limits.max_turns + (limits.model_retries_per_run if retries else 0)
     calls = "(max_turns + model_retries_per_run)" if retries else "max_turns"
     return TerminationBound(

@@ -41,6 +41,9 @@ from agent_fsm.models.common import (
 from agent_fsm.models.gemini_convert import (
     ReplyAssembler,
     needs_signatures,
+    output_config,
+    output_instruction,
+    takes_schema_with_tools,
     to_gemini_contents,
     to_gemini_tools,
 )
@@ -75,6 +78,15 @@ class GeminiModel(ClosesOnExit):
     the reply's ``provider_data["gemini"]``, so checkpoints and resumes keep them; a call
     without one (another provider's reply, a scripted one) is sent with Google's documented
     stand-in, which skips the check, except to Gemini 1.x/2.x, which never check.
+
+    Typed output (``supports_native_output``): a request's ``output`` goes as
+    ``response_mime_type="application/json"`` and its JSON Schema, unchanged, as
+    ``response_json_schema`` (over any ``response_schema`` setting). Gemini 3 takes that beside
+    function declarations; Gemini 1.x and 2.x refuse the pair (HTTP 400), so on their requests
+    that offer tools the schema goes in the system instruction instead, and the engine's
+    validation of the reply is all that holds the model to it; on their requests without tools
+    it goes in the config. Names are read as for signatures: any but ``gemini-1``/``gemini-2``
+    counts as Gemini 3 or later.
 
     Failures are raised as ``ModelCallError``: transient for 408/409/429 (with the server's
     ``Retry-After`` or ``google.rpc.RetryInfo`` delay) and 5xx, timeouts, dropped connections,
@@ -146,6 +158,10 @@ class GeminiModel(ClosesOnExit):
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._tools_cache: tuple[tuple[ToolSpec, ...], list[dict[str, Any]]] | None = None
 
+    supports_native_output = True
+    """Typed output travels as ``response_json_schema`` (in the system instruction instead
+    when Gemini 1.x/2.x is offered tools: see the class docstring)."""
+
     @property
     def name(self) -> str:
         """The model name, as sent to the server."""
@@ -206,8 +222,9 @@ class GeminiModel(ClosesOnExit):
             )
             assembler = ReplyAssembler(fallback_id_prefix=f"{request.run_id}_{request.turn}")
             attempt = _Attempt(self._url(client), self._timeout_ms)
-            if contents.system_instruction is not None:
-                config["system_instruction"] = contents.system_instruction
+            instruction = self._typed(config, request, contents.system_instruction)
+            if instruction is not None:
+                config["system_instruction"] = instruction
             call = {"model": self._model, "contents": contents.contents, "config": config}
             if self._stream:
                 outcome = await self._streamed(client, call, request, assembler, attempt)
@@ -261,6 +278,21 @@ class GeminiModel(ClosesOnExit):
             for key in _TOOL_SETTINGS:
                 config.pop(key, None)
         return config
+
+    def _typed(
+        self, config: dict[str, Any], request: ModelRequest, instruction: str | None
+    ) -> str | None:
+        """Hold the reply to ``request.output`` in ``config``, or, for a model that refuses a
+        response schema beside the tools offered, in the system instruction; that
+        instruction."""
+        output = request.output
+        if output is None:
+            return instruction
+        if "tools" in config and not takes_schema_with_tools(self._model):
+            return "\n\n".join(text for text in (instruction, output_instruction(output)) if text)
+        config.pop("response_schema", None)  # the API takes one schema or the other
+        config.update(output_config(output))
+        return instruction
 
     def _wire_tools(self, tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
         # The engine sends the same tuple every turn: convert (and sanitise) it once.

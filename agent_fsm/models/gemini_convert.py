@@ -42,6 +42,7 @@ Gemini has no refusal stop: a refusal is an ordinary answer (STOP).
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -55,6 +56,7 @@ from agent_fsm.messages import (
     FinishReason,
     Message,
     ModelResponse,
+    OutputFormat,
     ReplyDelta,
     SystemMessage,
     ToolCall,
@@ -74,6 +76,9 @@ __all__ = [
     "ReplyAssembler",
     "finish_reason_from",
     "needs_signatures",
+    "output_config",
+    "output_instruction",
+    "takes_schema_with_tools",
     "to_gemini_contents",
     "to_gemini_tools",
     "usage_from",
@@ -101,8 +106,9 @@ _RETRYABLE = frozenset(
     }
 )  # fmt: skip
 _MAX_DETAIL_CHARS = 300
-# Models that never refuse a call for its missing signature (before Gemini 3), by name.
-_UNSIGNED_MODELS = re.compile(r"(^|/)gemini-(1|2)(\.|-)")
+# Gemini 1.x and 2.x, by name: they never refuse a call for its missing signature, and refuse
+# a response schema next to function declarations.
+_BEFORE_GEMINI_3 = re.compile(r"(^|/)gemini-(1|2)(\.|-)")
 
 
 # --------------------------------------------------------------------------- requests
@@ -119,7 +125,7 @@ class GeminiRequest:
 def needs_signatures(model: str) -> bool:
     """Whether ``model`` may refuse a function call sent back without its thought signature
     (every model but Gemini 1.x and 2.x, which never do: they get no stand-in)."""
-    return _UNSIGNED_MODELS.search(model) is None
+    return _BEFORE_GEMINI_3.search(model) is None
 
 
 def to_gemini_contents(
@@ -247,6 +253,43 @@ def to_gemini_tools(tools: Iterable[ToolSpec]) -> list[dict[str, Any]]:
             declaration["parameters"] = converted.parameters
         declarations.append(declaration)
     return [{"function_declarations": declarations}] if declarations else []
+
+
+# --------------------------------------------------------------------------- typed output
+
+
+def output_config(output: OutputFormat) -> dict[str, Any]:
+    """The ``GenerateContentConfig`` fields that hold a reply to ``output``: JSON as the
+    ``response_mime_type``, and a copy of the schema, unchanged, as ``response_json_schema``.
+
+    That field takes JSON Schema itself (``$defs``/``$ref``, ``anyOf``, ``enum``, bounds,
+    ``additionalProperties``, ...), so the schema needs none of the rewriting ``gemini_schema``
+    does for ``response_schema`` and tool parameters, which take Gemini's OpenAPI subset.
+    Gemini documents that a whole schema may be sent and the keywords it does not support are
+    not enforced; the engine validates every reply against the whole schema anyway."""
+    return {
+        "response_mime_type": "application/json",
+        "response_json_schema": copy.deepcopy(output.schema),
+    }
+
+
+def takes_schema_with_tools(model: str) -> bool:
+    """Whether ``model`` takes a response schema and function declarations in one request.
+
+    Gemini 1.x and 2.x refuse the pair with HTTP 400 ("Function calling with a response mime
+    type: 'application/json' is unsupported"); Gemini 3 takes it, and so is assumed of any
+    other name, as with thought signatures."""
+    return _BEFORE_GEMINI_3.search(model) is None
+
+
+def output_instruction(output: OutputFormat) -> str:
+    """``output``'s schema as an instruction, for a request that cannot carry it in its
+    config (tools offered to a model that refuses both at once)."""
+    schema = json.dumps(output.schema, ensure_ascii=False, separators=(",", ":"))
+    return (
+        "When you give your final answer (a reply without function calls), reply with only a "
+        f"JSON value matching this JSON Schema, with no other text and no code fence: {schema}"
+    )
 
 
 # --------------------------------------------------------------------------- replies

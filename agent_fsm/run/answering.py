@@ -23,18 +23,15 @@ from __future__ import annotations
 import asyncio
 
 from agent_fsm.cancellation import StopEvent, StopScope
-from agent_fsm.events import ModelRequested
 from agent_fsm.failures import is_own_failure
 from agent_fsm.messages import (
     AssistantMessage,
-    ModelRequest,
     ModelResponse,
     UserMessage,
 )
-from agent_fsm.prompt import prompt_messages
 from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import RunContext
-from agent_fsm.run.thinking import failure_from, report_failure, take_response
+from agent_fsm.run.thinking import failure_from, report_failure, request_aside, take_response
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import StopReason, softened_stop
 from agent_fsm.tokens import calibrate, estimate_message_tokens
@@ -103,22 +100,11 @@ async def _ask(ctx: RunContext, request: UserMessage, extra: int) -> None:
     ``Run.abort`` sets, and its own time limit."""
     state, config = ctx.state, ctx.config
     estimate, calibrated = _estimate(ctx, extra)
-    messages = [*prompt_messages(state.messages, state.context), request]
     ctx.stop = StopEvent()
     state.last_answers += 1
-    emit = ctx.bus.emitter
-    if emit is not None:
-        emit(
-            ModelRequested(
-                run_id=state.run_id,
-                turn=state.turns,
-                messages=len(messages),
-                estimated_prompt_tokens=calibrated,
-                model=config.model.name,
-                last_answer=True,
-            )
-        )
-    call = ModelRequest(messages=messages, tools=(), run_id=state.run_id, turn=state.turns)
+    call = request_aside(
+        ctx, request, model=config.model.name, estimate=calibrated, last_answer=True
+    )
     scope = StopScope(ctx.stop)
     try:
         with scope:

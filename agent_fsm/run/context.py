@@ -10,6 +10,7 @@ RunState field has the writers ``state.py`` declares.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -34,10 +35,18 @@ from agent_fsm.table import StopReason
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 from agent_fsm.tools.tool import ToolRegistry
 
-__all__ = ["InProcessRuns", "Reflector", "RunConfig", "RunContext"]
+__all__ = ["ArmDeadline", "InProcessRuns", "Reflector", "RunConfig", "RunContext", "call_later"]
 
 Reflector = Callable[[RunState], bool | Awaitable[bool]]
 """Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
+
+ArmDeadline = Callable[[float, Callable[[], None]], asyncio.TimerHandle | None]
+"""Starts a run's deadline timer: ``arm(seconds, time_up)`` (``RunConfig.arm_deadline``)."""
+
+
+def call_later(seconds: float, time_up: Callable[[], None]) -> asyncio.TimerHandle:
+    """The default deadline timer: the running event loop's ``call_later``."""
+    return asyncio.get_running_loop().call_later(seconds, time_up)
 
 
 class InProcessRuns:
@@ -104,6 +113,20 @@ class RunConfig:
     parallel_tool_calls: bool = True
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    random: Callable[[], float] = random.random
+    """The jitter of the model-retry backoff (``run.thinking.backoff_s``): one number in
+    [0, 1) per retry, drawn in the run's task. Replaceable for deterministic tests, and for a
+    run that is replayed (``agent_fsm.dbos`` seeds one per run, so that a replay waits as
+    long as the first execution did). A tool's own retries draw inside its call
+    (``tools.execution.retry_delay``)."""
+    arm_deadline: ArmDeadline = call_later
+    """Starts the run's deadline timer, once per activation: ``arm_deadline(seconds,
+    time_up)`` must call ``time_up`` from the run's event loop once ``seconds`` have passed,
+    and return a handle whose ``cancel()`` stops it, or None when there is nothing to stop.
+    ``time_up`` marks the run timed out and cancels the work in flight. A runner that keeps
+    the deadline on a clock of its own returns None and never calls it: ``agent_fsm.dbos``
+    enforces it inside each step against the run's recorded clock, because a real-time timer
+    would fire at a different point of a replay than of the first execution."""
     handlers: tuple[EventHandler, ...] = ()
     store: CheckpointStore | None = None
     checkpoint_every_transition: bool = False

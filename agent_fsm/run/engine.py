@@ -45,6 +45,7 @@ from agent_fsm.run.acting import act
 from agent_fsm.run.answering import answer
 from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
+from agent_fsm.run.custom import custom_work
 from agent_fsm.run.history import HistoryRepair
 from agent_fsm.run.leasing import RunLease
 from agent_fsm.run.observing import observe
@@ -65,11 +66,11 @@ from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text
 __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 
 
-_TRIGGER_NAMES = {trigger: trigger.value for trigger in Trigger}
+_TRIGGER_NAMES: dict[Trigger | str, str] = {trigger: trigger.value for trigger in Trigger}
 _state_changed = builder(StateChanged)
 
 
-_WORK: dict[AgentState, Callable[[RunContext], Awaitable[None] | None]] = {
+_WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[None] | None]] = {
     AgentState.OBSERVE: observe,
     AgentState.COMPACT: compact,
     AgentState.THINK: think,
@@ -77,7 +78,8 @@ _WORK: dict[AgentState, Callable[[RunContext], Awaitable[None] | None]] = {
     AgentState.REFLECT: reflect,
     AgentState.LAST_ANSWER: answer,
 }
-"""The work done in each loop state before its trigger fires."""
+"""The work done in each state of the default loop before its trigger fires; a custom
+state's is its own (``run.custom``)."""
 
 
 class Run:
@@ -258,7 +260,12 @@ class Run:
                 raise RunError(f"run {state.run_id}: no resume row accepts it any more")
             reopen_fields(state, stopped=True)
         else:
-            work = _WORK[state.state](self._ctx)
+            doing = _WORK.get(state.state)
+            work = (
+                doing(self._ctx)
+                if doing is not None
+                else custom_work(self._ctx, config.machine.custom[state.state])
+            )
             if work is not None:
                 await (work if self._lease is None else self._lease.during_step(work))
             state.elapsed_s = config.clock() - self._started_at
@@ -329,7 +336,7 @@ class Run:
         self._announced = True
         self._started_at = config.clock() - state.elapsed_s
         remaining = max(config.limits.timeout_s - state.elapsed_s, 0.0)
-        self._deadline = asyncio.get_running_loop().call_later(remaining, self._time_up)
+        self._deadline = config.arm_deadline(remaining, self._time_up)
         bus = self._ctx.bus
         if self._resumed is None:
             first = state.pending_input[0] if state.pending_input else ""
@@ -410,7 +417,7 @@ class Run:
                     run_id=state.run_id,
                     source=row.source,
                     dest=row.dest,
-                    trigger=_TRIGGER_NAMES[row.trigger],
+                    trigger=_TRIGGER_NAMES.get(row.trigger, row.trigger),
                     guards=row.guards,
                     label=row.label,
                     turn=state.turns,

@@ -50,11 +50,16 @@ def reopen(
     "interrupted", "recovered" or "crashed").
 
     Raises:
-        ResumeError: when the run cannot continue, or not with this answer. ``state`` is then
-            unchanged.
+        ResumeError: when the run cannot continue, or not with this answer, or was made with
+            another table. ``state`` is then unchanged.
     """
     if reply is not None and not isinstance(reply, str):
         raise ResumeError(f"reply must be a str, got {type(reply).__name__}")
+    if not machine.knows(state):
+        raise ResumeError(
+            f"run {state.run_id} (in state {state.state}) was not made with this agent's "
+            "table: resume it with an agent whose table has its states and rows"
+        )
     if state.state not in TERMINAL_STATES:
         if reply is not None or approvals is not None:
             raise ResumeError(
@@ -83,7 +88,7 @@ def _answer_stop(
     stop = state.stop_reason
     candidates = _rows_leaving(machine.rows, state, stop)
     if not candidates:
-        raise finished(state.run_id, stop.value if stop else state.state.value)
+        raise finished(state.run_id, stop.value if stop else str(state.state))
     decisions = _check_answer(state, candidates, reply, approvals)
     if reply is not None:
         state.pending_input.append(clean_text(reply))
@@ -96,7 +101,7 @@ def _answer_stop(
         failure = state.model_failure
         detail = f": {failure.message}" if failure is not None and failure.permanent else ""
         raise ResumeError(
-            f"run {state.run_id} stopped with {stop.value if stop else state.state.value}"
+            f"run {state.run_id} stopped with {stop.value if stop else str(state.state)}"
             f"{detail}, and no resume row accepts it (a permanent model error cannot be "
             "resumed)"
         )
@@ -149,6 +154,6 @@ def _check_answer(
             )
         return []
     if approvals is not None:
-        stop = state.stop_reason.value if state.stop_reason else state.state.value
+        stop = state.stop_reason.value if state.stop_reason else str(state.state)
         raise ResumeError(f"run {run_id} ended {stop}; it has nothing to approve")
     return []

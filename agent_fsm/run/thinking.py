@@ -8,7 +8,8 @@ the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 
 from agent_fsm.cancellation import StopScope
 from agent_fsm.constructors import builder
@@ -28,6 +29,7 @@ from agent_fsm.messages import (
     ToolCall,
     ToolSpec,
     Usage,
+    UserMessage,
     clean_message,
 )
 from agent_fsm.models.base import ModelCallError
@@ -40,7 +42,16 @@ from agent_fsm.table import Verb
 from agent_fsm.tokens import calibrate, estimate_message_tokens, estimate_tools_tokens
 from agent_fsm.tools.execution import retry_delay
 
-__all__ = ["backoff_s", "failure_from", "report_failure", "take_response", "think", "with_call_ids"]
+__all__ = [
+    "backoff_s",
+    "count_call",
+    "failure_from",
+    "report_failure",
+    "request_aside",
+    "take_response",
+    "think",
+    "with_call_ids",
+]
 
 # Built on every model call (see constructors.builder).
 _model_request = builder(ModelRequest)
@@ -84,13 +95,18 @@ def with_call_ids(message: AssistantMessage, turn: int) -> AssistantMessage:
     return message.model_copy(update={"tool_calls": tuple(fixed)})
 
 
-def backoff_s(failure: ModelFailure, attempt: int, limits: Limits) -> float:
+def backoff_s(
+    failure: ModelFailure,
+    attempt: int,
+    limits: Limits,
+    jitter: Callable[[], float] = random.random,
+) -> float:
     """The pause before model retry number ``attempt`` (1-based): the tool runtime's
-    exponential backoff with jitter, never shorter than the server's Retry-After (itself cut
-    to ``retry_after_max_s``). Never longer than ``Limits.model_backoff_ceiling_s``, which the
-    ``no_retries_left`` guard plans with."""
+    exponential backoff with jitter (from ``jitter``: the run's ``RunConfig.random``), never
+    shorter than the server's Retry-After (itself cut to ``retry_after_max_s``). Never longer
+    than ``Limits.model_backoff_ceiling_s``, which the ``no_retries_left`` guard plans with."""
     retry_after = min(failure.retry_after_s or 0.0, limits.retry_after_max_s)
-    return max(retry_delay(attempt, limits), retry_after)
+    return max(retry_delay(attempt, limits, jitter), retry_after)
 
 
 async def think(ctx: RunContext) -> None:
@@ -188,27 +204,35 @@ def _interrupted(ctx: RunContext) -> None:
     _failed(ctx, ModelFailure(message=message, permanent=True))
 
 
-async def _call_model(
-    ctx: RunContext, previous: ModelFailure | None, estimate: int
-) -> tuple[object, int]:
-    """Make one model call: a new turn (turn += 1), or, when the row into THINK was a retry
-    row, a retry of the turn's call after a backoff (retries += 1). The verifier bounds each
-    kind by its own budget, so which it is follows the row, as the verifier reads it.
-
-    Returns what the model returned, and the estimate of the prompt it was sent (a
-    ``before_model`` hook may have changed the prompt)."""
+async def count_call(ctx: RunContext, previous: ModelFailure | None) -> None:
+    """Count the model call about to be made: a new turn (turn += 1), or, when the row into
+    this state was a retry row, a retry of the turn's call, after a backoff from the failure
+    ``previous`` (retries += 1). The verifier bounds each kind by its own budget, so which it
+    is follows the row, as the verifier reads it. Every state whose entry makes a model call
+    counts it here: THINK, and a ``CustomState`` that ``counts_turn``."""
     state, config = ctx.state, ctx.config
     if _entered_by_retry(ctx):
         state.retries += 1
         state.turn_retries += 1
         if previous is not None:
-            pause = backoff_s(previous, state.turn_retries, config.limits)
+            pause = backoff_s(previous, state.turn_retries, config.limits, config.random)
             state.turn_retry_wait_s += pause
             await config.sleep(pause)
     else:
         state.turns += 1
         state.turn_retries = 0
         state.turn_retry_wait_s = 0.0
+
+
+async def _call_model(
+    ctx: RunContext, previous: ModelFailure | None, estimate: int
+) -> tuple[object, int]:
+    """Make one model call, counted as a turn or a retry (``count_call``).
+
+    Returns what the model returned, and the estimate of the prompt it was sent (a
+    ``before_model`` hook may have changed the prompt)."""
+    state, config = ctx.state, ctx.config
+    await count_call(ctx, previous)
     due = state.summary_due
     model, messages = config.model, prompt_messages(state.messages, state.context)
     tools, choice = config.tools.specs, None
@@ -325,6 +349,40 @@ def _entered_by_retry(ctx: RunContext) -> bool:
     if not trace or trace[-1][0] < 0:
         return False
     return ctx.config.machine.rows[trace[-1][0]].outcome is Verb.RETRY
+
+
+def request_aside(
+    ctx: RunContext,
+    instruction: UserMessage,
+    *,
+    model: str,
+    estimate: int,
+    transcript: bool = True,
+    last_answer: bool = False,
+) -> ModelRequest:
+    """A model call beside the turns' own: the transcript as the model sees it (nothing of
+    it when not ``transcript``) with ``instruction`` last, and no tools offered; announced
+    (``ModelRequested``, with ``estimate``) while anyone listens. The last answer
+    (LAST_ANSWER) and a custom state's ``StepContext.ask`` make theirs so."""
+    state = ctx.state
+    messages: list[Message] = (
+        [*prompt_messages(state.messages, state.context), instruction]
+        if transcript
+        else [instruction]
+    )
+    emit = ctx.bus.emitter
+    if emit is not None:
+        emit(
+            _model_requested(
+                run_id=state.run_id,
+                turn=state.turns,
+                messages=len(messages),
+                estimated_prompt_tokens=estimate,
+                model=model,
+                last_answer=last_answer,
+            )
+        )
+    return _model_request(messages=messages, tools=(), run_id=state.run_id, turn=state.turns)
 
 
 def take_response(

@@ -141,7 +141,10 @@ def prompt_problems(
 
 
 def trace_problems(
-    trace: Sequence[TraceEntry], resumed_at: Sequence[int] = (), *, now: AgentState | None = None
+    trace: Sequence[TraceEntry],
+    resumed_at: Sequence[int] = (),
+    *,
+    now: AgentState | str | None = None,
 ) -> list[str]:
     """Every way ``trace`` fails to be the path of one run, resumes included.
 
@@ -163,22 +166,22 @@ def trace_problems(
         return [f"resume positions {positions} are not in order within the trace"]
     problems: list[str] = []
     reopened = set(positions)
-    where = INITIAL_STATE  # where the next transition must start
+    where: AgentState | str = INITIAL_STATE  # where the next transition must start
     for index, entry in enumerate(trace):
         problems += _step_problems(trace, index, where, reopened)
         where = entry.dest
-    if now is not None and where is not now:
+    if now is not None and where != now:
         problems.append(f"the trace ends in {where}, not {now}")
     return problems
 
 
 def _step_problems(
-    trace: Sequence[TraceEntry], index: int, where: AgentState, reopened: set[int]
+    trace: Sequence[TraceEntry], index: int, where: AgentState | str, reopened: set[int]
 ) -> list[str]:
     """What is wrong with transition ``index`` of a path that has reached ``where``."""
     entry = trace[index]
     problems: list[str] = []
-    if entry.source is not where:
+    if entry.source != where:
         if index == 0:
             problems.append(f"the trace starts in {entry.source}, not {INITIAL_STATE}")
         else:

@@ -143,11 +143,15 @@ def run_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> asyncio.Fut
     return future
 
 
-def retry_delay(attempt: int, limits: Limits) -> float:
+def retry_delay(attempt: int, limits: Limits, jitter: Callable[[], float] = random.random) -> float:
     """Exponential backoff with jitter before retry number ``attempt`` (1-based): half to all
-    of ``retry_backoff_s * 2**(attempt-1)``, capped at ``retry_backoff_max_s``."""
+    of ``retry_backoff_s * 2**(attempt-1)``, capped at ``retry_backoff_max_s``.
+
+    ``jitter`` gives a number in [0, 1): the model's retries pass the run's own
+    (``RunConfig.random``); a tool's retries use the module's, drawn inside the call, whose
+    answer records each delay (a durable runner records the whole call as one step)."""
     delay = min(limits.retry_backoff_max_s, limits.retry_backoff_s * 2.0 ** (attempt - 1))
-    return delay * (0.5 + random.random() / 2)
+    return delay * (0.5 + jitter() / 2)
 
 
 class _Watchdog:

@@ -1,0 +1,195 @@
+"""What makes one run replay-safe under DBOS: its recorded clock, its deadline, its random
+numbers, and the steps that record them.
+
+DBOS recovers a workflow by calling its function again from the start: each step it reaches
+returns the outcome recorded the first time (checked by the step's position and name), and
+the first step with no record runs for real. So the engine must reach the same steps, in the
+same order, with the same arguments, every time it is replayed. Its model and tool calls are
+steps (``agent_fsm.dbos.steps``); what else it reads that could differ between two
+executions is made a function of the recorded outcomes here:
+
+- **the clock** (``RunConfig.clock``): seconds since the run's recorded start, advanced only
+  by the end times that steps record (a step returns when it ended). It stands still between
+  steps, so the engine's ``elapsed_s`` and the ``time_is_up`` guard read the same values on
+  every execution;
+- **the deadline** (``RunConfig.arm_deadline``): no real-time timer. Each step enforces the
+  run's deadline itself (``remaining_s``), and a step cut by it records so; the clock then
+  reads exactly ``Limits.timeout_s`` (``cut``), so the guard trips at the same point of
+  every execution;
+- **random numbers** (``RunConfig.random``): one generator per run, seeded with the run id,
+  drawn only in the run's own task, in an order the recorded outcomes decide;
+- **the backoff sleep** (``RunConfig.sleep``): a step that sleeps (cut at the deadline) and
+  records when it woke.
+
+The run id is the workflow's argument, chosen before the workflow starts. ``RunTime`` is the
+per-run record of all this; it is found through a context variable because the functions the
+engine calls (a tool's function, the clock) are the agent's, shared by its runs, and get no
+run to look in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from dbos import DBOS, StepOptions
+
+from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.errors import ConfigError
+from agent_fsm.models.base import ModelCallError
+from agent_fsm.state import RunState
+
+__all__ = [
+    "MODEL_STEP",
+    "SLEEP_STEP",
+    "START_STEP",
+    "TOOL_STEP",
+    "RunTime",
+    "Woke",
+    "active",
+    "interrupted",
+    "options",
+    "record_start",
+    "running",
+    "sleep",
+]
+
+START_STEP = "agent_fsm.start"
+MODEL_STEP = "agent_fsm.model"
+SLEEP_STEP = "agent_fsm.sleep"
+TOOL_STEP = "agent_fsm.tool:"
+"""Step names (a tool step's is followed by the tool's name): DBOS checks that a replay meets
+the step it recorded at each position, so a run that diverges fails loudly."""
+
+
+def options(name: str) -> StepOptions:
+    """A step that DBOS never retries: the engine's own retry rows decide what is retried,
+    and a retried step would be a second model or tool call the run never asked for."""
+    return {"name": name, "retries_allowed": False}
+
+
+class RunTime:
+    """One run's recorded time, deadline and random numbers (see the module docstring).
+
+    Created in the workflow once ``started_at`` is recorded; read by the agent's clock,
+    sleep, random source, model and tools through ``active()``.
+    """
+
+    __slots__ = ("journal", "now", "random", "run_id", "started_at", "state", "timeout_s")
+
+    def __init__(
+        self,
+        run_id: str,
+        started_at: float,
+        timeout_s: float,
+        journal: ToolJournal,
+        state: RunState,
+    ) -> None:
+        self.run_id = run_id
+        self.started_at = started_at
+        """Unix time of the run's start, as its first step recorded it."""
+        self.timeout_s = timeout_s
+        self.now = 0.0
+        """Seconds since ``started_at`` at the latest recorded step end (the clock)."""
+        self.random = random.Random(run_id)
+        self.journal = journal
+        """Where tool steps record their calls (``agent_fsm.dbos.steps``)."""
+        self.state = state
+        """The run's state (read only: which state is making a model call)."""
+
+    def clock(self) -> float:
+        return self.now
+
+    def advance(self, ended_at: float) -> None:
+        """A step recorded that it ended at unix time ``ended_at``. The clock never goes back
+        (parallel tool steps end in any order), and never passes the deadline: time beyond
+        it is only ever read as the deadline (``cut``)."""
+        self.now = max(self.now, min(ended_at - self.started_at, self.timeout_s))
+
+    def cut(self) -> None:
+        """A step was cut by the deadline: the clock reads the time limit exactly."""
+        self.now = self.timeout_s
+
+    def remaining_s(self) -> float:
+        """Real seconds left before the deadline. Read inside steps only: outside, its
+        answer would differ between executions."""
+        return self.started_at + self.timeout_s - time.time()
+
+
+_ACTIVE: ContextVar[RunTime] = ContextVar("agent_fsm_dbos_run")
+
+
+def active() -> RunTime:
+    """The run being driven in this task.
+
+    Raises:
+        ConfigError: outside a run of a ``DBOSAgent`` (its model, tools or clock were used
+            on their own).
+    """
+    try:
+        return _ACTIVE.get()
+    except LookupError:
+        raise ConfigError(
+            "this model, tool or clock belongs to a DBOSAgent's runs: it works only inside "
+            "one (DBOSAgent.run / enqueue)"
+        ) from None
+
+
+@contextmanager
+def running(run: RunTime) -> Iterator[RunTime]:
+    """Make ``run`` the active run of this task (and of the tasks it starts)."""
+    token = _ACTIVE.set(run)
+    try:
+        yield run
+    finally:
+        _ACTIVE.reset(token)
+
+
+async def record_start() -> float:
+    """The run's start time: now on the first execution, the recorded one on a replay."""
+    return await DBOS.run_step_async(options(START_STEP), time.time)
+
+
+def interrupted(timeout_s: float) -> ModelCallError:
+    """The failure of a model call the deadline cut: worded as the engine words a model call
+    its deadline timer interrupts (``RunContext.why_stopped``), and permanent, so the THINK
+    rows end the run with ``timeout``."""
+    return ModelCallError(
+        f"the model call was interrupted: the run's time limit of {timeout_s:g} s was reached",
+        transient=False,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Woke:
+    """A sleep step's outcome: when it ended, and whether the deadline cut it."""
+
+    ended_at: float
+    cut: bool
+
+
+async def sleep(seconds: float) -> None:
+    """The run's backoff sleep, as a step (``RunConfig.sleep``): a replay does not wait
+    again. Cut at the deadline, it raises the model call's interruption, as the engine's
+    deadline timer would have cancelled it.
+
+    Raises:
+        ModelCallError: the deadline came first.
+    """
+    run = active()
+
+    async def wait() -> Woke:
+        left = run.remaining_s()
+        await asyncio.sleep(max(min(seconds, left), 0.0))
+        return Woke(time.time(), cut=seconds >= left)
+
+    woke = await DBOS.run_step_async(options(SLEEP_STEP), wait)
+    if woke.cut:
+        run.cut()
+        raise interrupted(run.timeout_s)
+    run.advance(woke.ended_at)

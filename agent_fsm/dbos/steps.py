@@ -1,0 +1,229 @@
+"""Model calls and tool calls as DBOS steps.
+
+**A model call** goes through ``StepModel``, a model wrapping the agent's: each ``request``
+is one step whose recorded outcome is the reply, or the failure (as the engine classifies it:
+``run.thinking.failure_from``), or the deadline's cut. A replay gets the recorded outcome back
+and raises or returns exactly as the first execution did.
+
+**A tool call** is one step around the whole call: its timeout, its retries with their
+backoff, and the tool journal (``durable.journal``), kept *inside* the step:
+
+1. the step looks its own entry up in the run's journal (keyed by the step's position in the
+   workflow, which a replay reproduces): a finished entry is answered from the journal; a
+   started one means an earlier execution of this very step died mid-call, so a tool that is
+   not idempotent is answered "outcome unknown" instead of running twice (an idempotent one
+   runs again);
+2. otherwise it records the call as started (durably), runs it (``tools.execution.execute``),
+   and records the answer.
+
+DBOS records the step's outcome after that; a step with a record is never run again. So a
+non-idempotent call runs at most once, whichever worker replays the run.
+
+The engine's own execution runs a *stand-in* for each tool (``stepped``): the same name,
+schema, approval and flags, whose function is the step and whose own timeout and retries are
+off (the step has the real ones). The stand-in returns the step's answer as a ``ToolResult``,
+which the engine takes as it is.
+
+Both kinds of step enforce the run's deadline (``replay.RunTime.remaining_s``) and record
+when they ended, which is what the run's clock reads (``agent_fsm.dbos.replay``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dbos import DBOS
+
+from agent_fsm.dbos.replay import MODEL_STEP, TOOL_STEP, RunTime, active, interrupted, options
+from agent_fsm.durable.journal import CallStatus
+from agent_fsm.failures import is_own_failure
+from agent_fsm.limits import Limits
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage, ToolStatus
+from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.run.thinking import failure_from
+from agent_fsm.state import ModelFailure
+from agent_fsm.table import LAST_CALL_STATE
+from agent_fsm.tools.execution import ABANDONED_NOTE, execute
+from agent_fsm.tools.results import ToolResult, error_result
+from agent_fsm.tools.tool import PreparedCall, Tool
+
+__all__ = ["Answered", "Replied", "StepModel", "outcome_unknown", "stepped"]
+
+STAND_IN_TIMEOUT_S = 10.0**9
+"""The stand-in tool's own timeout: never reached (the step inside has the real one, and
+the run's deadline), because a real-time timeout outside the step would cancel it at a
+different point of a replay."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replied:
+    """A model step's outcome: the reply, or the failure, or the deadline's cut."""
+
+    ended_at: float
+    response: ModelResponse | None = None
+    failure: ModelFailure | None = None
+    cut: bool = False
+
+
+class StepModel:
+    """The agent's model, each of whose calls is a DBOS step (see the module docstring).
+
+    Everything else (``name``, ``context_window``, ``count_tokens``, ...) is the wrapped
+    model's. A call made outside a run of a ``DBOSAgent`` raises ``ConfigError``.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.name = model.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """The reply, or the failure the step recorded, raised as a ``ModelCallError``.
+
+        The last answer (``Limits.last_answer``) has its own time limit, which the engine
+        keeps with a real-time timeout around this call; the step absorbs its cancellation
+        and records it as a cut, which is raised as ``TimeoutError`` on every execution.
+        """
+        run = active()
+        last = run.state.state == LAST_CALL_STATE
+
+        async def call() -> Replied:
+            return await _call(self.model, request, run, last)
+
+        replied = await DBOS.run_step_async(options(MODEL_STEP), call)
+        if replied.cut:
+            if last:
+                raise TimeoutError("the last answer took longer than its time limit")
+            run.cut()
+            raise interrupted(run.timeout_s)
+        run.advance(replied.ended_at)
+        if replied.failure is not None:
+            failure = replied.failure
+            raise ModelCallError(
+                failure.message,
+                transient=not failure.permanent,
+                retry_after_s=failure.retry_after_s,
+            )
+        assert replied.response is not None
+        return replied.response
+
+
+async def _call(model: Model, request: ModelRequest, run: RunTime, last: bool) -> Replied:
+    """The body of a model step. Must not raise for anything the model does."""
+    # The last answer's own limit is the engine's (see StepModel.request); others have the
+    # run's deadline.
+    left = 10.0**9 if last else run.remaining_s()
+    if left <= 0:
+        return Replied(time.time(), cut=True)
+    limit = asyncio.timeout(left)
+    try:
+        async with limit:
+            response: object = await model.request(request)
+    except BaseException as exc:
+        if limit.expired() or (last and isinstance(exc, asyncio.CancelledError)):
+            return Replied(time.time(), cut=True)
+        if not is_own_failure(exc):
+            raise
+        return Replied(time.time(), failure=failure_from(exc))
+    if not isinstance(response, ModelResponse):  # recorded as the engine would word it
+        message = f"the model returned {type(response).__name__}, not a ModelResponse"
+        return Replied(time.time(), failure=ModelFailure(message=message, permanent=False))
+    return Replied(time.time(), response=response)
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A tool step's outcome: the answer, and whether the deadline cut the call."""
+
+    ended_at: float
+    result: ToolMessage
+    cut: bool = False
+
+
+def stepped(tool: Tool, limits: Limits) -> Tool:
+    """The stand-in the engine runs for ``tool``: its function is one step running the
+    whole call (see the module docstring). Control tools have no function, and are returned
+    as they are."""
+    if tool.fn is None:
+        return tool
+
+    async def step(**values: Any) -> ToolResult:
+        run = active()
+
+        async def body() -> Answered:
+            return await _run_call(tool, values, limits, run)
+
+        answered = await DBOS.run_step_async(options(TOOL_STEP + tool.name), body)
+        if answered.cut:
+            run.cut()
+        else:
+            run.advance(answered.ended_at)
+        result = answered.result
+        return ToolResult(
+            output=result.content,
+            details=result.details,
+            is_error=result.status is not ToolStatus.OK,
+        )
+
+    return dataclasses.replace(tool, fn=step, timeout_s=STAND_IN_TIMEOUT_S, max_retries=0)
+
+
+def outcome_unknown(call: ToolCall) -> ToolMessage:
+    """The answer to a non-idempotent call that started before an interruption: worded as
+    the engine's own journal words it (``tools.scheduling``)."""
+    return error_result(
+        call,
+        f"The outcome of this call to '{call.name}' is unknown: it started before an "
+        "interruption and is not re-run because the tool is not idempotent. Check its effect "
+        "before calling it again.",
+        {"runtime": {"outcome_unknown": True}},
+    )
+
+
+def _cancelled(call: ToolCall, tool: Tool) -> ToolMessage:
+    """The answer to a call the deadline cut, worded as the engine words a call its stop
+    cancels (``tools.scheduling``)."""
+    message = f"Tool '{call.name}' was cancelled because the run was stopped."
+    runtime: dict[str, Any] = {"cancelled": True}
+    if not tool.is_async:
+        message += ABANDONED_NOTE
+        runtime["abandoned"] = True
+    return error_result(call, message, {"runtime": runtime})
+
+
+async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: RunTime) -> Answered:
+    """The body of a tool step: the journal around the call (see the module docstring).
+
+    A journal that fails raises: the step then records the failure, and the engine answers
+    the call with it (``tools.execution``), never running a call the journal cannot see."""
+    key = f"step:{DBOS.step_id}"
+    call = ToolCall(id=key, name=tool.name, arguments=json.dumps(values, default=str))
+    journal = run.journal
+    entry = journal.lookup(key)
+    if entry is not None and entry.status is CallStatus.FINISHED and entry.result is not None:
+        return Answered(time.time(), entry.result)
+    if entry is not None and not tool.idempotent:
+        result = outcome_unknown(call)
+        journal.record_finished(key, result)
+        return Answered(time.time(), result)
+    left = run.remaining_s()
+    if left <= 0:  # the deadline came first: the call never starts
+        return Answered(time.time(), _cancelled(call, tool), cut=True)
+    journal.record_started(key, call)
+    prepared = PreparedCall(call, tool, arguments=values, error=None, values=values)
+    try:
+        async with asyncio.timeout(left):
+            result = (await execute(prepared, limits)).result
+    except TimeoutError:  # execute never raises one of its own: it is the deadline's
+        result, cut = _cancelled(call, tool), True
+    else:
+        cut = False
+    journal.record_finished(key, result)
+    return Answered(time.time(), result, cut)

@@ -1,0 +1,130 @@
+"""A worker of tests/test_dbos_crash.py, and the agent the DBOS tests share.
+
+``python -m tests.dbos_worker URL SCHEMA DBOS_SCHEMA WORKER_ID RUNS`` launches DBOS on the
+throwaway cluster (system tables in ``DBOS_SCHEMA``, executor id ``WORKER_ID``), registers the
+crash test's ``DBOSAgent``, keeps a liveness lease (``WorkerLiveness``) and takes runs from the
+queue until ``RUNS`` runs exist and none is left unfinished. Each run makes ``STEPS`` tool
+turns of two calls, as in tests/lease_worker.py:
+
+- ``send`` (not idempotent) inserts ``(run_id, step, worker)`` into ``effects``: the side
+  effect that must never happen twice;
+- ``lookup`` (idempotent) computes a value; it may run again after a crash.
+
+The model is a function of the transcript. Every ``RunFinished`` event is recorded in
+``finishes`` (run_id, worker): a run replayed after its worker died after the event and
+before DBOS recorded the end announces it again. Prints ``ready`` once DBOS is launched, and
+``recovered ID,ID,...`` (the runs it handed back from dead workers) when it leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+import psycopg
+from dbos import DBOS, DBOSConfig
+
+from agent_fsm import Agent, Limits, tool
+from agent_fsm.dbos import DBOSAgent, RunQueue, WorkerLiveness
+from agent_fsm.durable.postgres import PostgresStore
+from agent_fsm.events import Event, RunFinished
+from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse
+from agent_fsm.testing import FunctionModel, call, reply
+
+STEPS = 3
+PAUSE_S = 0.01
+LIVENESS_TTL_S = 1.0
+QUEUE = RunQueue(name="crash_runs", worker_concurrency=4, polling_interval_s=0.05)
+TABLES = """
+CREATE TABLE effects (run_id text NOT NULL, step integer NOT NULL, worker text NOT NULL);
+CREATE TABLE finishes (run_id text NOT NULL, worker text NOT NULL)
+"""
+"""What the workers record, in the test's schema (made by the test before they start)."""
+
+
+def dbos_config(url: str, dbos_schema: str, executor_id: str, name: str) -> DBOSConfig:
+    """DBOS on the test cluster, its system tables in a schema of the test's own."""
+    return {
+        "name": name,
+        "system_database_url": url,
+        "dbos_system_schema": dbos_schema,
+        "executor_id": executor_id,
+        "notification_listener_polling_interval_sec": 0.05,
+        "log_level": "WARNING",
+    }
+
+
+def build_agent(journal: PostgresStore, effects: psycopg.Connection[Any], worker: str) -> DBOSAgent:
+    """The crash test's DBOSAgent, registered as ``crash``."""
+    return DBOSAgent(plain_agent(effects, worker), journal=journal, name="crash", queue=QUEUE)
+
+
+def plain_agent(effects: psycopg.Connection[Any], worker: str) -> Agent:
+    """The agent whose runs the workers drive (its limits and bound check the results)."""
+
+    @tool
+    def send(step: int, run: str) -> str:
+        """Send the message of one step (not idempotent)."""
+        time.sleep(PAUSE_S)
+        effects.execute("INSERT INTO effects VALUES (%s, %s, %s)", (run, step, worker))
+        time.sleep(PAUSE_S)  # a kill here leaves a call done but not recorded finished
+        return f"sent step {step}"
+
+    @tool(idempotent=True)
+    def lookup(key: int) -> int:
+        """Look a value up."""
+        time.sleep(PAUSE_S)
+        return key * key
+
+    async def model(request: ModelRequest) -> ModelResponse:
+        await asyncio.sleep(PAUSE_S)
+        made = sum(1 for m in request.messages if isinstance(m, AssistantMessage) and m.tool_calls)
+        if made >= STEPS:
+            return reply("done")
+        step = made + 1
+        return reply("", call("send", step=step, run=request.run_id), call("lookup", key=step))
+
+    def finished(event: Event) -> None:
+        if isinstance(event, RunFinished):
+            effects.execute("INSERT INTO finishes VALUES (%s, %s)", (event.run_id, worker))
+
+    return Agent(
+        model=FunctionModel(model),
+        tools=[send, lookup],
+        limits=Limits(max_turns=4 * STEPS, loop_detection=False),
+        handlers=[finished],
+    )
+
+
+def work_left(runs: int) -> bool:
+    """Runs are still to come (the test enqueues them once the workers are up), or
+    unfinished (a dead worker's stay PENDING until they are recovered)."""
+    if len(DBOS.list_workflows()) < runs:
+        return True
+    return bool(DBOS.list_workflows(status=["ENQUEUED", "PENDING"]))
+
+
+def main(url: str, schema: str, dbos_schema: str, worker: str, runs: str) -> int:
+    with (
+        PostgresStore(url, schema=schema) as journal,
+        psycopg.connect(url, autocommit=True) as effects,
+    ):
+        effects.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
+        DBOS(config=dbos_config(url, dbos_schema, worker, "agent_fsm_crash"))
+        agent = build_agent(journal, effects, worker)
+        DBOS.launch()
+        asyncio.run(QUEUE.register())
+        with WorkerLiveness(journal, ttl_s=LIVENESS_TTL_S) as liveness:
+            print("ready", flush=True)
+            while work_left(int(runs)):
+                time.sleep(0.1)
+        DBOS.destroy()
+        del agent
+    print(f"recovered {','.join(liveness.recovered)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:6]))

@@ -1,0 +1,310 @@
+"""DBOSAgent (agent_fsm.dbos): a run as a workflow of steps, its replay, the tool journal
+inside the tool steps, the queue's limits, and clear errors for misuse.
+
+DBOS is one per process: this module launches it once, its system tables in a schema of the
+module's own on the test cluster (tests/stores.py), and every test registers agents of its
+own names. A replay is made with DBOS's own machinery: ``fork_workflow`` replays a run's
+recorded steps up to a given one and runs the rest again, as recovery after a crash does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("dbos")
+
+import psycopg
+from dbos import DBOS
+from psycopg import sql
+
+from agent_fsm import Agent, ConfigError, Limits, MemoryStore, StopReason, tool
+from agent_fsm.dbos import DBOSAgent, RateLimit, RunQueue, StepModel
+from agent_fsm.dbos.replay import MODEL_STEP, SLEEP_STEP, START_STEP, TOOL_STEP
+from agent_fsm.durable.postgres import PostgresStore
+from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse, ToolMessage
+from agent_fsm.models.base import ModelCallError
+from agent_fsm.state import RunResult
+from agent_fsm.testing import FunctionModel, call, reply
+from agent_fsm.testing.invariants import check_invariants
+from tests.dbos_worker import dbos_config
+
+FAST = RunQueue(name="unit_runs", polling_interval_s=0.05)
+
+
+@pytest.fixture(scope="module")
+def dbos_schema(postgres_url: str) -> Iterator[str]:
+    name = f"dbos_{uuid.uuid4().hex[:12]}"
+    DBOS(config=dbos_config(postgres_url, name, "pytest", "agent_fsm_unit"))
+    DBOS.launch()
+    yield name
+    DBOS.destroy(destroy_registry=True)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def journal(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(postgres_url, schema=postgres_schema) as store:
+        yield store
+
+
+class Tools:
+    """``send`` (not idempotent) and ``lookup`` (idempotent), counting their executions;
+    ``hold`` makes the next call of either wait until released (a worker dying mid-call)."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+        self.looked_up: list[int] = []
+        self.hold: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+
+        @tool
+        async def send(step: int) -> str:
+            """Send the message of one step."""
+            self.sent.append(step)
+            await self._maybe_hold()
+            return f"sent {step}"
+
+        @tool(idempotent=True)
+        async def lookup(key: int) -> int:
+            """Look a value up."""
+            self.looked_up.append(key)
+            await self._maybe_hold()
+            return key * key
+
+        self.tools = [send, lookup]
+
+    async def _maybe_hold(self) -> None:
+        self.entered.set()
+        if self.hold is not None:
+            await self.hold.wait()
+
+
+def two_turns(request: ModelRequest) -> ModelResponse:
+    """Two turns of ``send`` and ``lookup``, then the answer: a function of the transcript."""
+    made = sum(1 for m in request.messages if isinstance(m, AssistantMessage) and m.tool_calls)
+    if made >= 2:
+        return reply("done")
+    return reply("", call("send", step=made + 1), call("lookup", key=made + 1))
+
+
+def durable(journal: PostgresStore, model: Any, tools: Tools, **limits: Any) -> DBOSAgent:
+    agent = Agent(
+        model=model if isinstance(model, FunctionModel) else FunctionModel(model),
+        tools=tools.tools,
+        limits=Limits(loop_detection=False, **limits),
+    )
+    return DBOSAgent(agent, journal=journal, name=uuid.uuid4().hex, queue=FAST)
+
+
+async def step_names(run_id: str) -> list[str]:
+    return [step["function_name"] for step in await DBOS.list_workflow_steps_async(run_id)]
+
+
+def same_run(a: RunResult, b: RunResult) -> None:
+    assert a.model_dump(exclude={"trace"}) == b.model_dump(exclude={"trace"})
+    assert [(e.source, e.dest, e.label) for e in a.trace] == [
+        (e.source, e.dest, e.label) for e in b.trace
+    ]
+
+
+async def test_a_run_is_a_workflow_whose_model_and_tool_calls_are_steps(
+    journal: PostgresStore,
+) -> None:
+    tools = Tools()
+    agent = durable(journal, two_turns, tools)
+    result = await agent.run("Do it.", run_id="steps-1")
+    assert (result.stop_reason, result.output, result.run_id) == (
+        StopReason.FINAL_ANSWER,
+        "done",
+        "steps-1",
+    )
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    turn = [MODEL_STEP, TOOL_STEP + "send", TOOL_STEP + "lookup"]
+    assert await step_names("steps-1") == [START_STEP, *turn, *turn, MODEL_STEP]
+    # A run id is one run: running it again gives its result, and runs nothing.
+    again = await agent.run("Do it.", run_id="steps-1")
+    same_run(again, result)
+    assert (tools.sent, tools.looked_up) == ([1, 2], [1, 2])
+
+
+async def test_a_replay_of_every_step_gives_the_same_run_and_calls_nothing(
+    journal: PostgresStore,
+) -> None:
+    tools = Tools()
+    model = FunctionModel(two_turns)
+    agent = durable(journal, model, tools)
+    first = await agent.run("Do it.", run_id="replay-1")
+    calls = len(model.requests)
+    steps = await step_names("replay-1")
+    replayed = await (await DBOS.fork_workflow_async("replay-1", len(steps) + 1)).get_result()
+    same_run(replayed, first)
+    assert (tools.sent, tools.looked_up, len(model.requests)) == ([1, 2], [1, 2], calls)
+
+
+async def test_a_finished_tool_step_run_again_is_answered_from_the_journal(
+    journal: PostgresStore,
+) -> None:
+    """A replay that runs the steps from the first ``send`` on again (their records lost)
+    meets the journal's finished entries: nothing is sent twice, and the run is the same."""
+    tools = Tools()
+    agent = durable(journal, two_turns, tools)
+    first = await agent.run("Do it.", run_id="journal-1")
+    send_step = (await step_names("journal-1")).index(TOOL_STEP + "send") + 1
+    replayed = await (await DBOS.fork_workflow_async("journal-1", send_step)).get_result()
+    same_run(replayed, first)
+    assert tools.sent == [1, 2]
+
+
+@pytest.mark.parametrize(("held", "runs_again"), [("send", False), ("lookup", True)])
+async def test_a_tool_step_cut_short_by_a_crash_is_re_run_only_if_idempotent(
+    journal: PostgresStore, held: str, runs_again: bool
+) -> None:
+    """The worker dies mid-call (the call started, the step has no record): the step that
+    DBOS runs again answers "outcome unknown" for ``send``, and runs ``lookup`` again."""
+    tools = Tools()
+    tools.hold = asyncio.Event()
+    model = FunctionModel(
+        lambda request: (
+            reply("done")
+            if any(isinstance(m, ToolMessage) for m in request.messages)
+            else reply("", call(held, **({"step": 1} if held == "send" else {"key": 1})))
+        )
+    )
+    agent = durable(journal, model, tools)
+    crashed = asyncio.create_task(agent.run("Do it.", run_id=f"cut-{held}"))
+    await tools.entered.wait()
+    tool_step = len(await step_names(f"cut-{held}")) + 1  # the call in flight: no record yet
+    tools.hold = None  # the replay's call, if any, returns at once
+    result = await (await DBOS.fork_workflow_async(f"cut-{held}", tool_step)).get_result()
+    crashed.cancel()
+    answer = next(m for m in result.messages if isinstance(m, ToolMessage))
+    executions = tools.sent if held == "send" else tools.looked_up
+    if runs_again:
+        assert (answer.content, executions) == ("1", [1, 1])
+    else:
+        assert "outcome of this call to 'send' is unknown" in answer.content
+        assert answer.details == {"runtime": {"outcome_unknown": True}}
+        assert executions == [1]
+    assert result.output == "done"
+
+
+async def test_backoff_jitter_and_sleep_replay_as_recorded(journal: PostgresStore) -> None:
+    tools = Tools()
+    failures = iter([True, True])
+
+    def flaky(request: ModelRequest) -> ModelResponse:
+        if next(failures, False):
+            raise ModelCallError("busy", transient=True)
+        return two_turns(request)
+
+    agent = durable(journal, flaky, tools, retry_backoff_s=0.01, retry_backoff_max_s=0.05)
+    first = await agent.run("Do it.", run_id="backoff-1")
+    steps = await step_names("backoff-1")
+    assert steps[:6] == [START_STEP, MODEL_STEP, SLEEP_STEP, MODEL_STEP, SLEEP_STEP, MODEL_STEP]
+    assert first.stop_reason is StopReason.FINAL_ANSWER
+    started = time.monotonic()
+    replayed = await (await DBOS.fork_workflow_async("backoff-1", len(steps) + 1)).get_result()
+    same_run(replayed, first)
+    assert time.monotonic() - started < 30  # an upper bound only: nothing waits again
+
+
+async def test_the_queue_keeps_its_worker_concurrency(journal: PostgresStore) -> None:
+    tools = Tools()
+    running, most = 0, 0
+
+    async def slow(request: ModelRequest) -> ModelResponse:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return reply("done")
+
+    agent = dataclasses.replace(durable(journal, slow, tools).agent)
+    queued = DBOSAgent(
+        agent,
+        journal=journal,
+        name=uuid.uuid4().hex,
+        queue=RunQueue(name="two_at_a_time", worker_concurrency=2, polling_interval_s=0.05),
+    )
+    handles = [await queued.enqueue(f"run {n}") for n in range(6)]
+    results = [await handle.result() for handle in handles]
+    assert {r.output for r in results} == {"done"}
+    assert most == 2
+
+
+async def test_the_queue_keeps_its_rate_limit(journal: PostgresStore) -> None:
+    starts: list[float] = []
+
+    def stamped(request: ModelRequest) -> ModelResponse:
+        starts.append(time.monotonic())
+        return reply("done")
+
+    agent = Agent(model=FunctionModel(stamped))
+    limited = DBOSAgent(
+        agent,
+        journal=journal,
+        name=uuid.uuid4().hex,
+        queue=RunQueue(
+            name="two_per_second",
+            rate_limit=RateLimit(starts=2, per_s=1.0),
+            polling_interval_s=0.05,
+        ),
+    )
+    handles = [await limited.enqueue(f"run {n}") for n in range(4)]
+    for handle in handles:
+        await handle.result()
+    starts.sort()
+    # The third run starts a whole window after the first (slack for the clock's reading
+    # the start a little after DBOS let it go).
+    assert starts[2] - starts[0] >= 0.9
+
+
+def test_misuse_is_a_config_error(journal: PostgresStore) -> None:
+    model = FunctionModel(lambda request: reply("done"))
+    with pytest.raises(ConfigError, match="no store and no lease_s"):
+        DBOSAgent(Agent(model=model, store=MemoryStore()), journal=journal)
+    with pytest.raises(ConfigError, match="journal must be a CheckpointStore"):
+        DBOSAgent(Agent(model=model), journal="postgresql://")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="worker_concurrency"):
+        RunQueue(worker_concurrency=0)
+    with pytest.raises(ConfigError, match="per_s"):
+        RateLimit(starts=1, per_s=0)
+
+    class Summariser:
+        """A policy with a model of its own that is not a dataclass."""
+
+        name = "summarise"
+
+        def __init__(self, model: FunctionModel) -> None:
+            self.model = model
+
+        def shrink(self, context: object) -> object:
+            return context
+
+    with pytest.raises(ConfigError, match="model of its own"):
+        DBOSAgent(
+            Agent(
+                model=model, context_policy=Summariser(model), limits=Limits(context_window=99_999)
+            ),  # type: ignore[arg-type]
+            journal=journal,
+        )
+
+
+async def test_the_steps_work_only_inside_a_run(journal: PostgresStore) -> None:
+    agent = DBOSAgent(Agent(model=FunctionModel(lambda r: reply("x"))), journal=journal)
+    with pytest.raises(ConfigError, match="works only inside"):
+        await StepModel(agent.agent.model).request(
+            ModelRequest(messages=[], tools=(), run_id="r", turn=1)
+        )
+    with pytest.raises(ConfigError, match="the input must be a str"):
+        await agent.run(42)  # type: ignore[arg-type]
