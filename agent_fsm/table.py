@@ -372,16 +372,27 @@ TABLE: tuple[Row, ...] = (
 """The loop, in priority order. Change it and ``machine.py`` re-verifies it at construction."""
 
 
+_RESUMABLE: dict[int, tuple[tuple[Row, ...], frozenset[StopReason]]] = {}
+"""``resumable_stops`` by the identity of the rows it was asked about: asked for every run's
+result (``state.status_for``), it would otherwise scan the table each time."""
+
+
 def resumable_stops(rows: tuple[Row, ...]) -> frozenset[StopReason]:
     """The stop reasons some resume row of ``rows`` may leave (a row may still refuse a given
     run: a model failure must have been transient). The one place this set is known."""
-    return frozenset(
+    known = _RESUMABLE.get(id(rows))
+    if known is not None and known[0] is rows:
+        return known[1]
+    stops = frozenset(
         reason
         for row in rows
         if row.resumes
         for guard in row.guards
         for reason in STOP_GUARDS.get(guard, ())
     )
+    if len(_RESUMABLE) < 256:  # a handful of tables per process; never grows without bound
+        _RESUMABLE[id(rows)] = (rows, stops)
+    return stops
 
 
 def softened_stop(rows: tuple[Row, ...], index: int) -> StopReason | None:

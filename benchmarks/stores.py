@@ -8,6 +8,11 @@ the worker processes; each worker opens its own store on the shared storage (one
 file; one PostgreSQL schema) and drives its runs one after another. MemoryStore cannot be
 shared between processes: with several workers each has its own.
 
+``dbos``: the same runs as DBOS workflows (``DBOSAgent.run``), each worker a DBOS executor on
+the PostgreSQL database (DBOS's tables in a schema of their own, the tool journal in a
+``PostgresStore``): no checkpoints and no leases (DBOS records every model and tool call as a
+step instead, which is in "rest"), so the save columns are empty.
+
 Printed per store and number of workers: runs per second (all runs over the wall time from
 the first worker's start to the last one's end), saves per run, the mean and the 99th
 percentile of one save (what a transition pays for its checkpoint), what the tool journal
@@ -15,6 +20,7 @@ costs per tool call (its look-up, start and finish), and the rest of the time pe
 transition (the engine, the model, the tool, leases taken and released).
 
     python benchmarks/stores.py [--runs 1000] [--turns 10] [--workers 1 4] [--stores ...]
+    (stores: memory sqlite postgres dbos)
 
 PostgreSQL: the database of AGENT_FSM_POSTGRES_URL, else a throwaway cluster started (and
 stopped) with scripts/postgres.sh. Each configuration gets a fresh schema, dropped after.
@@ -57,13 +63,11 @@ def _open(kind: str, location: str) -> Any:
     return PostgresStore(url, schema=schema)
 
 
-def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[str, Any]:
-    """Drive ``run_ids`` to the end in this process; return its timings."""
-    from agent_fsm import Agent, Limits, tool
+def _agent_options(turns: int) -> dict[str, Any]:
+    """The benchmark's agent: an instant model, one async no-op tool, ``turns`` turns."""
+    from agent_fsm import Limits, tool
     from agent_fsm.messages import ModelRequest, ModelResponse
     from agent_fsm.testing import FunctionModel, call, reply
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     @tool
     async def step(n: int) -> int:
@@ -73,7 +77,29 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
     def model(request: ModelRequest) -> ModelResponse | str:
         return reply("", call("step", n=request.turn)) if request.turn < turns else "done"
 
-    store = _open(kind, location)
+    return {
+        "model": FunctionModel(model),
+        "tools": [step],
+        "limits": Limits(max_turns=turns + 1, loop_detection=False),
+    }
+
+
+def _dbos_config(url: str, schema: str, executor: str) -> Any:
+    return {
+        "name": "agent_fsm_bench",
+        "system_database_url": url,
+        "dbos_system_schema": f"{schema}_dbos",
+        "executor_id": executor,
+        "log_level": "WARNING",
+    }
+
+
+def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[str, Any]:
+    """Drive ``run_ids`` to the end in this process; return its timings."""
+    from agent_fsm import Agent
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    store = _open("postgres" if kind == "dbos" else kind, location)
     saves: list[float] = []
     save = store.save
 
@@ -90,25 +116,32 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
         return _TimedJournal(journal(run_id, **lease), journal_s)
 
     store.journal = timed_journal
-    agent = Agent(
-        model=FunctionModel(model),
-        tools=[step],
-        limits=Limits(max_turns=turns + 1, loop_detection=False),
-        store=store,
-        lease_s=30,
-    )
+    runner: Any
+    if kind == "dbos":
+        from dbos import DBOS
+
+        from agent_fsm.dbos import DBOSAgent
+
+        url, schema = location.split(" ", 1)
+        DBOS(config=_dbos_config(url, schema, f"bench-{os.getpid()}"))
+        runner = DBOSAgent(Agent(**_agent_options(turns)), journal=store, name="bench")
+        DBOS.launch()
+    else:
+        runner = Agent(**_agent_options(turns), store=store, lease_s=30)
     transitions = 0
 
     async def drive() -> None:
         nonlocal transitions
         for run_id in run_ids:
-            result = await agent.run("go", run_id=run_id)
+            result = await runner.run("go", run_id=run_id)
             assert result.output == "done", result
             transitions += len(result.trace)
 
     started = time.time()
     asyncio.run(drive())
     ended = time.time()
+    if kind == "dbos":
+        DBOS.destroy()
     store.close()
     return {
         "start": started,
@@ -159,11 +192,12 @@ def measure(kind: str, location: str, runs: int, turns: int, workers: int) -> di
     busy = sum(r["end"] - r["start"] for r in results)
     journal_s = sum(r["journal_s"] for r in results)
     tool_calls = sum(r["tool_calls"] for r in results)
+    nan = float("nan")  # no checkpoints (dbos)
     return {
         "runs_per_s": runs / wall,
         "saves_per_run": len(saves) / runs,
-        "save_us": statistics.fmean(saves) * 1e6,
-        "save_p99_us": statistics.quantiles(saves, n=100)[98] * 1e6,
+        "save_us": statistics.fmean(saves) * 1e6 if saves else nan,
+        "save_p99_us": statistics.quantiles(saves, n=100)[98] * 1e6 if saves else nan,
         "journal_us": journal_s / tool_calls * 1e6,
         "rest_us": (busy - sum(saves) - journal_s) / transitions * 1e6,
     }
@@ -201,12 +235,19 @@ def storage(kind: str, pg_url: str | None) -> Iterator[str]:
 
         assert pg_url is not None
         schema = f"bench_{uuid.uuid4().hex[:12]}"
+        if kind == "dbos":  # DBOS lays its tables out once, before the workers start
+            from dbos import DBOS
+
+            DBOS(config=_dbos_config(pg_url, schema, "bench-setup"))
+            DBOS.launch()
+            DBOS.destroy(destroy_registry=True)
         try:
             yield f"{pg_url} {schema}"
         finally:
             with psycopg.connect(pg_url, autocommit=True) as conn:
-                drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-                conn.execute(drop)
+                for name in (schema, f"{schema}_dbos"):
+                    drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                    conn.execute(drop)
 
 
 def main() -> None:
@@ -214,7 +255,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "postgres"])
+    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "postgres", "dbos"])
     args = parser.parse_args()
     print(f"{args.runs} runs x {args.turns} turns (model calls), leased, on {os.cpu_count()} cores")
     header = (
@@ -223,16 +264,21 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
-    server = postgres_url() if "postgres" in args.stores else contextlib.nullcontext(None)
+    needs_server = {"postgres", "dbos"} & set(args.stores)
+    server = postgres_url() if needs_server else contextlib.nullcontext(None)
     with server as pg_url:
         for kind in args.stores:
             for workers in args.workers:
                 with storage(kind, pg_url) as location:
                     m = measure(kind, location, args.runs, args.turns, workers)
+                save, p99 = (
+                    (f"{m['save_us']:>8.0f}", f"{m['save_p99_us']:>8.0f}")
+                    if m["saves_per_run"]
+                    else (f"{'-':>8}", f"{'-':>8}")
+                )
                 print(
                     f"{kind:9} {workers:>7} {m['runs_per_s']:>8.1f} {m['saves_per_run']:>9.1f}"
-                    f" {m['save_us']:>8.0f} {m['save_p99_us']:>8.0f} {m['journal_us']:>20.0f}"
-                    f" {m['rest_us']:>19.0f}",
+                    f" {save} {p99} {m['journal_us']:>20.0f} {m['rest_us']:>19.0f}",
                     flush=True,
                 )
 

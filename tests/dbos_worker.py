@@ -21,10 +21,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from dbos import DBOS, DBOSConfig
+from psycopg import sql
 
 from agent_fsm import Agent, Limits, tool
 from agent_fsm.dbos import DBOSAgent, RunQueue, WorkerLiveness
@@ -54,6 +58,22 @@ def dbos_config(url: str, dbos_schema: str, executor_id: str, name: str) -> DBOS
         "notification_listener_polling_interval_sec": 0.05,
         "log_level": "WARNING",
     }
+
+
+@contextmanager
+def launched(url: str, name: str) -> Iterator[str]:
+    """DBOS launched in this process (executor id ``pytest``), its system tables in a fresh
+    schema, whose name is yielded; destroyed, and the schema dropped, afterwards. A test
+    module's fixture: DBOS is one per process."""
+    schema = f"dbos_{uuid.uuid4().hex[:12]}"
+    DBOS(config=dbos_config(url, schema, "pytest", name))
+    DBOS.launch()
+    try:
+        yield schema
+    finally:
+        DBOS.destroy(destroy_registry=True)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def build_agent(journal: PostgresStore, effects: psycopg.Connection[Any], worker: str) -> DBOSAgent:

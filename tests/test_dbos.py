@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,12 +21,11 @@ import pytest
 pytest.importorskip("psycopg")
 pytest.importorskip("dbos")
 
-import psycopg
 from dbos import DBOS
-from psycopg import sql
 
-from agent_fsm import Agent, ConfigError, Limits, MemoryStore, StopReason, tool
+from agent_fsm import Agent, AgentState, ConfigError, Limits, MemoryStore, StopReason, tool
 from agent_fsm.dbos import DBOSAgent, RateLimit, RunQueue, StepModel
+from agent_fsm.dbos.pausing import SAVE_STEP
 from agent_fsm.dbos.replay import MODEL_STEP, SLEEP_STEP, START_STEP, TOOL_STEP
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse, ToolMessage
@@ -34,20 +33,15 @@ from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunResult
 from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
-from tests.dbos_worker import dbos_config
+from tests.dbos_worker import launched
 
 FAST = RunQueue(name="unit_runs", polling_interval_s=0.05)
 
 
 @pytest.fixture(scope="module")
 def dbos_schema(postgres_url: str) -> Iterator[str]:
-    name = f"dbos_{uuid.uuid4().hex[:12]}"
-    DBOS(config=dbos_config(postgres_url, name, "pytest", "agent_fsm_unit"))
-    DBOS.launch()
-    yield name
-    DBOS.destroy(destroy_registry=True)
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    with launched(postgres_url, "agent_fsm_unit") as schema:
+        yield schema
 
 
 @pytest.fixture
@@ -65,6 +59,7 @@ class Tools:
         self.looked_up: list[int] = []
         self.hold: asyncio.Event | None = None
         self.entered = asyncio.Event()
+        self._held_in: asyncio.AbstractEventLoop | None = None
 
         @tool
         async def send(step: int) -> str:
@@ -85,7 +80,14 @@ class Tools:
     async def _maybe_hold(self) -> None:
         self.entered.set()
         if self.hold is not None:
+            self._held_in = asyncio.get_running_loop()
             await self.hold.wait()
+
+    def release(self) -> None:
+        """Let the held calls go on. Queued runs run on DBOS's own event loop, in another
+        thread: an asyncio.Event is set from there, or its waiters are not woken."""
+        if self.hold is not None and self._held_in is not None:
+            self._held_in.call_soon_threadsafe(self.hold.set)
 
 
 def two_turns(request: ModelRequest) -> ModelResponse:
@@ -96,11 +98,18 @@ def two_turns(request: ModelRequest) -> ModelResponse:
     return reply("", call("send", step=made + 1), call("lookup", key=made + 1))
 
 
-def durable(journal: PostgresStore, model: Any, tools: Tools, **limits: Any) -> DBOSAgent:
+def durable(
+    journal: PostgresStore,
+    model: Any,
+    tools: Tools | list[Any],
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    **limits: Any,
+) -> DBOSAgent:
     agent = Agent(
         model=model if isinstance(model, FunctionModel) else FunctionModel(model),
-        tools=tools.tools,
+        tools=tools.tools if isinstance(tools, Tools) else tools,
         limits=Limits(loop_detection=False, **limits),
+        sleep=sleep,
     )
     return DBOSAgent(agent, journal=journal, name=uuid.uuid4().hex, queue=FAST)
 
@@ -215,6 +224,68 @@ async def test_backoff_jitter_and_sleep_replay_as_recorded(journal: PostgresStor
     replayed = await (await DBOS.fork_workflow_async("backoff-1", len(steps) + 1)).get_result()
     same_run(replayed, first)
     assert time.monotonic() - started < 30  # an upper bound only: nothing waits again
+
+
+async def replay(run_id: str) -> RunResult:
+    """The run's workflow again, every recorded step replayed (as after a crash at its end)."""
+    steps = len(await step_names(run_id))
+    return await (await DBOS.fork_workflow_async(run_id, steps + 1)).get_result()
+
+
+async def test_a_model_call_that_outlasts_the_time_limit_ends_the_run_on_timeout(
+    journal: PostgresStore,
+) -> None:
+    """The deadline is kept inside the model step (no timer): the call is cut at
+    ``timeout_s``, the run ends ERROR ``timeout`` with a valid transcript, and a replay takes
+    the same transitions from the recorded cut, calling nothing."""
+    tools = Tools()
+    never = asyncio.Event()
+
+    async def hangs(request: ModelRequest) -> ModelResponse:
+        await never.wait()
+        return reply("too late")
+
+    model = FunctionModel(hangs)
+    agent = durable(journal, model, tools, timeout_s=0.3)
+    first = await agent.run("Do it.", run_id="deadline-1")
+    assert (first.final_state, first.stop_reason) == (AgentState.ERROR, StopReason.TIMEOUT)
+    # The clock reads the limit exactly: the recorded cut, not the time the step returned.
+    assert first.error == "timed out after 0.3 s (limit 0.3 s)"
+    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+    # A timeout can be resumed, so the stop is saved (agent_fsm.dbos.pausing).
+    assert await step_names("deadline-1") == [START_STEP, MODEL_STEP, SAVE_STEP]
+    calls = len(model.requests)  # 1, unless the machine reached the step after the deadline
+    same_run(await replay("deadline-1"), first)
+    assert (len(model.requests), tools.sent) == (calls, [])
+
+
+async def test_a_backoff_sleep_cut_by_the_time_limit_ends_the_run_on_timeout(
+    journal: PostgresStore,
+) -> None:
+    """A retry's backoff (Retry-After: an hour) longer than the time left: the sleep step
+    is cut at the deadline and the run ends as the engine's own timer would end it. The
+    agent's fake sleep makes the wait instant; the deadline is a generous upper bound."""
+    tools = Tools()
+    waits: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    def busy(request: ModelRequest) -> ModelResponse:
+        raise ModelCallError("busy", transient=True, retry_after_s=3600)
+
+    model = FunctionModel(busy)
+    agent = durable(
+        journal, model, tools, sleep=fake_sleep, retry_after_max_s=3600, retry_wait_s=7200
+    )
+    first = await agent.run("Do it.", run_id="deadline-2")
+    assert (first.final_state, first.stop_reason) == (AgentState.ERROR, StopReason.TIMEOUT)
+    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert await step_names("deadline-2") == [START_STEP, MODEL_STEP, SLEEP_STEP, SAVE_STEP]
+    assert len(waits) == 1
+    assert 0 < waits[0] <= agent.agent.limits.timeout_s
+    same_run(await replay("deadline-2"), first)
+    assert (len(model.requests), len(waits)) == (1, 1)
 
 
 async def test_the_queue_keeps_its_worker_concurrency(journal: PostgresStore) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from asyncio import CancelledError
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,8 @@ from jsonschema import Draft202012Validator
 
 import agent_fsm.run.acting
 from agent_fsm import Agent, ConfigError, Limits, tool
-from agent_fsm.messages import ModelResponse, ToolMessage, ToolStatus
+from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, ToolMessage, ToolStatus
+from agent_fsm.models.base import ModelCallError
 from agent_fsm.table import TABLE, Row, StopReason
 from agent_fsm.testing import (
     HarnessFailure,
@@ -30,6 +32,17 @@ from agent_fsm.testing import (
     check_invariants,
     reply,
     with_tool_doubles,
+)
+from agent_fsm.testing.behaviour import (
+    EDGE_REPLIES,
+    GARBAGE,
+    Behaviour,
+    Catalogue,
+    UnreadableError,
+    argument_variants,
+    example_arguments,
+    invalid_argument_texts,
+    user_tools,
 )
 from agent_fsm.testing.reproducer import item_source
 from agent_fsm.testing.strategies import arguments_for, invalid_arguments_for, replies_for
@@ -258,3 +271,69 @@ def test_assert_terminates_works_in_a_plain_script(tmp_path: Path) -> None:
     ).stdout
     assert "ScriptedModel([" in out
     assert "call('finish_task'" in out
+
+
+def _catalogue() -> Catalogue:
+    return Catalogue(AGENT.registry.specs, [t.name for t in user_tools(AGENT)])
+
+
+def test_a_zero_block_reads_as_the_simplest_behaviour() -> None:
+    """Hypothesis shrinks bytes towards zero: zero must be the simplest choice everywhere."""
+    catalogue = _catalogue()
+    first = AGENT.registry.specs[0]
+    simplest = reply("", call(first.name, **example_arguments(first.parameters)))
+    assert catalogue.behaviour(bytes(catalogue.block_size), "0") == Behaviour(
+        steps=(simplest,), cycle=False
+    )
+
+
+def test_the_catalogue_reaches_every_kind_of_misbehaviour() -> None:
+    """Each byte value of a step's kind and detail, of a call and of a tool outcome: together
+    they reach every kind the composed strategies generate."""
+    catalogue = _catalogue()
+    palette = [call("get_weather", city="x")] * 6
+    steps = [
+        catalogue.step(bytes([kind, detail, 0, 0, 0]), palette)
+        for kind in range(256)
+        for detail in range(256)
+    ]
+    responses = [s for s in steps if isinstance(s, ModelResponse)]
+    assert {s.finish_reason for s in responses if s.message.tool_calls} == set(FinishReason)
+    assert {s.finish_reason for s in responses if not s.message.tool_calls} == set(FinishReason)
+    assert set(EDGE_REPLIES) <= set(responses)
+    raised = {type(s) for s in steps if isinstance(s, BaseException)}
+    assert raised == {
+        ModelCallError, TimeoutError, ConnectionError, RuntimeError, SystemExit,
+        GeneratorExit, CancelledError, UnreadableError,
+    }  # fmt: skip
+    assert {repr(s) for s in steps if not isinstance(s, ModelResponse | BaseException)} == {
+        repr(g) for g in GARBAGE
+    }
+    calls = [c for kind in catalogue.calls for c in kind]
+    validators = {s.name: Draft202012Validator(s.parameters) for s in AGENT.registry.specs}
+
+    def valid(c: ToolCall) -> bool:
+        try:
+            arguments = json.loads(c.arguments)
+        except ValueError:
+            return False
+        return c.name in validators and validators[c.name].is_valid(arguments)
+
+    assert {c.name for c in calls if valid(c) and c.id == ""} == set(validators)
+    assert {c.name for c in calls if not valid(c) and c.name in validators} == set(validators)
+    assert {c.name for c in calls if c.name not in validators} >= {"nope", "finish", "ask-user"}
+    assert any(c.id == "dup" and valid(c) for c in calls)
+    outcomes = {catalogue.tools(bytes([255, byte, 0, 0] * 2))[0][1][0] for byte in range(256)}
+    assert {o.kind for o in outcomes} == {"real", "returns", "raises", "exits", "timeout", "huge"}
+    assert catalogue.tools(bytes(8)) == ()  # no outcomes: the tools run for real
+
+
+def test_argument_variants_are_valid_and_invalid_texts_are_not() -> None:
+    for spec in AGENT.registry.specs:
+        validator = Draft202012Validator(spec.parameters)
+        variants = argument_variants(spec.parameters)
+        assert len(variants) > 3, spec.name
+        assert all(validator.is_valid(v) for v in variants), spec.name
+        invalid = [json.loads(text) for text in invalid_argument_texts(spec.parameters)]
+        assert invalid, spec.name
+        assert not any(validator.is_valid(v) for v in invalid), spec.name

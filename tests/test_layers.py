@@ -92,6 +92,7 @@ LAYERS = [
     "agent",
     "dbos.replay",
     "dbos.steps",
+    "dbos.pausing",
     "dbos.agent",
     "dbos.recovery",
     "dbos",
@@ -130,7 +131,7 @@ ONLY_IN = {
     "hypothesis_jsonschema": {"testing.strategies"},
     "opentelemetry": {"otel"},
     "psycopg": {"durable.postgres"},
-    "dbos": {"dbos.replay", "dbos.steps", "dbos.agent", "dbos.recovery"},
+    "dbos": {"dbos.replay", "dbos.steps", "dbos.pausing", "dbos.agent", "dbos.recovery"},
 }
 
 

@@ -17,6 +17,9 @@ The contract a user's code must keep, because it runs again on every replay:
 - a model that a ``before_model`` hook or a custom state supplies is not a step unless it is
   wrapped in ``StepModel``;
 - a run cannot be aborted or steered from outside (``DBOS.cancel_workflow`` stops it);
+- a run that stops to wait for a person (ask_user, approvals) ends its workflow with a
+  needs-input result, its state saved in the journal store; ``resume`` continues it as a
+  workflow of its own, once however many times it is called (``agent_fsm.dbos.pausing``);
 - the agent has no ``store`` and no ``lease_s``: DBOS recovers its runs by replay, and
   checkpoints would be a second recovery that disagrees with it.
 
@@ -27,29 +30,30 @@ the same ``name``: DBOS finds a run's workflow function by that name when it rec
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
 
 from agent_fsm.agent import Agent
-from agent_fsm.compaction import ContextPolicy
-from agent_fsm.dbos.replay import RunTime, active, record_start, running, sleep
-from agent_fsm.dbos.steps import StepModel, stepped
+from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
+from agent_fsm.dbos.replay import RunTime, record_start, running
+from agent_fsm.dbos.steps import durable_config
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.errors import ConfigError
-from agent_fsm.run.context import RunConfig
+from agent_fsm.run.approvals import Decisions
 from agent_fsm.run.engine import Run, new_run_state
-from agent_fsm.state import RunResult
-from agent_fsm.tools.tool import ToolRegistry
+from agent_fsm.run.resuming import reopen
+from agent_fsm.state import RunResult, RunState
 
 __all__ = ["DBOSAgent", "RateLimit", "RunHandle", "RunQueue"]
 
 WORKFLOW_PREFIX = "agent_fsm.run:"
 """A DBOSAgent's workflow is registered as this followed by its name."""
+RESUME_PREFIX = "agent_fsm.resume:"
+"""A DBOSAgent's resume workflow is registered as this followed by its name."""
 
 
 def _positive(what: str, value: object) -> None:
@@ -114,15 +118,22 @@ class RunQueue:
 
 
 class RunHandle:
-    """A run started by a ``DBOSAgent``: its id, and its result when it ends."""
+    """A run started (or resumed) by a ``DBOSAgent``: its id, and its result when this
+    workflow of it ends."""
 
-    __slots__ = ("_handle",)
+    __slots__ = ("_handle", "_run_id")
 
-    def __init__(self, handle: WorkflowHandleAsync[RunResult]) -> None:
+    def __init__(self, handle: WorkflowHandleAsync[RunResult], run_id: str | None = None) -> None:
         self._handle = handle
+        self._run_id = run_id if run_id is not None else handle.get_workflow_id()
 
     @property
     def run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def workflow_id(self) -> str:
+        """The DBOS workflow: the run id, or ``f"{run_id}:resume-{n}"`` for a resume."""
         return self._handle.get_workflow_id()
 
     async def result(self) -> RunResult:
@@ -140,8 +151,9 @@ class DBOSAgent:
 
     Args:
         agent: the agent; without ``store`` or ``lease_s``.
-        journal: the store whose tool journal the tool steps keep (``store.journal(run_id)``):
-            shared by every worker, so a ``PostgresStore`` (on the database DBOS uses, say).
+        journal: the store whose tool journal the tool steps keep (``store.journal(run_id)``),
+            and where a run that stops resumable is saved for ``resume``: shared by every
+            worker, so a ``PostgresStore`` (on the database DBOS uses, say).
         name: names the workflow; the same in every worker, unique among DBOSAgents.
         queue: where ``enqueue`` puts runs.
 
@@ -184,9 +196,13 @@ class DBOSAgent:
         async def workflow(user_input: str, run_id: str) -> RunResult:
             return await self._drive(user_input, run_id)
 
-        self._workflow: Callable[[str, str], Any] = DBOS.workflow(name=WORKFLOW_PREFIX + name)(
-            workflow
-        )
+        async def resumed(
+            run_id: str, resumes: int, reply: str | None, approvals: Decisions | None
+        ) -> RunResult:
+            return await self._drive_resume(run_id, resumes, reply, approvals)
+
+        self._workflow: Callable[..., Any] = DBOS.workflow(name=WORKFLOW_PREFIX + name)(workflow)
+        self._resumed: Callable[..., Any] = DBOS.workflow(name=RESUME_PREFIX + name)(resumed)
 
     async def _drive(self, user_input: str, run_id: str) -> RunResult:
         """The workflow's body: the same run on every execution (``agent_fsm.dbos.replay``)."""
@@ -200,11 +216,46 @@ class DBOSAgent:
             (),
             config.count_tokens,
         )
+        return await self._activate(run_id, state, started_at, 0, None)
+
+    async def _drive_resume(
+        self, run_id: str, resumes: int, reply: str | None, approvals: Decisions | None
+    ) -> RunResult:
+        """A resume workflow's body: the stop it loaded the first time, reopened with the
+        answer, driven on (``agent_fsm.dbos.pausing``)."""
+        config = self._config
+        started_at = await record_start()
+        state = await load_stop(self._journal, run_id, resumes)
+        answered = reopen(state, config.machine, config.limits, reply, approvals)
+        return await self._activate(
+            resume_id(run_id, resumes), state, started_at, resumes, answered
+        )
+
+    async def _activate(
+        self,
+        workflow_id: str,
+        state: RunState,
+        started_at: float,
+        resumes: int,
+        answered: str | None,
+    ) -> RunResult:
+        """Drive the run to its next stop; save the stop when a resume may continue it, and
+        every stop of a resumed run (``agent_fsm.dbos.pausing``)."""
+        config = self._config
         run = RunTime(
-            run_id, started_at, config.limits.timeout_s, self._journal.journal(run_id), state
+            workflow_id,
+            started_at,
+            config.limits.timeout_s,
+            self._journal.journal(state.run_id),
+            state,
+            key_prefix=key_prefix(resumes),
+            pause=self.agent.run_config.sleep,
         )
         with running(run):
-            return await Run(config, state).run()
+            result = await Run(config, state, resumed=answered).run()
+        if resumes or result.stop_reason in config.machine.resumable:
+            await save_stop(self._journal, state)
+        return result
 
     async def run(self, user_input: str, *, run_id: str | None = None) -> RunResult:
         """Run in this worker, now (no queue), and return the result. A run id that was
@@ -224,8 +275,58 @@ class DBOSAgent:
         return await self._start(user_input, run_id, queued=True)
 
     async def retrieve(self, run_id: str) -> RunHandle:
-        """The handle of a run started earlier (by any worker)."""
+        """The handle of a run started earlier (by any worker): its first workflow."""
         return RunHandle(await DBOS.retrieve_workflow_async(run_id))
+
+    async def resume(
+        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+    ) -> RunResult:
+        """Continue a run that stopped resumable, in this worker, now, to its next stop, as
+        ``Agent.resume`` does: a workflow of its own (``agent_fsm.dbos.pausing``).
+
+        Args:
+            run_id: the run, as in ``RunResult.run_id``.
+            reply: the user's answer when the run paused on ask_user (optional extra input
+                for an aborted or timed-out run).
+            approvals: for a run paused on approvals: a decision per pending call id
+                (``True``, ``False`` or ``Approval``), or one decision for all of them.
+
+        Resuming the same stop again, here or in any worker, while or after the first resume
+        runs, starts nothing: it returns the first resume's result (its answer is the one
+        used), so an approved call is carried out once.
+
+        Raises:
+            ResumeError: the run has not stopped, or finished, or the answer does not fit its
+                stop (as ``Agent.resume``).
+            CheckpointError: no run ``run_id``.
+        """
+        handle = await self._start_resume(run_id, reply, approvals, queued=False)
+        return await handle.result()
+
+    async def enqueue_resume(
+        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+    ) -> RunHandle:
+        """``resume``, started from the agent's queue by a worker within its limits; the
+        handle's ``result`` is the resumed run's. Raises as ``resume`` does, at once."""
+        await self._register_queue()
+        return await self._start_resume(run_id, reply, approvals, queued=True)
+
+    async def _start_resume(
+        self, run_id: str, reply: str | None, approvals: Decisions | None, *, queued: bool
+    ) -> RunHandle:
+        if not isinstance(run_id, str) or not run_id:
+            raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+        config = self._config
+        state = await stop_of(self._journal, run_id)
+        resumes = len(state.resumed_at) + 1
+        # Checked here, so that an answer that does not fit is the caller's ResumeError; the
+        # workflow reopens its own copy of the stop again, the same way.
+        reopen(state, config.machine, config.limits, reply, approvals)
+        if isinstance(approvals, Mapping):
+            approvals = dict(approvals)  # a workflow argument: recorded, so picklable
+        args = (run_id, resumes, reply, approvals)
+        handle = await self._launch(self._resumed, resume_id(run_id, resumes), args, queued)
+        return RunHandle(handle, run_id)
 
     async def _start(self, user_input: str, run_id: str | None, *, queued: bool) -> RunHandle:
         if not isinstance(user_input, str):
@@ -233,14 +334,21 @@ class DBOSAgent:
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
         run_id = run_id or uuid.uuid4().hex  # chosen before the workflow: never replayed
-        with SetWorkflowID(run_id):
+        return RunHandle(await self._launch(self._workflow, run_id, (user_input, run_id), queued))
+
+    async def _launch(
+        self, workflow: Callable[..., Any], workflow_id: str, args: tuple[Any, ...], queued: bool
+    ) -> WorkflowHandleAsync[RunResult]:
+        """Start ``workflow`` under ``workflow_id``, now or from the queue. DBOS starts a
+        workflow id once: starting it again gives the first one's handle."""
+        with SetWorkflowID(workflow_id):
             if queued:
-                handle = await DBOS.enqueue_workflow_async(
-                    self.queue.name, self._workflow, user_input, run_id
+                handle: WorkflowHandleAsync[RunResult] = await DBOS.enqueue_workflow_async(
+                    self.queue.name, workflow, *args
                 )
             else:
-                handle = await DBOS.start_workflow_async(self._workflow, user_input, run_id)
-        return RunHandle(handle)
+                handle = await DBOS.start_workflow_async(workflow, *args)
+        return handle
 
     async def _register_queue(self) -> None:
         """Register the queue once per agent (later calls wait for the first)."""
@@ -254,57 +362,3 @@ class DBOSAgent:
                 raise
             self._queue_registered.set_result(None)
         await self._queue_registered
-
-
-def durable_config(config: RunConfig) -> RunConfig:
-    """``config`` with its model calls and tool calls as DBOS steps, and the clock, sleep,
-    random source and deadline of the active run (``agent_fsm.dbos.replay``); without a
-    store, leases or a deadline timer.
-
-    Raises:
-        ConfigError: a context policy has a model but is not a dataclass (its model cannot
-            be wrapped in a ``StepModel``).
-    """
-    limits = config.limits
-    tools = config.tools
-    return dataclasses.replace(
-        config,
-        model=StepModel(config.model),
-        tools=ToolRegistry(
-            stepped(tool, limits) for spec in tools.specs if (tool := tools.get(spec.name))
-        ),
-        context_policies=tuple(_stepped_policy(policy) for policy in config.context_policies),
-        clock=_clock,
-        sleep=sleep,
-        random=_random,
-        arm_deadline=_no_timer,
-        store=None,
-        checkpoint_every_transition=False,
-        leases=None,
-    )
-
-
-def _stepped_policy(policy: ContextPolicy) -> ContextPolicy:
-    """A context policy whose own model (``Summarize(model=...)``) makes its calls as steps."""
-    model = getattr(policy, "model", None)
-    if model is None:
-        return policy
-    if not dataclasses.is_dataclass(policy) or isinstance(policy, type):
-        raise ConfigError(
-            f"{type(policy).__name__} has a model of its own, which a DBOSAgent must make "
-            "steps of: give it a dataclass policy, or wrap its model in StepModel yourself"
-        )
-    replaced: ContextPolicy = dataclasses.replace(policy, model=StepModel(model))
-    return replaced
-
-
-def _clock() -> float:
-    return active().clock()
-
-
-def _random() -> float:
-    return active().random.random()
-
-
-def _no_timer(seconds: float, time_up: Callable[[], None]) -> None:
-    """The deadline is the steps' to keep (``replay.RunTime.remaining_s``): no timer."""

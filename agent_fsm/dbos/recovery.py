@@ -4,13 +4,16 @@ DBOS recovers a worker's unfinished workflows when that worker starts again (sam
 id), and otherwise only when asked to for a given executor. So every worker says it is alive
 the way runs do (``durable.leases``): it holds a lease named after its DBOS executor id
 (``executor:<id>``) in a ``LeaseStore`` all workers share, and renews it every ``ttl_s / 3``.
-Every ``scan_s`` it looks at the executors that hold unfinished (``PENDING``) workflows; one
-with no live lease has died, and its workflows go back to DBOS's queue (DBOS's own recovery,
-for that executor id), from which exactly one live worker takes each and replays it
-(``agent_fsm.dbos.agent``).
+Every ``scan_s`` it looks at the executors that hold unfinished (``PENDING``) workflows of
+this application version (the only ones DBOS's recovery hands back); one whose lease it can
+claim has died (a claim succeeds only when no live lease exists), and its workflows go back
+to DBOS's queue (DBOS's own recovery, for that executor id), from which exactly one live
+worker takes each and replays it (``agent_fsm.dbos.agent``). The claim is released once
+they are handed back, so a worker restarting under that id can take its lease again.
 
-Recovery hands a workflow back only while it is still marked as the dead executor's, so two
-workers recovering the same executor at once recover each workflow once.
+Of two workers scanning at once, one claims a dead executor's lease and the other skips it;
+and DBOS hands a workflow back only while it is still marked as the dead executor's, so
+each workflow is recovered once either way.
 
 The contract: a worker that stalls longer than ``ttl_s`` (its renewals cannot reach the
 store) is taken for dead, and its runs may then be replayed elsewhere while it still drives
@@ -26,7 +29,7 @@ import threading
 from dbos import DBOS
 
 from agent_fsm.durable.leases import Lease, LeaseStore, check_ttl
-from agent_fsm.errors import AgentFSMError, ConfigError
+from agent_fsm.errors import AgentFSMError, ConfigError, RunLeased
 from agent_fsm.logs import get_logger
 
 __all__ = ["LEASE_PREFIX", "WorkerLiveness"]
@@ -99,19 +102,29 @@ class WorkerLiveness:
 
     def recover_dead(self) -> list[str]:
         """One scan: hand the unfinished runs of every executor without a live lease back
-        to the queue; return their ids."""
+        to the queue; return their ids. Blocking (it reads DBOS's tables): call it from a
+        thread, as the scanning thread does, not from an event loop."""
         mine = self.executor_id
-        executors = {
-            status.executor_id
-            for status in DBOS.list_workflows(status=_PENDING)
-            if status.executor_id and status.executor_id != mine
-        }
+        pending = DBOS.list_workflows(
+            status=_PENDING,
+            app_version=DBOS.application_version,
+            load_input=False,
+            load_output=False,
+        )
+        executors = {s.executor_id for s in pending if s.executor_id and s.executor_id != mine}
         found: list[str] = []
         for executor in sorted(executors):
-            if self._leases.lease(LEASE_PREFIX + executor) is None:
+            try:
+                claim = self._leases.claim(LEASE_PREFIX + executor, f"recovery:{mine}", self.ttl_s)
+            except RunLeased:
+                continue  # alive, or another worker is recovering it now
+            try:
                 handles = DBOS._recover_pending_workflows([executor])
-                found.extend(handle.workflow_id for handle in handles)
-                self._log.warning("dead_worker_recovered", executor=executor, runs=len(handles))
+            finally:
+                with contextlib.suppress(AgentFSMError):
+                    self._leases.release(claim)
+            found.extend(handle.workflow_id for handle in handles)
+            self._log.warning("dead_worker_recovered", executor=executor, runs=len(handles))
         self.recovered.extend(found)
         return found
 

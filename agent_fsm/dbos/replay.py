@@ -19,10 +19,14 @@ executions is made a function of the recorded outcomes here:
 - **random numbers** (``RunConfig.random``): one generator per run, seeded with the run id,
   drawn only in the run's own task, in an order the recorded outcomes decide;
 - **the backoff sleep** (``RunConfig.sleep``): a step that sleeps (cut at the deadline) and
-  records when it woke.
+  records when it woke. It waits with the agent's own ``sleep`` (``Agent(sleep=...)``), so a
+  fake one keeps tests instant here too.
 
-The run id is the workflow's argument, chosen before the workflow starts. ``RunTime`` is the
-per-run record of all this; it is found through a context variable because the functions the
+The run id is the workflow's argument, chosen before the workflow starts. A resumed run is a
+workflow of its own per resume (``agent_fsm.dbos.pausing``), with a clock, a deadline and a
+random generator of its own (seeded with the resume's workflow id), as ``Agent.resume``
+gives each activation a fresh time budget. ``RunTime`` is the per-activation record of all
+this; it is found through a context variable because the functions the
 engine calls (a tool's function, the clock) are the agent's, shared by its runs, and get no
 run to look in.
 """
@@ -32,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -74,33 +78,55 @@ def options(name: str) -> StepOptions:
 
 
 class RunTime:
-    """One run's recorded time, deadline and random numbers (see the module docstring).
+    """One activation's recorded time, deadline and random numbers (see the module
+    docstring): the run's first workflow, or one of its resumes.
 
     Created in the workflow once ``started_at`` is recorded; read by the agent's clock,
     sleep, random source, model and tools through ``active()``.
     """
 
-    __slots__ = ("journal", "now", "random", "run_id", "started_at", "state", "timeout_s")
+    __slots__ = (
+        "journal",
+        "key_prefix",
+        "now",
+        "pause",
+        "random",
+        "started_at",
+        "state",
+        "timeout_s",
+    )
 
     def __init__(
         self,
-        run_id: str,
+        workflow_id: str,
         started_at: float,
         timeout_s: float,
         journal: ToolJournal,
         state: RunState,
+        *,
+        key_prefix: str = "",
+        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.run_id = run_id
         self.started_at = started_at
-        """Unix time of the run's start, as its first step recorded it."""
+        """Unix time of the activation's start, as its first step recorded it."""
         self.timeout_s = timeout_s
         self.now = 0.0
         """Seconds since ``started_at`` at the latest recorded step end (the clock)."""
-        self.random = random.Random(run_id)
+        self.random = random.Random(workflow_id)
         self.journal = journal
         """Where tool steps record their calls (``agent_fsm.dbos.steps``)."""
+        self.key_prefix = key_prefix
+        """Put before a tool step's journal key: a resume's steps are numbered from 1
+        again, in the same run's journal (``agent_fsm.dbos.pausing``)."""
+        self.pause = pause
+        """What the sleep step waits with: the agent's own ``sleep``."""
         self.state = state
         """The run's state (read only: which state is making a model call)."""
+
+    def journal_key(self, step_id: int) -> str:
+        """The journal key of the tool step at ``step_id``: its position in the workflow,
+        which a replay reproduces."""
+        return f"{self.key_prefix}step:{step_id}"
 
     def clock(self) -> float:
         return self.now
@@ -185,7 +211,7 @@ async def sleep(seconds: float) -> None:
 
     async def wait() -> Woke:
         left = run.remaining_s()
-        await asyncio.sleep(max(min(seconds, left), 0.0))
+        await run.pause(max(min(seconds, left), 0.0))
         return Woke(time.time(), cut=seconds >= left)
 
     woke = await DBOS.run_step_async(options(SLEEP_STEP), wait)

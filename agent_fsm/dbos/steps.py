@@ -19,6 +19,9 @@ backoff, and the tool journal (``durable.journal``), kept *inside* the step:
 DBOS records the step's outcome after that; a step with a record is never run again. So a
 non-idempotent call runs at most once, whichever worker replays the run.
 
+``durable_config`` is the agent's run configuration with these steps in place, and the
+clock, sleep, random numbers and deadline of ``agent_fsm.dbos.replay``.
+
 The engine's own execution runs a *stand-in* for each tool (``stepped``): the same name,
 schema, approval and flags, whose function is the step and whose own timeout and retries are
 off (the step has the real ones). The stand-in returns the step's answer as a ``ToolResult``,
@@ -34,25 +37,37 @@ import asyncio
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from dbos import DBOS
 
-from agent_fsm.dbos.replay import MODEL_STEP, TOOL_STEP, RunTime, active, interrupted, options
+from agent_fsm.compaction import ContextPolicy
+from agent_fsm.dbos.replay import (
+    MODEL_STEP,
+    TOOL_STEP,
+    RunTime,
+    active,
+    interrupted,
+    options,
+    sleep,
+)
 from agent_fsm.durable.journal import CallStatus
+from agent_fsm.errors import ConfigError
 from agent_fsm.failures import is_own_failure
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage, ToolStatus
 from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.run.context import RunConfig
 from agent_fsm.run.thinking import failure_from
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import LAST_CALL_STATE
 from agent_fsm.tools.execution import ABANDONED_NOTE, execute
 from agent_fsm.tools.results import ToolResult, error_result
-from agent_fsm.tools.tool import PreparedCall, Tool
+from agent_fsm.tools.tool import PreparedCall, Tool, ToolRegistry
 
-__all__ = ["Answered", "Replied", "StepModel", "outcome_unknown", "stepped"]
+__all__ = ["Answered", "Replied", "StepModel", "durable_config", "outcome_unknown", "stepped"]
 
 STAND_IN_TIMEOUT_S = 10.0**9
 """The stand-in tool's own timeout: never reached (the step inside has the real one, and
@@ -203,7 +218,9 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
 
     A journal that fails raises: the step then records the failure, and the engine answers
     the call with it (``tools.execution``), never running a call the journal cannot see."""
-    key = f"step:{DBOS.step_id}"
+    step_id = DBOS.step_id
+    assert step_id is not None  # inside the step
+    key = run.journal_key(step_id)
     call = ToolCall(id=key, name=tool.name, arguments=json.dumps(values, default=str))
     journal = run.journal
     entry = journal.lookup(key)
@@ -227,3 +244,57 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
         cut = False
     journal.record_finished(key, result)
     return Answered(time.time(), result, cut)
+
+
+def durable_config(config: RunConfig) -> RunConfig:
+    """``config`` with its model calls and tool calls as DBOS steps, and the clock, sleep,
+    random source and deadline of the active run (``agent_fsm.dbos.replay``); without a
+    store, leases or a deadline timer.
+
+    Raises:
+        ConfigError: a context policy has a model but is not a dataclass (its model cannot
+            be wrapped in a ``StepModel``).
+    """
+    limits = config.limits
+    tools = config.tools
+    return dataclasses.replace(
+        config,
+        model=StepModel(config.model),
+        tools=ToolRegistry(
+            stepped(tool, limits) for spec in tools.specs if (tool := tools.get(spec.name))
+        ),
+        context_policies=tuple(_stepped_policy(policy) for policy in config.context_policies),
+        clock=_clock,
+        sleep=sleep,
+        random=_random,
+        arm_deadline=_no_timer,
+        store=None,
+        checkpoint_every_transition=False,
+        leases=None,
+    )
+
+
+def _stepped_policy(policy: ContextPolicy) -> ContextPolicy:
+    """A context policy whose own model (``Summarize(model=...)``) makes its calls as steps."""
+    model = getattr(policy, "model", None)
+    if model is None:
+        return policy
+    if not dataclasses.is_dataclass(policy) or isinstance(policy, type):
+        raise ConfigError(
+            f"{type(policy).__name__} has a model of its own, which a DBOSAgent must make "
+            "steps of: give it a dataclass policy, or wrap its model in StepModel yourself"
+        )
+    replaced: ContextPolicy = dataclasses.replace(policy, model=StepModel(model))
+    return replaced
+
+
+def _clock() -> float:
+    return active().clock()
+
+
+def _random() -> float:
+    return active().random.random()
+
+
+def _no_timer(seconds: float, time_up: Callable[[], None]) -> None:
+    """The deadline is the steps' to keep (``replay.RunTime.remaining_s``): no timer."""

@@ -3,7 +3,8 @@ and a fake clock.
 
 A ``Behaviour`` is a list of script items (replies, exceptions to raise, garbage) that a
 ``BehaviourModel`` plays in order, optionally cycling forever, plus what each tool does when
-it is called (``ToolOutcome``). Hypothesis generates them (``strategies.py``); the bounded
+it is called (``ToolOutcome``). Hypothesis generates them (``strategies.py``), reading two
+drawn values with a ``Catalogue`` of what misbehaviour is made of (below); the bounded
 exhaustive checker enumerates them (``exhaustive.py``); both play them through ``harness.py``.
 """
 
@@ -11,14 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping, Sequence
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from jsonschema import Draft202012Validator
 
 from agent_fsm.errors import ConfigError
 from agent_fsm.limits import Limits
-from agent_fsm.messages import ModelRequest, ModelResponse
+from agent_fsm.messages import (
+    FinishReason,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.testing.models import reply
 from agent_fsm.tools.results import ToolResult
 from agent_fsm.tools.tool import Tool
 
@@ -28,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Behaviour",
     "BehaviourModel",
+    "Catalogue",
     "FakeClock",
     "ToolOutcome",
     "UnreadableError",
@@ -244,3 +259,326 @@ def example_arguments(schema: Mapping[str, Any]) -> Any:
     if kind in ("integer", "number"):
         return schema.get("minimum", 0)
     return _TYPE_EXAMPLES.get(kind)
+
+
+# -- what generated behaviours are made of, and how bytes pick them ----------------------------
+
+LONE_SURROGATE = "\ud83d"
+"""Half a surrogate pair: text that cannot be encoded as UTF-8 (``os.listdir`` returns it for
+a file name in another encoding)."""
+
+TEXTS = ("", "ok", "thinking…", "the answer is 4", f"bad {LONE_SURROGATE}")
+"""The text of a generated reply."""
+
+GARBAGE: tuple[object, ...] = (None, 42, {"content": "a dict, not a reply"})
+"""What a broken adapter returns instead of a reply."""
+
+EDGE_REPLIES: tuple[ModelResponse, ...] = (
+    reply(""),
+    reply("", finish_reason=FinishReason.TOOL_CALLS),
+    reply("The answer is", finish_reason=FinishReason.LENGTH),
+    reply("", finish_reason=FinishReason.LENGTH),
+    reply("", ToolCall(id="", name="missing", arguments='{"a": '),
+          finish_reason=FinishReason.LENGTH),
+    reply("", finish_reason=FinishReason.CONTENT_FILTER),
+    reply("partial", finish_reason=FinishReason.CONTENT_FILTER),
+    reply("I can't help with that.", finish_reason=FinishReason.REFUSAL),
+    reply("", finish_reason=FinishReason.REFUSAL),
+)  # fmt: skip
+"""Replies at the edges: empty, truncated (``length``, also mid tool call), withheld by the
+content filter, and refused by the model."""
+
+TOOL_OUTCOME_KINDS: tuple[tuple[ToolOutcome, ...], ...] = (
+    (ToolOutcome("real"),),
+    tuple(ToolOutcome("returns", text) for text in ("", "ok", "same", "{}")),
+    tuple(ToolOutcome("raises", text) for text in ("boom", "permission denied")),
+    tuple(
+        ToolOutcome("exits", name)
+        for name in ("SystemExit", "GeneratorExit", "CancelledError", "unreadable")
+    ),
+    (ToolOutcome("returns", f"report{LONE_SURROGATE}.txt"),),
+    (ToolOutcome("timeout"),),
+    tuple(ToolOutcome("huge", "x", size) for size in (2_000, 10_000, 200_000)),
+)
+"""What one tool call does, by kind: run for real, return text, raise, exit (what no
+``except Exception`` catches), return a lone surrogate, time out, or return a large output
+(pressure on a context window)."""
+
+MALFORMED_ARGUMENTS = ("{", "[1, 2]", "not json", '{"a": }', "", "null", '"text"')
+"""Argument text that is no JSON object."""
+
+
+def model_error_kinds(*, retry_after: bool) -> tuple[tuple[Callable[[], BaseException], ...], ...]:
+    """What a model call may raise, by kind, as factories (an exception is raised afresh in
+    each run): transient and permanent ``ModelCallError``s (with a server Retry-After of up
+    to 30 s when ``retry_after``: only for runs on a ``FakeClock``), timeouts, dropped
+    connections, adapter bugs, what no ``except Exception`` catches, and an exception whose
+    message cannot be read."""
+    delays = (None, 0.0, 1.0, 30.0) if retry_after else (None,)
+    return (
+        tuple(
+            partial(ModelCallError, "server said no", transient=transient, retry_after_s=delay)
+            for transient in (True, False)
+            for delay in delays
+        ),
+        (partial(TimeoutError, "read timed out"),),
+        (partial(ConnectionError, "connection reset"),),
+        (partial(RuntimeError, "adapter bug"),),
+        (SystemExit, GeneratorExit, asyncio.CancelledError),
+        (UnreadableError,),
+    )
+
+
+_TELLING_VALUES: dict[str, tuple[Any, ...]] = {
+    "string": ("", "Beijing", "Zürich", "東京", "two\nlines", "x" * 2_000, LONE_SURROGATE),
+    "integer": (0, 1, -1, 2.0, 10**6, -(2**63), 2**64),
+    "number": (0, 0.5, -1.5, 7, 1e300),
+    "boolean": (True, False),
+    "null": (None,),
+    "object": ({},),
+}
+"""Values of each JSON type that tend to find bugs: empty, non-ASCII, long, a lone surrogate,
+huge and negative numbers, and ``2.0``, which JSON Schema's ``integer`` accepts."""
+
+
+def _telling_values(schema: Any) -> list[Any]:
+    """Candidate values for one property (not all valid: the caller validates)."""
+    if not isinstance(schema, dict):
+        return []
+    values: list[Any] = [*schema.get("enum", ())]
+    if "const" in schema:
+        values.append(schema["const"])
+    kinds = schema.get("type", [])
+    for kind in [kinds] if isinstance(kinds, str) else kinds:
+        if kind == "array":
+            item = example_arguments(schema.get("items", {}))
+            values += [[], [item], [item] * 3]
+        else:
+            values += _TELLING_VALUES.get(kind, ())
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key, ()):
+            values += _telling_values(option)
+    return values
+
+
+def argument_variants(schema: Mapping[str, Any]) -> list[Any]:
+    """Valid instances of a tool's JSON Schema, built without hypothesis: the small example
+    (``example_arguments``), then the example with one property at a time set to each of a
+    few telling values of its type (and each optional property filled in). Only what the
+    schema's validator accepts is kept, the example first; empty when nothing is valid."""
+    validator = Draft202012Validator(dict(schema))
+    example = example_arguments(schema)
+    candidates = [example]
+    if isinstance(example, dict):
+        for name, prop in schema.get("properties", {}).items():
+            candidates.append({**example, name: example_arguments(prop)})
+            candidates += [{**example, name: value} for value in _telling_values(prop)]
+    found: dict[str, Any] = {}
+    for candidate in candidates:
+        key = json.dumps(candidate)
+        if key not in found and validator.is_valid(candidate):
+            found[key] = candidate
+    return list(found.values())
+
+
+_WRONG_VALUES: tuple[Any, ...] = (None, 3, "x", [1], {"a": 1}, True, -1, "")
+
+
+def invalid_argument_texts(schema: Mapping[str, Any]) -> list[str]:
+    """JSON objects (as text) a tool's schema rejects: missing required arguments, wrong
+    types, unexpected names; sorted, and empty for a schema that accepts every object."""
+    validator = Draft202012Validator(dict(schema))
+    candidates: list[dict[str, Any]] = [{}, {"unexpected_argument": 1}]
+    example = example_arguments(schema)
+    for name in schema.get("properties", {}):
+        for value in _WRONG_VALUES:
+            candidates.append({name: value})
+            if isinstance(example, dict):
+                candidates.append({**example, name: value})
+    return sorted({json.dumps(c) for c in candidates if not validator.is_valid(c)})
+
+
+def call_kinds(specs: Sequence[ToolSpec]) -> tuple[tuple[ToolCall, ...], ...]:
+    """Tool calls by kind, for tools with these specs: valid calls to each tool (twice, so
+    they are half of all calls), invalid ones to each, malformed argument text, unknown
+    tool names, and valid calls under a duplicate id. Empty kinds are left out."""
+    names = [spec.name for spec in specs] or ["missing"]
+    valid = [
+        tuple(
+            ToolCall(id="", name=spec.name, arguments=json.dumps(arguments))
+            for arguments in argument_variants(spec.parameters)
+        )
+        for spec in specs
+    ]
+    invalid = [
+        tuple(
+            ToolCall(id="", name=spec.name, arguments=text)
+            for text in invalid_argument_texts(spec.parameters)
+        )
+        for spec in specs
+    ]
+    malformed = tuple(
+        ToolCall(id="", name=name, arguments=text) for name in names for text in MALFORMED_ARGUMENTS
+    )
+    unknown = tuple(
+        ToolCall(id="", name=name, arguments="{}")
+        for name in ("nope", names[0].upper(), "finish", "ask-user")
+    )
+    every_valid = [one for kind in valid for one in kind] or unknown
+    duplicate = tuple(one.model_copy(update={"id": "dup"}) for one in every_valid)
+    kinds = (*valid, *valid, *invalid, malformed, unknown, duplicate)
+    return tuple(kind for kind in kinds if kind)
+
+
+T = TypeVar("T")
+
+
+def pick(options: Sequence[T], byte: int) -> T:
+    """The option a byte (0-255) picks: each gets an equal share of the byte values, in
+    order, so that a smaller byte picks an earlier (simpler) option."""
+    return options[byte * len(options) // 256]
+
+
+def equal_shares(kinds: Sequence[Sequence[T]]) -> tuple[T, ...]:
+    """The options of every kind in one tuple, each kind repeating its own to fill an equal
+    share, so that ``pick`` chooses each kind as often as any other (a kind of eight
+    variants no more often than a kind of one). Keep it under 256 long: ``pick`` reaches
+    every option then."""
+    share = math.lcm(*(len(kind) for kind in kinds))
+    return tuple(option for kind in kinds for option in kind for _ in range(share // len(kind)))
+
+
+def _usages() -> tuple[Usage | None, ...]:
+    """Reported usage: none (the engine estimates), plausible, or absurd (up to 2**64, past
+    SQLite's INTEGER), a third each."""
+    plausible = [
+        Usage(input_tokens=i, output_tokens=o, requests=1)
+        for i in (0, 50, 200, 800, 2_000)
+        for o in (0, 20, 100, 500)
+    ]
+    absurd = [
+        Usage(input_tokens=i, output_tokens=o, requests=1)
+        for i in (0, 10**9, 2**63)
+        for o in (0, 10**9, 2**64)
+        if i or o
+    ]
+    return equal_shares([[None], plausible, absurd])
+
+
+USAGES = _usages()
+TOOL_OUTCOMES = equal_shares(TOOL_OUTCOME_KINDS)
+SHAPES = ("script", "cycled script", "one step forever", "short cycle")
+"""How a behaviour plays its script: once, cycled, only its first step forever, or its first
+two to four steps forever (when the script is that long)."""
+STEP_KINDS = ("calls", "calls", "text", "edge", "error", "garbage")
+"""What a step is: a reply with tool calls (a third of the steps), a plain reply, an edge
+reply, an exception to raise, or garbage."""
+CALL_FINISHES = (FinishReason.TOOL_CALLS, *(r for r in FinishReason if r.name != "TOOL_CALLS"))
+PALETTE_CALLS = 6
+"""How many calls the call palette holds."""
+CALL_SETS = tuple(
+    subset for size in range(1, 5) for subset in itertools.combinations(range(PALETTE_CALLS), size)
+)
+"""Which calls of the call palette a reply makes (one to four, in order)."""
+
+PALETTE = "01234567"
+"""A script's characters: each names one of the eight steps of the palette."""
+CALL_BYTES = 2
+"""One call of the palette: its kind, then which call of that kind."""
+STEP_BYTES = 5
+"""One step of the palette: its kind (``STEP_KINDS``), its detail (the finish reason of a
+reply, or which edge reply, error or garbage), its text, its usage, and which calls a reply
+with calls makes (``CALL_SETS``)."""
+TOOL_BYTES = 4
+"""One tool's doubles: how many outcomes (0 to 3; 0 runs it for real), then each outcome."""
+
+
+class Catalogue:
+    """Every step, tool call and tool outcome the harness generates against one agent, by
+    kind and simplest first, and how two drawn values pick a ``Behaviour`` from them.
+
+    Hypothesis draws a behaviour as two values (``behaviours_for``): a *block* of
+    ``block_size`` bytes and a *script* of digits. The block holds, in order: the shape
+    (one byte, ``SHAPES``); ``TOOL_BYTES`` for each of ``tool_names`` (its doubles); a
+    palette of ``PALETTE_CALLS`` calls, ``CALL_BYTES`` each; and a palette of eight steps,
+    ``STEP_BYTES`` each, whose replies make calls of the call palette. Each digit of the
+    script names the palette step the model plays at that request. Every byte picks from a
+    list (``pick``), so a zero byte is the simplest choice: hypothesis shrinks a failure by
+    deleting digits from the script and lowering bytes, which ends in few, simple steps.
+
+    Why not compose hypothesis strategies (``replies_for``): each hypothesis choice costs
+    20-50 µs and each byte of one about 1 µs. A composed behaviour made some thirty choices,
+    8.4 M instructions (2 ms, twice the run it generated); two values of some sixty bytes
+    cost 2.5 M, most of it hypothesis's own cost of an example. The palettes keep repeats
+    (the same step or call again, loops) as likely as a model makes them.
+    """
+
+    def __init__(
+        self, specs: Sequence[ToolSpec], tool_names: Sequence[str] = (), *, retry_after: bool = True
+    ) -> None:
+        self.calls = call_kinds(specs)
+        self.errors = equal_shares(model_error_kinds(retry_after=retry_after))
+        self.tool_names = tuple(tool_names)
+        self.complete = all(argument_variants(spec.parameters) for spec in specs)
+        """Every tool has valid arguments here (else generate them from its schema)."""
+        self._calls_at = 1 + TOOL_BYTES * len(self.tool_names)
+        self._steps_at = self._calls_at + CALL_BYTES * PALETTE_CALLS
+        self.block_size = self._steps_at + STEP_BYTES * len(PALETTE)
+
+    def behaviour(self, block: bytes, script: str) -> Behaviour:
+        """The behaviour ``block`` and ``script`` pick (see the class)."""
+        shape = pick(SHAPES, block[0])
+        order = [PALETTE.index(digit) for digit in script]
+        if shape == "one step forever":
+            order = order[:1]
+        elif shape == "short cycle":
+            order = order[:4]
+        calls = block[self._calls_at : self._steps_at]
+        palette = [
+            pick(pick(self.calls, kind), which)
+            for kind, which in zip(calls[0::2], calls[1::2], strict=True)
+        ]
+        steps: dict[int, object] = {}
+        for index in order:
+            if index not in steps:
+                at = self._steps_at + index * STEP_BYTES
+                steps[index] = self.step(block[at : at + STEP_BYTES], palette)
+        return Behaviour(
+            steps=tuple(steps[index] for index in order),
+            cycle=shape != "script",
+            tools=self.tools(block[1 : self._calls_at]),
+        )
+
+    def step(self, record: bytes, calls: Sequence[ToolCall]) -> object:
+        """One script item from its ``STEP_BYTES``, given the call palette."""
+        kind, detail, text, usage, which = record
+        match pick(STEP_KINDS, kind):
+            case "calls":
+                return reply(
+                    pick(TEXTS, text),
+                    *(calls[n] for n in pick(CALL_SETS, which)),
+                    finish_reason=pick(CALL_FINISHES, detail),
+                    usage=pick(USAGES, usage),
+                )
+            case "text":
+                return reply(
+                    pick(TEXTS, text),
+                    finish_reason=pick(tuple(FinishReason), detail),
+                    usage=pick(USAGES, usage),
+                )
+            case "edge":
+                return pick(EDGE_REPLIES, detail)
+            case "error":
+                return pick(self.errors, detail)()
+            case _:
+                return pick(GARBAGE, detail)
+
+    def tools(self, record: bytes) -> tuple[tuple[str, tuple[ToolOutcome, ...]], ...]:
+        """The tool doubles of ``Behaviour.tools``, from ``TOOL_BYTES`` per tool."""
+        found = []
+        for number, name in enumerate(self.tool_names):
+            count, *outcomes = record[number * TOOL_BYTES : (number + 1) * TOOL_BYTES]
+            chosen = tuple(pick(TOOL_OUTCOMES, byte) for byte in outcomes[: count * 4 // 256])
+            if chosen:
+                found.append((name, chosen))
+        return tuple(sorted(found))

@@ -53,11 +53,19 @@ from agent_fsm.messages import (
 )
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.testing.behaviour import (
+    EDGE_REPLIES,
+    GARBAGE,
+    MALFORMED_ARGUMENTS,
+    PALETTE,
+    TEXTS,
+    TOOL_OUTCOME_KINDS,
     Behaviour,
     BehaviourModel,
+    Catalogue,
     ToolOutcome,
     UnreadableError,
     example_arguments,
+    invalid_argument_texts,
     user_tools,
 )
 from agent_fsm.testing.models import reply
@@ -91,8 +99,6 @@ __all__ = [
     "replies",
     "tool_calls",
 ]
-
-_GARBAGE: tuple[Any, ...] = (None, 42, {"content": "a dict, not a reply"})
 
 
 def _json_values() -> st.SearchStrategy[Any]:
@@ -149,11 +155,6 @@ def tool_calls(tool_names: Sequence[str]) -> st.SearchStrategy[ToolCall]:
     )
 
 
-_LONE_SURROGATE = "\ud83d"
-"""Half a surrogate pair: text that cannot be encoded as UTF-8 (``os.listdir`` returns it for
-a file name in another encoding)."""
-
-
 def usages() -> st.SearchStrategy[Usage | None]:
     """Reported usage: none (the engine estimates), plausible, or absurd (up to 2**64)."""
     return st.one_of(
@@ -196,26 +197,13 @@ def model_errors(*, retry_after: bool = False) -> st.SearchStrategy[BaseExceptio
 def edge_replies() -> st.SearchStrategy[ModelResponse]:
     """Replies at the edges: empty, truncated (``length``, also mid tool call), withheld by
     the content filter, and refused by the model."""
-    return st.sampled_from(
-        [
-            reply(""),
-            reply("", finish_reason=FinishReason.TOOL_CALLS),
-            reply("The answer is", finish_reason=FinishReason.LENGTH),
-            reply("", finish_reason=FinishReason.LENGTH),
-            reply("", ToolCall(id="", name="missing", arguments='{"a": '),
-                  finish_reason=FinishReason.LENGTH),
-            reply("", finish_reason=FinishReason.CONTENT_FILTER),
-            reply("partial", finish_reason=FinishReason.CONTENT_FILTER),
-            reply("I can't help with that.", finish_reason=FinishReason.REFUSAL),
-            reply("", finish_reason=FinishReason.REFUSAL),
-        ]
-    )  # fmt: skip
+    return st.sampled_from(EDGE_REPLIES)
 
 
 def _reply_steps(
     calls: st.SearchStrategy[ToolCall], *, retry_after: bool = False
 ) -> st.SearchStrategy[object]:
-    text = st.sampled_from(["", "ok", "thinking…", "the answer is 4", f"bad {_LONE_SURROGATE}"])
+    text = st.sampled_from(TEXTS)
     plain = st.builds(
         lambda t, reason, usage: reply(t, finish_reason=reason, usage=usage),
         text,
@@ -237,7 +225,7 @@ def _reply_steps(
         plain,
         edge_replies(),
         model_errors(retry_after=retry_after),
-        st.sampled_from(_GARBAGE),
+        st.sampled_from(GARBAGE),
     )
 
 
@@ -291,22 +279,11 @@ def arguments_for(spec: ToolSpec) -> st.SearchStrategy[str]:
     return _arguments(json.dumps(spec.parameters, sort_keys=True))
 
 
-_WRONG_VALUES: tuple[Any, ...] = (None, 3, "x", [1], {"a": 1}, True, -1, "")
-
-
 def invalid_arguments_for(spec: ToolSpec) -> st.SearchStrategy[str]:
     """JSON objects the tool's schema rejects: missing required arguments, wrong types,
     unexpected names (nothing, for a schema that accepts every object)."""
-    validator = Draft202012Validator(spec.parameters)
-    candidates: list[dict[str, Any]] = [{}, {"unexpected_argument": 1}]
-    example = example_arguments(spec.parameters)
-    for name in spec.parameters.get("properties", {}):
-        for value in _WRONG_VALUES:
-            candidates.append({name: value})
-            if isinstance(example, dict):
-                candidates.append({**example, name: value})
-    invalid = [json.dumps(c) for c in candidates if not validator.is_valid(c)]
-    return st.sampled_from(sorted(set(invalid))) if invalid else st.nothing()
+    invalid = invalid_argument_texts(spec.parameters)
+    return st.sampled_from(invalid) if invalid else st.nothing()
 
 
 def tool_calls_for(target: Agent | Sequence[ToolSpec]) -> st.SearchStrategy[ToolCall]:
@@ -323,7 +300,7 @@ def tool_calls_for(target: Agent | Sequence[ToolSpec]) -> st.SearchStrategy[Tool
     malformed = st.builds(
         lambda name, raw: ToolCall(id="", name=name, arguments=raw),
         st.sampled_from(names),
-        st.sampled_from(["{", "[1, 2]", "not json", '{"a": }', "", "null", '"text"']),
+        st.sampled_from(MALFORMED_ARGUMENTS),
     )
     unknown = st.builds(
         lambda name: ToolCall(id="", name=name, arguments="{}"),
@@ -359,21 +336,7 @@ def repetitions(steps: st.SearchStrategy[object]) -> st.SearchStrategy[Behaviour
 def tool_outcomes() -> st.SearchStrategy[ToolOutcome]:
     """What one tool call does: run for real, return text, raise, time out, or return a
     large output (2,000 to 200,000 characters: pressure on a context window)."""
-    return st.one_of(
-        st.just(ToolOutcome("real")),
-        st.builds(ToolOutcome, st.just("returns"), st.sampled_from(["", "ok", "same", "{}"])),
-        st.builds(ToolOutcome, st.just("raises"), st.sampled_from(["boom", "permission denied"])),
-        st.builds(
-            ToolOutcome,
-            st.just("exits"),
-            st.sampled_from(["SystemExit", "GeneratorExit", "CancelledError", "unreadable"]),
-        ),
-        st.builds(ToolOutcome, st.just("returns"), st.just(f"report{_LONE_SURROGATE}.txt")),
-        st.just(ToolOutcome("timeout")),
-        st.builds(
-            ToolOutcome, st.just("huge"), st.just("x"), st.sampled_from([2_000, 10_000, 200_000])
-        ),
-    )
+    return st.one_of(*(st.sampled_from(kind) for kind in TOOL_OUTCOME_KINDS))
 
 
 def tool_behaviours(
@@ -402,9 +365,21 @@ def behaviours(tool_names: Sequence[str]) -> st.SearchStrategy[Behaviour]:
 def behaviours_for(
     agent: Agent, *, tool_failures: bool = True, max_steps: int = 12
 ) -> st.SearchStrategy[Behaviour]:
-    """Behaviours focused on ``agent``: finite scripts, endless repetitions and cycles of
-    ``replies_for(agent)``, with misbehaving tool doubles unless ``tool_failures`` is False.
-    Never aborted (aborting is the caller's act, not the model's)."""
+    """Behaviours focused on ``agent``: finite scripts of one to ``max_steps`` steps, scripts
+    cycled forever, one step forever and short cycles, of the steps ``replies_for(agent)``
+    makes, with misbehaving tool doubles unless ``tool_failures`` is False. Never aborted
+    (aborting is the caller's act, not the model's).
+
+    Each behaviour is drawn as two values that the agent's ``Catalogue`` reads (a block of
+    bytes and a script of digits): under a third of the cost of composing ``replies_for``
+    steps, and it shrinks as well. An agent with a tool whose schema defeats the
+    catalogue's argument variants (no candidate is valid) gets the composed strategies,
+    with arguments from hypothesis-jsonschema.
+    """
+    names = [t.name for t in user_tools(agent)] if tool_failures else []
+    catalogue = Catalogue(agent.registry.specs, names)
+    if catalogue.complete:
+        return _read(catalogue, max_steps)
     steps = replies_for(agent)
     scripts = st.builds(
         Behaviour, st.lists(steps, min_size=1, max_size=max_steps).map(tuple), st.booleans()
@@ -420,6 +395,14 @@ def behaviours_for(
         models,
         tool_behaviours(names),
     )
+
+
+@st.composite
+def _read(draw: st.DrawFn, catalogue: Catalogue, max_steps: int) -> Behaviour:
+    """A behaviour of ``catalogue``, from its two drawn values. (Composite rather than mapped
+    or built: hypothesis then shows a failing case as the Behaviour, not as the bytes.)"""
+    block = draw(st.binary(min_size=catalogue.block_size, max_size=catalogue.block_size))
+    return catalogue.behaviour(block, draw(st.text(PALETTE, min_size=1, max_size=max_steps)))
 
 
 def edge_behaviours(agent: Agent) -> list[Behaviour]:

@@ -1,0 +1,109 @@
+"""Paused runs under DBOS: where a run's state is kept when it stops to wait for a person,
+and how ``DBOSAgent.resume`` continues it.
+
+**Where the stop is kept.** A workflow whose run stops in a way the table can resume
+(ask_user, approvals; an abort, a timeout, a transient model failure) saves the run's state
+as a checkpoint in the DBOSAgent's journal store (``CheckpointStore.save``, under the run
+id), in a step of its own (``SAVE_STEP``), so a replay does not save it again. A resumed
+run saves its every stop, resumable or not, so the checkpoint always shows where the run is
+now (and a late resume of a run that has since finished says so). The store rather than the
+workflow's recorded result, because: the result stays the ``RunResult`` that every handle
+and DBOS client expects; the store is where ``Agent.resume`` finds runs too (load, list,
+the CLI), and a resume needs only the run id, not the id of the workflow that stopped last.
+Durability: the save commits before DBOS records the step, durably; with the store on the
+PostgreSQL server of DBOS's system database, that later commit flushes the save with it.
+
+**A resume is a workflow of its own**, ``f"{run_id}:resume-{n}"``, ``n`` counting the
+run's resumes (1 continues its first stop). It records its start, then loads the checkpoint
+in a step (``LOAD_STEP``), so a replay gets the stop it loaded the first time even after
+the checkpoint has moved on. It reopens the run with the answer (``run.resuming.reopen``:
+the table's resume rows, as ``Agent.resume`` does) and drives it like a first workflow, with
+the same replay-safe steps and a clock, deadline and random numbers of its own
+(``agent_fsm.dbos.replay``). Its tool steps keep the run's journal under keys of their own
+(``resume-n/step:K``: a resume's steps are numbered from 1 again).
+
+**A double resume of one stop is one workflow.** Both callers load the same checkpoint,
+so both name the same workflow id, and DBOS starts a workflow id once (any number of
+processes): the second caller gets the first one's handle and result, and its own answer
+is not used. So an approved call (a double-clicked Approve) is carried out once. A resume
+made after the run has stopped again continues that new stop, as ``Agent.resume`` does.
+"""
+
+from __future__ import annotations
+
+from dbos import DBOS
+
+from agent_fsm.dbos.replay import options
+from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.errors import CheckpointError, ResumeError
+from agent_fsm.run.resuming import finished
+from agent_fsm.state import RunResult, RunState
+
+__all__ = ["LOAD_STEP", "SAVE_STEP", "key_prefix", "load_stop", "resume_id", "save_stop", "stop_of"]
+
+LOAD_STEP = "agent_fsm.load"
+SAVE_STEP = "agent_fsm.save"
+
+
+def resume_id(run_id: str, resumes: int) -> str:
+    """The workflow id of the run's resume number ``resumes`` (1-based)."""
+    return f"{run_id}:resume-{resumes}"
+
+
+def key_prefix(resumes: int) -> str:
+    """What the journal keys of a workflow's tool steps start with: nothing for the run's
+    first workflow, ``resume-n/`` for its resume number n."""
+    return f"resume-{resumes}/" if resumes else ""
+
+
+async def stop_of(store: CheckpointStore, run_id: str) -> RunState:
+    """The checkpoint of the run's latest stop, read by a caller about to resume it.
+
+    Raises:
+        ResumeError: the run has not stopped yet, or finished without a stop to resume.
+        CheckpointError: no run ``run_id`` (neither in the store nor among the workflows).
+    """
+    try:
+        return store.load(run_id)
+    except CheckpointError:
+        status = await DBOS.get_workflow_status_async(run_id)
+        if status is None:
+            raise
+        if status.status in ("ENQUEUED", "PENDING"):
+            raise ResumeError(
+                f"run {run_id} has not stopped yet: wait for its result, then resume it"
+            ) from None
+        output = status.output
+        if isinstance(output, RunResult):
+            raise finished(run_id, output.stop_reason.value) from None
+        raise
+
+
+async def load_stop(store: CheckpointStore, run_id: str, resumes: int) -> RunState:
+    """Step: the stop that resume number ``resumes`` continues, as the store held it when
+    the resume first ran (a replay gets the same one back).
+
+    Raises:
+        ResumeError: the checkpoint is not that stop (it has moved on, which the workflow
+            ids of resumes make impossible unless the store was written by other means).
+    """
+
+    def load() -> RunState:
+        return store.load(run_id)
+
+    state = await DBOS.run_step_async(options(LOAD_STEP), load)
+    if len(state.resumed_at) != resumes - 1:
+        raise ResumeError(
+            f"run {run_id} has been resumed {len(state.resumed_at)} times, so this is not "
+            f"the stop resume {resumes} was for: resume it again"
+        )
+    return state
+
+
+async def save_stop(store: CheckpointStore, state: RunState) -> None:
+    """Step: save the stopped run as its checkpoint, for a resume to load."""
+
+    def save() -> None:
+        store.save(state)
+
+    await DBOS.run_step_async(options(SAVE_STEP), save)

@@ -1,0 +1,204 @@
+"""Paused runs under DBOS (agent_fsm.dbos.pausing): a run that stops to ask the user or for an
+approval is saved in the journal store, and ``DBOSAgent.resume`` continues it as a workflow
+of its own, once however often it is called, and replay-safe like the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("dbos")
+
+from dbos import DBOS
+
+from agent_fsm import AgentState, CheckpointError, ResumeError, RunStatus, StopReason, tool
+from agent_fsm.dbos.pausing import LOAD_STEP, SAVE_STEP, resume_id
+from agent_fsm.dbos.replay import MODEL_STEP, START_STEP, TOOL_STEP
+from agent_fsm.durable.postgres import PostgresStore
+from agent_fsm.messages import ModelRequest, ModelResponse, UserMessage
+from agent_fsm.models.base import ModelCallError
+from agent_fsm.testing import FunctionModel, call, reply
+from agent_fsm.testing.invariants import check_invariants
+from tests.dbos_worker import launched
+from tests.test_dbos import durable, replay, same_run, step_names
+
+
+@pytest.fixture(scope="module")
+def dbos_schema(postgres_url: str) -> Iterator[str]:
+    with launched(postgres_url, "agent_fsm_resume") as schema:
+        yield schema
+
+
+@pytest.fixture
+def journal(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(postgres_url, schema=postgres_schema) as store:
+        yield store
+
+
+class Transfers:
+    """``transfer``: not idempotent and approval-gated, counting its executions; ``hold``
+    makes a call wait until released (a worker dying mid-call)."""
+
+    def __init__(self) -> None:
+        self.made: list[int] = []
+        self.hold: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+
+        @tool(requires_approval=True)
+        async def transfer(amount: int) -> str:
+            """Transfer money."""
+            self.made.append(amount)
+            self.entered.set()
+            if self.hold is not None:
+                await self.hold.wait()
+            return f"sent {amount}"
+
+        self.tools = [transfer]
+
+
+def transfer_then_answer(request: ModelRequest) -> ModelResponse:
+    """Ask for a transfer; once told the decision (a user message), answer by its result."""
+    told = [m.content for m in request.messages if isinstance(m, UserMessage)][1:]
+    if not told:
+        return reply("", call("transfer", amount=5))
+    return reply("done" if "Result: sent 5" in told[-1] else f"not sure: {told[-1]}")
+
+
+def ask_then_answer(request: ModelRequest) -> ModelResponse:
+    said = [m.content for m in request.messages if isinstance(m, UserMessage)]
+    if len(said) == 1:
+        return reply("", call("ask_user", question="Which city?"))
+    return reply(f"Sunny in {said[-1]}.")
+
+
+async def test_a_run_that_asks_the_user_is_resumed_with_the_reply(
+    journal: PostgresStore,
+) -> None:
+    model = FunctionModel(ask_then_answer)
+    agent = durable(journal, model, [])
+    paused = await agent.run("What's the weather?", run_id="ask-1")
+    assert (paused.status, paused.stop_reason) == (RunStatus.NEEDS_INPUT, StopReason.ASK_USER)
+    assert await step_names("ask-1") == [START_STEP, MODEL_STEP, SAVE_STEP]
+    with pytest.raises(ResumeError, match="pass the answer as reply"):
+        await agent.resume("ask-1")
+    with pytest.raises(ResumeError, match="not approvals"):
+        await agent.resume("ask-1", approvals=True)
+
+    done = await agent.resume("ask-1", "Paris")
+    assert (done.final_state, done.output, done.run_id) == (
+        AgentState.DONE,
+        "Sunny in Paris.",
+        "ask-1",
+    )
+    check_invariants(done, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert done.messages[: len(paused.messages)] == paused.messages
+    assert await step_names(resume_id("ask-1", 1)) == [START_STEP, LOAD_STEP, MODEL_STEP, SAVE_STEP]
+    # The stop saved is now the end: the run has finished.
+    with pytest.raises(ResumeError, match="has finished"):
+        await agent.resume("ask-1", "Rome")
+    assert len(model.requests) == 2
+
+
+async def test_resume_says_why_a_run_cannot_be_resumed(journal: PostgresStore) -> None:
+    agent = durable(journal, lambda request: reply("done"), [])
+    with pytest.raises(CheckpointError):
+        await agent.resume("never-ran", "hello")
+    await agent.run("Do it.", run_id="finished-1")  # ends for good: nothing saved
+    with pytest.raises(ResumeError, match="has finished"):
+        await agent.resume("finished-1", "more")
+
+
+async def test_a_double_resume_of_an_approval_carries_the_call_out_once(
+    journal: PostgresStore,
+) -> None:
+    """Two resumes at once (a double-clicked Approve) are one workflow: the transfer is made
+    once, and both callers get the same result; an enqueued one gets the same handle."""
+    transfers = Transfers()
+    model = FunctionModel(transfer_then_answer)
+    agent = durable(journal, model, transfers.tools)
+    paused = await agent.run("Pay Bob.", run_id="approve-1")
+    assert paused.stop_reason is StopReason.APPROVAL_REQUIRED
+    assert transfers.made == []
+
+    first, second = await asyncio.gather(
+        agent.resume("approve-1", approvals=True), agent.resume("approve-1", approvals=True)
+    )
+    same_run(first, second)
+    assert (first.output, transfers.made) == ("done", [5])
+    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+    with pytest.raises(ResumeError, match="has finished"):  # a late third click
+        await agent.resume("approve-1", approvals=True)
+    assert transfers.made == [5]
+
+
+async def test_an_enqueued_resume_of_one_stop_is_one_workflow(journal: PostgresStore) -> None:
+    transfers = Transfers()
+    agent = durable(journal, transfer_then_answer, transfers.tools)
+    await agent.run("Pay Bob.", run_id="approve-2")
+    handles = [await agent.enqueue_resume("approve-2", approvals=True) for _ in range(2)]
+    assert {h.workflow_id for h in handles} == {resume_id("approve-2", 1)}
+    assert {h.run_id for h in handles} == {"approve-2"}
+    results = [await h.result() for h in handles]
+    same_run(results[0], results[1])
+    assert (results[0].output, transfers.made) == ("done", [5])
+
+
+async def test_a_resume_cut_short_by_a_crash_runs_nothing_twice(journal: PostgresStore) -> None:
+    """The resume's worker dies inside the approved transfer (started, not recorded): the
+    replay answers it "outcome unknown" from the journal instead of transferring again; a
+    replay of the whole resume calls nothing at all."""
+    transfers = Transfers()
+    model = FunctionModel(transfer_then_answer)
+    agent = durable(journal, model, transfers.tools)
+    await agent.run("Pay Bob.", run_id="approve-3")
+    transfers.hold = asyncio.Event()
+    crashed = asyncio.create_task(agent.resume("approve-3", approvals=True))
+    await transfers.entered.wait()
+    resumed = resume_id("approve-3", 1)
+    names = await step_names(resumed)
+    assert names == [START_STEP, LOAD_STEP]
+    in_flight = len(names) + 1  # the transfer's step: no record yet
+    hold, transfers.hold = transfers.hold, None
+    result = await (await DBOS.fork_workflow_async(resumed, in_flight)).get_result()
+    assert result.output is not None
+    assert "outcome of this call to 'transfer' is unknown" in result.output
+    assert transfers.made == [5]
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+
+    hold.set()  # the first execution goes on: its transfer returns, once
+    finished = await crashed
+    assert (finished.output, transfers.made) == ("done", [5])
+    calls = len(model.requests)
+    assert await step_names(resumed) == [
+        START_STEP,
+        LOAD_STEP,
+        TOOL_STEP + "transfer",
+        MODEL_STEP,
+        SAVE_STEP,
+    ]
+    same_run(await replay(resumed), finished)
+    assert (len(model.requests), transfers.made) == (calls, [5])
+
+
+async def test_a_run_stopped_by_a_transient_model_failure_is_resumed(
+    journal: PostgresStore,
+) -> None:
+    """The resume rows out of ERROR too: no answer is needed, and the resumed activation
+    has a clock, deadline and retries of its own."""
+    failures = iter([True])
+
+    def flaky(request: ModelRequest) -> ModelResponse:
+        if next(failures, False):
+            raise ModelCallError("overloaded", transient=True)
+        return reply("done")
+
+    agent = durable(journal, flaky, [], model_retries=0)
+    stopped = await agent.run("Do it.", run_id="flaky-1")
+    assert (stopped.final_state, stopped.stop_reason) == (AgentState.ERROR, StopReason.MODEL_ERROR)
+    done = await agent.resume("flaky-1")
+    assert (done.final_state, done.output) == (AgentState.DONE, "done")
+    check_invariants(done, limits=agent.agent.limits, bound=agent.agent.bound)
