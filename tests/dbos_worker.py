@@ -30,22 +30,14 @@ import psycopg
 from dbos import DBOS, DBOSConfig
 from psycopg import sql
 
-from agent_fsm import Agent, Limits, tool
+from agent_fsm import Agent
 from agent_fsm.dbos import DBOSAgent, RunQueue, WorkerLiveness
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.events import Event, RunFinished
-from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse
-from agent_fsm.testing import FunctionModel, call, reply
+from tests.lease_worker import job_agent
 
-STEPS = 3
-PAUSE_S = 0.01
 LIVENESS_TTL_S = 1.0
 QUEUE = RunQueue(name="crash_runs", worker_concurrency=4, polling_interval_s=0.05)
-TABLES = """
-CREATE TABLE effects (run_id text NOT NULL, step integer NOT NULL, worker text NOT NULL);
-CREATE TABLE finishes (run_id text NOT NULL, worker text NOT NULL)
-"""
-"""What the workers record, in the test's schema (made by the test before they start)."""
 
 
 def dbos_config(url: str, dbos_schema: str, executor_id: str, name: str) -> DBOSConfig:
@@ -82,40 +74,13 @@ def build_agent(journal: PostgresStore, effects: psycopg.Connection[Any], worker
 
 
 def plain_agent(effects: psycopg.Connection[Any], worker: str) -> Agent:
-    """The agent whose runs the workers drive (its limits and bound check the results)."""
-
-    @tool
-    def send(step: int, run: str) -> str:
-        """Send the message of one step (not idempotent)."""
-        time.sleep(PAUSE_S)
-        effects.execute("INSERT INTO effects VALUES (%s, %s, %s)", (run, step, worker))
-        time.sleep(PAUSE_S)  # a kill here leaves a call done but not recorded finished
-        return f"sent step {step}"
-
-    @tool(idempotent=True)
-    def lookup(key: int) -> int:
-        """Look a value up."""
-        time.sleep(PAUSE_S)
-        return key * key
-
-    async def model(request: ModelRequest) -> ModelResponse:
-        await asyncio.sleep(PAUSE_S)
-        made = sum(1 for m in request.messages if isinstance(m, AssistantMessage) and m.tool_calls)
-        if made >= STEPS:
-            return reply("done")
-        step = made + 1
-        return reply("", call("send", step=step, run=request.run_id), call("lookup", key=step))
+    """The job agent of tests/lease_worker.py, recording in ``finishes`` every run it ends."""
 
     def finished(event: Event) -> None:
         if isinstance(event, RunFinished):
             effects.execute("INSERT INTO finishes VALUES (%s, %s)", (event.run_id, worker))
 
-    return Agent(
-        model=FunctionModel(model),
-        tools=[send, lookup],
-        limits=Limits(max_turns=4 * STEPS, loop_detection=False),
-        handlers=[finished],
-    )
+    return job_agent(effects, worker, handlers=[finished])
 
 
 def work_left(runs: int) -> bool:

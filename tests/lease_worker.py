@@ -43,6 +43,15 @@ CREATE TABLE finishes (run_id text NOT NULL, worker text NOT NULL)
 
 
 def build_agent(store: PostgresStore, effects: psycopg.Connection[Any], worker: str) -> Agent:
+    """The agent of one worker: the job agent, checkpointed in ``store`` under leases."""
+    return job_agent(effects, worker, store=store, lease_s=LEASE_S, worker_id=worker)
+
+
+def job_agent(effects: psycopg.Connection[Any], worker: str, **options: Any) -> Agent:
+    """The agent every crash test's workers drive (tests/dbos_worker.py's too): ``STEPS``
+    turns of a ``send`` and a ``lookup`` call, then "done"; ``options`` are more ``Agent``
+    settings."""
+
     @tool
     def send(step: int, run: str) -> str:
         """Send the message of one step (not idempotent)."""
@@ -69,9 +78,7 @@ def build_agent(store: PostgresStore, effects: psycopg.Connection[Any], worker: 
         model=FunctionModel(model),
         tools=[send, lookup],
         limits=Limits(max_turns=4 * STEPS, loop_detection=False),
-        store=store,
-        lease_s=LEASE_S,
-        worker_id=worker,
+        **options,
     )
 
 

@@ -39,7 +39,8 @@ from agent_fsm.dbos.agent import WORKFLOW_PREFIX
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import AssistantMessage, ToolMessage
 from agent_fsm.testing.invariants import check_invariants
-from tests.dbos_worker import QUEUE, STEPS, TABLES, plain_agent
+from tests.dbos_worker import QUEUE, plain_agent
+from tests.lease_worker import STEPS, TABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = int(os.environ.get("AGENT_FSM_DBOS_CRASH_RUNS", "50"))
