@@ -17,8 +17,6 @@ import asyncio
 import difflib
 import functools
 import inspect
-import time
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -38,11 +36,15 @@ from agent_fsm.models.anthropic_convert import (
 from agent_fsm.models.anthropic_reply import AnthropicReply
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
 from agent_fsm.models.common import (
+    Attempt,
     ClosesOnExit,
     DeltaReporter,
     check_adapter_options,
+    one_line,
     parse_retry_after,
+    redact_url,
     scrub_secrets,
+    transport_failure,
 )
 
 __all__ = ["DEFAULT_MAX_TOKENS", "MAX_CONTINUATIONS", "AnthropicModel"]
@@ -76,7 +78,6 @@ _PERMANENT_TYPES = frozenset(
         "billing_error",
     }
 )
-_MAX_MESSAGE_CHARS = 500
 _KEY_HINT = "pass api_key= or client=, or set ANTHROPIC_API_KEY"
 
 
@@ -192,7 +193,7 @@ class AnthropicModel(ClosesOnExit):
     def __repr__(self) -> str:
         parts = [repr(self._model)]
         if self._base_url is not None:
-            parts.append(f"base_url={_redact_url(self._base_url)!r}")
+            parts.append(f"base_url={redact_url(self._base_url)!r}")
         parts.append(f"stream={self._stream}")
         parts.append(f"max_tokens={self._max_tokens}")
         if self._settings:
@@ -241,7 +242,11 @@ class AnthropicModel(ClosesOnExit):
         kwargs = self._request_kwargs(request)
         reply = AnthropicReply(fallback_id_prefix=f"{request.run_id}_{request.turn}")
         report = DeltaReporter(request.on_delta, request.run_id)
-        attempt = _Attempt(client, self._settings.get("timeout"))
+        timeout = self._settings.get("timeout")
+        attempt = Attempt(
+            redact_url(f"{str(client.base_url).rstrip('/')}/v1/messages"),
+            timeout if timeout is not None else client.timeout,
+        )
         for continued in range(MAX_CONTINUATIONS + 1):
             if self._stream:
                 failure = await self._streamed_part(client, kwargs, reply, report, attempt)
@@ -312,7 +317,7 @@ class AnthropicModel(ClosesOnExit):
         client: anthropic.AsyncAnthropic,
         kwargs: dict[str, Any],
         reply: AnthropicReply,
-        attempt: _Attempt,
+        attempt: Attempt,
     ) -> ModelCallError | None:
         try:
             message = await client.messages.create(**kwargs)
@@ -327,7 +332,7 @@ class AnthropicModel(ClosesOnExit):
         kwargs: dict[str, Any],
         reply: AnthropicReply,
         report: DeltaReporter,
-        attempt: _Attempt,
+        attempt: Attempt,
     ) -> ModelCallError | None:
         try:
             stream = await client.messages.create(**kwargs)
@@ -351,7 +356,7 @@ class AnthropicModel(ClosesOnExit):
         return failure
 
     def _failure(
-        self, err: Exception, attempt: _Attempt, *, streaming: bool = False
+        self, err: Exception, attempt: Attempt, *, streaming: bool = False
     ) -> ModelCallError:
         """Map an exception from the SDK to a ModelCallError (scrubbed, never chained) that
         says what failed, where, and after how long."""
@@ -363,7 +368,7 @@ class AnthropicModel(ClosesOnExit):
                 f" {attempt.timeout()} timeout (gave up after {attempt.elapsed()})"
             )
         elif isinstance(err, anthropic.APIConnectionError):
-            message = _transport_failure(err.__cause__, attempt, fallback=str(err))
+            message = transport_failure(err.__cause__, attempt, fallback=str(err))
         elif isinstance(err, anthropic.APIStatusError):
             status, kind = err.status_code, _error_type(err.body)
             if status >= 400:
@@ -385,7 +390,7 @@ class AnthropicModel(ClosesOnExit):
         elif isinstance(err, ValueError):
             message = f"malformed reply from {attempt.url}: {type(err).__name__}"
         else:  # the HTTP library's own error, from a stream the SDK did not wrap
-            message = _transport_failure(err, attempt)
+            message = transport_failure(err, attempt)
         if streaming and isinstance(err, ValueError | anthropic.APIError):
             message = f"while streaming: {message}"
         return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
@@ -480,60 +485,4 @@ def _server_message(err: anthropic.APIError) -> str:
     text = error.get("message") if isinstance(error, Mapping) else None
     if not isinstance(text, str) or not text:
         text = err.message
-    text = " ".join(text.split())
-    if len(text) > _MAX_MESSAGE_CHARS:
-        text = text[:_MAX_MESSAGE_CHARS] + "..."
-    return text
-
-
-class _Attempt:
-    """One request's where and when, for its error message."""
-
-    __slots__ = ("_began", "_client", "_timeout")
-
-    def __init__(self, client: anthropic.AsyncAnthropic, timeout: Any) -> None:
-        self._client = client
-        self._timeout = timeout
-        self._began = time.monotonic()
-
-    @property
-    def url(self) -> str:
-        return _redact_url(f"{str(self._client.base_url).rstrip('/')}/v1/messages")
-
-    def elapsed(self) -> str:
-        return f"{time.monotonic() - self._began:.1f} s"
-
-    def timeout(self) -> str:
-        """The timeout in force: the adapter's ``timeout``, else the client's."""
-        value = self._timeout if self._timeout is not None else self._client.timeout
-        read = getattr(value, "read", value)  # the SDK's Timeout object: its read timeout
-        return f"{read:g} s" if isinstance(read, int | float) else str(value)
-
-
-def _transport_failure(
-    cause: BaseException | None, attempt: _Attempt, *, fallback: str = ""
-) -> str:
-    """Describe the HTTP library's exception ``cause``, by its class name (this module
-    imports no HTTP library)."""
-    kind = type(cause).__name__ if cause is not None else ""
-    detail = str(cause) if cause is not None and str(cause) else kind or fallback
-    if kind in {"ConnectError", "ConnectTimeout"}:
-        return f"cannot connect to {attempt.url}: {detail}"
-    if kind in {"RemoteProtocolError", "ReadError", "WriteError", "CloseError"}:
-        return (
-            f"{attempt.url} closed the connection after {attempt.elapsed()} without a"
-            f" complete reply: {detail}"
-        )
-    return f"cannot reach {attempt.url} (failed after {attempt.elapsed()}): {detail}"
-
-
-def _redact_url(url: str) -> str:
-    """The URL without user info or query, which can hold credentials."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<invalid url>"
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return one_line(text)

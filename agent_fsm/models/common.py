@@ -9,6 +9,7 @@ from __future__ import annotations
 import email.utils
 import math
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC
 from types import TracebackType
@@ -19,13 +20,21 @@ from agent_fsm.logs import get_logger
 from agent_fsm.messages import ReplyDelta
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
     "MIN_SECRET_CHARS",
+    "Attempt",
     "ClosesOnExit",
     "DeltaReporter",
     "check_adapter_options",
+    "one_line",
     "parse_retry_after",
+    "redact_url",
     "scrub_secrets",
+    "transport_failure",
 ]
+
+MAX_MESSAGE_CHARS = 500
+"""The most of a server's error text an error message quotes."""
 
 MIN_SECRET_CHARS = 8
 """Shorter "keys" are placeholders for local servers (``"x"``, ``"none"``), not secrets:
@@ -152,3 +161,73 @@ class ClosesOnExit:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def one_line(text: str) -> str:
+    """A server's error text for a message: on one line, cut to ``MAX_MESSAGE_CHARS``."""
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
+
+
+def redact_url(url: str) -> str:
+    """The URL without user info or query, which can hold credentials (``?key=``)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class Attempt:
+    """One request's where and when, for its error message."""
+
+    __slots__ = ("_began", "_timeout", "url")
+
+    def __init__(self, url: str, timeout: object) -> None:
+        self.url = url
+        """Where the request went, credentials already taken out (``redact_url``)."""
+        self._timeout = timeout
+        self._began = time.monotonic()
+
+    def elapsed(self) -> str:
+        return f"{time.monotonic() - self._began:.1f} s"
+
+    def timeout(self) -> str:
+        """The timeout in force: seconds, or an SDK's ``Timeout`` object (its read timeout
+        is the one a slow reply meets); None is the SDK's own default."""
+        if self._timeout is None:
+            return "the SDK's"
+        read = getattr(self._timeout, "read", self._timeout)
+        return f"{read:g} s" if isinstance(read, int | float) else str(self._timeout)
+
+
+def transport_failure(cause: BaseException | None, attempt: Attempt, *, fallback: str = "") -> str:
+    """Describe an HTTP library's exception ``cause`` by its class name (no adapter imports an
+    HTTP library): no connection made, one the server dropped before its reply was
+    complete, or another failure to reach it."""
+    kind = type(cause).__name__ if cause is not None else ""
+    detail = str(cause) if cause is not None and str(cause) else kind or fallback
+    if kind in {"ConnectError", "ConnectTimeout"}:
+        if _caused_by(cause, ConnectionRefusedError):
+            return f"cannot connect to {attempt.url}: connection refused (is the server running?)"
+        return f"cannot connect to {attempt.url}: {detail}"
+    if kind in {"RemoteProtocolError", "ReadError", "WriteError", "CloseError"}:
+        return (
+            f"{attempt.url} closed the connection after {attempt.elapsed()} without a"
+            f" complete reply: {detail}"
+        )
+    return f"cannot reach {attempt.url} (failed after {attempt.elapsed()}): {detail}"
+
+
+def _caused_by(err: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is in ``err``'s chain of causes and contexts."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, kind):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False

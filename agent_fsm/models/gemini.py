@@ -17,8 +17,6 @@ import asyncio
 import difflib
 import functools
 import re
-import time
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -32,10 +30,13 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
 from agent_fsm.models.common import (
+    Attempt,
     ClosesOnExit,
     DeltaReporter,
     check_adapter_options,
+    one_line,
     parse_retry_after,
+    redact_url,
     scrub_secrets,
 )
 from agent_fsm.models.gemini_convert import (
@@ -170,7 +171,7 @@ class GeminiModel(ClosesOnExit):
     def __repr__(self) -> str:
         parts = [repr(self._model)]
         if self._base_url is not None:
-            parts.append(f"base_url={_redact_url(self._base_url)!r}")
+            parts.append(f"base_url={redact_url(self._base_url)!r}")
         parts.append(f"stream={self._stream}")
         if self._settings:
             parts.append(f"settings={sorted(self._settings)}")  # names only: values may be secret
@@ -221,7 +222,8 @@ class GeminiModel(ClosesOnExit):
                 stand_in_signature=needs_signatures(self._model),
             )
             assembler = ReplyAssembler(fallback_id_prefix=f"{request.run_id}_{request.turn}")
-            attempt = _Attempt(self._url(client), self._timeout_ms)
+            timeout_s = self._timeout_ms / 1000 if self._timeout_ms else None
+            attempt = Attempt(self._url(client), timeout_s)
             instruction = self._typed(config, request, contents.system_instruction)
             if instruction is not None:
                 config["system_instruction"] = instruction
@@ -308,7 +310,7 @@ class GeminiModel(ClosesOnExit):
         client: genai.Client,
         call: dict[str, Any],
         assembler: ReplyAssembler,
-        attempt: _Attempt,
+        attempt: Attempt,
     ) -> ModelResponse | ModelCallError:
         try:
             reply = await client.aio.models.generate_content(**call)
@@ -322,7 +324,7 @@ class GeminiModel(ClosesOnExit):
         call: dict[str, Any],
         request: ModelRequest,
         assembler: ReplyAssembler,
-        attempt: _Attempt,
+        attempt: Attempt,
     ) -> ModelResponse | ModelCallError:
         try:
             stream = await client.aio.models.generate_content_stream(**call)
@@ -367,7 +369,7 @@ class GeminiModel(ClosesOnExit):
         )
 
     def _failure(
-        self, err: Exception, attempt: _Attempt, *, streaming: bool = False
+        self, err: Exception, attempt: Attempt, *, streaming: bool = False
     ) -> ModelCallError:
         message, transient, retry_after = _failure_message(err, attempt)
         if streaming:
@@ -377,7 +379,7 @@ class GeminiModel(ClosesOnExit):
     def _url(self, client: genai.Client) -> str:
         options = getattr(getattr(client, "_api_client", None), "_http_options", None)
         base = getattr(options, "base_url", None) or self._base_url or "the Gemini API"
-        return f"{_redact_url(str(base)).rstrip('/')} ({self._model})"
+        return f"{redact_url(str(base)).rstrip('/')} ({self._model})"
 
     def _scrub(self, text: str) -> str:
         secrets: set[object] = {self._api_key}
@@ -438,25 +440,10 @@ def _sdk_refusal(spec: ToolSpec, parameters: dict[str, Any] | None) -> tuple[str
 # --------------------------------------------------------------------------- failures
 
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
-_MAX_MESSAGE_CHARS = 500
 _RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 
 
-class _Attempt:
-    """One request's where and when, for its error message."""
-
-    __slots__ = ("_began", "timeout_ms", "url")
-
-    def __init__(self, url: str, timeout_ms: int | None) -> None:
-        self.url = url
-        self.timeout_ms = timeout_ms
-        self._began = time.monotonic()
-
-    def elapsed(self) -> str:
-        return f"{time.monotonic() - self._began:.1f} s"
-
-
-def _failure_message(err: Exception, attempt: _Attempt) -> tuple[str, bool, float | None]:
+def _failure_message(err: Exception, attempt: Attempt) -> tuple[str, bool, float | None]:
     """(message, transient, retry-after seconds) for an exception from the SDK's call."""
     if isinstance(err, genai_errors.APIError):
         return _status_failure(err, attempt)
@@ -466,10 +453,9 @@ def _failure_message(err: Exception, attempt: _Attempt) -> tuple[str, bool, floa
     library = type(err).__module__.split(".")[0]
     if library in ("httpx", "httpx2", "aiohttp") or isinstance(err, OSError | TimeoutError):
         if "Timeout" in kind or isinstance(err, TimeoutError):
-            limit = f"{attempt.timeout_ms / 1000:g} s" if attempt.timeout_ms else "the SDK's"
             return (
-                f"the request to {attempt.url} timed out ({limit} timeout; gave up after"
-                f" {attempt.elapsed()})",
+                f"the request to {attempt.url} timed out ({attempt.timeout()} timeout; gave up"
+                f" after {attempt.elapsed()})",
                 True,
                 None,
             )
@@ -484,16 +470,12 @@ def _failure_message(err: Exception, attempt: _Attempt) -> tuple[str, bool, floa
     return f"unexpected error from the Gemini client: {kind}: {err}", False, None
 
 
-def _status_failure(
-    err: genai_errors.APIError, attempt: _Attempt
-) -> tuple[str, bool, float | None]:
+def _status_failure(err: genai_errors.APIError, attempt: Attempt) -> tuple[str, bool, float | None]:
     status = err.code if isinstance(err.code, int) else 0
     transient = status in _TRANSIENT_STATUSES or status >= 500 or status == 0
     label = f"HTTP {status}" + (f", {err.status}" if err.status else "")
     text = err.message if isinstance(err.message, str) and err.message else str(err)
-    text = " ".join(text.split())
-    if len(text) > _MAX_MESSAGE_CHARS:
-        text = text[:_MAX_MESSAGE_CHARS] + "..."
+    text = one_line(text)
     message = f"{type(err).__name__} ({label}) from {attempt.url}: {text}"
     return message, transient, _retry_after(err) if transient else None
 
@@ -525,18 +507,6 @@ def _duration(raw: object) -> float | None:
     except ValueError:
         return None
     return seconds if seconds >= 0 and seconds != float("inf") else None
-
-
-def _redact_url(url: str) -> str:
-    """The URL without user info or query, which can hold credentials (``?key=``)."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<invalid url>"
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _tool_config(choice: str) -> dict[str, Any]:

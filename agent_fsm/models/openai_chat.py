@@ -17,8 +17,6 @@ import copy
 import difflib
 import functools
 import inspect
-import time
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -29,11 +27,15 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
 from agent_fsm.models.common import (
+    Attempt,
     ClosesOnExit,
     DeltaReporter,
     check_adapter_options,
+    one_line,
     parse_retry_after,
+    redact_url,
     scrub_secrets,
+    transport_failure,
 )
 from agent_fsm.models.openai_convert import (
     ReplyAssembler,
@@ -52,7 +54,6 @@ _RESERVED = frozenset({"messages", "model", "tools", "functions", "stream", "str
 _TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
 # Statuses worth retrying, as the SDK itself would: timeout, conflict, rate limit, 5xx.
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
-_MAX_MESSAGE_CHARS = 500
 
 # The ``tools`` payload, and the original schemas of the tools sent strict, by name.
 _WireTools = tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
@@ -164,7 +165,7 @@ class OpenAIChatModel(ClosesOnExit):
     def __repr__(self) -> str:
         parts = [repr(self._model)]
         if self._base_url is not None:
-            parts.append(f"base_url={_redact_url(self._base_url)!r}")
+            parts.append(f"base_url={redact_url(self._base_url)!r}")
         parts.append(f"stream={self._stream}")
         parts.append(f"strict={self._strict}")
         if self._settings:
@@ -215,7 +216,7 @@ class OpenAIChatModel(ClosesOnExit):
                 if request.output is not None and self._strict
                 else None,
             )
-            attempt = _Attempt(client, self._settings.get("timeout"))
+            attempt = attempt_at(client, "/chat/completions", self._settings.get("timeout"))
             if self._stream:
                 return await self._request_streamed(client, kwargs, request, assembler, attempt)
             try:
@@ -293,7 +294,7 @@ class OpenAIChatModel(ClosesOnExit):
         kwargs: dict[str, Any],
         request: ModelRequest,
         assembler: ReplyAssembler,
-        attempt: _Attempt,
+        attempt: Attempt,
     ) -> ModelResponse:
         failure: ModelCallError | None = None
         try:
@@ -320,7 +321,7 @@ class OpenAIChatModel(ClosesOnExit):
         return assembler.build()
 
     def _failure(
-        self, err: Exception, attempt: _Attempt, *, streaming: bool = False
+        self, err: Exception, attempt: Attempt, *, streaming: bool = False
     ) -> ModelCallError:
         """Map an exception from the SDK to a ModelCallError (scrubbed, never chained) that
         says what failed, where, and after how long."""
@@ -352,7 +353,7 @@ class OpenAIChatModel(ClosesOnExit):
         elif isinstance(err, ValueError):
             message = f"malformed reply from {attempt.url}: {type(err).__name__}"
         else:  # the HTTP library's own error, from a stream the SDK did not wrap (older SDKs)
-            message = _transport_failure(err, attempt)
+            message = transport_failure(err, attempt)
         if streaming and isinstance(err, ValueError | openai.APIError):
             message = f"while streaming: {message}"
         return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
@@ -458,80 +459,18 @@ def _server_message(err: openai.APIError) -> str:
     text = body.get("message") if isinstance(body, Mapping) else None
     if not isinstance(text, str) or not text:
         text = err.message
-    text = " ".join(text.split())
-    if len(text) > _MAX_MESSAGE_CHARS:
-        text = text[:_MAX_MESSAGE_CHARS] + "..."
-    return text
+    return one_line(text)
 
 
-class _Attempt:
-    """One request's where and when, for its error message."""
-
-    __slots__ = ("_began", "_client", "_timeout")
-
-    def __init__(self, client: openai.AsyncOpenAI, timeout: Any) -> None:
-        self._client = client
-        self._timeout = timeout
-        self._began = time.monotonic()
-
-    @property
-    def url(self) -> str:
-        return _redact_url(f"{str(self._client.base_url).rstrip('/')}/chat/completions")
-
-    def elapsed(self) -> str:
-        return f"{time.monotonic() - self._began:.1f} s"
-
-    def timeout(self) -> str:
-        """The timeout in force: the adapter's ``timeout``, else the client's."""
-        value = self._timeout if self._timeout is not None else self._client.timeout
-        read = getattr(value, "read", value)  # the SDK's Timeout object: its read timeout
-        return f"{read:g} s" if isinstance(read, int | float) else str(value)
+def attempt_at(client: openai.AsyncOpenAI, path: str, timeout: object) -> Attempt:
+    """A request to ``path`` of the client's server, under the adapter's ``timeout``, else
+    the client's."""
+    url = redact_url(f"{str(client.base_url).rstrip('/')}{path}")
+    return Attempt(url, timeout if timeout is not None else client.timeout)
 
 
-def _connection_failure(err: Exception, attempt: _Attempt) -> str:
+def _connection_failure(err: Exception, attempt: Attempt) -> str:
     """Which connection failure: none made (refused, unknown host), or one the server
     dropped before its reply was complete. The SDK wraps the HTTP library's exception: its
     kind is read from the cause."""
-    return _transport_failure(err.__cause__, attempt, fallback=str(err))
-
-
-def _transport_failure(
-    cause: BaseException | None, attempt: _Attempt, *, fallback: str = ""
-) -> str:
-    """Describe the HTTP library's exception ``cause``, by its class name (this module
-    imports no HTTP library)."""
-    kind = type(cause).__name__ if cause is not None else ""
-    detail = str(cause) if cause is not None and str(cause) else kind or fallback
-    if kind in {"ConnectError", "ConnectTimeout"}:
-        if _caused_by(cause, ConnectionRefusedError):
-            return f"cannot connect to {attempt.url}: connection refused (is the server running?)"
-        return f"cannot connect to {attempt.url}: {detail}"
-    if kind in {"RemoteProtocolError", "ReadError", "WriteError", "CloseError"}:
-        return (
-            f"{attempt.url} closed the connection after {attempt.elapsed()} without a"
-            f" complete reply: {detail}"
-        )
-    return f"cannot reach {attempt.url} (failed after {attempt.elapsed()}): {detail}"
-
-
-def _caused_by(err: BaseException | None, kind: type[BaseException]) -> bool:
-    """Whether ``kind`` is in ``err``'s chain of causes and contexts."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, kind):
-            return True
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return False
-
-
-def _redact_url(url: str) -> str:
-    """The URL without user info or query, which can hold credentials."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<invalid url>"
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return transport_failure(err.__cause__, attempt, fallback=str(err))

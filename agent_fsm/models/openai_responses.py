@@ -57,21 +57,22 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
 from agent_fsm.models.common import (
+    Attempt,
     ClosesOnExit,
     DeltaReporter,
     check_adapter_options,
     parse_retry_after,
+    redact_url,
     scrub_secrets,
+    transport_failure,
 )
 from agent_fsm.models.openai_chat import (
     _TRANSIENT_STATUSES,
-    _Attempt,
     _client_parameters,
     _connection_failure,
     _error_code,
-    _redact_url,
     _server_message,
-    _transport_failure,
+    attempt_at,
 )
 from agent_fsm.models.openai_responses_convert import (
     text_format,
@@ -230,7 +231,7 @@ class OpenAIResponsesModel(ClosesOnExit):
     def __repr__(self) -> str:
         parts = [repr(self._model)]
         if self._base_url is not None:
-            parts.append(f"base_url={_redact_url(self._base_url)!r}")
+            parts.append(f"base_url={redact_url(self._base_url)!r}")
         parts += [f"stream={self._stream}", f"strict={self._strict}", f"store={self._store}"]
         if self._settings:
             parts.append(f"settings={sorted(self._settings)}")  # names only: values may be secret
@@ -280,7 +281,7 @@ class OpenAIResponsesModel(ClosesOnExit):
                 if request.output is not None and self._strict
                 else None,
             )
-            attempt = _ResponsesAttempt(client, self._settings.get("timeout"))
+            attempt = attempt_at(client, "/responses", self._settings.get("timeout"))
             if self._stream:
                 return await self._request_streamed(client, kwargs, request, assembler, attempt)
             try:
@@ -359,7 +360,7 @@ class OpenAIResponsesModel(ClosesOnExit):
         kwargs: dict[str, Any],
         request: ModelRequest,
         assembler: ReplyAssembler,
-        attempt: _ResponsesAttempt,
+        attempt: Attempt,
     ) -> ModelResponse:
         failure: ModelCallError | None = None
         try:
@@ -392,7 +393,7 @@ class OpenAIResponsesModel(ClosesOnExit):
         raise failure
 
     def _failure(
-        self, err: Exception, attempt: _ResponsesAttempt, *, streaming: bool = False
+        self, err: Exception, attempt: Attempt, *, streaming: bool = False
     ) -> ModelCallError:
         """Map an exception from the SDK to a ModelCallError (scrubbed, never chained) that
         says what failed, where, and after how long."""
@@ -426,7 +427,7 @@ class OpenAIResponsesModel(ClosesOnExit):
         elif isinstance(err, ValueError):
             message = f"malformed reply from {attempt.url}: {type(err).__name__}"
         else:  # the HTTP library's own error, from a stream the SDK did not wrap (older SDKs)
-            message = _transport_failure(err, attempt)
+            message = transport_failure(err, attempt)
         if streaming and isinstance(err, ValueError | openai.APIError):
             message = f"while streaming: {message}"
         return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
@@ -443,17 +444,6 @@ class OpenAIResponsesModel(ClosesOnExit):
             if client is not None:
                 secrets.add(getattr(client, "api_key", None))
         return scrub_secrets(text, secrets)
-
-
-class _ResponsesAttempt(_Attempt):
-    """One request's where and when, for its error message: ``openai_chat``'s, at
-    ``/responses``."""
-
-    __slots__ = ()
-
-    @property
-    def url(self) -> str:
-        return _redact_url(f"{str(self._client.base_url).rstrip('/')}/responses")
 
 
 def _check_settings(settings: Mapping[str, Any]) -> None:
