@@ -1,30 +1,31 @@
 """Adversarial runs per second through the property harness (``assert_terminates``).
 
-Each example is one generated run of the demo agent: a hostile model behaviour (broken
+Each run is one generated behaviour played against the demo agent: a hostile model (broken
 replies, errors of every kind, absurd usage, lone surrogates), tool doubles that fail, time
 out, exit or return huge outputs, on a fake clock, with every run invariant checked. Issue 20
 asks for >= 1,000 runs per second on one core; this script measures where it stands.
 
-    python benchmarks/harness_rate.py [--examples N] [--store memory|sqlite] [--instructions]
+    python benchmarks/harness_rate.py [--examples N] [--store none|memory|sqlite] [--instructions]
 
-Hypothesis generation and shrinking are included (shrinking only on a failure, which would
-end the script with the failure instead). The rate is examples / wall-clock seconds on one
-core; run it on an idle machine and repeat, as timings on shared machines are noisy.
+``--store none`` (the default) is the harness's own configuration, ``assert_terminates(agent)``:
+runs checkpoint only where they pause. ``memory`` and ``sqlite`` checkpoint every transition
+in a durable store, as an agent with ``store=`` does. The runs counted are the runs played
+(``Stage.play``), not hypothesis examples: a batch plays up to eight, and records drawn alike
+are played once. Hypothesis generation is included, shrinking only on a failure (which would
+end the script with the failure instead). Timings on shared machines are noisy: run it on an
+idle machine, and repeat.
 
-``--instructions`` counts CPU instructions per generated run instead, with valgrind's
-callgrind (``apt-get install valgrind``): the same script at two example counts, the
-difference divided by the difference in examples, so interpreter start-up, imports and the
-agent's set-up cancel out. Counts do not move with the machine's load, so they compare
-two versions of the harness where timings cannot. It takes a few minutes.
+``--instructions`` counts CPU instructions per run instead, with valgrind's callgrind
+(``apt-get install valgrind``): the same script at two sizes, the difference divided by the
+difference in runs played, so interpreter start-up, imports and the agent's set-up cancel
+out. Counts do not move with the machine's load, so they compare two versions of the harness
+where timings cannot. It takes a few minutes.
 
-Measured on a shared 2-core machine (memory store, 2,000 examples; the instructions between
-100 and 300 examples):
+Measured on a shared 2-core machine (instructions between 304 and 1,000 runs requested):
 
-    composed strategies, ~30 draws a run:       245-285 runs/s, 12.1 M instructions per run
-    Catalogue, two draws a run (issue 20):      580-685 runs/s,  4.35 M instructions per run
-
-About half of what is left is hypothesis's own cost of an example (~2.1 M instructions
-whatever it draws), the rest playing the run (~2.4 M, most of it the engine).
+    composed strategies, ~30 draws a run (before issue 20):   12.1 M instructions per run
+    Catalogue, a block and a script drawn per run (stop 29):   4.71 M, 430-660 runs/s (memory)
+    eight records drawn as one value per example (stop 30):    see the issue note
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 from hypothesis import HealthCheck, settings
@@ -47,15 +49,29 @@ from agent_fsm.demo import demo_agent
 from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.testing import assert_terminates
+from agent_fsm.testing.harness import CaseResult, Stage
 
 
-def _play(examples: int, store_kind: str) -> float:
-    """Seconds taken by ``examples`` generated runs of the demo agent."""
+def _play(examples: int, store_kind: str) -> tuple[int, float]:
+    """How many runs ``examples`` requested generated runs of the demo agent played, and the
+    seconds they took."""
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    played = 0
+    play = Stage.play
+
+    def counted(stage: Stage, *args: Any, **kwargs: Any) -> CaseResult:
+        nonlocal played
+        played += 1
+        return play(stage, *args, **kwargs)
+
+    Stage.play = counted  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as folder:
-        store: CheckpointStore = (
-            SQLiteStore(Path(folder) / "runs.sqlite3") if store_kind == "sqlite" else MemoryStore()
-        )
+        stores: dict[str, CheckpointStore | None] = {
+            "none": None,
+            "memory": MemoryStore(),
+            "sqlite": SQLiteStore(Path(folder) / "runs.sqlite3"),
+        }
+        store = stores[store_kind]
         fixed = settings(
             max_examples=examples,
             database=None,
@@ -65,49 +81,53 @@ def _play(examples: int, store_kind: str) -> float:
         )
         began = time.perf_counter()
         assert_terminates(demo_agent(), settings=fixed, store=store)
-        return time.perf_counter() - began
+        return played, time.perf_counter() - began
 
 
-def _instructions(examples: int, store_kind: str, folder: Path) -> int:
-    """Instructions executed by a child process playing ``examples`` generated runs."""
+def _instructions(examples: int, store_kind: str, folder: Path) -> tuple[int, int]:
+    """Runs played and instructions executed by a child process asked for ``examples``
+    generated runs."""
     out = folder / f"callgrind.{examples}.out"
     command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
     command += [__file__, "--examples", str(examples), "--store", store_kind]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    subprocess.run(command, check=True, env=env, capture_output=True)
+    child = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
     match = re.search(r"^(?:summary|totals):\s*(\d+)", out.read_text(), re.MULTILINE)
-    if match is None:
-        raise SystemExit(f"no instruction total in {out}")
-    return int(match.group(1))
+    runs = re.search(r"^(\d+) adversarial runs", child.stdout, re.MULTILINE)
+    if match is None or runs is None:
+        raise SystemExit(f"no instruction total in {out}, or no run count in {child.stdout!r}")
+    return int(runs.group(1)), int(match.group(1))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--examples", type=int, default=2_000)
-    parser.add_argument("--store", choices=["memory", "sqlite"], default="memory")
+    parser.add_argument("--store", choices=["none", "memory", "sqlite"], default="none")
     parser.add_argument(
         "--instructions",
         action="store_true",
-        help="count instructions per run with callgrind (between 100 and 300 examples)",
+        help="count instructions per run with callgrind (between 304 and 1,000 runs asked)",
     )
     args = parser.parse_args()
     if not args.instructions:
-        took = _play(args.examples, args.store)
+        played, took = _play(args.examples, args.store)
         print(
-            f"{args.examples} adversarial runs ({args.store} store) in {took:.2f} s: "
-            f"{args.examples / took:,.0f} runs per second"
+            f"{played} adversarial runs ({args.store} store) in {took:.2f} s: "
+            f"{played / took:,.0f} runs per second"
         )
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (Debian/Ubuntu: apt-get install valgrind)")
         return 2
-    short, long = 100, 300
+    short, long = 304, 1_000
     with tempfile.TemporaryDirectory() as folder:
-        counts = {n: _instructions(n, args.store, Path(folder)) for n in (short, long)}
-    per_run = (counts[long] - counts[short]) / (long - short)
+        (runs_a, count_a), (runs_b, count_b) = (
+            _instructions(n, args.store, Path(folder)) for n in (short, long)
+        )
+    per_run = (count_b - count_a) / (runs_b - runs_a)
     print(
         f"{per_run / 1e6:.2f} M instructions per adversarial run ({args.store} store; "
-        f"{short} -> {long} examples)"
+        f"{runs_a} -> {runs_b} runs played)"
     )
     return 0
 

@@ -3,6 +3,7 @@ reproducer that really reproduces them."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from agent_fsm.testing.behaviour import (
     invalid_argument_texts,
     user_tools,
 )
+from agent_fsm.testing.harness import Stage, frozen_heap
 from agent_fsm.testing.reproducer import item_source
 from agent_fsm.testing.strategies import arguments_for, invalid_arguments_for, replies_for
 
@@ -282,9 +284,60 @@ def test_a_zero_block_reads_as_the_simplest_behaviour() -> None:
     catalogue = _catalogue()
     first = AGENT.registry.specs[0]
     simplest = reply("", call(first.name, **example_arguments(first.parameters)))
-    assert catalogue.behaviour(bytes(catalogue.block_size), "0") == Behaviour(
+    assert catalogue.behaviour(bytes(catalogue.block_size), bytes(1)) == Behaviour(
         steps=(simplest,), cycle=False
     )
+
+
+def test_a_record_reads_its_block_length_and_script() -> None:
+    """A record is the block, a length byte (zero: one step, 255: ``max_steps``) and the
+    script; a batch plays records drawn alike once."""
+    catalogue = _catalogue()
+    assert catalogue.record_size == catalogue.block_size + 1 + catalogue.max_steps
+    zero = bytes(catalogue.record_size)
+    assert catalogue.read(zero) == catalogue.behaviour(bytes(catalogue.block_size), bytes(1))
+    script = bytes(range(0, 256, 256 // catalogue.max_steps))[: catalogue.max_steps]
+    longest = bytes(catalogue.block_size) + b"\xff" + script
+    assert len(catalogue.read(longest).steps) == catalogue.max_steps
+    other = bytes(catalogue.block_size) + b"\x80" + script
+    batch = catalogue.read_batch(zero + other + zero + other + longest)
+    assert batch == [catalogue.read(zero), catalogue.read(other), catalogue.read(longest)]
+
+
+def test_a_search_plays_each_behaviour_once_and_at_least_as_many_as_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches are drawn as one value: hypothesis's mutations copy a list's elements over
+    each other, and a search drawn as lists replayed four behaviours in five."""
+    played: list[Behaviour] = []
+    play = Stage.play
+
+    def recorded(stage: Stage, behaviour: Behaviour, *args: Any) -> Any:
+        played.append(behaviour)
+        return play(stage, behaviour, *args)
+
+    monkeypatch.setattr(Stage, "play", recorded)
+    assert_terminates(AGENT, max_examples=400, settings=settings(database=None))
+    distinct = {repr(behaviour) for behaviour in played}
+    assert len(played) >= 400
+    assert len(distinct) >= 0.95 * len(played)
+
+
+def test_the_harness_keeps_the_heap_it_found_out_of_collections() -> None:
+    """``frozen_heap`` freezes what was alive, unfreezes it after, and leaves a process that
+    froze objects of its own alone."""
+    assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_the_catalogue_reaches_every_kind_of_misbehaviour() -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from agent_fsm import (
     tool,
 )
 from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.failures import failure_traceback
 from agent_fsm.messages import ModelRequest, ModelResponse, Usage
 from agent_fsm.testing import FunctionModel, ScriptedModel, call, raw_call, reply
 from agent_fsm.tools.tool import Tool
@@ -230,6 +233,35 @@ def test_whatever_a_tool_raises_is_an_error_result(
     answers = [m for m in result.messages if m.role == "tool"]
     assert len(answers) == 1
     assert says in answers[0].content
+
+
+def test_a_failed_tools_traceback_is_pythons_without_the_column_markers() -> None:
+    """``failure_traceback`` skips only the ``^^^`` lines, which cost a parse of every
+    frame's source: the chain, the frames, their source lines and a broken ``__str__`` all
+    come out as ``traceback.format_exception`` writes them."""
+
+    def lookup() -> None:
+        try:
+            {}["key"]
+        except KeyError as exc:
+            raise ValueError("not found") from exc
+
+    def handle() -> None:
+        try:
+            lookup()
+        except ValueError:
+            raise UnprintableError()  # noqa: B904 (the implicit context is the point)
+
+    with pytest.raises(UnprintableError) as caught:
+        handle()
+    ours = failure_traceback(caught.value)
+    python = "".join(traceback.format_exception(caught.value))
+    assert ours == re.sub(r"\n *[~^]+(?=\n)", "", python)
+    assert "direct cause" in ours
+    assert "During handling" in ours
+    assert '{}["key"]' in ours
+    assert "<exception str() failed>" in ours
+    assert "^" not in ours
 
 
 @pytest.mark.parametrize(

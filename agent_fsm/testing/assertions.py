@@ -7,6 +7,12 @@ last, so the ``HarnessFailure`` that ``assert_terminates`` raises carries the *s
 the violated invariants and a script with the model's replies in order. It works the same
 under pytest and in a plain script, and honours the active hypothesis settings profile
 (``max_examples`` and the rest) unless ``settings`` is given.
+
+Each hypothesis example plays up to ``BATCH`` behaviours of the agent's catalogue, one run
+each. Hypothesis spends about as much on an example of its own (its bookkeeping, whatever is
+drawn) as a short run costs; shared by a batch, it is an eighth of that, which is most of
+what makes ten thousand runs per CI run affordable. ``max_examples`` still counts runs.
+Behaviours of other strategies (given ``behaviours``, window pressure) play one per example.
 """
 
 from __future__ import annotations
@@ -21,10 +27,47 @@ from agent_fsm.agent import Agent
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.models.base import Model
 from agent_fsm.testing.behaviour import Behaviour
-from agent_fsm.testing.harness import DEFAULT_INPUT, HarnessFailure, LoopRunner, Stage
-from agent_fsm.testing.strategies import behaviours_for, edge_behaviours, window_pressure_for
+from agent_fsm.testing.harness import (
+    DEFAULT_INPUT,
+    HarnessFailure,
+    LoopRunner,
+    Stage,
+    frozen_heap,
+)
+from agent_fsm.testing.strategies import (
+    batches_for,
+    behaviours_for,
+    edge_behaviours,
+    window_pressure_for,
+)
 
-__all__ = ["assert_terminates"]
+__all__ = ["BATCH", "assert_terminates"]
+
+BATCH = 8
+"""Catalogue behaviours played per hypothesis example (see the module). A failing batch
+shrinks as one: the passing behaviours become the simplest ones (all alike, so played once),
+and the failure shows the failing run only."""
+
+
+def _examples(runs: int, per_example: int) -> int:
+    """Hypothesis examples for at least ``runs`` runs: whole batches, and one more, as the
+    first (hypothesis's simplest: all zeros) plays a single behaviour."""
+    return 1 if runs <= 1 else -(-runs // per_example) + (per_example > 1)
+
+
+def _batches(
+    agent: Agent, behaviours: st.SearchStrategy[Behaviour] | None, tool_failures: bool
+) -> tuple[int, st.SearchStrategy[list[Behaviour]]]:
+    """What each example plays, and at most how many runs that is."""
+    if behaviours is None and agent.limits.context_window is None:
+        batches = batches_for(agent, BATCH, tool_failures=tool_failures)
+        if batches is not None:
+            return BATCH, batches
+    if behaviours is None:
+        behaviours = behaviours_for(agent, tool_failures=tool_failures)
+        if agent.limits.context_window is not None:
+            behaviours = st.one_of(behaviours, window_pressure_for(agent))
+    return 1, behaviours.map(lambda behaviour: [behaviour])
 
 
 def assert_terminates(
@@ -53,7 +96,8 @@ def assert_terminates(
         user_input: the message every run starts with.
         behaviours: the behaviours to try; ``behaviours_for(agent)`` by default.
         tool_failures: let generated tool doubles misbehave.
-        max_examples: how many behaviours to try; the active profile's number by default.
+        max_examples: how many behaviours to try at least (runs: rounded up to whole
+            batches); the active profile's number by default.
         settings: hypothesis settings to start from; the active profile by default.
         store: where the generated runs are checkpointed; an in-memory store of the harness
             by default, never the agent's own (a production database stays untouched).
@@ -65,15 +109,12 @@ def assert_terminates(
             behaviour, with a pasteable reproducer (also in its ``reproducer`` attribute).
     """
     stage = Stage(agent, user_input=user_input, store=store, through=through)
-    strategy = behaviours if behaviours is not None else behaviours_for(
-        stage.agent, tool_failures=tool_failures
-    )  # fmt: skip
-    if behaviours is None and stage.agent.limits.context_window is not None:
-        strategy = st.one_of(strategy, window_pressure_for(stage.agent))
+    per_example, batches = _batches(stage.agent, behaviours, tool_failures)
     base = settings if settings is not None else Settings()
+    runs = max_examples if max_examples is not None else base.max_examples
     chosen = Settings(
         base,
-        max_examples=max_examples if max_examples is not None else base.max_examples,
+        max_examples=_examples(runs, per_example),
         deadline=None,
         report_multiple_bugs=False,
         # the explain phase reruns many variants of the shrunk case to annotate it; the
@@ -85,20 +126,23 @@ def assert_terminates(
     loop = LoopRunner()
 
     @chosen
-    @given(behaviour=strategy)
-    def every_run_terminates(behaviour: Behaviour) -> None:
-        case = stage.play(behaviour, loop)
-        if not case.ok:
-            raise HarnessFailure(
-                case,
-                header="assert_terminates: a run of the agent broke a run invariant "
-                "(the minimal case hypothesis found).",
-            )
+    @given(batch=batches)
+    def every_run_terminates(batch: list[Behaviour]) -> None:
+        for behaviour in batch:
+            case = stage.play(behaviour, loop)
+            if not case.ok:
+                raise HarnessFailure(
+                    case,
+                    header="assert_terminates: a run of the agent broke a run invariant "
+                    "(the minimal case hypothesis found).",
+                )
 
     if behaviours is None:
-        for edge in edge_behaviours(stage.agent):
-            every_run_terminates = example(behaviour=edge)(every_run_terminates)
+        edges = edge_behaviours(stage.agent)
+        if edges:
+            every_run_terminates = example(batch=edges)(every_run_terminates)
     try:
-        every_run_terminates()
+        with frozen_heap():
+            every_run_terminates()
     finally:
         loop.close()

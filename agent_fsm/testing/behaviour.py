@@ -481,8 +481,8 @@ CALL_SETS = tuple(
 )
 """Which calls of the call palette a reply makes (one to four, in order)."""
 
-PALETTE = "01234567"
-"""A script's characters: each names one of the eight steps of the palette."""
+PALETTE_STEPS = 8
+"""How many steps the step palette holds: each byte of a script picks one (``pick``)."""
 CALL_BYTES = 2
 """One call of the palette: its kind, then which call of that kind."""
 STEP_BYTES = 5
@@ -497,24 +497,32 @@ class Catalogue:
     """Every step, tool call and tool outcome the harness generates against one agent, by
     kind and simplest first, and how two drawn values pick a ``Behaviour`` from them.
 
-    Hypothesis draws a behaviour as two values (``behaviours_for``): a *block* of
-    ``block_size`` bytes and a *script* of digits. The block holds, in order: the shape
-    (one byte, ``SHAPES``); ``TOOL_BYTES`` for each of ``tool_names`` (its doubles); a
-    palette of ``PALETTE_CALLS`` calls, ``CALL_BYTES`` each; and a palette of eight steps,
-    ``STEP_BYTES`` each, whose replies make calls of the call palette. Each digit of the
-    script names the palette step the model plays at that request. Every byte picks from a
-    list (``pick``), so a zero byte is the simplest choice: hypothesis shrinks a failure by
-    deleting digits from the script and lowering bytes, which ends in few, simple steps.
+    Hypothesis draws a behaviour as one *record* of ``record_size`` bytes (``behaviours_for``;
+    ``batches_for`` draws several records as one value): a *block* of ``block_size`` bytes,
+    a length byte, and a *script* of up to ``max_steps`` bytes, one per model request. The
+    block holds, in order: the shape (one byte, ``SHAPES``); ``TOOL_BYTES`` for each of
+    ``tool_names`` (its doubles); a palette of ``PALETTE_CALLS`` calls, ``CALL_BYTES`` each;
+    and a palette of ``PALETTE_STEPS`` steps, ``STEP_BYTES`` each, whose replies make calls
+    of the call palette. Each byte of the script picks the palette step the model plays at
+    that request. Every byte picks from a list (``pick``), so a zero byte is the simplest
+    choice: hypothesis shrinks a failure by lowering bytes (the length byte first among
+    equals), which ends in few, simple steps.
 
     Why not compose hypothesis strategies (``replies_for``): each hypothesis choice costs
-    20-50 µs and each byte of one about 1 µs. A composed behaviour made some thirty choices,
-    8.4 M instructions (2 ms, twice the run it generated); two values of some sixty bytes
-    cost 2.5 M, most of it hypothesis's own cost of an example. The palettes keep repeats
+    some 200 k instructions, and each byte of a fixed-size one about 5 k (callgrind; a byte
+    of a variable-size one costs twice that, a text character five times). A composed
+    behaviour made some thirty choices, 8.4 M instructions (twice the run it generated); a
+    record costs about 0.4 M, and a share of one choice in a batch. The palettes keep repeats
     (the same step or call again, loops) as likely as a model makes them.
     """
 
     def __init__(
-        self, specs: Sequence[ToolSpec], tool_names: Sequence[str] = (), *, retry_after: bool = True
+        self,
+        specs: Sequence[ToolSpec],
+        tool_names: Sequence[str] = (),
+        *,
+        retry_after: bool = True,
+        max_steps: int = 12,
     ) -> None:
         self.calls = call_kinds(specs)
         self.errors = equal_shares(model_error_kinds(retry_after=retry_after))
@@ -523,12 +531,28 @@ class Catalogue:
         """Every tool has valid arguments here (else generate them from its schema)."""
         self._calls_at = 1 + TOOL_BYTES * len(self.tool_names)
         self._steps_at = self._calls_at + CALL_BYTES * PALETTE_CALLS
-        self.block_size = self._steps_at + STEP_BYTES * len(PALETTE)
+        self.block_size = self._steps_at + STEP_BYTES * PALETTE_STEPS
+        self.max_steps = max_steps
+        self.record_size = self.block_size + 1 + max_steps
 
-    def behaviour(self, block: bytes, script: str) -> Behaviour:
+    def read(self, record: bytes) -> Behaviour:
+        """The behaviour a record of ``record_size`` bytes picks (see the class)."""
+        block, length = record[: self.block_size], record[self.block_size]
+        steps = 1 + length * self.max_steps // 256
+        start = self.block_size + 1
+        return self.behaviour(block, record[start : start + steps])
+
+    def read_batch(self, records: bytes) -> list[Behaviour]:
+        """The behaviours of consecutive records, each once: a record equal to an earlier one
+        (the all-zero start of a search, above all) is skipped, not played twice."""
+        size = self.record_size
+        distinct = dict.fromkeys(records[at : at + size] for at in range(0, len(records), size))
+        return [self.read(record) for record in distinct]
+
+    def behaviour(self, block: bytes, script: bytes) -> Behaviour:
         """The behaviour ``block`` and ``script`` pick (see the class)."""
         shape = pick(SHAPES, block[0])
-        order = [PALETTE.index(digit) for digit in script]
+        order = [byte * PALETTE_STEPS // 256 for byte in script]
         if shape == "one step forever":
             order = order[:1]
         elif shape == "short cycle":

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Callable, Mapping
+import contextlib
+import gc
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,7 +46,15 @@ from agent_fsm.tools.tool import Tool
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent
 
-__all__ = ["DEFAULT_INPUT", "CaseResult", "HarnessFailure", "LoopRunner", "Stage", "run_sync"]
+__all__ = [
+    "DEFAULT_INPUT",
+    "CaseResult",
+    "HarnessFailure",
+    "LoopRunner",
+    "Stage",
+    "frozen_heap",
+    "run_sync",
+]
 
 DEFAULT_INPUT = "Do the task."
 
@@ -64,6 +74,27 @@ def run_sync(make: Callable[[], Awaitable[T]]) -> T:
         return asyncio.run(main())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, main()).result()
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep the objects alive on entry out of the garbage collector's scans until the block
+    ends (``gc.freeze``, then ``gc.unfreeze``).
+
+    Thousands of short runs allocate enough to trigger full collections, and each one
+    scanned every object of the process: hypothesis, pydantic and the agent's modules, which
+    the runs never free. That was a sixth of the harness's time; frozen, the collections
+    scan what the runs made. Nothing is leaked: frozen garbage is collected after the block.
+    A process that froze objects of its own (a pre-forking server) is left as it is.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class LoopRunner:

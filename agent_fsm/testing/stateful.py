@@ -55,7 +55,7 @@ from agent_fsm.run.engine import Run
 from agent_fsm.state import RUN_STATE_ADAPTER, Approval, RunState
 from agent_fsm.table import StopReason
 from agent_fsm.testing.behaviour import Behaviour
-from agent_fsm.testing.harness import DEFAULT_INPUT, LoopRunner, Stage
+from agent_fsm.testing.harness import DEFAULT_INPUT, LoopRunner, Stage, frozen_heap
 from agent_fsm.testing.strategies import behaviours_for, cooperative_behaviours_for
 from agent_fsm.testing.tracking import TrackedRun
 
@@ -420,4 +420,5 @@ def assert_stateful(
         phases=[phase for phase in base.phases if phase is not Phase.explain],
         suppress_health_check=[*base.suppress_health_check, HealthCheck.too_slow],
     )
-    run_state_machine_as_test(agent_state_machine(agent, **options), settings=chosen)
+    with frozen_heap():
+        run_state_machine_as_test(agent_state_machine(agent, **options), settings=chosen)

@@ -56,7 +56,6 @@ from agent_fsm.testing.behaviour import (
     EDGE_REPLIES,
     GARBAGE,
     MALFORMED_ARGUMENTS,
-    PALETTE,
     TEXTS,
     TOOL_OUTCOME_KINDS,
     Behaviour,
@@ -370,16 +369,14 @@ def behaviours_for(
     makes, with misbehaving tool doubles unless ``tool_failures`` is False. Never aborted
     (aborting is the caller's act, not the model's).
 
-    Each behaviour is drawn as two values that the agent's ``Catalogue`` reads (a block of
-    bytes and a script of digits): under a third of the cost of composing ``replies_for``
-    steps, and it shrinks as well. An agent with a tool whose schema defeats the
-    catalogue's argument variants (no candidate is valid) gets the composed strategies,
-    with arguments from hypothesis-jsonschema.
+    Each behaviour is drawn as one record of bytes that the agent's ``Catalogue`` reads: a
+    fifth of the cost of composing ``replies_for`` steps, and it shrinks as well. An agent
+    with a tool whose schema defeats the catalogue's argument variants (no candidate is
+    valid) gets the composed strategies, with arguments from hypothesis-jsonschema.
     """
-    names = [t.name for t in user_tools(agent)] if tool_failures else []
-    catalogue = Catalogue(agent.registry.specs, names)
-    if catalogue.complete:
-        return _read(catalogue, max_steps)
+    catalogue = _catalogue(agent, tool_failures, max_steps)
+    if catalogue is not None:
+        return _read(catalogue)
     steps = replies_for(agent)
     scripts = st.builds(
         Behaviour, st.lists(steps, min_size=1, max_size=max_steps).map(tuple), st.booleans()
@@ -397,12 +394,40 @@ def behaviours_for(
     )
 
 
+def batches_for(
+    agent: Agent, size: int, *, tool_failures: bool = True, max_steps: int = 12
+) -> st.SearchStrategy[list[Behaviour]] | None:
+    """Up to ``size`` different behaviours of ``behaviours_for(agent)`` at a time (``size``
+    but for records drawn alike, which are played once): what ``assert_terminates`` plays per
+    hypothesis example. None for an agent whose tool schemas defeat its ``Catalogue``.
+
+    The records are drawn as one value of bytes, not as a list of them. A list would cost a
+    choice per element, and hypothesis mutates a list by copying one element over another:
+    most of a search would replay behaviours it had already played."""
+    catalogue = _catalogue(agent, tool_failures, max_steps)
+    return _read_batch(catalogue, size) if catalogue is not None else None
+
+
+def _catalogue(agent: Agent, tool_failures: bool, max_steps: int) -> Catalogue | None:
+    """The agent's catalogue, or None when a tool's schema defeats its argument variants."""
+    names = [t.name for t in user_tools(agent)] if tool_failures else []
+    catalogue = Catalogue(agent.registry.specs, names, max_steps=max_steps)
+    return catalogue if catalogue.complete else None
+
+
 @st.composite
-def _read(draw: st.DrawFn, catalogue: Catalogue, max_steps: int) -> Behaviour:
-    """A behaviour of ``catalogue``, from its two drawn values. (Composite rather than mapped
-    or built: hypothesis then shows a failing case as the Behaviour, not as the bytes.)"""
-    block = draw(st.binary(min_size=catalogue.block_size, max_size=catalogue.block_size))
-    return catalogue.behaviour(block, draw(st.text(PALETTE, min_size=1, max_size=max_steps)))
+def _read(draw: st.DrawFn, catalogue: Catalogue) -> Behaviour:
+    """A behaviour of ``catalogue``, from one drawn record. (Composite rather than mapped or
+    built: hypothesis then shows a failing case as the Behaviour, not as the bytes.)"""
+    size = catalogue.record_size
+    return catalogue.read(draw(st.binary(min_size=size, max_size=size)))
+
+
+@st.composite
+def _read_batch(draw: st.DrawFn, catalogue: Catalogue, size: int) -> list[Behaviour]:
+    """Up to ``size`` behaviours of ``catalogue``, from ``size`` records drawn as one value."""
+    length = catalogue.record_size * size
+    return catalogue.read_batch(draw(st.binary(min_size=length, max_size=length)))
 
 
 def edge_behaviours(agent: Agent) -> list[Behaviour]:

@@ -20,7 +20,6 @@ import queue
 import random
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from agent_fsm.failures import describe, is_own_failure
+from agent_fsm.failures import describe, failure_traceback, is_own_failure
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_message
 from agent_fsm.tools.results import (
@@ -337,7 +336,7 @@ async def _attempt(
             raise  # the run's own cancellation (abort, its deadline), or a KeyboardInterrupt
         failure = exc.original if isinstance(exc, _CarriedOut) else exc
         message = f"Tool '{call.name}' failed: {describe(failure)}"
-        where = "".join(traceback.format_exception(failure))[-TRACEBACK_CHARS:]
+        where = failure_traceback(failure)[-TRACEBACK_CHARS:]
         return _Outcome(failure=failure, message=message, traceback=where)
     deadline.finish()
     return _Outcome(value=value)
