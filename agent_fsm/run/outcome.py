@@ -67,32 +67,42 @@ def _context_window(state: RunState, limits: Limits) -> str:
 
 def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str:
     """``RunResult.error`` for a run that stopped in ERROR with ``reason``: what went wrong,
-    with the numbers that tripped the guard."""
-    descriptions = {
-        StopReason.ABORTED: state.abort_reason or "aborted",
-        StopReason.MODEL_ERROR: _model_error(state, limits),
-        StopReason.CONTENT_FILTER: "the provider's content filter withheld the reply",
-        StopReason.REFUSED: "the model declined the request",
-        StopReason.INVALID_OUTPUT: (
-            f"the final answer did not validate {state.output_failures} times "
-            f"(output_retries={limits.output_retries})"
-        ),
-        StopReason.CONSECUTIVE_ERRORS: (
-            f"{state.consecutive_errors} consecutive errors (limit {limits.max_consecutive_errors})"
-        ),
-        StopReason.TOKEN_BUDGET: (
-            f"token budget of {limits.token_budget} exhausted: used "
-            f"{state.usage.total_tokens}, next prompt needs about "
-            f"{calibrated_prompt_tokens(state)}"
-        ),
-        StopReason.CONTEXT_WINDOW: _context_window(state, limits),
-        StopReason.MAX_TURNS: f"all {limits.max_turns} turns used",
-        StopReason.TIMEOUT: (
-            f"timed out after {state.elapsed_s:.3g} s (limit {limits.timeout_s:g} s)"
-        ),
-        StopReason.LOOP_DETECTED: f"loop detected: {state.loop.detected}",
-    }
-    return descriptions.get(reason, reason.value)
+    with the numbers that tripped the guard (only the one asked for is worked out)."""
+    match reason:
+        case StopReason.ABORTED:
+            return state.abort_reason or "aborted"
+        case StopReason.MODEL_ERROR:
+            return _model_error(state, limits)
+        case StopReason.CONTENT_FILTER:
+            return "the provider's content filter withheld the reply"
+        case StopReason.REFUSED:
+            return "the model declined the request"
+        case StopReason.INVALID_OUTPUT:
+            return (
+                f"the final answer did not validate {state.output_failures} times "
+                f"(output_retries={limits.output_retries})"
+            )
+        case StopReason.CONSECUTIVE_ERRORS:
+            return (
+                f"{state.consecutive_errors} consecutive errors "
+                f"(limit {limits.max_consecutive_errors})"
+            )
+        case StopReason.TOKEN_BUDGET:
+            return (
+                f"token budget of {limits.token_budget} exhausted: used "
+                f"{state.usage.total_tokens}, next prompt needs about "
+                f"{calibrated_prompt_tokens(state)}"
+            )
+        case StopReason.CONTEXT_WINDOW:
+            return _context_window(state, limits)
+        case StopReason.MAX_TURNS:
+            return f"all {limits.max_turns} turns used"
+        case StopReason.TIMEOUT:
+            return f"timed out after {state.elapsed_s:.3g} s (limit {limits.timeout_s:g} s)"
+        case StopReason.LOOP_DETECTED:
+            return f"loop detected: {state.loop.detected}"
+        case _:
+            return reason.value
 
 
 def ending_events(state: RunState, row: Row, result: RunResult) -> list[Event]:
