@@ -21,11 +21,13 @@ difference in runs played, so interpreter start-up, imports and the agent's set-
 out. Counts do not move with the machine's load, so they compare two versions of the harness
 where timings cannot. It takes a few minutes.
 
-Measured on a shared 2-core machine (instructions between 304 and 1,000 runs requested):
+Measured on a shared 2-core machine, instructions between 304 and 1,000 runs asked for
+(wall rates vary twofold with the neighbours' load; the highest were on a quiet machine):
 
-    composed strategies, ~30 draws a run (before issue 20):   12.1 M instructions per run
-    Catalogue, a block and a script drawn per run (stop 29):   4.71 M, 430-660 runs/s (memory)
-    eight records drawn as one value per example (stop 30):    see the issue note
+    composed strategies, ~30 draws a run (before issue 20):    12.1 M per run (memory; 100-300)
+    a block and a script drawn per run (stop 29):               4.71 M (memory), 413-585 runs/s
+    eight records drawn as one value per example (stop 30):     2.66 M (memory), 558-900 runs/s
+                                                                2.12 M (none), 664-1,219 runs/s
 """
 
 from __future__ import annotations
