@@ -29,6 +29,7 @@ from agent_fsm.table import (
 from agent_fsm.tokens import calibrate
 
 __all__ = [
+    "CONTROL_STOPS",
     "Approval",
     "ControlKind",
     "ControlRequest",
@@ -70,8 +71,18 @@ class ControlKind(StrEnum):
     APPROVAL = "approval"
 
 
+CONTROL_STOPS: dict[ControlKind, StopReason] = {
+    ControlKind.ASK_USER: StopReason.ASK_USER,
+    ControlKind.FINISH_TASK: StopReason.FINISH_TASK,
+    ControlKind.TERMINAL_TOOL: StopReason.TERMINAL_TOOL,
+    ControlKind.APPROVAL: StopReason.APPROVAL_REQUIRED,
+}
+"""The stop each kind of control request ends the run with, when its row wins."""
+
+
 class ControlRequest(BaseModel):
-    """What a control-flow tool asked for in this turn; read by the P0.5 guards."""
+    """What a control-flow tool asked for in this turn; read by the control guards
+    (``table.CONTROL_GUARDS``), one per kind."""
 
     model_config = _FROZEN
 
@@ -204,7 +215,7 @@ class RunState:
     )
     """The transcript, append-only (``RunContext.append``; the stores refill it on load)."""
     pending_input: list[str] = _declared(
-        L.RUN, "run.observing run.engine run.resuming run.acting run.thinking", factory=list
+        L.RUN, "run.observing run.engine run.resuming run.acting", factory=list
     )
     """User messages (the input, steering, answers, approval outcomes) not yet observed; all
     are taken at the next OBSERVE."""
@@ -226,6 +237,9 @@ class RunState:
     """The last model call wrote the summary a policy asked for."""
     context_problem: str | None = _declared(L.STOP, "run.compacting", None)
     """Why the last compaction left the prompt too big (a policy failed or found nothing)."""
+    correction: str | None = _declared(L.RUN, "run.thinking run.observing", None)
+    """What to tell the model about a final answer that did not validate against the
+    agent's output type (the ``output_rejected`` row); observed, like user input, next."""
     output_failures: int = _declared(L.RUN, "run.thinking run.acting", 0)
     """Final answers that did not validate against the agent's output type, over the run
     (``Limits.output_retries`` bounds them)."""
@@ -235,15 +249,23 @@ class RunState:
     last_tool_calls: int = _declared(L.STOP, "run.thinking run.outcome", 0)
     """Tool calls in the last reply (0 once they are answered by the end of the run)."""
     model_failure: ModelFailure | None = _declared(L.STOP, "run.thinking run.custom", None)
-    control: ControlRequest | None = _declared(L.STOP, "run.acting", None)
+    requests: list[ControlRequest] = _declared(L.STOP, "run.acting", factory=list)
+    """Every control request of the last turn, at most one per kind (ask_user, finish_task,
+    a terminal tool's result, the calls awaiting approval): each is read by its own guard
+    (``table.CONTROL_GUARDS``), and the first REFLECT row that matches decides which ends
+    the run."""
+    control: ControlRequest | None = _declared(L.STOP, "run.outcome", None)
+    """The request the run stopped on (ask_user's question, the approvals it waits for...):
+    recorded from ``requests`` when a control row ends the run."""
     decisions: list[Decision] = _declared(L.RUN, "run.resuming run.acting", factory=list)
     """Approval decisions given on resume, with their calls; carried out and emptied by the
     ACT state the resume leads to (so empty at every stop)."""
     loop: LoopState = _declared(L.RUN, "run.observing", factory=LoopState)
     """Loop-detector memory; its own fields are kept by ``loop.detection``."""
     reflector_done: bool = _declared(L.STOP, "run.reflecting", False)
-    closing: StopReason | None = _declared(L.STOP, "run.answering", None)
-    """The stop a last answer is being written for (LAST_ANSWER): the rows out read it."""
+    closing: StopReason | None = _declared(L.STOP, "run.answering run.compacting", None)
+    """The stop a last answer is being written for (LAST_ANSWER, or COMPACT when its prompt
+    is shrunk first): the rows out read it."""
     last_answers: int = _declared(L.RUN, "run.answering", 0)
     """Last-answer calls made (``Limits.last_answer``), over every activation: model calls
     beyond the turns and retries, at most one per activation."""
@@ -255,9 +277,7 @@ class RunState:
     """For each reopening (after a stop or a crash), how many transitions the trace held then;
     after a stop, the transition at that position is the resume row."""
     abort_reason: str | None = _declared(L.STOP, "run.engine", None)
-    output: str | None = _declared(
-        L.STOP, "run.thinking run.acting run.answering run.outcome", None
-    )
+    output: str | None = _declared(L.STOP, "run.thinking run.answering run.outcome", None)
     error: str | None = _declared(L.STOP, "run.outcome", None)
     stop_reason: StopReason | None = _declared(L.STOP, "run.outcome run.resuming", None)
     """Why the run stopped, while it is in DONE or ERROR; what the resume rows' guards read."""

@@ -27,14 +27,18 @@ from agent_fsm.errors import ConfigError
 
 __all__ = [
     "ANSWER_GUARDS",
+    "CONTROL_GUARDS",
+    "CRASH_GUARD",
     "CustomState",
     "Table",
     "state_named",
     "trigger_named",
     "CLOSING_GUARDS",
     "INITIAL_STATE",
+    "LAST_ANSWER_DUE_GUARD",
     "LAST_ANSWER_GUARD",
     "LAST_CALL_STATE",
+    "LAST_ANSWER_WINDOW_GUARD",
     "TABLE",
     "TERMINAL_STATES",
     "TRIGGER_FOR_STATE",
@@ -43,11 +47,14 @@ __all__ = [
     "RETRY_BUDGET_GUARD",
     "TURN_BUDGET_GUARD",
     "TURN_STATE",
+    "TURN_STATES",
     "AgentState",
     "Row",
     "StopReason",
     "Trigger",
     "Verb",
+    "control_order",
+    "crash_rows",
     "resumable_stops",
     "softened_stop",
 ]
@@ -59,6 +66,9 @@ class AgentState(StrEnum):
     OBSERVE = "OBSERVE"
     COMPACT = "COMPACT"
     """The prompt does not fit the context window: the context policies shrink it."""
+    SUMMARISE = "SUMMARISE"
+    """A context policy asked for a summary of the early conversation: one model call writes
+    it (a turn, paid from the token budget like any other)."""
     THINK = "THINK"
     ACT = "ACT"
     REFLECT = "REFLECT"
@@ -75,12 +85,14 @@ class Trigger(StrEnum):
 
     OBSERVED = "observed"
     COMPACTED = "compacted"
+    SUMMARISED = "summarised"
     THOUGHT = "thought"
     ACTED = "acted"
     REFLECTED = "reflected"
     LAST_ANSWERED = "last_answered"
     RESUMED = "resumed"
-    """Fired by ``Agent.resume`` on a stopped run: the only trigger that leaves DONE or ERROR."""
+    """Fired on a reopened run (``Agent.resume``): the only trigger that leaves DONE or ERROR,
+    and the one that restarts the step a crashed run was in."""
 
 
 class StopReason(StrEnum):
@@ -120,11 +132,15 @@ class Verb(StrEnum):
     COMPACT = "compact"
     """The prompt is too big for the context window: shrink it (COMPACT)."""
     SUMMARISE = "summarise"
-    """A context policy asked for a summary: the model call of this turn writes it."""
+    """A context policy asked for a summary: the model call of this turn writes it
+    (SUMMARISE)."""
     SUMMARISED = "summarised"
     """The summary was written: the shrunk prompt is checked again (OBSERVE)."""
     RETRY = "retry"
     ACT = "act"
+    CORRECT = "correct"
+    """The final answer did not validate against the agent's output type: the correction
+    goes back to the model (through REFLECT, whose limits still decide)."""
     FOLLOW_UP = "follow_up"
     REFLECT = "reflect"
     CONTINUE = "continue"
@@ -138,6 +154,9 @@ class Verb(StrEnum):
     """Resume: an aborted or timed-out run goes on."""
     RECOVER = "recover"
     """Resume: a run that a transient model failure stopped tries again."""
+    RESTART = "restart"
+    """Resume: a run whose process died mid-step does that step's work again, from its last
+    checkpoint (the tool journal answers the calls that ran)."""
 
 
 _STATES = {state.value: state for state in AgentState}
@@ -197,8 +216,14 @@ class Row:
 
     @property
     def resumes(self) -> bool:
-        """A resume row: it leaves a stop and takes the run back into the loop."""
+        """A resume row: it takes a reopened run back into the loop, out of a stop, or into
+        the step it crashed in (``restarts``)."""
         return self.trigger is Trigger.RESUMED
+
+    @property
+    def restarts(self) -> bool:
+        """A resume row that restarts the step a crashed run was in (``CRASH_GUARD``)."""
+        return self.trigger is Trigger.RESUMED and CRASH_GUARD in self.guards
 
 
 S = AgentState
@@ -210,8 +235,12 @@ INITIAL_STATE = S.OBSERVE
 TERMINAL_STATES = frozenset({S.DONE, S.ERROR})
 
 TURN_STATE = S.THINK
-"""Entering this state makes one model call: a row into it counts one turn, or one retry
-when its outcome is ``Verb.RETRY``."""
+"""Entering this state makes the turn's model call: a row into it counts one turn, or one
+retry when its outcome is ``Verb.RETRY``."""
+
+TURN_STATES = frozenset({S.THINK, S.SUMMARISE})
+"""The states of the default loop whose entry makes one model call counted as a turn (or a
+retry): THINK, and SUMMARISE, whose call writes a summary."""
 
 TURN_BUDGET_GUARD = "no_turns_left"
 """The guard that is true when no turn remains; it gates every cycle of the loop."""
@@ -231,6 +260,16 @@ Each such row stands right before the stop row it softens, with that row's guard
 one; the verifier checks the pairing, and the bound counts the last answer only when the
 limits want it."""
 
+LAST_ANSWER_WINDOW_GUARD = "prompt_exceeds_window"
+"""With ``LAST_ANSWER_GUARD`` and a limit's guards, on a row into COMPACT right before the
+row into ``LAST_CALL_STATE`` it belongs to: the last answer's prompt does not fit the context
+window, so the context policies shrink it first (COMPACT, without a summary: there is no
+call to spare for one), through the same rows as any prompt."""
+
+LAST_ANSWER_DUE_GUARD = "last_answer_due"
+"""The guard of the COMPACT row that goes on into ``LAST_CALL_STATE`` once the last answer's
+prompt was compacted: COMPACT's work records the stop it compacts for (``RunState.closing``)."""
+
 CLOSING_GUARDS: dict[str, StopReason] = {
     "closing_on_token_budget": R.TOKEN_BUDGET,
     "closing_on_max_turns": R.MAX_TURNS,
@@ -242,24 +281,45 @@ the last call's own tokens or time would trip. The last row out, unguarded, take
 remaining way in: loop detection."""
 
 RESUME_TRIGGER = T.RESUMED
-"""The trigger of the resume rows: fired only on a stopped run, by ``Agent.resume``."""
+"""The trigger of the resume rows: fired only on a reopened run, by ``Agent.resume``."""
+
+CRASH_GUARD = "stopped_by_crash"
+"""The stop guard of the rows that restart a step (``Verb.RESTART``): the run did not stop,
+its process died mid-step, and it is reopened from its last checkpoint. Each such row leaves
+a loop state for itself, so the step is done again; a state without one cannot be recovered
+after a crash."""
 
 STOP_GUARDS: dict[str, frozenset[StopReason]] = {
     "stopped_to_ask_user": frozenset({R.ASK_USER}),
     "stopped_for_approval": frozenset({R.APPROVAL_REQUIRED}),
     "stopped_by_interruption": frozenset({R.ABORTED, R.TIMEOUT}),
     "stopped_by_transient_model_failure": frozenset({R.MODEL_ERROR}),
+    CRASH_GUARD: frozenset(),
 }
-"""The guards that say which stop a resume row leaves, and the stop reasons each accepts. Every
-resume row names exactly one of them (the verifier checks), so the rows alone say which stops
-can be resumed: ``resumable_stops``."""
+"""The guards that say which stop a resume row leaves, and the stop reasons each accepts (a
+crash is no stop: ``CRASH_GUARD`` accepts none). Every resume row names exactly one of them
+(the verifier checks), so the rows alone say which stops can be resumed:
+``resumable_stops``."""
 
 ANSWER_GUARDS = frozenset({"reply_given", "approvals_decided"})
 """The guards of resume rows that read the answer a resume gives, rather than the stop."""
 
+CONTROL_GUARDS: dict[str, StopReason] = {
+    "ask_user_called": R.ASK_USER,
+    "finish_task_called": R.FINISH_TASK,
+    "terminal_tool_succeeded": R.TERMINAL_TOOL,
+    "approval_pending": R.APPROVAL_REQUIRED,
+}
+"""The guards that read the control requests of a turn (``RunState.requests``), each true
+when the turn made a request of its kind, with the stop its row ends the run with. A turn
+may make several (ask_user and finish_task in one reply, a terminal tool beside calls that
+wait for approval): the REFLECT rows that name these guards decide which one ends the run,
+first match first (``control_order``)."""
+
 TRIGGER_FOR_STATE: dict[AgentState, Trigger] = {
     S.OBSERVE: T.OBSERVED,
     S.COMPACT: T.COMPACTED,
+    S.SUMMARISE: T.SUMMARISED,
     S.THINK: T.THOUGHT,
     S.ACT: T.ACTED,
     S.REFLECT: T.REFLECTED,
@@ -267,12 +327,24 @@ TRIGGER_FOR_STATE: dict[AgentState, Trigger] = {
 }
 
 
-def _last_answer_before(trigger: Trigger, source: AgentState, *limit: str) -> Row:
-    """The row into LAST_ANSWER that softens the stop row right after it, guarded by
-    ``limit``: taken instead of that row when the limits want a last answer. Its own guard
-    comes first: it is the cheapest, and false by default, so the limit's guard (a prompt
-    estimate, for the budget) is not evaluated twice on every turn."""
-    return Row(trigger, source, S.LAST_ANSWER, (LAST_ANSWER_GUARD, *limit), V.LAST_ANSWER)
+def _last_answer_before(trigger: Trigger, source: AgentState, *limit: str) -> tuple[Row, ...]:
+    """The rows into LAST_ANSWER that soften the stop row right after them, guarded by
+    ``limit``: taken instead of that row when the limits want a last answer; through COMPACT
+    first when its prompt does not fit the window (``LAST_ANSWER_WINDOW_GUARD``). Their own
+    guard comes first: it is the cheapest, and false by default, so the limit's guard (a
+    prompt estimate, for the budget) is not evaluated twice on every turn. A state whose
+    prompt was just checked against the window, or just compacted (OBSERVE, COMPACT), goes
+    straight into LAST_ANSWER."""
+    into = Row(trigger, source, S.LAST_ANSWER, (LAST_ANSWER_GUARD, *limit), V.LAST_ANSWER)
+    if source in (S.OBSERVE, S.COMPACT):
+        return (into,)
+    shrink = (LAST_ANSWER_GUARD, *limit, LAST_ANSWER_WINDOW_GUARD)
+    return (Row(trigger, source, S.COMPACT, shrink, V.COMPACT), into)
+
+
+def crash_rows(*states: AgentState | str) -> tuple[Row, ...]:
+    """The rows that restart each of ``states`` after a crash (``CRASH_GUARD``)."""
+    return tuple(Row(T.RESUMED, state, state, (CRASH_GUARD,), V.RESTART) for state in states)
 
 
 TABLE: tuple[Row, ...] = (
@@ -283,26 +355,64 @@ TABLE: tuple[Row, ...] = (
     # is preceded by its row into LAST_ANSWER (``Limits.last_answer``; the verifier's rule 5).
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.OBSERVED, S.OBSERVE, S.COMPACT, ("prompt_exceeds_window",), V.COMPACT),
-    _last_answer_before(T.OBSERVED, S.OBSERVE, "prompt_exceeds_budget"),
+    *_last_answer_before(T.OBSERVED, S.OBSERVE, "prompt_exceeds_budget"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
-    _last_answer_before(T.OBSERVED, S.OBSERVE, "no_turns_left"),
+    *_last_answer_before(T.OBSERVED, S.OBSERVE, "no_turns_left"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     Row(T.OBSERVED, S.OBSERVE, S.THINK, (), V.THINK),
     # COMPACT: the context policies have shrunk the prompt, or asked for a summary, which
     # is a model call like any other: it takes a turn and is paid from the token budget.
+    # Entered for a last answer (a row guarded by LAST_ANSWER_WINDOW_GUARD), it goes on
+    # into LAST_ANSWER.
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("abort_requested",), R.ABORTED),
-    _last_answer_before(T.COMPACTED, S.COMPACT, "no_turns_left"),
+    Row(
+        T.COMPACTED,
+        S.COMPACT,
+        S.LAST_ANSWER,
+        (LAST_ANSWER_GUARD, LAST_ANSWER_DUE_GUARD),
+        V.LAST_ANSWER,
+    ),
+    *_last_answer_before(T.COMPACTED, S.COMPACT, "no_turns_left"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
-    _last_answer_before(T.COMPACTED, S.COMPACT, "budget_exhausted"),
+    *_last_answer_before(T.COMPACTED, S.COMPACT, "budget_exhausted"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
-    Row(T.COMPACTED, S.COMPACT, S.THINK, ("summary_requested",), V.SUMMARISE),
+    Row(T.COMPACTED, S.COMPACT, S.SUMMARISE, ("summary_requested",), V.SUMMARISE),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_window",), R.CONTEXT_WINDOW),
-    _last_answer_before(T.COMPACTED, S.COMPACT, "prompt_exceeds_budget"),
+    *_last_answer_before(T.COMPACTED, S.COMPACT, "prompt_exceeds_budget"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
     Row(T.COMPACTED, S.COMPACT, S.THINK, (), V.THINK),
+    # SUMMARISE: the model call of this turn wrote the summary a policy asked for (or failed:
+    # then the same ways out as a failed call in THINK, retries included).
+    Row(T.SUMMARISED, S.SUMMARISE, S.ERROR, ("abort_requested",), R.ABORTED),
+    *_last_answer_before(T.SUMMARISED, S.SUMMARISE, "model_call_failed", "time_is_up"),
+    Row(T.SUMMARISED, S.SUMMARISE, S.ERROR, ("model_call_failed", "time_is_up"), R.TIMEOUT),
+    Row(
+        T.SUMMARISED,
+        S.SUMMARISE,
+        S.ERROR,
+        ("model_call_failed", "model_error_is_permanent"),
+        R.MODEL_ERROR,
+    ),
+    Row(
+        T.SUMMARISED,
+        S.SUMMARISE,
+        S.ERROR,
+        ("model_call_failed", "no_retries_left"),
+        R.MODEL_ERROR,
+    ),
+    *_last_answer_before(T.SUMMARISED, S.SUMMARISE, "model_call_failed", "budget_exhausted"),
+    Row(
+        T.SUMMARISED,
+        S.SUMMARISE,
+        S.ERROR,
+        ("model_call_failed", "budget_exhausted"),
+        R.TOKEN_BUDGET,
+    ),
+    Row(T.SUMMARISED, S.SUMMARISE, S.SUMMARISE, ("model_call_failed",), V.RETRY),
+    Row(T.SUMMARISED, S.SUMMARISE, S.OBSERVE, (), V.SUMMARISED),
     # THINK: one model call was made (turn += 1); what did it produce?
     Row(T.THOUGHT, S.THINK, S.ERROR, ("abort_requested",), R.ABORTED),
-    _last_answer_before(T.THOUGHT, S.THINK, "model_call_failed", "time_is_up"),
+    *_last_answer_before(T.THOUGHT, S.THINK, "model_call_failed", "time_is_up"),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "time_is_up"), R.TIMEOUT),
     Row(
         T.THOUGHT,
@@ -312,7 +422,7 @@ TABLE: tuple[Row, ...] = (
         R.MODEL_ERROR,
     ),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "no_retries_left"), R.MODEL_ERROR),
-    _last_answer_before(T.THOUGHT, S.THINK, "model_call_failed", "prompt_exceeds_budget"),
+    *_last_answer_before(T.THOUGHT, S.THINK, "model_call_failed", "prompt_exceeds_budget"),
     Row(
         T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "prompt_exceeds_budget"), R.TOKEN_BUDGET
     ),
@@ -326,10 +436,12 @@ TABLE: tuple[Row, ...] = (
         V.COMPACT,
     ),
     Row(T.THOUGHT, S.THINK, S.THINK, ("model_call_failed",), V.RETRY),
-    Row(T.THOUGHT, S.THINK, S.OBSERVE, ("summary_written",), V.SUMMARISED),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_filtered",), R.CONTENT_FILTER),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_refused",), R.REFUSED),
     Row(T.THOUGHT, S.THINK, S.ACT, ("reply_has_tool_calls",), V.ACT),
+    # A final answer that did not validate against the output type: the correction goes back
+    # to the model (through REFLECT, whose limits decide, ``output_retries`` among them).
+    Row(T.THOUGHT, S.THINK, S.REFLECT, ("output_rejected",), V.CORRECT),
     # A reply that would end the run, while the caller has queued more input: go round again
     # (through REFLECT, so the budget guards still decide).
     Row(T.THOUGHT, S.THINK, S.REFLECT, ("input_waiting",), V.FOLLOW_UP),
@@ -337,7 +449,9 @@ TABLE: tuple[Row, ...] = (
     Row(T.THOUGHT, S.THINK, S.DONE, (), R.FINAL_ANSWER),
     # ACT: the reply's tool calls have all been answered.
     Row(T.ACTED, S.ACT, S.REFLECT, (), V.REFLECT),
-    # REFLECT: evaluate the run; the order below is the guard priority.
+    # REFLECT: evaluate the run; the order below is the guard priority. The control rows
+    # (``CONTROL_GUARDS``) decide among the requests of one turn: the first that matches ends
+    # the run, and ACT answers the turn's calls in this same order (``control_order``).
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("abort_requested",), R.ABORTED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("ask_user_called",), R.ASK_USER),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("finish_task_called",), R.FINISH_TASK),
@@ -345,13 +459,13 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("approval_pending",), R.APPROVAL_REQUIRED),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("too_many_errors",), R.CONSECUTIVE_ERRORS),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("output_retries_exhausted",), R.INVALID_OUTPUT),
-    _last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),
+    *_last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
-    _last_answer_before(T.REFLECTED, S.REFLECT, "no_turns_left"),
+    *_last_answer_before(T.REFLECTED, S.REFLECT, "no_turns_left"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
-    _last_answer_before(T.REFLECTED, S.REFLECT, "time_is_up"),
+    *_last_answer_before(T.REFLECTED, S.REFLECT, "time_is_up"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("time_is_up",), R.TIMEOUT),
-    _last_answer_before(T.REFLECTED, S.REFLECT, "is_looping"),
+    *_last_answer_before(T.REFLECTED, S.REFLECT, "is_looping"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("is_looping",), R.LOOP_DETECTED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("reflector_says_done",), R.REFLECTOR_DONE),
     Row(T.REFLECTED, S.REFLECT, S.OBSERVE, (), V.CONTINUE),
@@ -368,6 +482,9 @@ TABLE: tuple[Row, ...] = (
     Row(T.RESUMED, S.DONE, S.ACT, ("stopped_for_approval", "approvals_decided"), V.CARRY_OUT),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_interruption",), V.RESUME),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_transient_model_failure",), V.RECOVER),
+    # A run whose process died mid-step is reopened where its last checkpoint left it, and
+    # does that step again (the tool journal keeps a call that ran from running twice).
+    *crash_rows(S.OBSERVE, S.COMPACT, S.SUMMARISE, S.THINK, S.ACT, S.REFLECT, S.LAST_ANSWER),
 )
 """The loop, in priority order. Change it and ``machine.py`` re-verifies it at construction."""
 
@@ -396,19 +513,48 @@ def resumable_stops(rows: tuple[Row, ...]) -> frozenset[StopReason]:
 
 
 def softened_stop(rows: tuple[Row, ...], index: int) -> StopReason | None:
-    """The stop reason of the row that ``rows[index]``, a row into ``LAST_CALL_STATE``,
-    softens: the next row, of the same group, with the same guards but
-    ``LAST_ANSWER_GUARD``, into DONE or ERROR. None when there is no such row (the verifier
-    refuses that table)."""
+    """The stop reason of the row that ``rows[index]`` softens: for a row into
+    ``LAST_CALL_STATE``, the next row, of the same group, with the same guards but
+    ``LAST_ANSWER_GUARD``, into DONE or ERROR; for the row into COMPACT right before it (its
+    guards and ``LAST_ANSWER_WINDOW_GUARD``), that row's. None when there is no such row (the
+    verifier refuses that table)."""
     row = rows[index]
-    if index + 1 >= len(rows):
+    if LAST_ANSWER_GUARD not in row.guards or index + 1 >= len(rows):
         return None
-    stop = rows[index + 1]
-    if (stop.trigger, stop.source) == (row.trigger, row.source) and set(stop.guards) == set(
-        row.guards
-    ) - {LAST_ANSWER_GUARD}:
-        return stop.stop_reason
+    after = rows[index + 1]
+    if (after.trigger, after.source) != (row.trigger, row.source):
+        return None
+    if row.dest is AgentState.COMPACT:
+        shrinks = after.dest == LAST_CALL_STATE and set(after.guards) == set(row.guards) - {
+            LAST_ANSWER_WINDOW_GUARD
+        }
+        return softened_stop(rows, index + 1) if shrinks else None
+    if row.dest == LAST_CALL_STATE and set(after.guards) == set(row.guards) - {LAST_ANSWER_GUARD}:
+        return after.stop_reason
     return None
+
+
+_CONTROL_ORDERS: dict[int, tuple[tuple[Row, ...], tuple[StopReason, ...]]] = {}
+
+
+def control_order(rows: tuple[Row, ...]) -> tuple[StopReason, ...]:
+    """The control stops (``CONTROL_GUARDS``) in the order the REFLECT rows try them: the
+    priority among the requests of one turn. ACT answers a turn's calls in this order (a
+    turn that calls ask_user and finish_task answers the first-ranked as made and skips the
+    other), so the transcript agrees with the row that ends the run."""
+    known = _CONTROL_ORDERS.get(id(rows))
+    if known is not None and known[0] is rows:
+        return known[1]
+    order: list[StopReason] = []
+    for row in rows:
+        if row.trigger is Trigger.REFLECTED:
+            for guard in row.guards:
+                stop = CONTROL_GUARDS.get(guard)
+                if stop is not None and stop not in order:
+                    order.append(stop)
+    if len(_CONTROL_ORDERS) < 256:  # a handful of tables per process
+        _CONTROL_ORDERS[id(rows)] = (rows, tuple(order))
+    return tuple(order)
 
 
 StateWork = Callable[[Any], Awaitable[None] | None]
@@ -470,8 +616,14 @@ class Table:
         return cls(rows=TABLE)
 
     def with_states(self, *states: CustomState) -> Table:
-        """This table with ``states`` added."""
-        return Table(self.rows, (*self.states, *states), self.guards)
+        """This table with ``states`` added, each with its crash row (``crash_rows``): a run
+        whose process died in one of them does its work again when reopened. Remove a crash
+        row (``replace((name, "restart"))``) to refuse that instead."""
+        return Table(
+            (*self.rows, *crash_rows(*(state.name for state in states))),
+            (*self.states, *states),
+            self.guards,
+        )
 
     def with_guards(self, **guards: Callable[..., bool]) -> Table:
         """This table with the named ``guards`` added (a later one replaces an earlier one of

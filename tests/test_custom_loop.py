@@ -146,8 +146,8 @@ def test_rows_must_name_known_states_and_states_need_rows() -> None:
 def test_the_examples_verify_and_their_bounds_count_every_model_call() -> None:
     plan = Agent(model=ScriptedModel([]), table=PLAN.TABLE, limits=Limits(max_turns=10))
     judged = Agent(model=ScriptedModel([]), table=JUDGED.TABLE, limits=Limits(max_turns=10))
-    assert plan._config.machine.counting == {AgentState.THINK}
-    assert judged._config.machine.counting == {AgentState.THINK, "JUDGE"}
+    assert plan._config.machine.counting == {AgentState.THINK, AgentState.SUMMARISE}
+    assert judged._config.machine.counting == {AgentState.THINK, AgentState.SUMMARISE, "JUDGE"}
     for agent in (plan, judged):
         assert agent.bound.model_calls == 10 + agent.limits.model_retries_per_run
 

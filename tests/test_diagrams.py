@@ -44,31 +44,45 @@ stateDiagram-v2
     OBSERVE --> ERROR : observed #6 [no_turns_left] max_turns
     OBSERVE --> THINK : observed #7 [else] think
     COMPACT --> ERROR : compacted #1 [abort_requested] aborted
-    COMPACT --> LAST_ANSWER : compacted #2 [last_answer_wanted ∧ no_turns_left] last_answer
-    COMPACT --> ERROR : compacted #3 [no_turns_left] max_turns
-    COMPACT --> LAST_ANSWER : compacted #4 [last_answer_wanted ∧ budget_exhausted] last_answer
-    COMPACT --> ERROR : compacted #5 [budget_exhausted] token_budget
-    COMPACT --> THINK : compacted #6 [summary_requested] summarise
-    COMPACT --> ERROR : compacted #7 [prompt_exceeds_window] context_window
-    COMPACT --> LAST_ANSWER : compacted #8 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
-    COMPACT --> ERROR : compacted #9 [prompt_exceeds_budget] token_budget
-    COMPACT --> THINK : compacted #10 [else] think
+    COMPACT --> LAST_ANSWER : compacted #2 [last_answer_wanted ∧ last_answer_due] last_answer
+    COMPACT --> LAST_ANSWER : compacted #3 [last_answer_wanted ∧ no_turns_left] last_answer
+    COMPACT --> ERROR : compacted #4 [no_turns_left] max_turns
+    COMPACT --> LAST_ANSWER : compacted #5 [last_answer_wanted ∧ budget_exhausted] last_answer
+    COMPACT --> ERROR : compacted #6 [budget_exhausted] token_budget
+    COMPACT --> SUMMARISE : compacted #7 [summary_requested] summarise
+    COMPACT --> ERROR : compacted #8 [prompt_exceeds_window] context_window
+    COMPACT --> LAST_ANSWER : compacted #9 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
+    COMPACT --> ERROR : compacted #10 [prompt_exceeds_budget] token_budget
+    COMPACT --> THINK : compacted #11 [else] think
+    SUMMARISE --> ERROR : summarised #1 [abort_requested] aborted
+    SUMMARISE --> COMPACT : summarised #2 [last_answer_wanted ∧ model_call_failed ∧ time_is_up ∧ prompt_exceeds_window] compact
+    SUMMARISE --> LAST_ANSWER : summarised #3 [last_answer_wanted ∧ model_call_failed ∧ time_is_up] last_answer
+    SUMMARISE --> ERROR : summarised #4 [model_call_failed ∧ time_is_up] timeout
+    SUMMARISE --> ERROR : summarised #5 [model_call_failed ∧ model_error_is_permanent] model_error
+    SUMMARISE --> ERROR : summarised #6 [model_call_failed ∧ no_retries_left] model_error
+    SUMMARISE --> COMPACT : summarised #7 [last_answer_wanted ∧ model_call_failed ∧ budget_exhausted ∧ prompt_exceeds_window] compact
+    SUMMARISE --> LAST_ANSWER : summarised #8 [last_answer_wanted ∧ model_call_failed ∧ budget_exhausted] last_answer
+    SUMMARISE --> ERROR : summarised #9 [model_call_failed ∧ budget_exhausted] token_budget
+    SUMMARISE --> SUMMARISE : summarised #10 [model_call_failed] retry
+    SUMMARISE --> OBSERVE : summarised #11 [else] summarised
     THINK --> ERROR : thought #1 [abort_requested] aborted
-    THINK --> LAST_ANSWER : thought #2 [last_answer_wanted ∧ model_call_failed ∧ time_is_up] last_answer
-    THINK --> ERROR : thought #3 [model_call_failed ∧ time_is_up] timeout
-    THINK --> ERROR : thought #4 [model_call_failed ∧ model_error_is_permanent] model_error
-    THINK --> ERROR : thought #5 [model_call_failed ∧ no_retries_left] model_error
-    THINK --> LAST_ANSWER : thought #6 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget] last_answer
-    THINK --> ERROR : thought #7 [model_call_failed ∧ prompt_exceeds_budget] token_budget
-    THINK --> COMPACT : thought #8 [model_call_failed ∧ prompt_exceeds_window] compact
-    THINK --> THINK : thought #9 [model_call_failed] retry
-    THINK --> OBSERVE : thought #10 [summary_written] summarised
-    THINK --> ERROR : thought #11 [reply_was_filtered] content_filter
-    THINK --> ERROR : thought #12 [reply_was_refused] refused
-    THINK --> ACT : thought #13 [reply_has_tool_calls] act
-    THINK --> REFLECT : thought #14 [input_waiting] follow_up
-    THINK --> DONE : thought #15 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #16 [else] final_answer
+    THINK --> COMPACT : thought #2 [last_answer_wanted ∧ model_call_failed ∧ time_is_up ∧ prompt_exceeds_window] compact
+    THINK --> LAST_ANSWER : thought #3 [last_answer_wanted ∧ model_call_failed ∧ time_is_up] last_answer
+    THINK --> ERROR : thought #4 [model_call_failed ∧ time_is_up] timeout
+    THINK --> ERROR : thought #5 [model_call_failed ∧ model_error_is_permanent] model_error
+    THINK --> ERROR : thought #6 [model_call_failed ∧ no_retries_left] model_error
+    THINK --> COMPACT : thought #7 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget ∧ prompt_exceeds_window] compact
+    THINK --> LAST_ANSWER : thought #8 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget] last_answer
+    THINK --> ERROR : thought #9 [model_call_failed ∧ prompt_exceeds_budget] token_budget
+    THINK --> COMPACT : thought #10 [model_call_failed ∧ prompt_exceeds_window] compact
+    THINK --> THINK : thought #11 [model_call_failed] retry
+    THINK --> ERROR : thought #12 [reply_was_filtered] content_filter
+    THINK --> ERROR : thought #13 [reply_was_refused] refused
+    THINK --> ACT : thought #14 [reply_has_tool_calls] act
+    THINK --> REFLECT : thought #15 [output_rejected] correct
+    THINK --> REFLECT : thought #16 [input_waiting] follow_up
+    THINK --> DONE : thought #17 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #18 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
@@ -77,16 +91,20 @@ stateDiagram-v2
     REFLECT --> DONE : reflected #5 [approval_pending] approval_required
     REFLECT --> ERROR : reflected #6 [too_many_errors] consecutive_errors
     REFLECT --> ERROR : reflected #7 [output_retries_exhausted] invalid_output
-    REFLECT --> LAST_ANSWER : reflected #8 [last_answer_wanted ∧ budget_exhausted] last_answer
-    REFLECT --> ERROR : reflected #9 [budget_exhausted] token_budget
-    REFLECT --> LAST_ANSWER : reflected #10 [last_answer_wanted ∧ no_turns_left] last_answer
-    REFLECT --> ERROR : reflected #11 [no_turns_left] max_turns
-    REFLECT --> LAST_ANSWER : reflected #12 [last_answer_wanted ∧ time_is_up] last_answer
-    REFLECT --> ERROR : reflected #13 [time_is_up] timeout
-    REFLECT --> LAST_ANSWER : reflected #14 [last_answer_wanted ∧ is_looping] last_answer
-    REFLECT --> ERROR : reflected #15 [is_looping] loop_detected
-    REFLECT --> DONE : reflected #16 [reflector_says_done] reflector_done
-    REFLECT --> OBSERVE : reflected #17 [else] continue
+    REFLECT --> COMPACT : reflected #8 [last_answer_wanted ∧ budget_exhausted ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #9 [last_answer_wanted ∧ budget_exhausted] last_answer
+    REFLECT --> ERROR : reflected #10 [budget_exhausted] token_budget
+    REFLECT --> COMPACT : reflected #11 [last_answer_wanted ∧ no_turns_left ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #12 [last_answer_wanted ∧ no_turns_left] last_answer
+    REFLECT --> ERROR : reflected #13 [no_turns_left] max_turns
+    REFLECT --> COMPACT : reflected #14 [last_answer_wanted ∧ time_is_up ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #15 [last_answer_wanted ∧ time_is_up] last_answer
+    REFLECT --> ERROR : reflected #16 [time_is_up] timeout
+    REFLECT --> COMPACT : reflected #17 [last_answer_wanted ∧ is_looping ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #18 [last_answer_wanted ∧ is_looping] last_answer
+    REFLECT --> ERROR : reflected #19 [is_looping] loop_detected
+    REFLECT --> DONE : reflected #20 [reflector_says_done] reflector_done
+    REFLECT --> OBSERVE : reflected #21 [else] continue
     LAST_ANSWER --> ERROR : last_answered #1 [closing_on_token_budget] token_budget
     LAST_ANSWER --> ERROR : last_answered #2 [closing_on_max_turns] max_turns
     LAST_ANSWER --> ERROR : last_answered #3 [closing_on_timeout] timeout
@@ -95,6 +113,13 @@ stateDiagram-v2
     DONE --> ACT : ⟲ resumed #2 [stopped_for_approval ∧ approvals_decided] carry_out
     ERROR --> OBSERVE : ⟲ resumed #1 [stopped_by_interruption] resume
     ERROR --> OBSERVE : ⟲ resumed #2 [stopped_by_transient_model_failure] recover
+    OBSERVE --> OBSERVE : ⟲ resumed #1 [stopped_by_crash] restart
+    COMPACT --> COMPACT : ⟲ resumed #1 [stopped_by_crash] restart
+    SUMMARISE --> SUMMARISE : ⟲ resumed #1 [stopped_by_crash] restart
+    THINK --> THINK : ⟲ resumed #1 [stopped_by_crash] restart
+    ACT --> ACT : ⟲ resumed #1 [stopped_by_crash] restart
+    REFLECT --> REFLECT : ⟲ resumed #1 [stopped_by_crash] restart
+    LAST_ANSWER --> LAST_ANSWER : ⟲ resumed #1 [stopped_by_crash] restart
     DONE --> [*]
     ERROR --> [*]
 """
@@ -137,7 +162,7 @@ def test_every_row_is_one_edge_with_priority_and_guards() -> None:
     dot = render(TABLE, "dot")
     edges = [line for line in dot.splitlines() if " -> " in line and "__start" not in line]
     assert len(edges) == len(TABLE)
-    assert 'REFLECT -> OBSERVE [label="reflected #17 [else] continue"];' in dot
+    assert 'REFLECT -> OBSERVE [label="reflected #21 [else] continue"];' in dot
     assert "DONE [shape=doublecircle];" in dot
     assert "ERROR [shape=doublecircle];" in dot
 
@@ -167,11 +192,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    OBSERVE --> THINK : observed #7 [else] think ×3\n" in mermaid
-    assert "    THINK --> ACT : thought #13 [reply_has_tool_calls] act ×2\n" in mermaid
-    assert "    REFLECT --> OBSERVE : reflected #17 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #16 [else] final_answer ×1\n" in mermaid
+    assert "    THINK --> ACT : thought #14 [reply_has_tool_calls] act ×2\n" in mermaid
+    assert "    REFLECT --> OBSERVE : reflected #21 [else] continue ×2\n" in mermaid
+    assert "    THINK --> DONE : thought #18 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #15 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #17 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -192,7 +217,7 @@ def test_dot_overlay_colours_and_counts() -> None:
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #15')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #17')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot
@@ -206,7 +231,7 @@ def test_overlay_of_a_failed_run_marks_error() -> None:
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    class ERROR stopped_error\n" in mermaid
     assert "note right of ERROR : stopped﹕ max_turns, 2 turns" in mermaid
-    assert "    REFLECT --> ERROR : reflected #11 [no_turns_left] max_turns ×1\n" in mermaid
+    assert "    REFLECT --> ERROR : reflected #13 [no_turns_left] max_turns ×1\n" in mermaid
     assert "class DONE" not in mermaid
     assert 'ERROR [style="rounded,filled", fillcolor="#fee2e2"' in render(TABLE, "dot", run=result)
 

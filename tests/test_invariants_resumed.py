@@ -183,8 +183,14 @@ async def test_a_crash_at_every_checkpoint_resumes_from_sqlite(tmp_path: Path) -
             run = agent.reopen(run_id)  # a fresh process: reopen, then drive it
             resumed = await run.run()
         assert resumed.messages == finished.messages
-        # a crash does not break the path: the trace is the uninterrupted one, marked
-        assert [(e.source, e.dest) for e in resumed.trace] == [
+        # a crash does not break the path: the trace is the uninterrupted one, with the row
+        # that restarted the step of the checkpoint where the run was reopened
+        (restart,) = [i for i, e in enumerate(resumed.trace) if e.label == "restart"]
+        assert resumed.resumed_at == (restart,)
+        entry = resumed.trace[restart]
+        assert entry.source == entry.dest == RUN_STATE_ADAPTER.validate_json(snapshot).state
+        assert entry.guards == ("stopped_by_crash",)
+        assert [(e.source, e.dest) for e in resumed.trace if e.label != "restart"] == [
             (e.source, e.dest) for e in finished.trace
         ]
         _check(resumed, agent)
@@ -317,7 +323,8 @@ async def test_a_crash_resume_must_continue_where_the_checkpoint_was() -> None:
     trace[3] = dataclasses.replace(trace[3], source=AgentState.OBSERVE)
     found = _violations(resumed.model_copy(update={"trace": tuple(trace)}), again)
     assert "trace jumps from REFLECT to OBSERVE at 3" in found
-    assert len(finished.trace) == len(resumed.trace)
+    assert resumed.trace[3].label == "restart"  # REFLECT, done again
+    assert len(finished.trace) + 1 == len(resumed.trace)
 
 
 def test_a_live_trace_resumed_but_not_yet_stepped_leads_to_its_resume_state() -> None:

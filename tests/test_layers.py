@@ -75,6 +75,7 @@ LAYERS = [
     "run.observing",
     "run.compacting",
     "run.thinking",
+    "run.summarising",
     "run.custom",
     "run.approvals",
     "run.acting",

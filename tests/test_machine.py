@@ -23,7 +23,9 @@ S, T = AgentState, Trigger
 
 
 def _rows(state: AgentState) -> list[tuple[tuple[str, ...], str]]:
-    return [(row.guards, row.label) for row in TABLE if row.source is state]
+    """The rows that leave ``state`` within the loop, in priority order (without the row
+    that restarts it after a crash: ``test_resume_rows``)."""
+    return [(row.guards, row.label) for row in TABLE if row.source is state and not row.resumes]
 
 
 def test_reflect_priority_order_is_pinned() -> None:
@@ -35,12 +37,16 @@ def test_reflect_priority_order_is_pinned() -> None:
         (("approval_pending",), "approval_required"),
         (("too_many_errors",), "consecutive_errors"),
         (("output_retries_exhausted",), "invalid_output"),
+        (("last_answer_wanted", "budget_exhausted", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "budget_exhausted"), "last_answer"),
         (("budget_exhausted",), "token_budget"),
+        (("last_answer_wanted", "no_turns_left", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "no_turns_left"), "last_answer"),
         (("no_turns_left",), "max_turns"),
+        (("last_answer_wanted", "time_is_up", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "time_is_up"), "last_answer"),
         (("time_is_up",), "timeout"),
+        (("last_answer_wanted", "is_looping", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "is_looping"), "last_answer"),
         (("is_looping",), "loop_detected"),
         (("reflector_says_done",), "reflector_done"),
@@ -71,8 +77,10 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("no_turns_left",), "max_turns"),
         ((), "think"),
     ]
+    window = "prompt_exceeds_window"
     assert _rows(S.COMPACT) == [
         (("abort_requested",), "aborted"),
+        ((last, "last_answer_due"), "last_answer"),
         ((last, "no_turns_left"), "last_answer"),
         (("no_turns_left",), "max_turns"),
         ((last, "budget_exhausted"), "last_answer"),
@@ -83,20 +91,35 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("prompt_exceeds_budget",), "token_budget"),
         ((), "think"),
     ]
-    assert _rows(S.THINK) == [
+    assert _rows(S.SUMMARISE) == [
         (("abort_requested",), "aborted"),
+        ((last, "model_call_failed", "time_is_up", window), "compact"),
         ((last, "model_call_failed", "time_is_up"), "last_answer"),
         (("model_call_failed", "time_is_up"), "timeout"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
         (("model_call_failed", "no_retries_left"), "model_error"),
+        ((last, "model_call_failed", "budget_exhausted", window), "compact"),
+        ((last, "model_call_failed", "budget_exhausted"), "last_answer"),
+        (("model_call_failed", "budget_exhausted"), "token_budget"),
+        (("model_call_failed",), "retry"),
+        ((), "summarised"),
+    ]
+    assert _rows(S.THINK) == [
+        (("abort_requested",), "aborted"),
+        ((last, "model_call_failed", "time_is_up", window), "compact"),
+        ((last, "model_call_failed", "time_is_up"), "last_answer"),
+        (("model_call_failed", "time_is_up"), "timeout"),
+        (("model_call_failed", "model_error_is_permanent"), "model_error"),
+        (("model_call_failed", "no_retries_left"), "model_error"),
+        ((last, "model_call_failed", "prompt_exceeds_budget", window), "compact"),
         ((last, "model_call_failed", "prompt_exceeds_budget"), "last_answer"),
         (("model_call_failed", "prompt_exceeds_budget"), "token_budget"),
         (("model_call_failed", "prompt_exceeds_window"), "compact"),
         (("model_call_failed",), "retry"),
-        (("summary_written",), "summarised"),
         (("reply_was_filtered",), "content_filter"),
         (("reply_was_refused",), "refused"),
         (("reply_has_tool_calls",), "act"),
+        (("output_rejected",), "correct"),
         (("input_waiting",), "follow_up"),
         (("reply_was_truncated",), "max_tokens"),
         ((), "final_answer"),
@@ -105,7 +128,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
 
 
 def test_abort_is_first_everywhere() -> None:
-    for state in (S.OBSERVE, S.COMPACT, S.THINK, S.REFLECT):
+    for state in (S.OBSERVE, S.COMPACT, S.SUMMARISE, S.THINK, S.REFLECT):
         assert _rows(state)[0][0] == ("abort_requested",)
 
 
@@ -152,12 +175,20 @@ def test_ungated_model_call_is_rejected() -> None:
         verify_table(without(S.REFLECT, S.OBSERVE))
     verify_table(without(S.REFLECT))
     # A resume enters OBSERVE with every turn possibly used, and so does a written summary
-    # (THINK -> OBSERVE): only OBSERVE's row gates those.
+    # (SUMMARISE -> OBSERVE): only OBSERVE's row gates those.
     with pytest.raises(ConfigError, match=r"OBSERVE --observed \[else\]--> THINK"):
         verify_table(without(S.OBSERVE))
     with pytest.raises(ConfigError, match=r"OBSERVE --observed \[else\]--> THINK"):
         verify_table(tuple(r for r in without(S.OBSERVE) if not r.resumes))
-    summary_free = tuple(r for r in without(S.OBSERVE) if not r.resumes and r.label != "summarised")
+    # Without summaries (no way into SUMMARISE, no way out of it but an error), and without
+    # resumes, REFLECT's gate alone is enough (a restart after a crash is no new start).
+    summary_free = tuple(
+        dataclasses.replace(r, dest=S.ERROR, guards=(), outcome=StopReason.MODEL_ERROR)
+        if r.source is S.SUMMARISE and r.label == "summarised"
+        else r
+        for r in without(S.OBSERVE)
+        if (not r.resumes or r.restarts) and r.label != "summarise"
+    )
     verify_table(summary_free)
 
 
@@ -220,10 +251,21 @@ def test_last_answer_rows_that_break_rule_5_are_rejected() -> None:
     # A way out that names the wrong stop for its guard.
     with pytest.raises(ConfigError, match="must name the one guard"):
         verify_table(_replace(out, outcome=StopReason.TIMEOUT))
-    # A limit's stop row without its row into LAST_ANSWER.
-    rows = tuple(r for i, r in enumerate(TABLE) if i != into + 2)
+    # A limit's stop row without its rows into LAST_ANSWER (and into COMPACT for it).
+    assert TABLE[into + 2].dest is S.COMPACT
+    assert TABLE[into + 3].dest is S.LAST_ANSWER
+    rows = tuple(r for i, r in enumerate(TABLE) if i not in (into + 2, into + 3))
     with pytest.raises(ConfigError, match="max_turns, which gets a last answer everywhere"):
         verify_table(rows)
+    # The row into COMPACT for a last answer without the row into LAST_ANSWER after it.
+    rows = tuple(r for i, r in enumerate(TABLE) if i != into + 3)
+    with pytest.raises(ConfigError, match="right before that row into LAST_ANSWER"):
+        verify_table(rows)
+    # The compaction for a last answer goes on into LAST_ANSWER from COMPACT only.
+    due = _index(S.COMPACT, "last_answer")
+    assert TABLE[due].guards == ("last_answer_wanted", "last_answer_due")
+    with pytest.raises(ConfigError, match="'last_answer_due' goes on to LAST_ANSWER"):
+        verify_table(_replace(due, guards=("last_answer_due",)))
     # A softened stop that no way out ends the run with.
     rows = tuple(r for i, r in enumerate(TABLE) if i != out)
     with pytest.raises(ConfigError, match="softens the stop max_turns, but no row out"):
@@ -234,7 +276,10 @@ def test_a_table_without_retries_is_bounded_by_max_turns_alone() -> None:
     rows = tuple(
         r
         for r in TABLE
-        if not (r.source is S.THINK and ("no_retries_left" in r.guards or r.label == "retry"))
+        if not (
+            r.source in (S.THINK, S.SUMMARISE)
+            and ("no_retries_left" in r.guards or r.label == "retry")
+        )
     )
     verify_table(rows)
     bound = termination_bound(rows, Limits(max_turns=10))
@@ -247,6 +292,7 @@ def test_state_that_cannot_terminate_is_rejected() -> None:
     onward = {
         S.OBSERVE: S.THINK,
         S.COMPACT: S.THINK,
+        S.SUMMARISE: S.OBSERVE,
         S.THINK: S.ACT,
         S.ACT: S.REFLECT,
         S.REFLECT: S.OBSERVE,
@@ -256,7 +302,7 @@ def test_state_that_cannot_terminate_is_rejected() -> None:
         if r.dest in (S.DONE, S.ERROR) and r.source is not S.LAST_ANSWER
         else r
         for r in TABLE
-        if r.dest is not S.LAST_ANSWER
+        if r.dest is not S.LAST_ANSWER and "last_answer_wanted" not in r.guards
     )
     with pytest.raises(ConfigError, match="can never reach DONE or ERROR"):
         verify_table(rows)
@@ -369,14 +415,15 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     assert asked == [
         "abort_requested",
         "last_answer_wanted",
-        "model_call_failed",
-        "model_call_failed",
-        "model_call_failed",
         "last_answer_wanted",
         "model_call_failed",
         "model_call_failed",
         "model_call_failed",
-        "summary_written",
+        "last_answer_wanted",
+        "last_answer_wanted",
+        "model_call_failed",
+        "model_call_failed",
+        "model_call_failed",
         "reply_was_filtered",
         "reply_was_refused",
         "reply_has_tool_calls",

@@ -49,13 +49,17 @@ def test_the_resumable_stops_come_from_the_rows() -> None:
 
 def test_every_resume_row_leaves_a_stop_for_the_loop() -> None:
     rows = _resume_rows()
+    loop = (S.OBSERVE, S.COMPACT, S.SUMMARISE, S.THINK, S.ACT, S.REFLECT, S.LAST_ANSWER)
     assert [(r.source, r.dest, r.outcome) for r in rows] == [
         (S.DONE, S.OBSERVE, Verb.ANSWER),
         (S.DONE, S.ACT, Verb.CARRY_OUT),
         (S.ERROR, S.OBSERVE, Verb.RESUME),
         (S.ERROR, S.OBSERVE, Verb.RECOVER),
+        # a crash is recovered through a row too: each loop state restarts itself
+        *((state, state, Verb.RESTART) for state in loop),
     ]
     assert all(r.trigger is Trigger.RESUMED and r.stop_reason is None for r in rows)
+    assert [r.guards for r in rows if r.restarts] == [("stopped_by_crash",)] * len(loop)
 
 
 def _with(index: int, **changes: object) -> tuple[Row, ...]:
@@ -78,12 +82,16 @@ def test_a_resume_row_must_name_one_stop_and_stay_in_the_loop() -> None:
 
 def test_the_bound_counts_what_each_resume_may_add() -> None:
     bound = termination_bound(TABLE, Limits(max_turns=10, model_retries_per_run=0))
-    assert (bound.transitions, bound.per_resume) == (52, 5)
-    assert bound.with_resumes(3) == 52 + 15
+    assert (bound.transitions, bound.per_resume) == (52, 6)
+    assert bound.with_resumes(3) == 52 + 18
+    # the most a resume may add is a crash's in THINK: the restart row, then a call whose
+    # count was never saved, and the longest way on from it
+    no_crash = tuple(r for r in TABLE if not r.restarts)
+    assert termination_bound(no_crash, Limits(max_turns=10)).per_resume == 5
     # without the resume into ACT, a resume enters OBSERVE only: the row, then at most
     # OBSERVE -> COMPACT -> ERROR, or OBSERVE -> COMPACT -> THINK as the first of the
     # activation's turns
-    only_observe = tuple(r for r in TABLE if r.outcome is not Verb.CARRY_OUT)
+    only_observe = tuple(r for r in no_crash if r.outcome is not Verb.CARRY_OUT)
     assert termination_bound(only_observe, Limits(max_turns=10)).per_resume == 3
 
 

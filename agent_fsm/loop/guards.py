@@ -2,8 +2,9 @@
 
 Each guard reads a handful of fields and does O(1) work: everything that needs history (loop
 detection, the prompt-size estimate, error counts) is kept incrementally by the engine and
-``loops.py``, never recomputed here. Guards must have no side effects, because ``transitions``
-evaluates them whenever it decides a transition (including ``may_<trigger>`` checks).
+``loop/detection.py``, never recomputed here. Guards must have no side effects, because
+``transitions`` evaluates them whenever it decides a transition (including ``may_<trigger>``
+checks).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from agent_fsm.limits import Limits
 from agent_fsm.messages import FinishReason
 from agent_fsm.state import ControlKind, RunState, calibrated_prompt_tokens
-from agent_fsm.table import CLOSING_GUARDS, STOP_GUARDS
+from agent_fsm.table import CLOSING_GUARDS, STOP_GUARDS, TERMINAL_STATES
 
 __all__ = ["GUARDS", "Guard"]
 
@@ -33,15 +34,9 @@ def prompt_exceeds_budget(state: RunState, limits: Limits) -> bool:
 
 def prompt_exceeds_window(state: RunState, limits: Limits) -> bool:
     """The next prompt (by the calibrated estimate) leaves less than ``reply_tokens`` of the
-    model's context window: the call would fail, or its reply would be cut. While a summary
-    is due the next call is the summary's, whose prompt the policy sized: false then (a
-    failed summary call is retried, not compacted again)."""
+    model's context window: the call would fail, or its reply would be cut."""
     window = limits.context_window
-    return (
-        window is not None
-        and state.summary_due is None
-        and calibrated_prompt_tokens(state) + limits.reply_tokens > window
-    )
+    return window is not None and calibrated_prompt_tokens(state) + limits.reply_tokens > window
 
 
 def summary_requested(state: RunState, limits: Limits) -> bool:
@@ -52,6 +47,11 @@ def summary_requested(state: RunState, limits: Limits) -> bool:
 def summary_written(state: RunState, limits: Limits) -> bool:
     """The model call just made wrote the summary a context policy asked for."""
     return state.summarised
+
+
+def output_rejected(state: RunState, limits: Limits) -> bool:
+    """The final answer did not validate against the output type: a correction is due."""
+    return state.correction is not None
 
 
 def model_call_failed(state: RunState, limits: Limits) -> bool:
@@ -113,19 +113,24 @@ def reply_was_truncated(state: RunState, limits: Limits) -> bool:
     return state.last_finish_reason is FinishReason.LENGTH
 
 
+def _requested(state: RunState, kind: ControlKind) -> bool:
+    """The turn made a control request of ``kind`` (at most four requests: O(1))."""
+    return any(request.kind is kind for request in state.requests)
+
+
 def ask_user_called(state: RunState, limits: Limits) -> bool:
     """ask_user was called anywhere in this turn's tool calls."""
-    return state.control is not None and state.control.kind is ControlKind.ASK_USER
+    return bool(state.requests) and _requested(state, ControlKind.ASK_USER)
 
 
 def finish_task_called(state: RunState, limits: Limits) -> bool:
     """finish_task was called anywhere in this turn's tool calls."""
-    return state.control is not None and state.control.kind is ControlKind.FINISH_TASK
+    return bool(state.requests) and _requested(state, ControlKind.FINISH_TASK)
 
 
 def terminal_tool_succeeded(state: RunState, limits: Limits) -> bool:
     """A tool declared terminal ran successfully in this turn: its output ends the run."""
-    return state.control is not None and state.control.kind is ControlKind.TERMINAL_TOOL
+    return bool(state.requests) and _requested(state, ControlKind.TERMINAL_TOOL)
 
 
 def output_retries_exhausted(state: RunState, limits: Limits) -> bool:
@@ -135,7 +140,7 @@ def output_retries_exhausted(state: RunState, limits: Limits) -> bool:
 
 def approval_pending(state: RunState, limits: Limits) -> bool:
     """A tool call in this turn waits for a person's approval."""
-    return state.control is not None and state.control.kind is ControlKind.APPROVAL
+    return bool(state.requests) and _requested(state, ControlKind.APPROVAL)
 
 
 def budget_exhausted(state: RunState, limits: Limits) -> bool:
@@ -161,6 +166,11 @@ def reflector_says_done(state: RunState, limits: Limits) -> bool:
 def last_answer_wanted(state: RunState, limits: Limits) -> bool:
     """A limit that ends the run should first let the model write a last answer."""
     return limits.last_answer
+
+
+def last_answer_due(state: RunState, limits: Limits) -> bool:
+    """The prompt was compacted for a last answer: write it now."""
+    return state.closing is not None
 
 
 # -- last answer rows: which stop the last answer was written for ----------------------------
@@ -210,6 +220,12 @@ def stopped_by_transient_model_failure(state: RunState, limits: Limits) -> bool:
     )
 
 
+def stopped_by_crash(state: RunState, limits: Limits) -> bool:
+    """The run did not stop: its process died mid-step, and it was reopened from its last
+    checkpoint in the middle of the loop."""
+    return state.state not in TERMINAL_STATES
+
+
 def reply_given(state: RunState, limits: Limits) -> bool:
     """A user message (the resume's reply) waits to be observed."""
     return bool(state.pending_input)
@@ -232,6 +248,7 @@ GUARDS: dict[str, Guard] = {
         prompt_exceeds_budget,
         summary_requested,
         summary_written,
+        output_rejected,
         model_call_failed,
         model_error_is_permanent,
         too_many_errors,
@@ -252,6 +269,7 @@ GUARDS: dict[str, Guard] = {
         is_looping,
         reflector_says_done,
         last_answer_wanted,
+        last_answer_due,
         closing_on_token_budget,
         closing_on_max_turns,
         closing_on_timeout,
@@ -259,6 +277,7 @@ GUARDS: dict[str, Guard] = {
         stopped_for_approval,
         stopped_by_interruption,
         stopped_by_transient_model_failure,
+        stopped_by_crash,
         reply_given,
         approvals_decided,
     )

@@ -37,6 +37,7 @@ from agent_fsm.table import (
     AgentState,
     CustomState,
     Row,
+    control_order,
     resumable_stops,
     state_named,
 )
@@ -210,6 +211,9 @@ class AgentMachine:
         """The states whose entry takes a turn (a model call)."""
         self.resumable = resumable_stops(rows)
         """The stops some resume row of this table may leave."""
+        self.control_order = control_order(rows)
+        """The control stops in the order the REFLECT rows try them (``table.control_order``):
+        ACT answers a turn's control calls in this order."""
         transitions: list[dict[str, Any]] = [
             {
                 "trigger": str(row.trigger),
@@ -281,7 +285,7 @@ class AgentMachine:
         for row in self.rows:
             if (
                 row.resumes
-                and row.source is run_state.state
+                and row.source == run_state.state
                 and all(self._guards[name](run_state, limits) for name in row.guards)
             ):
                 return row
@@ -292,7 +296,7 @@ class AgentMachine:
         except those that read the answer (``ANSWER_GUARDS``)."""
         return any(
             row.resumes
-            and row.source is run_state.state
+            and row.source == run_state.state
             and all(
                 self._guards[name](run_state, limits)
                 for name in row.guards
@@ -302,10 +306,9 @@ class AgentMachine:
         )
 
     def resume(self, handle: RunHandle) -> Row | None:
-        """Fire the resume trigger on a stopped run; return the row taken, or None when no
-        resume row accepts it (the run then stays where it is)."""
-        if handle.run_state.state not in TERMINAL_STATES:
-            raise RunError(f"run {handle.run_state.run_id} has not stopped ({handle._name})")
+        """Fire the resume trigger on a reopened run (stopped, or crashed mid-step); return
+        the row taken, or None when no resume row accepts it (the run then stays where it
+        is)."""
         handle.taken = -1
         self._resume_event.trigger(handle)
         return self.rows[handle.taken] if handle.taken >= 0 else None

@@ -59,8 +59,11 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.guards import GUARDS, Guard
 from agent_fsm.table import (
     CLOSING_GUARDS,
+    CRASH_GUARD,
     INITIAL_STATE,
+    LAST_ANSWER_DUE_GUARD,
     LAST_ANSWER_GUARD,
+    LAST_ANSWER_WINDOW_GUARD,
     LAST_CALL_STATE,
     RESUME_TRIGGER,
     RETRY_BUDGET_GUARD,
@@ -68,7 +71,7 @@ from agent_fsm.table import (
     TERMINAL_STATES,
     TRIGGER_FOR_STATE,
     TURN_BUDGET_GUARD,
-    TURN_STATE,
+    TURN_STATES,
     AgentState,
     CustomState,
     Row,
@@ -80,13 +83,13 @@ from agent_fsm.table import (
 __all__ = ["TerminationBound", "counting_states", "termination_bound", "verify_table"]
 
 State = AgentState | str
-COUNTING = frozenset({TURN_STATE})
+COUNTING: frozenset[AgentState | str] = frozenset(TURN_STATES)
 """The states whose entry makes a model call, in the default loop."""
 
 
 def counting_states(states: Sequence[CustomState] = ()) -> frozenset[State]:
-    """The states entering which takes a turn: THINK, and each custom state that
-    ``counts_turn``."""
+    """The states entering which takes a turn: THINK and SUMMARISE, and each custom state
+    that ``counts_turn``."""
     return COUNTING | {state.name for state in states if state.counts_turn}
 
 
@@ -255,8 +258,15 @@ def _check_row(
 
 
 def _check_resume_row(row: Row, i: int) -> None:
-    """A resume row leaves a stop for the loop, and names the one stop it leaves."""
-    if row.source not in TERMINAL_STATES or row.dest in TERMINAL_STATES:
+    """A resume row leaves a stop for the loop, or restarts the step a crashed run was in
+    (``CRASH_GUARD``: from a loop state to itself), and names the one stop it leaves."""
+    if row.restarts:
+        if row.source in TERMINAL_STATES or row.dest != row.source:
+            raise ConfigError(
+                f"{_describe(row, i)}: a row guarded by '{CRASH_GUARD}' restarts the step a "
+                "crashed run was in: it goes from a loop state to that same state"
+            )
+    elif row.source not in TERMINAL_STATES or row.dest in TERMINAL_STATES:
         raise ConfigError(f"{_describe(row, i)}: a resume row goes from DONE/ERROR into the loop")
     stops = [g for g in row.guards if g in STOP_GUARDS]
     if len(stops) != 1:
@@ -269,7 +279,7 @@ def _check_resume_row(row: Row, i: int) -> None:
 def _check_ways_out(rows: tuple[Row, ...], triggers: Mapping[State, str]) -> None:
     """Every loop state has rows, the last of them unguarded (a step always moves)."""
     for state, trigger in triggers.items():
-        group = [r for r in rows if r.source == state]
+        group = [r for r in rows if r.source == state and not r.resumes]
         if not group:
             raise ConfigError(f"state {state} has no way out: add rows for trigger {trigger}")
         if group[-1].guards:
@@ -298,8 +308,12 @@ def _check_turns_are_gated(rows: tuple[Row, ...], counting: Collection[State]) -
     be used already), without passing the turn-budget guard. A row that could is named, with
     the way round the loop it opens."""
     free = _ungated_count_free_edges(rows, counting)
-    resumed_into = sorted({row.dest for row in rows if row.resumes})
+    # A restarted step continues the activation it crashed in, from the checkpoint taken as
+    # its row was passed: that row's gate still holds, so it is no new start.
+    resumed_into = sorted({row.dest for row in rows if row.resumes and not row.restarts})
     for i, row in enumerate(rows):
+        if row.restarts:  # the step it restarts was entered through a gated row, and its
+            continue  # count was never saved: the redone call is that same call
         if _retries(row, counting):
             if not _is_gated(rows, i, RETRY_BUDGET_GUARD):
                 raise ConfigError(
@@ -326,9 +340,40 @@ def _check_turns_are_gated(rows: tuple[Row, ...], counting: Collection[State]) -
 
 def _check_last_answer_rows(rows: tuple[Row, ...]) -> None:
     """Rule 5: a last answer softens a stop, ends the run, and ends it with that stop."""
+    exits = _last_answer_exits(rows)
+    for i, row in enumerate(rows):
+        if row.resumes:
+            continue
+        if LAST_ANSWER_DUE_GUARD in row.guards:
+            if (
+                row.source is not AgentState.COMPACT
+                or row.dest != LAST_CALL_STATE
+                or LAST_ANSWER_GUARD not in row.guards
+            ):
+                raise ConfigError(
+                    f"{_describe(row, i)}: '{LAST_ANSWER_DUE_GUARD}' goes on to "
+                    f"{LAST_CALL_STATE} from COMPACT, with '{LAST_ANSWER_GUARD}'"
+                )
+        elif row.dest == LAST_CALL_STATE or LAST_ANSWER_GUARD in row.guards:
+            _check_softening_row(rows, i, exits)
+    for i, row in enumerate(rows):
+        if (
+            row.source not in (LAST_CALL_STATE, *TERMINAL_STATES)
+            and row.stop_reason in exits
+            and not (i and rows[i - 1].dest == LAST_CALL_STATE and softened_stop(rows, i - 1))
+        ):
+            raise ConfigError(
+                f"{_describe(row, i)} ends the run with {row.label}, which gets a last "
+                f"answer everywhere else: put its row into {LAST_CALL_STATE} right before it"
+            )
+
+
+def _last_answer_exits(rows: tuple[Row, ...]) -> set[StopReason]:
+    """The stops a last answer may end the run with; refuses a row out of the last answer
+    that does not end the run, or does not name the closing guard of its stop."""
     exits: set[StopReason] = set()
     for i, row in enumerate(rows):
-        if row.source != LAST_CALL_STATE:
+        if row.source != LAST_CALL_STATE or row.resumes:
             continue
         if row.dest not in TERMINAL_STATES:
             raise ConfigError(
@@ -342,30 +387,30 @@ def _check_last_answer_rows(rows: tuple[Row, ...]) -> None:
                 "that says its stop reason"
             )
         exits.add(StopReason(row.outcome))
-    for i, row in enumerate(rows):
-        if row.dest != LAST_CALL_STATE:
-            continue
-        stop = softened_stop(rows, i)
-        if LAST_ANSWER_GUARD not in row.guards or stop is None:
-            raise ConfigError(
-                f"{_describe(row, i)} must stand right before the stop row it softens, with "
-                f"that row's guards and '{LAST_ANSWER_GUARD}'"
-            )
-        if stop not in exits:
-            raise ConfigError(
-                f"{_describe(row, i)} softens the stop {stop.value}, but no row out of "
-                f"{LAST_CALL_STATE} ends the run with it"
-            )
-    for i, row in enumerate(rows):
-        if (
-            row.source not in (LAST_CALL_STATE, *TERMINAL_STATES)
-            and row.stop_reason in exits
-            and not (i and rows[i - 1].dest == LAST_CALL_STATE and softened_stop(rows, i - 1))
-        ):
-            raise ConfigError(
-                f"{_describe(row, i)} ends the run with {row.label}, which gets a last "
-                f"answer everywhere else: put its row into {LAST_CALL_STATE} right before it"
-            )
+    return exits
+
+
+def _check_softening_row(rows: tuple[Row, ...], i: int, exits: set[StopReason]) -> None:
+    """A row into the last answer (or into COMPACT to shrink its prompt first) stands right
+    before the stop it softens, and that stop is one the last answer can end with."""
+    row = rows[i]
+    stop = softened_stop(rows, i)
+    if row.dest not in (LAST_CALL_STATE, AgentState.COMPACT):
+        raise ConfigError(
+            f"{_describe(row, i)}: a row guarded by '{LAST_ANSWER_GUARD}' goes into "
+            f"{LAST_CALL_STATE}, or into COMPACT to shrink the last answer's prompt"
+        )
+    if LAST_ANSWER_GUARD not in row.guards or stop is None:
+        raise ConfigError(
+            f"{_describe(row, i)} must stand right before the stop row it softens, with "
+            f"that row's guards and '{LAST_ANSWER_GUARD}' (and, into COMPACT, right before "
+            f"that row into {LAST_CALL_STATE}, with '{LAST_ANSWER_WINDOW_GUARD}' too)"
+        )
+    if stop not in exits:
+        raise ConfigError(
+            f"{_describe(row, i)} softens the stop {stop.value}, but no row out of "
+            f"{LAST_CALL_STATE} ends the run with it"
+        )
 
 
 def _ungated_count_free_edges(
@@ -476,7 +521,7 @@ def termination_bound(
     """
     if not limits.last_answer:  # the rows into LAST_ANSWER never fire
         rows = tuple(row for row in rows if LAST_ANSWER_GUARD not in row.guards)
-    last_answers = int(any(row.dest == LAST_CALL_STATE for row in rows))
+    last_answers = int(any(row.dest == LAST_CALL_STATE and not row.resumes for row in rows))
 
     def counts(row: Row) -> bool:
         return row.dest in counting

@@ -4,27 +4,34 @@
 resume brought the run here (``carry_out``); otherwise it answers the calls of the last reply
 (``answer_calls``), in named steps:
 
-1. **control-tool winner**: when a valid ``ask_user`` (or, failing that, a valid
-   ``finish_task``) appears *anywhere* among the calls, it wins the turn, is answered once, and
-   every other call is answered "skipped" without running. Checking the whole turn rather than
-   the last call is what stops ``finish_task`` from repeating forever;
+1. **control calls**: when a valid ``ask_user`` or ``finish_task`` appears *anywhere* among
+   the calls, the turn runs no tool: each kind called becomes a request (``RunState.requests``,
+   read by its own guard), the one the table ranks first (``AgentMachine.control_order``,
+   the order of the REFLECT rows) is answered as made, and every other call is answered
+   "skipped". Checking the whole turn rather than the last call is what stops
+   ``finish_task`` from repeating forever;
 2. **the before_tool hook** (``Agent(hooks=...)``, if set) decides, in call order, each call
    that would be gated next: it may deny it (answered with the reason) or change its
    arguments (validated again; the answer records the change) (``_screened``);
 3. **gating**: a call that cannot run is answered with its error; a call that needs approval is
    answered "awaiting approval" and becomes part of a pending request (``approvals.py``); a
-   call of a terminal tool after the turn's first valid one is answered "skipped". So a
-   person approves the arguments that will run, and is not asked about a denied call;
+   call of a terminal tool after the turn's first valid one is answered "skipped", and so is
+   every terminal call while calls wait for approval, when the table ranks the approval row
+   above the terminal one. So a person approves the arguments that will run, and is not
+   asked about a denied call;
 4. **running** the rest through ``tools.scheduling`` (concurrently unless the agent says not
    to, through the journal, until steering interrupts or the run is stopped); the answer of
    each call that ran goes through the after_tool hook, if set (``_reviewer``);
 5. **fair share**: the turn's outputs are cut to fit ``Limits.turn_max_output_chars``;
-6. **terminal tools**: when the turn's terminal call succeeded, its output becomes the run's
-   output and a ``terminal_tool`` request for REFLECT (it outranks calls left awaiting
-   approval in the same turn: the run ends, and they never run);
+6. **terminal tools**: when the turn's terminal call succeeded, its output becomes a
+   ``terminal_tool`` request; with calls left awaiting approval beside it, the REFLECT rows
+   decide which request ends the run (by default the terminal one: the run ends, and they
+   never run);
 7. **counters**: the consecutive-error count and the loop detector see the turn.
 
-Must not raise for anything a model or a tool does.
+ACT decides no stop: it records what the turn asked for, and the REFLECT rows decide (the
+request of the row that fires becomes ``RunState.control`` and the run's output, in
+``run.outcome``). Must not raise for anything a model or a tool does.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ from agent_fsm.run.approvals import (
     outcome_message,
 )
 from agent_fsm.run.context import RunContext
-from agent_fsm.state import ControlKind, ControlRequest
+from agent_fsm.state import CONTROL_STOPS, ControlKind, ControlRequest
+from agent_fsm.table import StopReason
 from agent_fsm.tools.hooks import AfterTool, BeforeTool, review_result, screen_call
 from agent_fsm.tools.results import (
     error_result,
@@ -68,7 +76,8 @@ __all__ = ["act", "answer_calls", "carry_out"]
 
 _tool_finished = builder(ToolFinished)  # built on every tool call (see constructors.builder)
 
-_CONTROL_PRIORITY = (ControlKind.ASK_USER, ControlKind.FINISH_TASK)
+_ASKS = (ControlKind.ASK_USER, ControlKind.FINISH_TASK)
+"""The control tools whose call makes the whole turn: no other call of it runs."""
 
 _CONTROL_ANSWER = {
     ControlKind.ASK_USER: "Your question was sent to the user. Their answer will arrive as the "
@@ -111,22 +120,22 @@ async def answer_calls(
         approved: ids of calls a person already approved: they run without asking again
             (and without the ``before_tool`` hook, which saw them before they were asked).
     """
-    state = ctx.state
-    state.control = None
-    prepared = [ctx.config.tools.prepare(call) for call in calls]
-    hooks = ctx.config.hooks
+    state, config = ctx.state, ctx.config
+    state.requests = []
+    prepared = [config.tools.prepare(call) for call in calls]
+    hooks = config.hooks
     turn = TurnCalls(ctx, prepared, None if hooks is None else _reviewer(ctx, hooks.after_tool))
-    winner = _control_winner(prepared)
-    if winner is not None:
-        _answer_control(ctx, winner, prepared, turn.results)
+    order = config.machine.control_order
+    asked = _control_calls(prepared, order)
+    if asked:
+        _answer_control(ctx, asked, prepared, turn.results)
     elif hooks is None or await _screened(ctx, hooks.before_tool, turn, approved):
-        runnable, pending = _gate(turn.prepared, approved, turn.results)
+        runnable, pending = _gate(turn.prepared, approved, turn.results, _ranks_first(order))
         if runnable:
-            groups = waves(turn.prepared, runnable, ctx.config.parallel_tool_calls)
+            groups = waves(turn.prepared, runnable, config.parallel_tool_calls)
             await run_until_stopped(turn, groups)
         if pending:
-            state.control = approval_request(pending)
-            state.output = state.control.text
+            state.requests.append(approval_request(pending))
     final = [
         result if result is not None else skipped_result(turn.prepared[index].call, STOPPED)
         for index, result in enumerate(turn.results)
@@ -136,34 +145,58 @@ async def answer_calls(
     _end_on_terminal_tool(ctx, turn.prepared, final)
     fit_turn(final, ctx.limits.turn_max_output_chars)
     _report(ctx, turn, turn.prepared, final)
-    _count(ctx, winner is not None, prepared, final)  # the loop detector sees the model's calls
+    _count(ctx, bool(asked), prepared, final)  # the loop detector sees the model's calls
     return final
 
 
-def _control_winner(prepared: Sequence[PreparedCall]) -> PreparedCall | None:
-    """The first valid call of the highest-priority control tool in the turn, if any."""
-    for kind in _CONTROL_PRIORITY:
-        for item in prepared:
-            if item.tool is not None and item.tool.control is kind and item.error is None:
-                return item
-    return None
+def _rank(order: Sequence[StopReason], kind: ControlKind) -> int:
+    """Where the table ranks requests of ``kind`` (kinds it has no row for come last)."""
+    stop = CONTROL_STOPS[kind]
+    return order.index(stop) if stop in order else len(order)
+
+
+def _ranks_first(order: Sequence[StopReason]) -> bool:
+    """Whether the table ranks a pending approval above a terminal tool's result."""
+    return _rank(order, ControlKind.APPROVAL) < _rank(order, ControlKind.TERMINAL_TOOL)
+
+
+def _control_calls(
+    prepared: Sequence[PreparedCall], order: Sequence[StopReason]
+) -> list[PreparedCall]:
+    """The first valid call of each control tool the turn calls (ask_user, finish_task), the
+    one the table ranks first first."""
+    first: dict[ControlKind, PreparedCall] = {}
+    for item in prepared:
+        kind = item.tool.control if item.tool is not None else None
+        if kind in _ASKS and item.error is None:
+            assert kind is not None
+            first.setdefault(kind, item)
+    return sorted(first.values(), key=lambda item: _rank(order, _kind(item)))
+
+
+def _kind(item: PreparedCall) -> ControlKind:
+    tool = item.tool
+    assert tool is not None
+    assert tool.control is not None
+    return tool.control
 
 
 def _answer_control(
     ctx: RunContext,
-    winner: PreparedCall,
+    asked: Sequence[PreparedCall],
     prepared: Sequence[PreparedCall],
     results: list[ToolMessage | None],
 ) -> None:
-    """The control call wins the turn: record its request, answer it, skip every other call."""
-    assert winner.tool is not None
-    assert winner.tool.control is not None
-    assert winner.arguments is not None
-    kind = winner.tool.control
-    text = winner.arguments.get("question" if kind is ControlKind.ASK_USER else "summary", "")
-    control = ControlRequest(kind=kind, text=str(text), tool_call_id=winner.call.id)
-    ctx.state.control = control
-    ctx.state.output = control.text
+    """The turn called control tools: each becomes a request; the one ranked first is
+    answered as made, every other call of the turn skipped."""
+    for item in asked:
+        assert item.arguments is not None
+        kind = _kind(item)
+        text = item.arguments.get("question" if kind is ControlKind.ASK_USER else "summary", "")
+        request = ControlRequest(kind=kind, text=str(text), tool_call_id=item.call.id)
+        ctx.state.requests.append(request)
+    winner = asked[0]
+    kind = _kind(winner)
     reason = f"{winner.call.name} ended the turn, so this call was not run."
     for index, item in enumerate(prepared):
         results[index] = (
@@ -298,9 +331,12 @@ def _gate(
     prepared: Sequence[PreparedCall],
     approved: Collection[str],
     results: list[ToolMessage | None],
+    approval_first: bool = False,
 ) -> tuple[list[int], list[PreparedCall]]:
     """Answer the calls that cannot run (their error) and those that wait for approval;
-    return the indices of the calls that run, and the calls that wait."""
+    return the indices of the calls that run, and the calls that wait. With
+    ``approval_first`` (the table ranks a pending approval above a terminal tool), terminal
+    calls do not run while calls wait: the run pauses before anything could end it."""
     runnable: list[int] = []
     pending: list[PreparedCall] = []
     terminal: PreparedCall | None = None
@@ -319,6 +355,11 @@ def _gate(
             runnable.append(index)
         if item.tool is not None and item.tool.terminal and item.error is None:
             terminal = terminal or item
+    if approval_first and pending and terminal is not None:
+        waiting = "calls of this turn wait for a person's approval, so this call was not run."
+        for index in [i for i in runnable if prepared[i].tool.terminal]:  # type: ignore[union-attr]
+            results[index] = skipped_result(prepared[index].call, waiting)
+            runnable.remove(index)
     return runnable, pending
 
 
@@ -332,11 +373,10 @@ def _end_on_terminal_tool(
         if output is not None and item.call.name == output.tool_name and result.is_error:
             ctx.state.output_failures += 1
         if item.tool is not None and item.tool.terminal and result.status is ToolStatus.OK:
-            control = ControlRequest(
+            request = ControlRequest(
                 kind=ControlKind.TERMINAL_TOOL, text=result.content, tool_call_id=item.call.id
             )
-            ctx.state.control = control
-            ctx.state.output = control.text
+            ctx.state.requests.append(request)
             details = merge_runtime_details(result.details, {"ends_run": True})
             final[index] = result.model_copy(update={"details": details})
             return

@@ -12,8 +12,9 @@ cancels it. Its prompt is the transcript as sent with one more user message aski
 answer (``LAST_ANSWER_PROMPT``, or the agent's own). When the answer comes, that message and
 the reply join the transcript, and the reply is the run's ``output``. A reply that asks for
 tools anyway gives its text only: its calls are never run or kept, so none goes unanswered.
-A prompt too big for the context window is first shrunk by the context policies (without a
-summary: there is no call to spare for one); if it still does not fit, no call is made.
+A prompt too big for the context window was shrunk before the run came here, by COMPACT
+(the rows into COMPACT guarded by ``table.LAST_ANSWER_WINDOW_GUARD``, which record the stop in
+``RunState.closing``); if it still does not fit, no call is made.
 Nothing the model does makes this raise: a failed, empty or skipped answer is reported
 (``ModelFailed``) and the run ends with its stop all the same.
 """
@@ -29,7 +30,6 @@ from agent_fsm.messages import (
     ModelResponse,
     UserMessage,
 )
-from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import RunContext
 from agent_fsm.run.thinking import failure_from, report_failure, request_aside, take_response
 from agent_fsm.state import ModelFailure
@@ -63,8 +63,11 @@ def last_answer_request(template: str, reason: StopReason, loop: str | None) -> 
 async def answer(ctx: RunContext) -> None:
     """LAST_ANSWER's work: record the stop that fired, then ask for the last answer."""
     state, config = ctx.state, ctx.config
-    rows = config.machine.rows
-    closing = softened_stop(rows, state.trace[-1][0])
+    closing = state.closing  # set by COMPACT when the prompt was shrunk for this answer
+    if closing is None:
+        entered_by = ctx.entering_index()
+        assert entered_by is not None  # a row took the run here
+        closing = softened_stop(config.machine.rows, entered_by)
     assert closing is not None  # the verifier's rule 5: a row into LAST_ANSWER softens a stop
     state.closing = closing
     state.output = None
@@ -75,10 +78,8 @@ async def answer(ctx: RunContext) -> None:
     request = last_answer_request(template, closing, state.loop.detected)
     extra = estimate_message_tokens(request, config.count_tokens)
     if not _fits(ctx, extra):
-        compact(ctx, summaries=False)
-        if not _fits(ctx, extra):
-            _skipped(ctx, "its prompt does not fit the context window")
-            return
+        _skipped(ctx, "its prompt does not fit the context window")
+        return
     await _ask(ctx, request, extra)
 
 

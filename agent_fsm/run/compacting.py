@@ -5,8 +5,13 @@ until the prompt fits in ``Limits.compact_to`` of the room the window leaves it 
 the next turns need not compact again); only a prompt that still exceeds the room itself
 stops the run. Edits a policy returns are checked (``ContextEdits.check``) before they
 apply; a policy that raises or returns something unusable is skipped and reported. A policy
-may instead ask for a summary: the COMPACT rows then take the run into THINK, whose model call
-writes it (``take_summary``), and back to OBSERVE, which checks the shrunk prompt again.
+may instead ask for a summary: the COMPACT rows then take the run into SUMMARISE, whose model
+call writes it (``take_summary``), and back to OBSERVE, which checks the shrunk prompt again.
+
+A limit that ends the run with a last answer whose prompt does not fit enters COMPACT too
+(a row guarded by ``table.LAST_ANSWER_WINDOW_GUARD``): the work then records the stop it
+compacts for (``RunState.closing``), asks no summary (there is no call to spare for one), and
+the ``last_answer_due`` row takes the run on into LAST_ANSWER.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from agent_fsm.messages import Message, SystemMessage, UserMessage
 from agent_fsm.prompt import ContextEdits, SummaryDue
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import calibrated_prompt_tokens
+from agent_fsm.table import softened_stop
 from agent_fsm.tokens import calibrate, estimate_message_tokens
 
 __all__ = ["compact", "policy_context", "summary_messages", "take_summary"]
@@ -48,14 +54,12 @@ def policy_context(
     )
 
 
-def compact(ctx: RunContext, *, summaries: bool = True) -> None:
-    """COMPACT's work: the policies shrink the prompt, or one asks for a summary.
-
-    Args:
-        summaries: whether a policy may ask for a summary; without (a last answer has no
-            call to spare for one), a policy that asks is passed over, and reported.
-    """
+def compact(ctx: RunContext) -> None:
+    """COMPACT's work: the policies shrink the prompt, or one asks for a summary (not for a
+    last answer's prompt: a policy that asks then is passed over, and reported)."""
     state = ctx.state
+    _note_closing(ctx)
+    summaries = state.closing is None
     state.summary_due = None
     state.context_problem = None
     before = calibrated_prompt_tokens(state)
@@ -104,6 +108,16 @@ def compact(ctx: RunContext, *, summaries: bool = True) -> None:
             else "the agent has no context policy (Agent(context_policy=...))"
         )
     _announce(ctx, before, applied, problems, summary_requested=due is not None)
+
+
+def _note_closing(ctx: RunContext) -> None:
+    """Entered to shrink a last answer's prompt (a row that softens a stop): record that
+    stop (``RunState.closing``), which the ``last_answer_due`` row and LAST_ANSWER read."""
+    entered_by = ctx.entering_index()
+    if entered_by is not None:
+        closing = softened_stop(ctx.config.machine.rows, entered_by)
+        if closing is not None:
+            ctx.state.closing = closing
 
 
 def take_summary(ctx: RunContext, summary: str) -> None:

@@ -31,7 +31,7 @@ from agent_fsm.models.base import Model
 from agent_fsm.output import OutputSpec
 from agent_fsm.prompt import ContextEdits, prompt_messages
 from agent_fsm.state import RunState
-from agent_fsm.table import StopReason
+from agent_fsm.table import Row, StopReason
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 from agent_fsm.tools.tool import ToolRegistry
 
@@ -162,6 +162,21 @@ class RunContext:
     """The agent's time source (``RunConfig.clock``)."""
     sleep: Callable[[float], Awaitable[None]]
     """The agent's backoff sleep (``RunConfig.sleep``)."""
+
+    def entering_row(self) -> Row | None:
+        """The row that took the run into the state it is in (``entering_index``)."""
+        index = self.entering_index()
+        return None if index is None else self.config.machine.rows[index]
+
+    def entering_index(self) -> int | None:
+        """The table index of the row that took the run into the state it is in: the last of
+        its trace, looking past the rows that restarted the state after a crash (its work is
+        done again, as if that row had just been taken). None before the first transition."""
+        rows = self.config.machine.rows
+        for index, _ in reversed(self.state.trace):
+            if not rows[index].restarts:
+                return index
+        return None
 
     def emitter(self) -> EventHandler | None:
         """Where events go while anyone listens; None when nobody does."""

@@ -51,6 +51,7 @@ from agent_fsm.run.leasing import RunLease
 from agent_fsm.run.observing import observe
 from agent_fsm.run.outcome import ending_events, record_stop
 from agent_fsm.run.reflecting import reflect
+from agent_fsm.run.summarising import summarise
 from agent_fsm.run.thinking import think
 from agent_fsm.state import RunResult, RunState, TraceEntry, reopen_fields
 from agent_fsm.table import (
@@ -73,6 +74,7 @@ _state_changed = builder(StateChanged)
 _WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[None] | None]] = {
     AgentState.OBSERVE: observe,
     AgentState.COMPACT: compact,
+    AgentState.SUMMARISE: summarise,
     AgentState.THINK: think,
     AgentState.ACT: act,
     AgentState.REFLECT: reflect,
@@ -156,8 +158,9 @@ class Run:
 
     @property
     def _resumed_from_stop(self) -> bool:
-        """Reopened after a stop, and the resume row is still to be taken (the first step)."""
-        return self._resumed not in (None, "crashed") and not self._entries
+        """Reopened (after a stop or a crash), and the resume row is still to be taken: the
+        first step takes it."""
+        return self._resumed is not None and not self._entries
 
     @property
     def result(self) -> RunResult:
@@ -246,19 +249,21 @@ class Run:
     async def _advance(self) -> Row:
         """Do the current state's work and fire one trigger; return the row taken."""
         state, config = self._state, self._config
-        if state.state in TERMINAL_STATES and not self._resumed_from_stop:
+        reopened = self._resumed_from_stop
+        if state.state in TERMINAL_STATES and not reopened:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
-        if state.state in TERMINAL_STATES:
+        if reopened:
             self._claim_the_stop()
         if self._handle is None:
             self._handle = config.machine.handle(state, config.limits)
         if not self._announced:
             self._announce()
-        if state.state in TERMINAL_STATES:  # reopened after a stop: take the resume row
+        if reopened:  # take the resume row: out of the stop, or into the step that crashed
             row = config.machine.resume(self._handle)
             if row is None:  # reopen checked that one accepts it; nothing changed since
                 raise RunError(f"run {state.run_id}: no resume row accepts it any more")
-            reopen_fields(state, stopped=True)
+            if row.source in TERMINAL_STATES:
+                reopen_fields(state, stopped=True)
         else:
             doing = _WORK.get(state.state)
             work = (
@@ -365,14 +370,8 @@ class Run:
         if self._lease is not None:
             self._lease.start()
         # A new run was saved as it was started (``CheckpointStore.create``, which claims its
-        # id); a run reopened after a stop is saved once its resume row is taken: until then
-        # its answer is not accepted, and a crash leaves the stop as it was.
-        if (
-            config.store is not None
-            and config.checkpoint_every_transition
-            and self._resumed == "crashed"
-        ):
-            self._save()
+        # id); a reopened run is saved once its resume row is taken: until then its answer is
+        # not accepted, and a crash leaves the checkpoint as it was.
 
     def _release(self) -> None:
         """Give the run's lease up, if it holds one (``RunLease.release``)."""

@@ -11,13 +11,17 @@ __all__ = ["observe"]
 
 def observe(ctx: RunContext) -> None:
     """OBSERVE's work: every queued user message (input, steering, a resume's reply, approval
-    outcomes) joins the transcript; when there is none and the last reply would have ended the
-    run, one follow-up does. New words from the user change the situation, so repeats before
-    them are no loop: the loop detector starts over."""
+    outcomes, then the correction of an answer that did not validate) joins the transcript;
+    when there is none and the last reply would have ended the run, one follow-up does. New
+    words from the user change the situation, so repeats before them are no loop: the loop
+    detector starts over."""
     state = ctx.state
-    taken = bool(state.pending_input)
+    taken = bool(state.pending_input) or state.correction is not None
     while state.pending_input:
         ctx.append(UserMessage(content=state.pending_input.pop(0)))
+    if state.correction is not None:  # a typed answer that did not validate (``correct``)
+        ctx.append(UserMessage(content=state.correction))
+        state.correction = None
     # A follow-up waits for a reply that would end the run: not a tool turn, not a summary.
     ended = not state.last_tool_calls and not state.summarised
     if not taken and state.follow_ups and state.turns and ended:

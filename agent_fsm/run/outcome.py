@@ -8,7 +8,13 @@ from agent_fsm.events import Event, GuardTripped, RunFinished, RunPaused
 from agent_fsm.limits import Limits
 from agent_fsm.messages import AssistantMessage
 from agent_fsm.run.context import RunContext
-from agent_fsm.state import RunResult, RunState, RunStatus, calibrated_prompt_tokens
+from agent_fsm.state import (
+    CONTROL_STOPS,
+    RunResult,
+    RunState,
+    RunStatus,
+    calibrated_prompt_tokens,
+)
 from agent_fsm.table import LAST_CALL_STATE, AgentState, Row, StopReason
 from agent_fsm.tools.results import skipped_result
 
@@ -22,6 +28,8 @@ def record_stop(ctx: RunContext, row: Row) -> None:
     stop_reason = row.stop_reason
     assert stop_reason is not None  # a verified row into a terminal state has one
     state.stop_reason = stop_reason
+    if state.requests:
+        _take_request(state, stop_reason)
     if row.dest is AgentState.ERROR:
         state.error = describe_failure(state, ctx.limits, stop_reason)
         if row.source is not LAST_CALL_STATE:  # its output is the last answer, if written
@@ -33,6 +41,17 @@ def record_stop(ctx: RunContext, row: Row) -> None:
             for tool_call in last.tool_calls:
                 ctx.append(skipped_result(tool_call, reason))
         state.last_tool_calls = 0
+
+
+def _take_request(state: RunState, stop_reason: StopReason) -> None:
+    """A control row ended the run: the request it read is what the run stopped on
+    (``RunState.control``: the question asked, the calls to approve), and its text the
+    run's output. Any other stop leaves the turn's requests unanswered."""
+    for request in state.requests:
+        if CONTROL_STOPS[request.kind] is stop_reason:
+            state.control = request
+            state.output = request.text
+            return
 
 
 def _model_error(state: RunState, limits: Limits) -> str:

@@ -17,7 +17,7 @@ def reflect(ctx: RunContext) -> Awaitable[None] | None:
     await, and nothing is returned."""
     state, reflector = ctx.state, ctx.config.reflector
     state.reflector_done = False
-    if reflector is None or state.control is not None:
+    if reflector is None or state.requests:
         return None
     return _ask(ctx, reflector)
 

@@ -10,8 +10,9 @@ taking it to the run's first step (``Run.step``), so the resume is a transition 
 other: traced, drawn, verified and checkpointed.
 
 A run that was interrupted without ending (its process died) continues from its last
-checkpoint with no resume row, and the tool journal keeps any side effect from happening
-twice.
+checkpoint through the row that restarts the step it was in (guard ``stopped_by_crash``, verb
+``restart``), and the tool journal keeps any side effect from happening twice. A state
+without such a row cannot be recovered: that is a ``ResumeError`` too.
 
 Anything else (a finished run, a reply to an approval, a decision for an unknown call, a
 permanent model error) is a ``ResumeError`` saying what the run is waiting for, and the state
@@ -26,7 +27,7 @@ from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import clean_text
 from agent_fsm.run.approvals import Decisions, decide
 from agent_fsm.state import Decision, RunState, reopen_fields
-from agent_fsm.table import STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
+from agent_fsm.table import CRASH_GUARD, STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
 
 __all__ = ["Decisions", "finished", "reopen"]
 
@@ -35,6 +36,7 @@ _ANSWERED = {
     Verb.CARRY_OUT: "approvals",
     Verb.RESUME: "interrupted",
     Verb.RECOVER: "recovered",
+    Verb.RESTART: "crashed",
 }
 """What ``RunResumed.answered`` says for each resume row's verb."""
 
@@ -65,6 +67,11 @@ def reopen(
             raise ResumeError(
                 f"run {state.run_id} was interrupted in {state.state}, not paused: resume it "
                 "without a reply or approvals"
+            )
+        if machine.resume_row(state, limits) is None:
+            raise ResumeError(
+                f"run {state.run_id} was interrupted in {state.state}, and no row of its "
+                f"table restarts that state after a crash ({CRASH_GUARD})"
             )
         answered = "crashed"
     else:
@@ -124,7 +131,7 @@ def _rows_leaving(rows: tuple[Row, ...], state: RunState, stop: StopReason | Non
         row
         for row in rows
         if row.resumes
-        and row.source is state.state
+        and row.source == state.state
         and any(stop in STOP_GUARDS.get(guard, ()) for guard in row.guards)
     ]
 

@@ -9,7 +9,7 @@ the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from agent_fsm.cancellation import StopScope
 from agent_fsm.constructors import builder
@@ -35,7 +35,6 @@ from agent_fsm.messages import (
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.output import OutputInvalid
 from agent_fsm.prompt import prompt_messages
-from agent_fsm.run.compacting import summary_messages, take_summary
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import Verb
@@ -43,11 +42,16 @@ from agent_fsm.tokens import calibrate, estimate_message_tokens, estimate_tools_
 from agent_fsm.tools.execution import retry_delay
 
 __all__ = [
+    "STOPPED",
     "backoff_s",
+    "begin_call",
     "count_call",
+    "failed",
     "failure_from",
+    "make_call",
     "report_failure",
     "request_aside",
+    "request_without_tools",
     "take_response",
     "think",
     "with_call_ids",
@@ -114,6 +118,24 @@ async def think(ctx: RunContext) -> None:
     taken in, or why there is none recorded as a ``ModelFailure``. Must not raise for
     anything the model does."""
     state = ctx.state
+    previous = begin_call(ctx)
+    if previous is STOPPED:
+        return
+    estimate = state.prompt_tokens_estimate + state.tools_tokens_estimate
+    made = await make_call(ctx, lambda: _call_model(ctx, previous, estimate))
+    if made is not None:
+        _take_reply(ctx, *made)
+
+
+STOPPED = ModelFailure(message="stopped before the call", permanent=True)
+"""What ``begin_call`` returns when the run was stopped before the call could start."""
+
+
+def begin_call(ctx: RunContext) -> ModelFailure | None:
+    """Clear what the last call left for the guards; return the failure of the last call (a
+    retry backs off from it), or ``STOPPED`` when the run was stopped already (recorded as
+    an interrupted call: no call is made)."""
+    state = ctx.state
     previous = state.model_failure
     state.model_failure = None
     state.last_finish_reason = None
@@ -121,24 +143,43 @@ async def think(ctx: RunContext) -> None:
     state.summarised = False
     if ctx.stop.is_set():
         _interrupted(ctx)
-        return
+        return STOPPED
+    return previous
+
+
+async def make_call(
+    ctx: RunContext, call: Callable[[], Awaitable[tuple[object, int]]]
+) -> tuple[ModelResponse, int] | None:
+    """Await ``call`` (a model call and the estimate of its prompt) inside the run's stop
+    scope. Returns the reply, or None when there is none: the failure (an exception, the
+    deadline or ``abort()``, something that is not a ``ModelResponse``) is then recorded as
+    ``RunState.model_failure`` for the guards. Raises only for a cancellation of the whole
+    run from outside, or a ``KeyboardInterrupt``."""
     scope = StopScope(ctx.stop)
-    estimate = _estimate_prompt(ctx)
     try:
         with scope:
-            response, estimate = await _call_model(ctx, previous, estimate)
+            response, estimate = await call()
     except BaseException as exc:
         if scope.stopped:  # the model turned our cancellation into an error of its own
             _interrupted(ctx)
         elif is_own_failure(exc):  # anything the model raised, CancelledError and all
-            _failed(ctx, failure_from(exc))
+            failed(ctx, failure_from(exc))
         else:
             raise  # a cancellation of the whole run from outside, or a KeyboardInterrupt
-        return
+        return None
     if scope.stopped:
         _interrupted(ctx)
-        return
-    _take_reply(ctx, response, estimate)
+        return None
+    if not isinstance(response, ModelResponse):
+        failed(
+            ctx,
+            ModelFailure(
+                message=f"the model returned {type(response).__name__}, not a ModelResponse",
+                permanent=False,
+            ),
+        )
+        return None
+    return response, estimate
 
 
 def _hold_to_output_type(ctx: RunContext, text: str, finish: FinishReason) -> None:
@@ -159,21 +200,10 @@ def _hold_to_output_type(ctx: RunContext, text: str, finish: FinishReason) -> No
         else:
             return
     ctx.state.output_failures += 1
-    ctx.state.pending_input.append(output.correction(problem))
+    ctx.state.correction = output.correction(problem)
 
 
-def _estimate_prompt(ctx: RunContext) -> int:
-    """The engine's own estimate of the prompt about to be sent (uncalibrated): what the
-    server's report of the call is compared with."""
-    state, config = ctx.state, ctx.config
-    due = state.summary_due
-    if due is None:
-        return state.prompt_tokens_estimate + state.tools_tokens_estimate
-    count = config.count_tokens
-    return sum(estimate_message_tokens(m, count) for m in summary_messages(due))
-
-
-def _failed(ctx: RunContext, failure: ModelFailure) -> None:
+def failed(ctx: RunContext, failure: ModelFailure) -> None:
     """Record a failed model call; the THINK guards decide whether it is retried (its own
     budget: ``Limits.model_retries``), so it does not count as a failed turn."""
     ctx.state.model_failure = failure
@@ -201,7 +231,7 @@ def report_failure(ctx: RunContext, failure: ModelFailure) -> None:
 def _interrupted(ctx: RunContext) -> None:
     """The call was cancelled by abort() or the deadline: the run stops (no retry)."""
     message = f"the model call was interrupted: {ctx.why_stopped()}"
-    _failed(ctx, ModelFailure(message=message, permanent=True))
+    failed(ctx, ModelFailure(message=message, permanent=True))
 
 
 async def count_call(ctx: RunContext, previous: ModelFailure | None) -> None:
@@ -233,14 +263,10 @@ async def _call_model(
     ``before_model`` hook may have changed the prompt)."""
     state, config = ctx.state, ctx.config
     await count_call(ctx, previous)
-    due = state.summary_due
     model, messages = config.model, prompt_messages(state.messages, state.context)
     tools, choice = config.tools.specs, None
     hooks = config.hooks
-    if due is not None:  # this turn's call writes the summary a context policy asked for
-        model = getattr(config.context_policies[due.policy], "model", None) or model
-        messages, tools = summary_messages(due), ()
-    elif hooks is not None and hooks.before_model is not None:
+    if hooks is not None and hooks.before_model is not None:
         plan = ModelPlan(
             model=model, messages=messages, tools=tools, run_id=state.run_id, turn=state.turns,
             retry=state.turn_retries, last_error=None if previous is None else previous.message,
@@ -288,9 +314,7 @@ def _request_for(
         run_id=state.run_id,
         turn=state.turns,
         on_delta=on_delta,
-        output=output.format
-        if output is not None and output.mode == "native" and state.summary_due is None
-        else None,
+        output=output.format if output is not None and output.mode == "native" else None,
         tool_choice=tool_choice,
     )  # fmt: skip
 
@@ -345,10 +369,8 @@ def _one_sane_request(usage: Usage) -> Usage:
 
 
 def _entered_by_retry(ctx: RunContext) -> bool:
-    trace = ctx.state.trace
-    if not trace or trace[-1][0] < 0:
-        return False
-    return ctx.config.machine.rows[trace[-1][0]].outcome is Verb.RETRY
+    row = ctx.entering_row()
+    return row is not None and row.outcome is Verb.RETRY
 
 
 def request_aside(
@@ -370,6 +392,23 @@ def request_aside(
         if transcript
         else [instruction]
     )
+    return request_without_tools(
+        ctx, messages, model=model, estimate=estimate, last_answer=last_answer
+    )
+
+
+def request_without_tools(
+    ctx: RunContext,
+    messages: Sequence[Message],
+    *,
+    model: str,
+    estimate: int,
+    last_answer: bool = False,
+) -> ModelRequest:
+    """The request of a call that offers no tools and sends ``messages`` (a summary, a last
+    answer, a custom state's question), announced (``ModelRequested``) while anyone
+    listens."""
+    state = ctx.state
     emit = ctx.bus.emitter
     if emit is not None:
         emit(
@@ -435,28 +474,12 @@ def _take_usage(
     return usage
 
 
-def _take_reply(ctx: RunContext, response: object, estimate: int) -> None:
+def _take_reply(ctx: RunContext, response: ModelResponse, estimate: int) -> None:
     state = ctx.state
-    if not isinstance(response, ModelResponse):
-        _failed(
-            ctx,
-            ModelFailure(
-                message=f"the model returned {type(response).__name__}, not a ModelResponse",
-                permanent=False,
-            ),
-        )
-        return
     message = take_response(ctx, response, estimate)
-    if state.summary_due is not None:
-        summary = message.content.strip()
-        if not summary:
-            _failed(ctx, ModelFailure(message="the summary call wrote no text", permanent=False))
-        else:
-            take_summary(ctx, summary)
-        return
     empty = not message.content and not message.tool_calls
     if empty and response.finish_reason in (FinishReason.STOP, FinishReason.TOOL_CALLS):
-        _failed(ctx, ModelFailure(message="the model returned an empty reply", permanent=False))
+        failed(ctx, ModelFailure(message="the model returned an empty reply", permanent=False))
         return
     if message.tool_calls:
         message = with_call_ids(message, state.turns)

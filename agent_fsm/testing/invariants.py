@@ -29,6 +29,7 @@ from agent_fsm.messages import (
 )
 from agent_fsm.state import RunResult, RunState, RunStatus, TraceEntry, status_for
 from agent_fsm.table import (
+    CRASH_GUARD,
     INITIAL_STATE,
     LAST_CALL_STATE,
     STOP_GUARDS,
@@ -149,9 +150,9 @@ def trace_problems(
     """Every way ``trace`` fails to be the path of one run, resumes included.
 
     A run's trace is one connected path from OBSERVE: each transition starts where the
-    previous one ended, across resumes too, because a resume after a stop is itself a
-    transition (a ``resumed`` row out of DONE or ERROR), and a resume after a crash continues
-    from the state of the last checkpoint. Only a resume row may leave DONE or ERROR, and only
+    previous one ended, across resumes too, because a resume is itself a transition (a
+    ``resumed`` row out of DONE or ERROR after a stop; after a crash, one that restarts the
+    state of the last checkpoint). Only a resume row may leave DONE or ERROR, and only
     where the run was reopened (``resumed_at``). Turn counts never go back.
 
     Args:
@@ -191,7 +192,10 @@ def _step_problems(
         problems.append(f"the trace continues after {where} ({trace[index - 1].label}) at {index}")
     if resumes and index not in reopened:
         problems.append(f"transition {index} resumes the run, which was not reopened there")
-    if resumes and index:
+    restarts = resumes and CRASH_GUARD in entry.guards
+    if restarts and entry.dest != entry.source:
+        problems.append(f"transition {index} restarts {entry.source} in another state")
+    if resumes and index and not restarts:
         stop = trace[index - 1].label
         accepted = {r.value for g in entry.guards for r in STOP_GUARDS.get(g, ())}
         if stop not in accepted:
@@ -208,9 +212,8 @@ def _step_problems(
 
 
 def activations(trace: Sequence[TraceEntry]) -> list[int]:
-    """How many transitions each activation took: the trace split before each resume row.
-    A resume after a crash takes no resume row and does not split it: the path goes on as if
-    the process had not died, so it is bounded together with what came before."""
+    """How many transitions each activation took: the trace split before each resume row
+    (after a stop, or restarting the step a crash interrupted)."""
     cuts = [i for i, entry in enumerate(trace) if i and entry.trigger is Trigger.RESUMED]
     edges = [0, *cuts, len(trace)]
     return [b - a for a, b in itertools.pairwise(edges) if b > a]

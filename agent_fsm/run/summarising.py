@@ -1,0 +1,67 @@
+"""SUMMARISE: a context policy asked for a summary of the early conversation (``Summarize``),
+and this turn's model call writes it.
+
+``summarise(ctx)`` is the whole of the state's work. The call is a turn like THINK's (counted,
+retried with backoff on a transient failure, paid from the token budget, cancelled by
+``abort()`` and the deadline), made with the policy's own model when it has one, a prompt the
+policy wrote (``SummaryDue``) and no tools. When the summary comes, it replaces the messages
+before the policy's cut in every later prompt (``compacting.take_summary``) and the rows take
+the run back to OBSERVE, which checks the shrunk prompt against the window again. A failure is
+recorded as THINK records one (``RunState.model_failure``), and the SUMMARISE rows read it the
+same way. Must not raise for anything the model does.
+"""
+
+from __future__ import annotations
+
+from agent_fsm.messages import ModelResponse
+from agent_fsm.models.base import Model
+from agent_fsm.run.compacting import summary_messages, take_summary
+from agent_fsm.run.context import RunContext
+from agent_fsm.run.thinking import (
+    STOPPED,
+    begin_call,
+    count_call,
+    failed,
+    make_call,
+    request_without_tools,
+    take_response,
+)
+from agent_fsm.state import ModelFailure
+from agent_fsm.tokens import calibrate, estimate_message_tokens
+
+__all__ = ["summarise"]
+
+
+async def summarise(ctx: RunContext) -> None:
+    """SUMMARISE's work: the summary call, and the summary taken in (or why there is none)."""
+    state, config = ctx.state, ctx.config
+    previous = begin_call(ctx)
+    if previous is STOPPED:
+        return
+    due = state.summary_due
+    if due is None:  # only COMPACT's summary_requested row leads here, with one due
+        failed(ctx, ModelFailure(message="no summary was asked for", permanent=True))
+        return
+    policy_model = getattr(config.context_policies[due.policy], "model", None)
+    model: Model = policy_model if policy_model is not None else config.model
+    messages = summary_messages(due)
+    estimate = sum(estimate_message_tokens(m, config.count_tokens) for m in messages)
+
+    async def call() -> tuple[object, int]:
+        await count_call(ctx, previous)
+        reported, estimated = state.reported_prompt_tokens, state.estimated_prompt_tokens
+        calibrated = calibrate(estimate, reported, estimated)
+        request = request_without_tools(ctx, messages, model=model.name, estimate=calibrated)
+        return await model.request(request), estimate
+
+    made = await make_call(ctx, call)
+    if made is not None:
+        _take_summary(ctx, *made)
+
+
+def _take_summary(ctx: RunContext, response: ModelResponse, estimate: int) -> None:
+    summary = take_response(ctx, response, estimate).content.strip()
+    if not summary:
+        failed(ctx, ModelFailure(message="the summary call wrote no text", permanent=False))
+        return
+    take_summary(ctx, summary)
