@@ -39,8 +39,8 @@ from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import prepare_history
 from agent_fsm.run.resuming import Decisions, finished, reopen
-from agent_fsm.state import RunResult, RunState
-from agent_fsm.table import TABLE, AgentState, Row, Table
+from agent_fsm.state import ControlKind, RunResult, RunState
+from agent_fsm.table import CONTROL_GUARDS, TABLE, AgentState, Row, StopReason, Table
 from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
 
@@ -155,6 +155,35 @@ def _lease_settings(
             f" PostgresStore, MemoryStore), got {type(store).__name__}"
         )
     return {"leases": store, "lease_s": ttl_s, "worker_id": worker_id or default_worker_id()}
+
+
+def _check_control_rows(machine: AgentMachine, offered: Sequence[Tool]) -> None:
+    """Every kind of control request the tools can make has a REFLECT row that ends the run
+    for it: without one, a question asked, a task finished, a terminal result or calls
+    waiting for approval would be answered and then ignored.
+
+    Raises:
+        ConfigError: naming the tools and the guard of the missing row.
+    """
+    wanted: dict[StopReason, list[str]] = {}
+    for item in offered:
+        if item.control is ControlKind.ASK_USER:
+            wanted.setdefault(StopReason.ASK_USER, []).append(item.name)
+        elif item.control is ControlKind.FINISH_TASK:
+            wanted.setdefault(StopReason.FINISH_TASK, []).append(item.name)
+        if item.terminal:
+            wanted.setdefault(StopReason.TERMINAL_TOOL, []).append(item.name)
+        if item.requires_approval is not False:
+            wanted.setdefault(StopReason.APPROVAL_REQUIRED, []).append(item.name)
+    guards = {stop: guard for guard, stop in CONTROL_GUARDS.items()}
+    missing = [
+        f"{', '.join(names)} need(s) a REFLECT row guarded by {guards[stop]!r} (ending the run "
+        f"with {stop.value})"
+        for stop, names in wanted.items()
+        if stop not in machine.control_order
+    ]
+    if missing:
+        raise ConfigError("the table has no row for what these tools ask: " + "; ".join(missing))
 
 
 def _taken(run_id: str) -> ConfigError:
@@ -298,11 +327,13 @@ class Agent:
             offered.append(output.tool())
         registry = ToolRegistry(offered)
         _review_tool_schemas(model, registry.specs)
+        machine = machine_for(self.table)
+        _check_control_rows(machine, offered)
         config = RunConfig(
             model=model,
             tools=registry,
             limits=limits,
-            machine=machine_for(self.table),
+            machine=machine,
             tools_tokens=estimate_tools_tokens(registry.specs, count_tokens),
             count_tokens=count_tokens,
             context_policies=policies,
