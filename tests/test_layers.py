@@ -21,6 +21,7 @@ LAYERS = [
     "failures",
     "limits",
     "state",
+    "views",
     "events",
     "compaction",
     "cancellation",

@@ -27,6 +27,7 @@ from agent_fsm import (
     Table,
     tool,
 )
+from agent_fsm.errors import TableError
 from agent_fsm.messages import ToolMessage, ToolStatus
 from agent_fsm.state import RUN_STATE_ADAPTER, ControlKind
 from agent_fsm.table import TABLE
@@ -311,3 +312,185 @@ def test_a_custom_state_without_its_crash_row_cannot_be_recovered() -> None:
     refusing.checkpoints.save(state)
     with pytest.raises(ResumeError, match="no row of its table restarts that state"):
         refusing.reopen("r")
+
+
+# -- user code cannot break the proof --------------------------------------------------------
+
+
+def _with_guard(guard: Any) -> Table:
+    """The default table with a REFLECT row of the user's own, guarded by ``guard``."""
+    row = Row("reflected", "REFLECT", "DONE", ("users_check",), "reflector_done")
+    return (
+        Table.default().with_guards(users_check=guard).insert([row], before=("REFLECT", "continue"))
+    )
+
+
+def _echoing(turns: int) -> ScriptedModel:
+    return ScriptedModel([reply("", call("echo", text=str(i))) for i in range(turns)])
+
+
+@tool
+def echo(text: str) -> str:
+    """Echo the text."""
+    return text
+
+
+def test_a_guard_that_writes_the_run_is_a_table_error_before_the_run_moves() -> None:
+    def resets_turns(state: Any, limits: Limits) -> bool:
+        state.turns = 0
+        return False
+
+    agent = Agent(
+        model=_echoing(80),
+        tools=[echo],
+        limits=Limits(max_turns=3),
+        table=_with_guard(resets_turns),
+    )
+    run = agent.start("Go.")
+
+    async def drive() -> None:
+        with pytest.raises(
+            TableError,
+            match=r"guard 'users_check' raised ReadOnlyStateError: "
+            r"RunState.turns is read-only",
+        ):
+            await run.run()
+
+    asyncio.run(drive())
+    assert run.state.turns == 1  # unchanged: the run has not moved past REFLECT
+    assert run.state.state is S.REFLECT
+    assert len(run.state.trace) == 3
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda state: state.messages.append(state.messages[0]),
+        lambda state: state.notes.update(x=1),
+        lambda state: state.loop.call_streaks.clear(),
+        lambda state: state.pending_input.__setitem__(0, "x"),
+        lambda state: setattr(state.usage, "input_tokens", 0),
+    ],
+)
+def test_no_write_reaches_the_run_through_a_guard(write: Any) -> None:
+    def writes(state: Any, limits: Limits) -> bool:
+        write(state)
+        return False
+
+    agent = Agent(model=_echoing(2), tools=[echo], table=_with_guard(writes))
+    with pytest.raises(TableError, match="guard 'users_check' raised"):
+        agent.run_sync("Go.")
+
+
+def test_a_guard_reads_the_run_as_it_is() -> None:
+    seen: list[tuple[int, str, int, bool]] = []
+
+    def reads(state: Any, limits: Limits) -> bool:
+        seen.append((state.turns, state.messages[-1].role, len(state.trace), "x" in state.notes))
+        return state.turns >= 2
+
+    agent = Agent(model=_echoing(5), tools=[echo], table=_with_guard(reads))
+    result = agent.run_sync("Go.")
+    assert result.stop_reason is StopReason.REFLECTOR_DONE
+    assert seen == [(1, "tool", 3, False), (2, "tool", 7, False)]
+
+
+def test_a_reflector_that_writes_the_run_is_logged_and_changes_nothing() -> None:
+    def cheats(state: Any) -> bool:
+        state.turns = 0
+        return True
+
+    agent = Agent(model=_echoing(5), tools=[echo], limits=Limits(max_turns=3), reflector=cheats)
+    result = agent.run_sync("Go.")
+    assert (result.stop_reason, result.turns) == (StopReason.MAX_TURNS, 3)
+
+
+def _waiting_table(work: Any) -> Table:
+    """OBSERVE -> WAIT (the user's work) -> THINK, once per run."""
+
+    def wait_wanted(state: Any, limits: Limits) -> bool:
+        return "waited" not in state.notes
+
+    return (
+        Table.default()
+        .with_states(CustomState("WAIT", trigger="waited", work=work))
+        .with_guards(wait_wanted=wait_wanted)
+        .insert(
+            [Row("observed", "OBSERVE", "WAIT", ("wait_wanted",), "wait")],
+            before=("OBSERVE", "think"),
+        )
+        .insert(
+            [
+                Row("waited", "WAIT", "ERROR", ("abort_requested",), "aborted"),
+                Row("waited", "WAIT", "THINK", (), "think"),
+            ],
+            before=("OBSERVE", "aborted"),
+        )
+    )
+
+
+def test_the_deadline_cancels_a_custom_states_work() -> None:
+    async def sleeps(step: Any) -> None:
+        step.notes["waited"] = True
+        await asyncio.sleep(3600)
+
+    agent = Agent(
+        model=ScriptedModel(["never asked"]),
+        table=_waiting_table(sleeps),
+        limits=Limits(timeout_s=0.2),
+    )
+    result = agent.run_sync("Go.")
+    assert result.stop_reason is StopReason.TIMEOUT
+    assert result.turns == 0  # THINK was entered, its call never started
+    assert [e.label for e in result.trace] == ["wait", "think", "timeout"]
+    check_invariants(result, limits=agent.limits, bound=agent.bound, rows=agent.machine.rows)
+
+
+def test_abort_cancels_a_custom_states_work() -> None:
+    started = asyncio.Event()
+
+    async def sleeps(step: Any) -> None:
+        step.notes["waited"] = True
+        started.set()
+        await asyncio.sleep(3600)
+
+    agent = Agent(model=ScriptedModel([]), table=_waiting_table(sleeps))
+
+    async def drive() -> Any:
+        run = agent.start("Go.")
+        task = asyncio.create_task(run.run())
+        await started.wait()
+        run.abort("the user closed the tab")
+        return await task
+
+    result = asyncio.run(drive())
+    assert (result.stop_reason, result.error) == (StopReason.ABORTED, "the user closed the tab")
+    assert [e.label for e in result.trace][-2:] == ["wait", "aborted"]
+
+
+def test_work_that_writes_the_run_is_a_table_error_naming_its_state() -> None:
+    def appends_a_call(step: Any) -> None:
+        step.notes["waited"] = True
+        step.state.messages.append(reply("", call("echo", text="x")).message)
+
+    agent = Agent(model=ScriptedModel([]), tools=[echo], table=_waiting_table(appends_a_call))
+    with pytest.raises(TableError, match="the work of state WAIT raised ReadOnlyStateError"):
+        agent.run_sync("Go.")
+
+
+def test_work_that_reaches_the_live_run_another_way_is_caught_after_it() -> None:
+    live: list[Any] = []
+
+    def appends_a_call(step: Any) -> None:
+        step.notes["waited"] = True
+        live[0].state.messages.append(reply("", call("echo", text="x")).message)
+
+    agent = Agent(model=ScriptedModel([]), tools=[echo], table=_waiting_table(appends_a_call))
+    run = agent.start("Go.")
+    live.append(run)
+
+    async def drive() -> None:
+        with pytest.raises(TableError, match="the work of state WAIT changed the run's counts"):
+            await run.run()
+
+    asyncio.run(drive())

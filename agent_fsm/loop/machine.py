@@ -41,6 +41,7 @@ from agent_fsm.table import (
     resumable_stops,
     state_named,
 )
+from agent_fsm.views import view_of
 
 __all__ = ["AgentMachine", "RunHandle", "TerminationBound", "verify_table", "with_builtin_guards"]
 
@@ -142,8 +143,10 @@ def _bound(
 
 class _CheckedGuard:
     """A guard of the user's own (``Table.guards``), held to the guard contract as it runs: a
-    bool, and no exception. A guard that breaks it raises ``TableError`` naming it, instead
-    of an error from inside the machine, or a truthy value taken for a decision."""
+    bool, no exception, and no write to the run (it reads a read-only view of the state:
+    ``views.view_of``). A guard that breaks it raises ``TableError`` naming it, instead of an
+    error from inside the machine, a truthy value taken for a decision, or a run whose
+    counts it changed."""
 
     __slots__ = ("guard", "name")
 
@@ -153,7 +156,7 @@ class _CheckedGuard:
 
     def __call__(self, run_state: RunState, limits: Limits) -> bool:
         try:
-            verdict = self.guard(run_state, limits)
+            verdict = self.guard(view_of(run_state), limits)
         except Exception as exc:
             raise TableError(
                 f"guard {self.name!r} raised {type(exc).__name__}: {exc} (in state "

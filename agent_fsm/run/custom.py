@@ -4,19 +4,28 @@ The engine calls ``custom_work(ctx, state)`` as it calls ``think`` or ``act`` fo
 the default loop: between triggers, never inside one. The user's function gets a
 ``StepContext``, the part of the run it may touch:
 
-- read the run (``state``, ``limits``) and keep data of its own in ``notes`` (checkpointed);
+- read the run (``state``, a read-only view: ``views.view_of``; ``limits``) and keep data of
+  its own in ``notes`` (checkpointed), the one part of the run it may change;
 - add a user message to the transcript (``say``), when every tool call is answered;
 - in a state that ``counts_turn``, make one model call aside from the transcript (``ask``):
-  counted as the turn its entry took, paid from the token budget, cancelled by ``abort()`` or
-  the time limit, announced like any model call. A failure is recorded as THINK records one
-  (``RunState.model_failure``), so the rows out of the state can read ``model_call_failed``.
+  counted as the turn its entry took, paid from the token budget, announced like any model
+  call. A failure is recorded as THINK records one (``RunState.model_failure``), so the rows
+  out of the state can read ``model_call_failed``.
 
-A work function that raises stops the run's driver with ``TableError`` (the run has not moved
-on; ``errors.TableError`` says how it continues).
+The work runs inside the run's stop scope, as THINK's and ACT's do: ``abort()`` and the
+deadline cancel it wherever it awaits (a model call, a sleep, its own I/O), and the rows out
+of the state then see the stop (``abort_requested``, ``time_is_up``; for a state that counts a
+turn, ``model_call_failed`` too).
+
+A work function that raises, writes the run, or leaves it with different counts (turns,
+retries, usage, last answers) or a transcript other than its ``say`` made, stops the run's
+driver with ``TableError`` naming the state (the run has not moved on; ``errors.TableError``
+says how it continues).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any
 
@@ -43,6 +52,7 @@ from agent_fsm.run.thinking import (
 from agent_fsm.state import ModelFailure, RunState
 from agent_fsm.table import CustomState
 from agent_fsm.tokens import estimate_message_tokens
+from agent_fsm.views import view_of
 
 __all__ = ["StepContext", "custom_work"]
 
@@ -50,17 +60,20 @@ __all__ = ["StepContext", "custom_work"]
 class StepContext:
     """What the work of a ``CustomState`` may see and do of its run (see the module doc)."""
 
-    __slots__ = ("_asked", "_ctx", "_spec")
+    __slots__ = ("_asked", "_ctx", "_spec", "said")
 
     def __init__(self, ctx: RunContext, spec: CustomState) -> None:
         self._ctx = ctx
         self._spec = spec
         self._asked = False
+        self.said = 0
+        """Messages this step added with ``say``."""
 
     @property
     def state(self) -> RunState:
-        """The run's state: read it; write only ``notes`` (the engine owns the rest)."""
-        return self._ctx.state
+        """The run's state, read-only (``views.view_of``): a write raises; keep your own data
+        in ``notes``."""
+        return view_of(self._ctx.state)
 
     @property
     def notes(self) -> dict[str, Any]:
@@ -92,6 +105,7 @@ class StepContext:
                 "wait for their results: route the run through ACT first"
             )
         self._ctx.append(UserMessage(content=clean_text(text)))
+        self.said += 1
 
     async def ask(
         self,
@@ -143,21 +157,21 @@ class StepContext:
     async def _call(
         self, model: Model, request: ModelRequest
     ) -> tuple[ModelResponse | None, ModelFailure | None]:
-        """The model's reply to ``request``, or why there is none (as THINK classifies it)."""
+        """The model's reply to ``request``, or why there is none (as THINK classifies it).
+        The work's stop scope (``custom_work``) cancels the call: that cancellation goes on
+        up through the work, which stops there."""
         ctx = self._ctx
-        scope = StopScope(ctx.stop)
         try:
-            with scope:
-                response = await model.request(request)
+            response = await model.request(request)
         except BaseException as exc:
-            if not scope.stopped and not is_own_failure(exc):
+            if ctx.stop.is_set():
+                if isinstance(exc, asyncio.CancelledError):
+                    raise  # the stop: the work's scope takes it
+                message = f"the model call was interrupted: {ctx.why_stopped()}"
+                return None, ModelFailure(message=message, permanent=True)
+            if not is_own_failure(exc):
                 raise  # the whole run was cancelled from outside, or a KeyboardInterrupt
-            if not scope.stopped:
-                return None, failure_from(exc)
-            response = None
-        if scope.stopped:
-            message = f"the model call was interrupted: {ctx.why_stopped()}"
-            return None, ModelFailure(message=message, permanent=True)
+            return None, failure_from(exc)
         if not isinstance(response, ModelResponse):
             message = f"the model returned {type(response).__name__}, not a ModelResponse"
             return None, ModelFailure(message=message, permanent=False)
@@ -165,31 +179,70 @@ class StepContext:
 
 
 async def custom_work(ctx: RunContext, spec: CustomState) -> None:
-    """The work of ``spec`` for one activation: its turn counted first when it counts one.
+    """The work of ``spec`` for one activation: its turn counted first when it counts one,
+    then the work, inside the run's stop scope.
 
     Raises:
-        TableError: the work raised (chained to what it raised), or changed the turn or
-            retry count, which the proof of termination rests on.
+        TableError: the work raised (chained to what it raised), wrote the run, or changed
+            its counts or its transcript (``_check_untouched``), which the proof of
+            termination and the transcript's validity rest on.
     """
     state = ctx.state
     if spec.counts_turn:
         previous, state.model_failure = state.model_failure, None
         await count_call(ctx, previous)
     step = StepContext(ctx, spec)
-    counts = (state.turns, state.retries)
+    before = _counted(state)
+    scope = StopScope(ctx.stop)
     try:
-        done = spec.work(step)
-        if inspect.isawaitable(done):
-            await done
+        with scope:
+            done = spec.work(step)
+            if inspect.isawaitable(done):
+                await done
     except TableError:
         raise
-    except Exception as exc:
+    except BaseException as exc:
+        if not scope.stopped and not is_own_failure(exc):
+            raise  # the whole run was cancelled from outside, or a KeyboardInterrupt
+        if not scope.stopped:
+            raise TableError(
+                f"the work of state {spec.name} raised {describe(exc)} (turn {state.turns})"
+            ) from exc
+    if scope.stopped:
+        _interrupted(ctx, spec)
+    _check_untouched(spec, state, before, step.said)
+
+
+def _interrupted(ctx: RunContext, spec: CustomState) -> None:
+    """``abort()`` or the deadline cancelled the work: say so; a state that counts a turn
+    records it as an interrupted call, as THINK does, for its rows to read."""
+    why = ctx.why_stopped()
+    ctx.log.info("custom_work_interrupted", state=spec.name, why=why)
+    if spec.counts_turn and ctx.state.model_failure is None:
+        message = f"the work of state {spec.name} was interrupted: {why}"
+        ctx.state.model_failure = ModelFailure(message=message, permanent=True)
+
+
+_Counted = tuple[int, int, int, int, int]
+
+
+def _counted(state: RunState) -> _Counted:
+    """What only the engine may change while a custom state works: the turn and retry
+    counts, the tokens used, the last answers, and the transcript's length."""
+    usage = state.usage
+    return (state.turns, state.retries, usage.total_tokens, state.last_answers, len(state.messages))
+
+
+def _check_untouched(spec: CustomState, state: RunState, before: _Counted, said: int) -> None:
+    """Raise ``TableError`` when the work left the run's counts or transcript otherwise than
+    its own ``ask`` and ``say`` did (a reference to the live state kept from elsewhere)."""
+    after = _counted(state)
+    asked_tokens = after[2] >= before[2]  # ask() adds the tokens of its call, nothing else
+    expected = (*before[:2], after[2] if asked_tokens else before[2], before[3], before[4] + said)
+    if after != expected:
         raise TableError(
-            f"the work of state {spec.name} raised {describe(exc)} (turn {state.turns})"
-        ) from exc
-    if (state.turns, state.retries) != counts:
-        raise TableError(
-            f"the work of state {spec.name} changed the run's turns or retries (from {counts} "
-            f"to {(state.turns, state.retries)}): only the engine counts them, and the turn "
-            "budget that ends every run reads them"
+            f"the work of state {spec.name} changed the run's counts or transcript (turns, "
+            f"retries, tokens, last answers, messages: {before} before, {after} after, "
+            f"{said} message(s) said): only the engine counts them, and the budgets that end "
+            "every run read them"
         )

@@ -7,6 +7,7 @@ from collections.abc import Awaitable
 
 from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.run.context import Reflector, RunContext
+from agent_fsm.views import view_of
 
 __all__ = ["reflect"]
 
@@ -24,9 +25,11 @@ def reflect(ctx: RunContext) -> Awaitable[None] | None:
 
 async def _ask(ctx: RunContext, reflector: Reflector) -> None:
     """A reflector that raises is a bug in a hook, not in the run: it is logged with its
-    traceback and its verdict is "not done", so the budgets still end the run."""
+    traceback and its verdict is "not done", so the budgets still end the run. It reads a
+    read-only view of the run (``views.view_of``): one that tries to change it raises, and
+    is logged the same way."""
     try:
-        verdict = reflector(ctx.state)
+        verdict = reflector(view_of(ctx.state))
         if inspect.isawaitable(verdict):
             verdict = await verdict
         done = bool(verdict)
