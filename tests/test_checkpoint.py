@@ -21,9 +21,10 @@ import pytest
 
 from agent_fsm import CheckpointError, CheckpointStore, SQLiteStore
 from agent_fsm.durable import RunSummary
-from agent_fsm.durable import checkpoint as checkpoint_module
+from agent_fsm.durable import encoding as checkpoint_module
 from agent_fsm.durable.journal import CallStatus, ToolJournal, journal_key
 from agent_fsm.durable.sqlite import LAYOUT_VERSION
+from agent_fsm.durable.sqlite_file import SQLiteFile
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
@@ -546,8 +547,10 @@ def test_sqlite_file_is_in_wal_mode(tmp_path: Path) -> None:
         with sqlite3.connect(path) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
             assert conn.execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION
-        assert store._conn is not None
-        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    file = SQLiteFile(path)
+    with file.transaction("read the settings", write=False) as conn:
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    file.close()
 
 
 def test_paths_that_cannot_be_opened(tmp_path: Path) -> None:

@@ -215,7 +215,7 @@ def test_a_dropped_connection_fails_one_call_and_is_replaced(
     pg: PostgresStore, admin: psycopg.Connection[Any]
 ) -> None:
     pg.save(rich_state())
-    backend = pg._conn.info.backend_pid if pg._conn is not None else 0
+    backend = pg._db._conn.info.backend_pid if pg._db._conn is not None else 0
     admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
     with pytest.raises(CheckpointError, match="cannot load run 'run-1'"):
         pg.load("run-1")
@@ -228,8 +228,8 @@ def test_saves_commit_without_a_flush_unless_asked(
 ) -> None:
     with PostgresStore(postgres_url, schema=postgres_schema, synchronous_saves=synchronous) as pg:
         pg.save(rich_state())
-        assert pg._conn is not None
-        shown = pg._conn.execute("SHOW synchronous_commit").fetchone()
+        assert pg._db._conn is not None
+        shown = pg._db._conn.execute("SHOW synchronous_commit").fetchone()
         assert shown == (setting,)
 
 

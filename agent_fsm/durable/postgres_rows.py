@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agent_fsm.durable.checkpoint import MESSAGE_ADAPTER, RunSummary, encode_header, summarize
+from agent_fsm.durable.encoding import MESSAGE_ADAPTER, RunSummary, encode_header, summarize
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
 from agent_fsm.table import state_named

@@ -1,19 +1,8 @@
 """SQLiteStore: the embedded default checkpoint store, one file shared by several processes.
 
-The file is in WAL mode (readers never block the writer) with ``synchronous=NORMAL``: a
-committed save survives a crash of the process, which is what resuming needs (a power loss
-may lose the last few saves, never corrupt older ones). Every write is one ``BEGIN
-IMMEDIATE`` transaction, so a crash mid-save leaves the previous checkpoint intact, and
-concurrent writers wait for each other (up to ``timeout``) instead of failing.
-
-Tables (their layout is versioned with ``PRAGMA user_version``, apart from the checkpoint
-schema version each run records):
-
-    runs      run_id, schema_version, header (JSON), summary columns, created/updated times
-    messages  run_id, idx, json           one row per transcript message
-    trace     run_id, idx, row, turn      one row per transition
-    journal   run_id, key, call, status, result     the tool journal
-    leases    run_id, owner, token, expires_at      run leases (``sqlite_leases``)
+The file, its tables and its transactions are ``durable.sqlite_file``'s: WAL mode, every
+write one ``BEGIN IMMEDIATE`` transaction, so a crash mid-save leaves the previous checkpoint
+intact and concurrent writers wait for each other (up to ``timeout``) instead of failing.
 
 A save reads the run's stored counts (one indexed lookup), inserts only the new messages and
 trace rows and rewrites the small ``runs`` row; see ``checkpoint`` for the rules. A save
@@ -25,19 +14,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
 from pydantic import ValidationError
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
-from agent_fsm.durable.checkpoint import (
+from agent_fsm.durable.checkpoint import ClosingStore
+from agent_fsm.durable.encoding import (
     MESSAGE_ADAPTER,
-    ClosingStore,
     RunSummary,
     decode_header,
     encode_header,
@@ -46,6 +33,7 @@ from agent_fsm.durable.checkpoint import (
 )
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_ttl
+from agent_fsm.durable.sqlite_file import LAYOUT_VERSION, SQLiteFile
 from agent_fsm.durable.sqlite_journal import SQLiteJournal
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message
@@ -53,51 +41,6 @@ from agent_fsm.state import RunState
 from agent_fsm.table import state_named
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
-
-LAYOUT_VERSION = 2
-"""The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table (a
-version 1 file is upgraded when opened)."""
-
-_LAYOUT = """
-CREATE TABLE runs (
-    run_id TEXT PRIMARY KEY,
-    schema_version INTEGER NOT NULL,
-    header TEXT NOT NULL,
-    state TEXT NOT NULL,
-    turns INTEGER NOT NULL,
-    total_tokens INTEGER NOT NULL,
-    message_count INTEGER NOT NULL,
-    trace_count INTEGER NOT NULL,
-    last_row INTEGER,
-    output TEXT,
-    error TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    revision INTEGER NOT NULL
-);
-CREATE INDEX runs_by_revision ON runs (revision);
-CREATE TABLE messages (
-    run_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    json TEXT NOT NULL,
-    PRIMARY KEY (run_id, idx)
-);
-CREATE TABLE trace (
-    run_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    row INTEGER NOT NULL,
-    turn INTEGER NOT NULL,
-    PRIMARY KEY (run_id, idx)
-) WITHOUT ROWID;
-CREATE TABLE journal (
-    run_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    call TEXT NOT NULL,
-    status TEXT NOT NULL,
-    result TEXT,
-    PRIMARY KEY (run_id, key)
-);
-"""
 
 _UPSERT_RUN = """
 INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
@@ -127,7 +70,7 @@ class SQLiteStore(ClosingStore):
     Args:
         path: the database file, created when missing (with its tables).
         timeout: seconds a write waits for another process's write to finish.
-        clock: the source of ``created_at`` / ``updated_at`` (unix time).
+        clock: the time (unix seconds) of ``created_at`` / ``updated_at`` and of leases.
 
     Raises:
         CheckpointError: the file cannot be opened or written, is not an agent_fsm store,
@@ -144,119 +87,22 @@ class SQLiteStore(ClosingStore):
         timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = os.fspath(path)
+        self._file = SQLiteFile(path, timeout=timeout)
+        self.path = self._file.path
         self._clock = clock
-        self._lock = threading.Lock()
         self._seen: dict[str, tuple[int, Message | None]] = {}
         """run_id → (messages stored, the last one as saved from or loaded into this
         process): when the live state still holds that very object, the stored prefix is
         known to match without reading it back."""
-        try:
-            self._conn: sqlite3.Connection | None = sqlite3.connect(
-                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
-        try:
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._prepare_layout(self._conn)
-            self._check_writable(self._conn)
-        except (sqlite3.Error, CheckpointError) as exc:
-            self._conn.close()
-            self._conn = None
-            if isinstance(exc, CheckpointError):
-                raise
-            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
-
-    def _prepare_layout(self, conn: sqlite3.Connection) -> None:
-        """Create the tables in a new file, upgrade an older layout; refuse a file laid out
-        by anyone else."""
-        if conn.execute("PRAGMA user_version").fetchone()[0] < LAYOUT_VERSION:
-            conn.execute("BEGIN IMMEDIATE")  # two processes may create the same new file
-            try:
-                self._lay_out(conn, conn.execute("PRAGMA user_version").fetchone()[0])
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > LAYOUT_VERSION:
-            raise CheckpointError(
-                f"checkpoint store {self.path} was laid out by a newer agent_fsm (layout"
-                f" version {version}; this version knows {LAYOUT_VERSION}): upgrade agent_fsm"
-            )
-        if version != LAYOUT_VERSION:
-            raise CheckpointError(
-                f"checkpoint store {self.path} has unknown layout version {version}"
-            )
-
-    def _lay_out(self, conn: sqlite3.Connection, version: int) -> None:
-        """Bring a layout of ``version`` to ``LAYOUT_VERSION``, inside the caller's
-        transaction, statement by statement (executescript would commit it)."""
-        if version == 0:
-            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                raise CheckpointError(
-                    f"{self.path} is not an agent_fsm checkpoint store (it holds other tables)"
-                )
-            for statement in _LAYOUT.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-        if version in (0, 1):
-            conn.execute(sqlite_leases.LEASES_TABLE)
-            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
-
-    def _check_writable(self, conn: sqlite3.Connection) -> None:
-        """Refuse a store that cannot be written (a read-only file, directory or file system)
-        now, rather than at a run's first checkpoint: one write, rolled back."""
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
-        except sqlite3.OperationalError as exc:
-            if not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
-                raise
-            raise CheckpointError(
-                f"checkpoint store {self.path} cannot be written ({exc}): runs could not be"
-                " saved; give a path this process may write"
-            ) from exc
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-
-    @contextmanager
-    def _transaction(self, what: str, *, write: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction, under the store's lock; sqlite errors become CheckpointError.
-
-        Reads take a deferred transaction too: their queries then see one consistent
-        snapshot even while another process writes.
-        """
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise CheckpointError(f"checkpoint store {self.path} is closed")
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                try:
-                    yield conn
-                except BaseException:
-                    if conn.in_transaction:  # sqlite may have rolled back already
-                        conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise CheckpointError(
-                    f"checkpoint store {self.path}: cannot {what}: {exc}"
-                ) from exc
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> None:
-        with self._transaction(f"save run {state.run_id!r}", write=True) as conn:
+        with self._file.transaction(f"save run {state.run_id!r}", write=True) as conn:
             self._write(conn, state, lease)
         self._saved(state)
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
         run_id = state.run_id
-        with self._transaction(f"create run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"create run {run_id!r}", write=True) as conn:
             # BEGIN IMMEDIATE holds the write lock from here: no other process can create
             # the run between this look-up and the write.
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
@@ -339,7 +185,7 @@ class SQLiteStore(ClosingStore):
         return stored
 
     def load(self, run_id: str) -> RunState:
-        with self._transaction(f"load run {run_id!r}", write=False) as conn:
+        with self._file.transaction(f"load run {run_id!r}", write=False) as conn:
             row = conn.execute(
                 "SELECT schema_version, header, message_count, trace_count FROM runs"
                 " WHERE run_id = ?",
@@ -371,12 +217,12 @@ class SQLiteStore(ClosingStore):
         return state
 
     def exists(self, run_id: str) -> bool:
-        with self._transaction(f"look up run {run_id!r}", write=False) as conn:
+        with self._file.transaction(f"look up run {run_id!r}", write=False) as conn:
             found = conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return found is not None
 
     def list_runs(self, limit: int | None = None) -> list[RunSummary]:
-        with self._transaction("list runs", write=False) as conn:
+        with self._file.transaction("list runs", write=False) as conn:
             rows = conn.execute(
                 f"SELECT {_SUMMARY_COLUMNS} FROM runs ORDER BY revision DESC LIMIT ?",
                 (-1 if limit is None else max(limit, 0),),
@@ -387,38 +233,37 @@ class SQLiteStore(ClosingStore):
             raise CheckpointError(f"checkpoint store {self.path} has a bad run: {exc}") from exc
 
     def delete(self, run_id: str) -> None:
-        with self._transaction(f"delete run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"delete run {run_id!r}", write=True) as conn:
             for table in ("runs", "messages", "trace", "journal", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         self._seen.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
-        return SQLiteJournal(self, run_id, lease)
+        return SQLiteJournal(self._file, run_id, lease, self._clock)
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
         ttl_s = check_ttl(ttl_s)
-        with self._transaction(f"claim run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"claim run {run_id!r}", write=True) as conn:
             return sqlite_leases.claim(conn, run_id, owner, ttl_s, self._clock())
 
     def renew(self, lease: Lease) -> Lease:
-        with self._transaction(f"renew the lease of run {lease.run_id!r}", write=True) as conn:
+        with self._file.transaction(f"renew the lease of run {lease.run_id!r}", write=True) as conn:
             expires_at = sqlite_leases.renew(conn, lease, self._clock())
         return dataclasses.replace(lease, expires_at=expires_at)
 
     def release(self, lease: Lease) -> None:
-        with self._transaction(f"release the lease of run {lease.run_id!r}", write=True) as conn:
+        with self._file.transaction(
+            f"release the lease of run {lease.run_id!r}", write=True
+        ) as conn:
             sqlite_leases.release(conn, lease)
 
     def lease(self, run_id: str) -> Lease | None:
-        with self._transaction(f"look up the lease of run {run_id!r}", write=False) as conn:
+        with self._file.transaction(f"look up the lease of run {run_id!r}", write=False) as conn:
             return sqlite_leases.live(conn, run_id, self._clock())
 
     def close(self) -> None:
         """Close the file; idempotent."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._file.close()
 
 
 def _kept_trace(
