@@ -21,8 +21,11 @@ a store, ours included):
   already stored (plus the small header: ``durable.encoding``): its cost does not grow with
   the transcript. A state holding fewer entries than are stored (a run restored from an
   older checkpoint and continued) first drops the extra stored ones; a state whose entry at
-  the last stored index differs from the stored one (a different history under the same run
-  id) is written out in full. Only that one entry is compared.
+  the last stored index of either list differs from the stored one (a different history
+  under the same run id) is written out in full, both lists: they are one history, never a
+  mix of two. Only that one entry of each list is compared, and a store that remembers what
+  it wrote must still notice another writer's save (``SQLiteStore`` and ``PostgresStore``
+  compare the run's revision).
 - Nothing is ever read half-way: ``load`` returns the whole state or raises
   ``CheckpointError``, as it does for an unknown run id.
 
@@ -201,8 +204,7 @@ class MemoryStore(ClosingStore):
                 revision=0,
             )
             self._runs[state.run_id] = stored
-        _extend(stored.messages, state.messages)
-        _extend(stored.trace, state.trace)  # (int, int) tuples: immutable, safe to share
+        _bring_level(stored, state)
         stored.version, stored.header = version, header
         stored.summary = summarize(state, created_at=stored.summary.created_at, updated_at=now)
         self._revision += 1
@@ -258,15 +260,28 @@ class MemoryStore(ClosingStore):
         """Nothing to release; present for the protocol."""
 
 
-def _extend(stored: list[_T], live: list[_T]) -> None:
-    """Bring ``stored`` level with the append-only ``live`` list, copying only what is new.
+def _bring_level(stored: _StoredRun, state: RunState) -> None:
+    """Bring the stored entries level with the append-only lists of ``state``, copying only
+    what is new (the immutable messages and ``(int, int)`` pairs themselves, safe to share).
 
-    ``live`` may hold fewer entries (restored from an older checkpoint and continued: the
-    extra stored ones go) or a different history (its entry at the last stored index differs:
-    everything is replaced). Comparing one entry keeps a save O(new entries).
+    The live lists may hold fewer entries (restored from an older checkpoint and continued:
+    the extra stored ones go) or another history (an entry at the last stored index of
+    either list differs: both are replaced). Comparing one entry of each keeps a save
+    O(new entries).
     """
-    if len(live) < len(stored):
-        del stored[len(live) :]
-    if stored and stored[-1] is not live[len(stored) - 1] and stored[-1] != live[len(stored) - 1]:
-        stored.clear()
-    stored.extend(live[len(stored) :])
+    messages, trace = stored.messages, stored.trace
+    del messages[len(state.messages) :]
+    del trace[len(state.trace) :]
+    if not (_continues(messages, state.messages) and _continues(trace, state.trace)):
+        messages.clear()
+        trace.clear()
+    messages.extend(state.messages[len(messages) :])
+    trace.extend(state.trace[len(trace) :])
+
+
+def _continues(stored: list[_T], live: list[_T]) -> bool:
+    """Whether ``live``, at least as long, holds ``stored``'s last entry at its index."""
+    if not stored:
+        return True
+    last = live[len(stored) - 1]
+    return stored[-1] is last or stored[-1] == last

@@ -160,8 +160,7 @@ class PostgresStore(ClosingStore):
         known = self._seen.get(run_id)
         if known is not None and known.revision != stored_revision:
             known = None  # another store wrote the run since: compare with what is stored
-        messages_from = rows.kept_messages(conn, run_id, stored_messages, state.messages, known)
-        trace_from = rows.kept_trace(conn, run_id, stored_trace, state.trace, known)
+        messages_from, trace_from = rows.kept(conn, state, stored_messages, stored_trace, known)
         rows.clear(conn, run_id, messages_from, trace_from)
         values = rows.run_values(state, self._clock())
         values.update(rows.append_params(state, messages_from, trace_from), revision=revision)

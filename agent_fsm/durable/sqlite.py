@@ -17,7 +17,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -43,8 +43,7 @@ from agent_fsm.table import state_named
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
 
 _UPSERT_RUN = """
-INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs))
+INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id) DO UPDATE SET
     schema_version = excluded.schema_version, header = excluded.header,
     state = excluded.state, turns = excluded.turns, total_tokens = excluded.total_tokens,
@@ -90,15 +89,15 @@ class SQLiteStore(ClosingStore):
         self._file = SQLiteFile(path, timeout=timeout)
         self.path = self._file.path
         self._clock = clock
-        self._seen: dict[str, tuple[int, Message | None]] = {}
-        """run_id → (messages stored, the last one as saved from or loaded into this
-        process): when the live state still holds that very object, the stored prefix is
-        known to match without reading it back."""
+        self._seen: dict[str, _Seen] = {}
+        """run_id → what this store last wrote or read of the run: while the stored
+        revision is that one and the live state still holds that very last message, the
+        stored messages are known to match without reading one back."""
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> None:
         with self._file.transaction(f"save run {state.run_id!r}", write=True) as conn:
-            self._write(conn, state, lease)
-        self._saved(state)
+            revision = self._write(conn, state, lease)
+        self._saved(revision, state)
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
         run_id = state.run_id
@@ -107,42 +106,47 @@ class SQLiteStore(ClosingStore):
             # the run between this look-up and the write.
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                 return False
-            self._write(conn, state, lease)
-        self._saved(state)
+            revision = self._write(conn, state, lease)
+        self._saved(revision, state)
         return True
 
-    def _saved(self, state: RunState) -> None:
-        """Remember what was committed, so the next save of the run need not read it back."""
+    def _saved(self, revision: int, state: RunState) -> None:
+        """Remember what is stored at ``revision``, so the next save of the run need not
+        read it back."""
         messages = state.messages
-        self._seen[state.run_id] = (len(messages), messages[-1] if messages else None)
+        self._seen[state.run_id] = _Seen(
+            revision, len(messages), messages[-1] if messages else None
+        )
 
-    def _write(self, conn: sqlite3.Connection, state: RunState, lease: Lease | None) -> None:
+    def _write(self, conn: sqlite3.Connection, state: RunState, lease: Lease | None) -> int:
         """Write ``state`` as its run's checkpoint, inside the caller's transaction (fenced
-        by ``lease``, which it renews)."""
+        by ``lease``, which it renews); return the run's new revision."""
         run_id = state.run_id
         now = self._clock()
         sqlite_leases.fence(conn, run_id, lease, now)
         version, header = encode_header(state)
         messages, trace = state.messages, state.trace
         row = conn.execute(
-            "SELECT message_count, trace_count, created_at FROM runs WHERE run_id = ?",
+            "SELECT message_count, trace_count, created_at, revision FROM runs WHERE run_id = ?",
             (run_id,),
         ).fetchone()
-        stored_messages, stored_trace, created_at = row if row else (0, 0, now)
-        stored_messages = self._kept_messages(conn, run_id, stored_messages, messages)
-        stored_trace = _kept_trace(conn, run_id, stored_trace, trace)
+        stored_messages, stored_trace, created_at, stored_revision = row or (0, 0, now, None)
+        kept_messages, kept_trace = self._kept(
+            conn, state, (stored_messages, stored_trace), stored_revision
+        )
         conn.executemany(
             "INSERT INTO messages VALUES (?, ?, ?)",
             [
                 (run_id, idx, MESSAGE_ADAPTER.dump_json(messages[idx]).decode())
-                for idx in range(stored_messages, len(messages))
+                for idx in range(kept_messages, len(messages))
             ],
         )
         conn.executemany(
             "INSERT INTO trace VALUES (?, ?, ?, ?)",
-            [(run_id, idx, *trace[idx]) for idx in range(stored_trace, len(trace))],
+            [(run_id, idx, *trace[idx]) for idx in range(kept_trace, len(trace))],
         )
         summary = summarize(state, created_at=created_at, updated_at=now)
+        (revision,) = conn.execute("SELECT COALESCE(MAX(revision), 0) + 1 FROM runs").fetchone()
         conn.execute(
             _UPSERT_RUN,
             (
@@ -159,35 +163,71 @@ class SQLiteStore(ClosingStore):
                 summary.error,
                 created_at,
                 now,
+                revision,
             ),
         )
+        return int(revision)
 
-    def _kept_messages(
-        self, conn: sqlite3.Connection, run_id: str, stored: int, live: list[Message]
-    ) -> int:
-        """How many stored messages stay, after deleting those ``live`` does not share."""
-        if stored > len(live):  # restored from an older checkpoint and continued
-            conn.execute("DELETE FROM messages WHERE run_id = ? AND idx >= ?", (run_id, len(live)))
-            stored = len(live)
-        if stored == 0:
-            conn.execute("DELETE FROM messages WHERE run_id = ?", (run_id,))  # orphans, if any
-            return 0
-        last = live[stored - 1]
+    def _kept(
+        self,
+        conn: sqlite3.Connection,
+        state: RunState,
+        stored: tuple[int, int],
+        revision: int | None,
+    ) -> tuple[int, int]:
+        """How many of the stored messages and trace entries stay; the others are deleted.
+
+        Entries beyond the live state's go (a run restored from an older checkpoint and
+        continued). The rest stay only if the live state continues both lists, its entries
+        at the last stored indices being the stored ones; otherwise it is another history
+        (``checkpoint``'s rules), written whole: transcript and trace are one history.
+        """
+        run_id, messages, trace = state.run_id, state.messages, state.trace
+        kept_messages, kept_trace = min(stored[0], len(messages)), min(stored[1], len(trace))
+        if not (
+            self._same_message(conn, run_id, kept_messages, messages, revision)
+            and _same_step(conn, run_id, kept_trace, trace)
+        ):
+            kept_messages = kept_trace = 0
+        for table, kept, count in (
+            ("messages", kept_messages, stored[0]),
+            ("trace", kept_trace, stored[1]),
+        ):
+            if kept == 0:  # all of it (rows a deleted run left, if any)
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            elif kept < count:
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ? AND idx >= ?", (run_id, kept))
+        return kept_messages, kept_trace
+
+    def _same_message(
+        self,
+        conn: sqlite3.Connection,
+        run_id: str,
+        kept: int,
+        live: list[Message],
+        revision: int | None,
+    ) -> bool:
+        """Whether the live message at index ``kept - 1`` is the stored one: known without
+        reading it when this store saw the stored revision end with that very object."""
+        if kept == 0:
+            return True
+        last = live[kept - 1]
         seen = self._seen.get(run_id)
-        if seen is not None and seen[0] == stored and seen[1] is last:
-            return stored
+        if (
+            seen is not None
+            and (seen.revision, seen.messages) == (revision, kept)
+            and seen.last is last
+        ):
+            return True
         found = conn.execute(
-            "SELECT json FROM messages WHERE run_id = ? AND idx = ?", (run_id, stored - 1)
+            "SELECT json FROM messages WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
         ).fetchone()
-        if found is None or found[0] != MESSAGE_ADAPTER.dump_json(last).decode():
-            conn.execute("DELETE FROM messages WHERE run_id = ?", (run_id,))  # another history
-            return 0
-        return stored
+        return found is not None and found[0] == MESSAGE_ADAPTER.dump_json(last).decode()
 
     def load(self, run_id: str) -> RunState:
         with self._file.transaction(f"load run {run_id!r}", write=False) as conn:
             row = conn.execute(
-                "SELECT schema_version, header, message_count, trace_count FROM runs"
+                "SELECT schema_version, header, message_count, trace_count, revision FROM runs"
                 " WHERE run_id = ?",
                 (run_id,),
             ).fetchone()
@@ -199,7 +239,7 @@ class SQLiteStore(ClosingStore):
             trace = conn.execute(
                 "SELECT row, turn FROM trace WHERE run_id = ? ORDER BY idx", (run_id,)
             ).fetchall()
-        version, header, message_count, trace_count = row
+        version, header, message_count, trace_count, revision = row
         if (len(texts), len(trace)) != (message_count, trace_count):
             raise CheckpointError(
                 f"checkpoint of run {run_id!r} is incomplete: {len(texts)} of {message_count}"
@@ -213,7 +253,7 @@ class SQLiteStore(ClosingStore):
                 f"checkpoint of run {run_id!r} has an unreadable message: {exc.errors()[0]['msg']}"
             ) from exc
         state.trace = [(r, t) for r, t in trace]
-        self._seen[run_id] = (len(state.messages), state.messages[-1] if state.messages else None)
+        self._saved(revision, state)
         return state
 
     def exists(self, run_id: str) -> bool:
@@ -266,20 +306,22 @@ class SQLiteStore(ClosingStore):
         self._file.close()
 
 
-def _kept_trace(
-    conn: sqlite3.Connection, run_id: str, stored: int, live: list[tuple[int, int]]
-) -> int:
-    """How many stored trace entries stay (the rule of ``SQLiteStore._kept_messages``)."""
-    if stored > len(live):
-        conn.execute("DELETE FROM trace WHERE run_id = ? AND idx >= ?", (run_id, len(live)))
-        stored = len(live)
-    if stored == 0:
-        conn.execute("DELETE FROM trace WHERE run_id = ?", (run_id,))
-        return 0
+class _Seen(NamedTuple):
+    """What a SQLiteStore last wrote or read of a run: at ``revision``, the stored messages
+    were ``messages`` many, the last of them ``last``."""
+
+    revision: int
+    messages: int
+    last: Message | None
+
+
+def _same_step(
+    conn: sqlite3.Connection, run_id: str, kept: int, live: list[tuple[int, int]]
+) -> bool:
+    """Whether the live trace entry at index ``kept - 1`` is the stored one."""
+    if kept == 0:
+        return True
     found = conn.execute(
-        "SELECT row, turn FROM trace WHERE run_id = ? AND idx = ?", (run_id, stored - 1)
+        "SELECT row, turn FROM trace WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
     ).fetchone()
-    if found is None or tuple(found) != tuple(live[stored - 1]):
-        conn.execute("DELETE FROM trace WHERE run_id = ?", (run_id,))
-        return 0
-    return stored
+    return found is not None and tuple(found) == tuple(live[kept - 1])

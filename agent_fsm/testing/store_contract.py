@@ -167,6 +167,25 @@ class CheckpointStoreContract(JournalContract, LeaseContract):
         store.save(other)
         assert store.load("run-1") == other
 
+    @pytest.mark.parametrize("differs", ["messages", "trace"])
+    def test_a_history_is_told_apart_by_either_list(self, differs: str) -> None:
+        """A different history whose last message is the stored one but whose last step is
+        not (or the other way round) still replaces the stored history whole: the
+        transcript and the trace are one history, never a mix of two."""
+        store = self.open_store()
+        stored = sample_state()
+        add_turn(stored, 1)
+        store.save(stored)
+        other = copy.deepcopy(stored)
+        other.messages[1] = UserMessage(content="another question")
+        other.trace[0] = (9, 0)
+        if differs == "messages":
+            other.messages[-1] = AssistantMessage(content="another ending")
+        else:
+            other.trace[-1] = (9, 9)
+        store.save(other)
+        assert store.load("run-1") == other
+
     # -- create, delete -------------------------------------------------------------------------
 
     def test_create_saves_a_new_run_and_refuses_a_taken_id(self) -> None:
@@ -311,6 +330,23 @@ class CheckpointStoreContract(JournalContract, LeaseContract):
         assert second.load("run-1") == state
         second.save(RunState(run_id="other"))
         assert [run.run_id for run in first.list_runs()] == ["other", "run-1"]
+
+    def test_a_store_goes_by_what_is_stored_not_by_what_it_saw(self) -> None:
+        """Another store rewrote the run with a history as long as the one this store saved
+        last: this store's next save must not append to the other's history."""
+        first, second = self.open_store(), self.open_shared()
+        older = sample_state()
+        first.save(older)
+        state = copy.deepcopy(older)
+        add_turn(state, 1)
+        first.save(state)  # first saw 9 messages, ending with its own
+        theirs = second.load("run-1")
+        del theirs.messages[-2:], theirs.trace[-4:]
+        add_turn(theirs, 5)  # as long, another ending
+        second.save(theirs)
+        add_turn(state, 2)
+        first.save(state)  # the last writer: its history, whole
+        assert second.load("run-1") == state
 
     def test_of_many_stores_creating_one_run_exactly_one_wins(self) -> None:
         stores = [self.open_store(), *(self.open_shared() for _ in range(5))]
