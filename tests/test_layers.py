@@ -1,7 +1,7 @@
-"""The import rules of the layout (this file is their authority; the README's "Layout"
-describes them): third-party libraries stay in their one module, every module imports only
-from modules below it in the layout, type-only imports included (so there is no import
-cycle), and no module uses another module's underscored names."""
+"""The import rules, and the layout they follow (``LAYERS`` below is its authority): every
+module imports only from modules below it, type-only imports included (so there is no import
+cycle), third-party libraries stay in their one module, and no module uses another module's
+underscored names."""
 
 from __future__ import annotations
 
