@@ -35,10 +35,7 @@ with a stop reason. ``run()`` therefore never raises for them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from agent_fsm.state import RunResult
+from typing import Any
 
 __all__ = [
     "AgentFSMError",
@@ -69,9 +66,13 @@ class ConfigError(AgentFSMError, ValueError):
 class RunError(AgentFSMError):
     """A run cannot be driven further; ``result`` holds what the run produced, if anything."""
 
-    def __init__(self, message: str, result: RunResult | None = None) -> None:
+    def __init__(self, message: str, result: Any = None) -> None:
         super().__init__(message)
         self.result = result
+        """The ``agent_fsm.state.RunResult`` of the run, when it has one; else None. Typed
+        ``Any``: this module is the bottom of the layout (everything raises its errors), so
+        it names no type from above it, which would make an import cycle
+        (errors -> state -> table -> errors)."""
 
 
 class ResumeError(RunError):

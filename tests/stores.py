@@ -1,9 +1,10 @@
 """Checkpoint stores for the tests: every kind behind one fixture, and PostgreSQL for them.
 
-``store`` is a fresh store of each kind (memory, sqlite, postgres); ``open_store`` opens
-another store on the same storage, as a second process would (``shared_store`` kinds only:
-sqlite and postgres). A test asks for ``postgres_url`` / ``postgres_schema`` for PostgreSQL
-itself.
+``store`` is a fresh store of each kind (memory, sqlite, postgres), for the suites that run
+agents on every store (the stores' own contract is ``tests/test_store_contract.py``'s);
+``open_store`` opens stores of one kind on one test's storage, another one as a second process
+would (``open_shared_store``: sqlite and postgres). A test asks for ``postgres_url`` /
+``postgres_schema`` for PostgreSQL itself.
 
 Where PostgreSQL comes from, in this order:
 

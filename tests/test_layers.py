@@ -1,9 +1,12 @@
-"""The import rules of DESIGN.md: third-party libraries stay in their one module, and every
-module imports only from modules above it in the layout."""
+"""The import rules, and the layout they follow (``LAYERS`` below is its authority): every
+module imports only from modules below it, type-only imports included (so there is no import
+cycle), third-party libraries stay in their one module, and no module uses another module's
+underscored names."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "agent_fsm"
@@ -23,7 +26,6 @@ LAYERS = [
     "state",
     "views",
     "events",
-    "compaction",
     "cancellation",
     "logs",
     # loop/: table-driven deciding, no I/O
@@ -35,12 +37,15 @@ LAYERS = [
     # durable/: what outlives a process
     "durable.journal",
     "durable.leases",
+    "durable.encoding",
     "durable.checkpoint",
     "durable.sqlite_leases",
+    "durable.sqlite_file",
     "durable.sqlite_journal",
     "durable.sqlite",
     "durable.postgres_rows",
     "durable.postgres_leases",
+    "durable.postgres_database",
     "durable.postgres_journal",
     "durable.postgres",
     "durable.tracefile",
@@ -70,6 +75,8 @@ LAYERS = [
     "models.gemini_convert",
     "models.gemini",
     "models",
+    # context policies: a Summarize policy may have a model of its own (models.base)
+    "compaction",
     "hooks",
     # run/: one run
     "run.context",
@@ -111,6 +118,10 @@ LAYERS = [
     "testing.assertions",
     "testing.stateful",
     "testing.plugin",
+    "testing.store_kit",
+    "testing.journal_contract",
+    "testing.lease_contract",
+    "testing.store_contract",
     "testing",
     "demo",
     "cli_model",
@@ -132,9 +143,35 @@ ONLY_IN = {
     },
     "hypothesis_jsonschema": {"testing.strategies"},
     "opentelemetry": {"otel"},
-    "psycopg": {"durable.postgres"},
+    "psycopg": {"durable.postgres_database"},
+    "pytest": {
+        "testing.plugin",
+        "testing.store_kit",
+        "testing.journal_contract",
+        "testing.lease_contract",
+        "testing.store_contract",
+    },
     "dbos": {"dbos.replay", "dbos.steps", "dbos.pausing", "dbos.agent", "dbos.recovery"},
 }
+
+
+PRIVATE_USES_ALLOWED = {
+    # Not this branch's to fix (the adapters are being reworked, issue 32 "Shapes, not
+    # copies"): the Responses adapter borrows the Chat adapter's private helpers; they belong
+    # in models.common. Remove these entries once it imports public names.
+    ("models.openai_responses", "agent_fsm.models.openai_chat._TRANSIENT_STATUSES"),
+    ("models.openai_responses", "agent_fsm.models.openai_chat._client_parameters"),
+    ("models.openai_responses", "agent_fsm.models.openai_chat._connection_failure"),
+    ("models.openai_responses", "agent_fsm.models.openai_chat._error_code"),
+    ("models.openai_responses", "agent_fsm.models.openai_chat._server_message"),
+    # The harness replays a case with the behaviour module's private ``_outcome``: it wants a
+    # public name there (testing.behaviour.outcome). Remove once renamed.
+    ("testing.harness", "agent_fsm.testing.behaviour._outcome"),
+    # dbos has no public call that recovers another executor's workflows: a third-party
+    # private name, pinned by the dbos version range in pyproject.toml.
+    ("dbos.recovery", "DBOS._recover_pending_workflows"),
+}
+"""Uses of another module's underscored names that the test tolerates, each with why."""
 
 
 def _module_name(path: Path) -> str:
@@ -144,42 +181,218 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Runtime imports (those under ``if TYPE_CHECKING:`` create no dependency)."""
+MODULES = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
+    if isinstance(test, ast.Attribute):
+        return test.attr == "TYPE_CHECKING"
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+
+
+def _tree(path: Path, *, typing: bool) -> ast.Module:
+    """The module's syntax tree; without ``typing``, its ``if TYPE_CHECKING:`` blocks
+    emptied (they import nothing at run time)."""
     tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            node.body = []
+    if not typing:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and _is_type_checking(node.test):
+                node.body = []
+    return tree
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` names, a relative one made absolute."""
+    if not node.level:
+        return node.module or ""
+    package = [part for part in module.split(".") if part]
+    if MODULES[module].name != "__init__.py":
+        package = package[:-1]
+    package = package[: len(package) - (node.level - 1)]
+    return ".".join(["agent_fsm", *package, *([node.module] if node.module else [])])
+
+
+def _imports(path: Path, *, typing: bool = False) -> set[str]:
+    """The modules ``path`` imports: at run time, or (``typing``) for the type checker too.
+    ``from agent_fsm.x import y`` imports ``agent_fsm.x.y`` as well when ``y`` is a module."""
+    module = _module_name(path)
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(_tree(path, typing=typing)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node)
+            found.add(base)
+            for alias in node.names:
+                inner = f"{base}.{alias.name}".removeprefix("agent_fsm.")
+                if base.startswith("agent_fsm") and inner in MODULES:
+                    found.add(f"agent_fsm.{inner}")
     return found
 
 
+def _inside(imported: str) -> str | None:
+    """The layout name of a module of the package (``""`` for the package), else None."""
+    if imported != "agent_fsm" and not imported.startswith("agent_fsm."):
+        return None
+    return imported.removeprefix("agent_fsm").removeprefix(".")
+
+
 def test_every_module_is_in_the_layout() -> None:
-    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
-    assert modules <= set(LAYERS), modules - set(LAYERS)
+    assert set(MODULES) <= set(LAYERS), set(MODULES) - set(LAYERS)
 
 
 def test_third_party_libraries_stay_in_their_module() -> None:
-    for path in PACKAGE.rglob("*.py"):
-        module = _module_name(path)
+    """Run-time imports only: a type-only import of psycopg loads nothing."""
+    for module, path in MODULES.items():
         for imported in _imports(path):
             top = imported.split(".")[0]
             if top in ONLY_IN:
                 assert module in ONLY_IN[top], f"{module} imports {top}"
 
 
-def test_modules_import_only_from_above() -> None:
-    for path in PACKAGE.rglob("*.py"):
-        module = _module_name(path)
+def test_modules_import_only_from_below_type_only_imports_included() -> None:
+    """An ``if TYPE_CHECKING:`` import is a dependency too: one going up the layout is a
+    cycle waiting for a run-time import (errors -> state -> table -> errors was one)."""
+    wrong = []
+    for module, path in MODULES.items():
         rank = LAYERS.index(module)
-        for imported in _imports(path):
-            if not imported.startswith("agent_fsm"):
+        for imported in _imports(path, typing=True):
+            target = _inside(imported)
+            if target is None or target == module:
                 continue
-            target = imported.removeprefix("agent_fsm").removeprefix(".")
             assert target in LAYERS, f"{module} imports unknown {imported}"
-            assert LAYERS.index(target) < rank, f"{module} imports {imported}, which is below it"
+            if LAYERS.index(target) > rank:
+                wrong.append(f"{module} imports {imported}, which is above it")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph``, as the modules along it, or None."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for target in sorted(graph.get(node, ())):
+            found = visit(target, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return None
+
+
+def test_no_import_cycle_type_only_imports_included() -> None:
+    graph = {
+        module: {
+            target
+            for imported in _imports(path, typing=True)
+            if (target := _inside(imported)) not in (None, module, "")
+        }
+        for module, path in MODULES.items()
+    }
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle or ())
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    """The underscored names a module defines: its functions, classes and assignments,
+    attributes it sets (``self._x = ...``) and ``__slots__`` entries."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name | ast.arg):
+            names.add(node.id if isinstance(node, ast.Name) else node.arg)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)  # __slots__ = ("_x", ...), and the like
+    return {name for name in names if _is_private(name)}
+
+
+def _imported_names(module: str, tree: ast.Module) -> tuple[dict[str, str], list[str]]:
+    """The modules ``tree`` binds to local names (``import agent_fsm.x as y``, ``from
+    agent_fsm import x``), and the underscored names it imports by name."""
+    aliases: dict[str, str] = {}
+    private: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node)
+            for alias in node.names:
+                if _is_private(alias.name):
+                    private.append(f"{base}.{alias.name}")
+                elif f"{base}.{alias.name}".removeprefix("agent_fsm.") in MODULES:
+                    aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+    return aliases, private
+
+
+def _private_uses(module: str, path: Path) -> Iterator[str]:
+    """Another module's underscored names that ``module`` uses: imported by name, read off
+    an imported module, or read off an object when the name is not one this module defines
+    (``self._store._transaction``)."""
+    tree = _tree(path, typing=True)
+    aliases, private = _imported_names(module, tree)
+    yield from private
+    own = _defined_names(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _is_private(node.attr):
+            continue
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in aliases:
+            yield f"{aliases[value.id]}.{node.attr}"
+        elif isinstance(value, ast.Name) and value.id in ("self", "cls"):
+            continue
+        elif node.attr not in own:
+            yield f"{ast.unparse(value)}.{node.attr}"
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    """A module reaching into another's ``_private`` names is asking for a public function
+    (STYLE 16): the journals once ran their store's ``_transaction``."""
+    found = {
+        (module, use) for module, path in MODULES.items() for use in _private_uses(module, path)
+    }
+    unexpected = sorted(found - PRIVATE_USES_ALLOWED)
+    assert not unexpected, "\n".join(f"{module} uses {use}" for module, use in unexpected)
+    stale = sorted(PRIVATE_USES_ALLOWED - found)
+    assert not stale, f"allowed uses no longer found, remove them: {stale}"
+
+
+def test_the_private_name_check_sees_a_journal_reaching_into_its_store(tmp_path: Path) -> None:
+    probe = tmp_path / "sqlite_journal.py"
+    probe.write_text(
+        "import agent_fsm.durable.sqlite_leases as leases\n"
+        "from agent_fsm.durable.sqlite import _helper\n"
+        "class Journal:\n"
+        "    __slots__ = ('_store',)\n"
+        "    def lookup(self):\n"
+        "        leases._fence()\n"
+        "        with self._store._transaction('x') as conn:\n"
+        "            return conn\n"
+    )
+    assert sorted(_private_uses("durable.sqlite_journal", probe)) == [
+        "agent_fsm.durable.sqlite._helper",
+        "agent_fsm.durable.sqlite_leases._fence",
+        "self._store._transaction",
+    ]

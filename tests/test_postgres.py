@@ -1,6 +1,6 @@
 """PostgresStore's own behaviour: the schema it lays out, saves that write only what is new,
 corrupt rows, connections that break, and errors that name the store but not its password.
-(The checkpoint and lease suites run on it too: tests/test_checkpoint.py, test_leases.py.)"""
+(The store contract runs on it too: tests/test_store_contract.py.)"""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from psycopg import sql
 from agent_fsm import CheckpointError
 from agent_fsm.durable.postgres import LAYOUT_VERSION, PostgresStore
 from agent_fsm.messages import AssistantMessage
-from tests.test_checkpoint import REFLECT, add_turn, rich_state
+from agent_fsm.testing.store_kit import add_turn, sample_state
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_the_tables_live_in_a_versioned_schema_of_their_own(
         "trace",
     ]
     assert admin.execute("SELECT version FROM layout").fetchall() == [(LAYOUT_VERSION,)]
-    pg.save(rich_state())
+    pg.save(sample_state())
     with PostgresStore(postgres_url, schema=postgres_schema + "_other") as other:
         try:
             assert not other.exists("run-1")  # another schema, another store
@@ -74,8 +74,8 @@ def test_workers_starting_at_once_lay_the_schema_out_once(
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         stores = list(pool.map(open_store, range(6)))
-    stores[0].save(rich_state())
-    assert all(store.load("run-1") == rich_state() for store in stores)
+    stores[0].save(sample_state())
+    assert all(store.load("run-1") == sample_state() for store in stores)
     for store in stores:
         store.close()
 
@@ -124,7 +124,7 @@ def test_saves_write_only_the_new_entries(
     pg: PostgresStore, admin: psycopg.Connection[Any], postgres_url: str, postgres_schema: str
 ) -> None:
     admin.execute(_LOG)
-    state = rich_state()
+    state = sample_state()
     pg.save(state)
     assert _drain(admin) == [("messages", "INSERT", i) for i in range(7)] + [
         ("trace", "INSERT", i) for i in range(6)
@@ -161,9 +161,9 @@ def test_saves_write_only_the_new_entries(
         pg.save(state)
         assert pg.load("run-1") == state
     # A different history under the same id is written whole.
-    other = rich_state()
+    other = sample_state()
     other.messages[-1] = AssistantMessage(content="a different ending")
-    other.trace[-1] = (REFLECT, 9)
+    other.trace[-1] = (2, 9)
     pg.save(other)
     assert pg.load("run-1") == other
 
@@ -187,7 +187,7 @@ def test_saves_write_only_the_new_entries(
 def test_a_corrupt_checkpoint_is_an_error_not_a_half_read_state(
     pg: PostgresStore, admin: psycopg.Connection[Any], statement: str, match: str
 ) -> None:
-    pg.save(rich_state())
+    pg.save(sample_state())
     admin.execute(statement)  # type: ignore[arg-type]
     with pytest.raises(CheckpointError, match=match):
         pg.load("run-1")
@@ -208,18 +208,18 @@ def test_a_closed_store_says_so(pg: PostgresStore) -> None:
     pg.close()
     pg.close()
     with pytest.raises(CheckpointError, match="is closed"):
-        pg.save(rich_state())
+        pg.save(sample_state())
 
 
 def test_a_dropped_connection_fails_one_call_and_is_replaced(
     pg: PostgresStore, admin: psycopg.Connection[Any]
 ) -> None:
-    pg.save(rich_state())
-    backend = pg._conn.info.backend_pid if pg._conn is not None else 0
+    pg.save(sample_state())
+    backend = pg._db._conn.info.backend_pid if pg._db._conn is not None else 0
     admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
     with pytest.raises(CheckpointError, match="cannot load run 'run-1'"):
         pg.load("run-1")
-    assert pg.load("run-1") == rich_state()  # a new connection
+    assert pg.load("run-1") == sample_state()  # a new connection
 
 
 @pytest.mark.parametrize(("synchronous", "setting"), [(False, "off"), (True, "on")])
@@ -227,9 +227,9 @@ def test_saves_commit_without_a_flush_unless_asked(
     postgres_url: str, postgres_schema: str, synchronous: bool, setting: str
 ) -> None:
     with PostgresStore(postgres_url, schema=postgres_schema, synchronous_saves=synchronous) as pg:
-        pg.save(rich_state())
-        assert pg._conn is not None
-        shown = pg._conn.execute("SHOW synchronous_commit").fetchone()
+        pg.save(sample_state())
+        assert pg._db._conn is not None
+        shown = pg._db._conn.execute("SHOW synchronous_commit").fetchone()
         assert shown == (setting,)
 
 
@@ -238,7 +238,7 @@ def test_a_save_of_a_run_the_store_knows_is_one_statement(
 ) -> None:
     """After the first save, a save that only appends is one statement (one round trip),
     leased or not; a lease to report on takes the long way, which says why."""
-    state = rich_state()
+    state = sample_state()
     pg.save(state)
     sent: list[str] = []
     execute = psycopg.Connection.execute

@@ -1,24 +1,33 @@
-"""Checkpoint stores: the protocol, the in-process store and the checkpoint encoding.
+"""Checkpoint stores: the protocols, split by who calls them, and the in-process store.
 
-After every transition the engine saves the run's ``RunState`` to a ``CheckpointStore``; a
-crashed or paused run is resumed from the last save. A checkpoint is three parts:
+After every transition the engine saves the run's ``RunState`` to its store; a crashed or
+paused run is reopened from the last save. Who calls what:
 
-- the *header*: every field of RunState except ``messages`` and ``trace``, as one JSON object
-  written by ``RUN_STATE_ADAPTER`` (so fields added to RunState are stored with no change
-  here), together with the ``CHECKPOINT_SCHEMA_VERSION`` that wrote it;
-- the transcript, one encoded message per index;
-- the trace, one ``(row, turn)`` pair per index.
+- ``RunSaver`` (``save``, ``journal``): what a *running* run needs, called by the engine
+  after each step and around each tool call;
+- ``RunOpener`` (``create``, ``load``, ``exists``, ``delete``): what starts, reopens and
+  discards runs (``Agent.start``, ``resume``, ``reopen``; the engine when a run that was not
+  to be kept ends);
+- ``RunLister`` (``list_runs``): what lists them (``agent-fsm runs``, a UI);
+- ``CheckpointStore``: all three and ``close``, what ``Agent(store=...)`` takes;
+- a store that leases runs to workers is also a ``LeaseStore`` (``durable.leases``).
 
-``messages`` and ``trace`` are append-only, so a save writes only the entries beyond those
-already stored (plus the small header): its cost does not grow with the transcript. A state
-holding fewer entries than are stored (a run restored from an older checkpoint and continued)
-first drops the extra stored ones; a state whose last already-stored entry differs from the
-stored one (a different history under the same run id) is written out in full.
+The rules every store keeps (``agent_fsm.testing.CheckpointStoreContract`` checks them on
+a store, ours included):
 
-A header written by an older schema version is upgraded through ``MIGRATIONS`` (version n to
-n + 1, over the decoded JSON object) or refused; one written by a newer agent_fsm is refused.
-Nothing is ever read half-way: ``load`` either returns the whole state or raises
-``CheckpointError``.
+- ``load`` returns a state equal to the one last saved (custom states and ``notes``
+  included), and a saved checkpoint never follows the live state as the run goes on.
+- ``messages`` and ``trace`` are append-only, so a save writes only the entries beyond those
+  already stored (plus the small header: ``durable.encoding``): its cost does not grow with
+  the transcript. A state holding fewer entries than are stored (a run restored from an
+  older checkpoint and continued) first drops the extra stored ones; a state whose entry at
+  the last stored index of either list differs from the stored one (a different history
+  under the same run id) is written out in full, both lists: they are one history, never a
+  mix of two. Only that one entry of each list is compared, and a store that remembers what
+  it wrote must still notice another writer's save (``SQLiteStore`` and ``PostgresStore``
+  compare the run's revision).
+- Nothing is ever read half-way: ``load`` returns the whole state or raises
+  ``CheckpointError``, as it does for an unknown run id.
 
 ``SQLiteStore`` (the embedded default, one file shared safely by several processes) lives in
 ``durable.sqlite``, ``PostgresStore`` (many workers on many machines) in ``durable.postgres``.
@@ -27,134 +36,61 @@ Every store here also leases runs to workers (``durable.leases``).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, Self, TypeVar, runtime_checkable
+from typing import Protocol, Self, TypeVar, runtime_checkable
 
-from pydantic import TypeAdapter, ValidationError
-
+from agent_fsm.durable.encoding import (
+    MESSAGE_ADAPTER,
+    RunSummary,
+    decode_header,
+    encode_header,
+    summarize,
+    unknown_run,
+)
 from agent_fsm.durable.journal import GuardedJournal, MemoryJournal, ToolJournal
 from agent_fsm.durable.leases import Lease, MemoryLeases
-from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message
-from agent_fsm.state import RUN_STATE_ADAPTER, RunState
-from agent_fsm.table import AgentState
+from agent_fsm.state import RunState
 
 __all__ = [
-    "CHECKPOINT_SCHEMA_VERSION",
-    "MESSAGE_ADAPTER",
-    "MIGRATIONS",
     "CheckpointStore",
+    "ClosingStore",
     "MemoryStore",
-    "Migration",
+    "RunLister",
+    "RunOpener",
+    "RunSaver",
+    # the encoding's names that callers have imported from here (``durable.encoding``)
+    "MESSAGE_ADAPTER",
     "RunSummary",
-    "decode_header",
-    "encode_header",
-    "summarize",
-    "unknown_run",
 ]
-
-CHECKPOINT_SCHEMA_VERSION: int = 3
-"""The version of the checkpoint encoding this code writes. Raise it, and register a
-migration from the previous version, whenever a change to RunState would make an older
-header decode differently (a renamed field, a new required field, a changed meaning)."""
-
-Migration = Callable[[dict[str, Any]], dict[str, Any]]
-"""Upgrades a decoded header from version n to n + 1 (it may mutate and return its input)."""
-
-
-def _decisions_with_their_calls(header: dict[str, Any]) -> dict[str, Any]:
-    """Version 1 to 2: approval decisions (``approvals``, by call id) become ``decisions``
-    that carry their calls, taken from the pending request. The stop reason is new in
-    version 2 and absent here: a reopened run derives it from its trace."""
-    if "approvals" not in header:
-        return header
-    approvals = header.pop("approvals") or {}
-    control = header.get("control") or {}
-    calls = {call.get("id"): call for call in control.get("pending_calls") or ()}
-    header["decisions"] = [
-        {"call": calls[call_id], "approval": approval}
-        for call_id, approval in approvals.items()
-        if call_id in calls
-    ]
-    return header
-
-
-def _call_streaks_per_turn(header: dict[str, Any]) -> dict[str, Any]:
-    """Version 2 to 3: loop detection counts repeats across turns, not calls within one reply:
-    the one run of repeats it kept (``last_call``, ``call_repeats``) becomes a streak. The
-    ring of recent signatures is kept: a turn of one call has the same signature as that
-    call."""
-    loop = header.get("loop")
-    if not isinstance(loop, dict):
-        return header
-    last_call, repeats = loop.pop("last_call", None), loop.pop("call_repeats", 0)
-    loop["call_streaks"] = {last_call: repeats} if last_call else {}
-    return header
-
-
-MIGRATIONS: dict[int, Migration] = {1: _decisions_with_their_calls, 2: _call_streaks_per_turn}
-"""``MIGRATIONS[n]`` upgrades a header of version n to n + 1."""
-
-MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
-"""Encodes and decodes one transcript message."""
 
 _T = TypeVar("_T")
 
-_HEADER_EXCLUDE = {"messages", "trace"}
-"""RunState's append-only lists: stored entry by entry, not in the header."""
 
+@runtime_checkable
+class RunSaver(Protocol):
+    """What a running run needs of its store: the engine saves after every transition, and
+    ACT records each tool call in the run's journal around its execution."""
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSummary:
-    """One stored run, as ``agent-fsm runs`` lists it."""
+    def save(self, state: RunState) -> None:
+        """Save ``state`` as the run's checkpoint, atomically (the run need not exist yet).
+        Writes only what is new since the last save of the run, so the cost does not grow
+        with the transcript (the module's rules)."""
+        ...
 
-    run_id: str
-    state: AgentState | str
-    """The state the run was in at its last save (a name, for a custom state)."""
-    turns: int
-    """Model calls made, retries included."""
-    total_tokens: int
-    """Input plus output tokens used."""
-    messages: int
-    """Transcript length."""
-    last_row: int | None
-    """Index into the machine table of the last transition; None before the first."""
-    created_at: float
-    """Unix time of the first save."""
-    updated_at: float
-    """Unix time of the last save."""
-    output: str | None
-    error: str | None
-
-
-def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSummary:
-    """The summary line of ``state``."""
-    return RunSummary(
-        run_id=state.run_id,
-        state=state.state,
-        turns=state.turns,
-        total_tokens=state.usage.total_tokens,
-        messages=len(state.messages),
-        last_row=state.trace[-1][0] if state.trace else None,
-        created_at=created_at,
-        updated_at=updated_at,
-        output=state.output,
-        error=state.error,
-    )
+    def journal(self, run_id: str) -> ToolJournal:
+        """The run's tool journal, kept with its checkpoint (``durable.journal``): one per
+        run id, removed with the run by ``delete``."""
+        ...
 
 
 @runtime_checkable
-class CheckpointStore(Protocol):
-    """Where runs are saved after every transition and loaded to be resumed."""
-
-    def save(self, state: RunState) -> None:
-        """Save ``state`` as the run's checkpoint, atomically. Writes only what is new since
-        the last save of the run, so the cost does not grow with the transcript."""
-        ...
+class RunOpener(Protocol):
+    """What starts, reopens and discards runs: ``Agent.start``/``run`` create them,
+    ``resume``/``reopen`` load them, and the engine deletes a run that was not to be kept."""
 
     def create(self, state: RunState) -> bool:
         """Save the first checkpoint of a new run, unless the store already holds a run with
@@ -176,77 +112,32 @@ class CheckpointStore(Protocol):
         """True when ``run_id`` has a checkpoint."""
         ...
 
-    def list_runs(self, limit: int | None = None) -> list[RunSummary]:
-        """Summaries of the stored runs (at most ``limit``), most recently saved first."""
-        ...
-
     def delete(self, run_id: str) -> None:
-        """Remove the run's checkpoint and journal; an unknown id is not an error."""
+        """Remove the run's checkpoint, journal (and lease); an unknown id is not an error.
+        The id may then be used again, for a new run."""
         ...
 
-    def journal(self, run_id: str) -> ToolJournal:
-        """The run's tool journal, kept with its checkpoint."""
+
+@runtime_checkable
+class RunLister(Protocol):
+    """What lists the stored runs (``agent-fsm runs``, a UI over the store)."""
+
+    def list_runs(self, limit: int | None = None) -> list[RunSummary]:
+        """Summaries of the stored runs (at most ``limit``; none for 0 or less), most
+        recently saved first, by the order of the saves even when the clock does not move.
+        Each is ``summarize`` of the run's last saved state, ``created_at`` the time of its
+        first save and ``updated_at`` of its last."""
         ...
+
+
+@runtime_checkable
+class CheckpointStore(RunSaver, RunOpener, RunLister, Protocol):
+    """Where runs are saved after every transition and loaded to be resumed: what
+    ``Agent(store=...)`` takes. The three protocols it joins say who calls which method."""
 
     def close(self) -> None:
-        """Release the store's resources; the store cannot be used afterwards."""
+        """Release the store's resources; the store cannot be used afterwards. Idempotent."""
         ...
-
-
-def encode_header(state: RunState) -> tuple[int, bytes]:
-    """The schema version and JSON header of ``state`` (everything but messages and trace)."""
-    return CHECKPOINT_SCHEMA_VERSION, RUN_STATE_ADAPTER.dump_json(state, exclude=_HEADER_EXCLUDE)
-
-
-def decode_header(run_id: str, version: int, header: str | bytes) -> RunState:
-    """Decode a header written by schema ``version``, migrating it if it is older.
-
-    Returns a RunState with empty ``messages`` and ``trace`` for the caller to fill.
-
-    Raises:
-        CheckpointError: the version is newer than this code, older with no migration path,
-            or the header is not valid JSON for a RunState of ``run_id``.
-    """
-    current = CHECKPOINT_SCHEMA_VERSION
-    if version > current:
-        raise CheckpointError(
-            f"checkpoint of run {run_id!r} was written by a newer agent_fsm (checkpoint schema "
-            f"version {version}; this version reads {current} and older): upgrade agent_fsm"
-        )
-    try:
-        if version < current:
-            header = json.dumps(_migrate(run_id, version, json.loads(header)))
-        state = RUN_STATE_ADAPTER.validate_json(header)
-    except (ValueError, TypeError, KeyError) as exc:  # ValidationError is a ValueError
-        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-        raise CheckpointError(f"checkpoint of run {run_id!r} is unreadable: {detail}") from exc
-    if state.run_id != run_id:
-        raise CheckpointError(
-            f"checkpoint of run {run_id!r} is unreadable: its header is for run {state.run_id!r}"
-        )
-    return state
-
-
-def _migrate(run_id: str, version: int, decoded: Any) -> dict[str, Any]:
-    """Apply ``MIGRATIONS`` from ``version`` up to the current version."""
-    if not isinstance(decoded, dict):
-        raise CheckpointError(f"checkpoint of run {run_id!r} is unreadable: not a JSON object")
-    header: dict[str, Any] = decoded
-    for step in range(version, CHECKPOINT_SCHEMA_VERSION):
-        migration = MIGRATIONS.get(step)
-        if migration is None:
-            raise CheckpointError(
-                f"checkpoint of run {run_id!r} has schema version {version}, this agent_fsm "
-                f"reads version {CHECKPOINT_SCHEMA_VERSION}, and there is no migration from "
-                f"version {step} to {step + 1}: resume it with an older agent_fsm"
-            )
-        header = migration(header)
-    return header
-
-
-def unknown_run(run_id: str) -> CheckpointError:
-    """The error for a run id with no checkpoint."""
-    return CheckpointError(f"no checkpoint for run {run_id!r}")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -313,8 +204,7 @@ class MemoryStore(ClosingStore):
                 revision=0,
             )
             self._runs[state.run_id] = stored
-        _extend(stored.messages, state.messages)
-        _extend(stored.trace, state.trace)  # (int, int) tuples: immutable, safe to share
+        _bring_level(stored, state)
         stored.version, stored.header = version, header
         stored.summary = summarize(state, created_at=stored.summary.created_at, updated_at=now)
         self._revision += 1
@@ -370,15 +260,28 @@ class MemoryStore(ClosingStore):
         """Nothing to release; present for the protocol."""
 
 
-def _extend(stored: list[_T], live: list[_T]) -> None:
-    """Bring ``stored`` level with the append-only ``live`` list, copying only what is new.
+def _bring_level(stored: _StoredRun, state: RunState) -> None:
+    """Bring the stored entries level with the append-only lists of ``state``, copying only
+    what is new (the immutable messages and ``(int, int)`` pairs themselves, safe to share).
 
-    ``live`` may hold fewer entries (restored from an older checkpoint and continued: the
-    extra stored ones go) or a different history (its entry at the last stored index differs:
-    everything is replaced). Comparing one entry keeps a save O(new entries).
+    The live lists may hold fewer entries (restored from an older checkpoint and continued:
+    the extra stored ones go) or another history (an entry at the last stored index of
+    either list differs: both are replaced). Comparing one entry of each keeps a save
+    O(new entries).
     """
-    if len(live) < len(stored):
-        del stored[len(live) :]
-    if stored and stored[-1] is not live[len(stored) - 1] and stored[-1] != live[len(stored) - 1]:
-        stored.clear()
-    stored.extend(live[len(stored) :])
+    messages, trace = stored.messages, stored.trace
+    del messages[len(state.messages) :]
+    del trace[len(state.trace) :]
+    if not (_continues(messages, state.messages) and _continues(trace, state.trace)):
+        messages.clear()
+        trace.clear()
+    messages.extend(state.messages[len(messages) :])
+    trace.extend(state.trace[len(trace) :])
+
+
+def _continues(stored: list[_T], live: list[_T]) -> bool:
+    """Whether ``live``, at least as long, holds ``stored``'s last entry at its index."""
+    if not stored:
+        return True
+    last = live[len(stored) - 1]
+    return stored[-1] is last or stored[-1] == last

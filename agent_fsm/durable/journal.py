@@ -60,18 +60,27 @@ def journal_key(turn: int, index: int, call_id: str) -> str:
 
 @runtime_checkable
 class ToolJournal(Protocol):
-    """Where one run's tool calls are recorded around their execution."""
+    """Where one run's tool calls are recorded around their execution (the module's
+    contract). A key names one call of the run; each method is its own durable write."""
 
     def lookup(self, key: str) -> JournalEntry | None:
-        """The entry for ``key``, or None when the call never started."""
+        """The entry for ``key``, or None when the call never started. A call started but
+        never finished is ``STARTED`` with no result."""
         ...
 
     def record_started(self, key: str, call: ToolCall) -> None:
-        """Record that ``call`` is about to run. Durable when it returns."""
+        """Record that ``call`` is about to run. Durable when it returns. A key recorded
+        before is replaced (an idempotent call run again after a crash): one entry,
+        ``STARTED``, no result."""
         ...
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
-        """Record the answer to a started call."""
+        """Record the answer to a started call: its entry becomes ``FINISHED`` with
+        ``result``.
+
+        Raises:
+            KeyError: ``key`` never started.
+        """
         ...
 
 

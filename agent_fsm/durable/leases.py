@@ -31,6 +31,8 @@ expiry. The contract every ``LeaseStore`` keeps:
   stops. Choose ``ttl_s`` well above the longest stall of the event loop: a run of a worker
   that died can be taken over ``ttl_s`` after its last renewal.
 
+``LeaseStore`` joins the two sides of that contract, split by who calls them: the fenced
+writes of a leased run (``LeasedWrites``) and the leases themselves (``RunLeases``).
 ``MemoryLeases`` is the in-process implementation (``MemoryStore`` uses it).
 """
 
@@ -51,7 +53,9 @@ from agent_fsm.state import RunState
 __all__ = [
     "Lease",
     "LeaseStore",
+    "LeasedWrites",
     "MemoryLeases",
+    "RunLeases",
     "check_ttl",
     "default_worker_id",
     "leased_error",
@@ -76,9 +80,10 @@ class Lease:
 
 
 @runtime_checkable
-class LeaseStore(Protocol):
-    """A checkpoint store that can lease runs to workers (see the module's contract): its
-    writes take the writer's lease, and it claims, renews and releases leases."""
+class LeasedWrites(Protocol):
+    """The writes of a run driven under a lease: a ``CheckpointStore``'s, each fenced by the
+    writer's lease (see the module's contract). The engine makes them while it drives a
+    leased run; ``lease=None`` is the unleased write, refused while a lease is live."""
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> None:
         """``CheckpointStore.save``, fenced by ``lease`` (which it renews).
@@ -93,14 +98,24 @@ class LeaseStore(Protocol):
         ...
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
-        """``CheckpointStore.journal``, whose ``record_started`` is fenced by ``lease``."""
+        """``CheckpointStore.journal``, whose ``record_started`` is fenced by ``lease``
+        (``record_finished`` is not: it records what a started call really did)."""
         ...
 
+
+@runtime_checkable
+class RunLeases(Protocol):
+    """What hands runs to workers: a worker claims a run before driving it, renews the lease
+    while a step is in flight and releases it when the run stops (``run.leasing``);
+    ``dbos.recovery`` leases workers' liveness the same way."""
+
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
-        """Take ``run_id``'s lease for ``ttl_s`` seconds; the run need not exist yet.
+        """Take ``run_id``'s lease for ``ttl_s`` seconds; the run need not exist yet. The
+        run's token goes up by one.
 
         Raises:
-            RunLeased: another lease on the run is live.
+            RunLeased: another lease on the run is live (the same owner's too).
+            ConfigError: ``ttl_s`` is not a positive, finite number (``check_ttl``).
             CheckpointError: the store cannot be read or written.
         """
         ...
@@ -122,6 +137,13 @@ class LeaseStore(Protocol):
     def lease(self, run_id: str) -> Lease | None:
         """The live lease on ``run_id`` (anyone's), or None."""
         ...
+
+
+@runtime_checkable
+class LeaseStore(LeasedWrites, RunLeases, Protocol):
+    """A checkpoint store that can lease runs to workers (see the module's contract): its
+    writes take the writer's lease (``LeasedWrites``), and it claims, renews and releases
+    leases (``RunLeases``)."""
 
 
 def check_ttl(ttl_s: object) -> float:

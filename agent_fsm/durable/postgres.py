@@ -1,8 +1,9 @@
 """PostgresStore: checkpoints, the tool journal and run leases in PostgreSQL, for many workers
-on many machines (``pip install 'agent-fsm[postgres]'``; the only module importing psycopg).
+on many machines (``pip install 'agent-fsm[postgres]'``).
 
 The tables live in a schema of their own (``agent_fsm`` by default), created on first use
-and versioned (``postgres_rows`` lays them out), so they never meet an application's tables.
+and versioned (``postgres_rows`` lays them out), so they never meet an application's tables;
+the connection and its transactions are ``postgres_database``'s.
 
 A save writes only the new messages and trace rows and the small ``runs`` row, whatever the
 transcript's length. Usually that is one statement, one round trip (``QUICK_*_SAVE``): the
@@ -30,34 +31,34 @@ disagree; ``clock`` only stamps ``created_at``/``updated_at``.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 from pydantic import ValidationError
 
 import agent_fsm.durable.postgres_leases as leases
 import agent_fsm.durable.postgres_rows as rows
-from agent_fsm.durable.checkpoint import (
-    MESSAGE_ADAPTER,
-    ClosingStore,
-    RunSummary,
-    decode_header,
-    unknown_run,
-)
+from agent_fsm.durable.checkpoint import ClosingStore
+from agent_fsm.durable.encoding import MESSAGE_ADAPTER, RunSummary, decode_header, unknown_run
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_ttl
+from agent_fsm.durable.postgres_database import PostgresDatabase
 from agent_fsm.durable.postgres_journal import PostgresJournal
 from agent_fsm.durable.postgres_rows import LAYOUT_VERSION, Seen, one
 from agent_fsm.errors import CheckpointError
 from agent_fsm.state import RunState
 
+if TYPE_CHECKING:
+    import psycopg
+
 __all__ = ["LAYOUT_VERSION", "PostgresStore"]
+
+_DELETE = tuple(
+    f"DELETE FROM {table} WHERE run_id = %s"
+    for table in ("runs", "messages", "trace", "journal", "leases")
+)
+"""What ``delete`` runs: the run's rows in every table, its lease's included."""
 
 
 class PostgresStore(ClosingStore):
@@ -90,112 +91,12 @@ class PostgresStore(ClosingStore):
         synchronous_saves: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._db = PostgresDatabase(url, schema=schema, synchronous_saves=synchronous_saves)
         self.schema = schema
-        self._url = url
-        self._synchronous_saves = synchronous_saves
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._seen: dict[str, Seen] = {}
-        self._conn: psycopg.Connection[Any] | None = None
-        self._closed = False
-        try:
-            params = conninfo_to_dict(url)
-        except psycopg.Error as exc:
-            raise CheckpointError(f"not a PostgreSQL connection string: {exc}") from exc
-        where = f"{params.get('host', 'localhost')}:{params.get('port', 5432)}"
-        self.name = f"postgresql://{where}/{params.get('dbname', '')} (schema {schema})"
+        self.name = self._db.name
         """Names the store in errors (without the password)."""
-        with self._connected("open the store"):
-            pass
-
-    # -- connections and transactions ----------------------------------------------------
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        """The open connection, made (and the layout checked) when there is none."""
-        if self._closed:
-            raise CheckpointError(f"checkpoint store {self.name} is closed")
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            conn = psycopg.connect(self._url, autocommit=True)
-            try:
-                conn.execute(
-                    "SELECT set_config('search_path', quote_ident(%s), false),"
-                    " set_config('synchronous_commit', %s, false)",
-                    (self.schema, "on" if self._synchronous_saves else "off"),
-                )
-                self._prepare_layout(conn)
-            except BaseException:
-                conn.close()
-                raise
-            self._conn = conn
-        return conn
-
-    def _prepare_layout(self, conn: psycopg.Connection[Any]) -> None:
-        """Create the schema and tables when missing (once, under an advisory lock: several
-        workers may start at once); refuse a schema laid out by anyone else."""
-        # The catalog itself, not to_regclass: its cache may not have seen a layout that
-        # another worker committed while this one waited for the lock.
-        found = (
-            "SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid ="
-            " c.relnamespace WHERE n.nspname = %s AND c.relname = 'layout')"
-        )
-        if not one(conn.execute(found, (self.schema,))):
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.name,))
-                if not one(conn.execute(found, (self.schema,))):
-                    self._lay_out(conn)
-        version = one(conn.execute("SELECT max(version) FROM layout"))
-        if version is not None and version > LAYOUT_VERSION:
-            raise CheckpointError(
-                f"checkpoint store {self.name} was laid out by a newer agent_fsm (layout"
-                f" version {version}; this version knows {LAYOUT_VERSION}): upgrade agent_fsm"
-            )
-        if version != LAYOUT_VERSION:
-            raise CheckpointError(
-                f"checkpoint store {self.name} has unknown layout version {version}"
-            )
-
-    def _lay_out(self, conn: psycopg.Connection[Any]) -> None:
-        taken = conn.execute(
-            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s",
-            (self.schema,),
-        )
-        if one(taken):
-            raise CheckpointError(
-                f"{self.name} is not an agent_fsm checkpoint store (its schema holds other"
-                " tables): give the store a schema of its own"
-            )
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
-        for statement in rows.LAYOUT:
-            conn.execute(statement)
-
-    @contextmanager
-    def _connected(self, what: str) -> Iterator[psycopg.Connection[Any]]:
-        """The connection, under the store's lock, for one statement in autocommit (a read
-        that needs no snapshot across statements); database errors become CheckpointError."""
-        with self._lock:
-            try:
-                yield self._connection()
-            except psycopg.Error as exc:
-                raise CheckpointError(
-                    f"checkpoint store {self.name}: cannot {what}: {exc}"
-                ) from exc
-
-    @contextmanager
-    def _transaction(
-        self, what: str, *, write: bool = True, durable: bool = True
-    ) -> Iterator[psycopg.Connection[Any]]:
-        """One transaction, pipelined, under the store's lock; database errors become
-        CheckpointError. A read (``write=False``) sees one snapshot (repeatable read), so
-        its statements agree with each other while other workers write. A ``durable`` write
-        commits with a flush to disk even when saves do not (the session's default)."""
-        with self._connected(what) as conn, conn.pipeline(), conn.transaction():
-            if not write:
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            elif durable and not self._synchronous_saves:
-                conn.execute("SET LOCAL synchronous_commit = on")
-            yield conn
+        self._clock = clock
+        self._seen: dict[str, Seen] = {}
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -209,16 +110,16 @@ class PostgresStore(ClosingStore):
             if lease is not None:
                 params.update(ttl=lease.ttl_s, token=lease.token)
             quick = rows.QUICK_LEASED_SAVE if lease is not None else rows.QUICK_FREE_SAVE
-            with self._connected(f"save run {run_id!r}") as conn:
+            with self._db.connected(f"save run {run_id!r}") as conn:
                 revision = one(conn.execute(quick, params))
             if revision is not None:
                 self._seen[run_id] = rows.seen(revision, state)
                 return
-        with self._transaction(f"save run {run_id!r}", durable=False) as conn:
+        with self._db.transaction(f"save run {run_id!r}", durable=False) as conn:
             self._seen[run_id] = self._write(conn, state, lease)
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
-        with self._transaction(f"create run {state.run_id!r}") as conn:
+        with self._db.transaction(f"create run {state.run_id!r}") as conn:
             seen = self._insert(conn, state, lease)
         if seen is None:
             return False
@@ -259,8 +160,7 @@ class PostgresStore(ClosingStore):
         known = self._seen.get(run_id)
         if known is not None and known.revision != stored_revision:
             known = None  # another store wrote the run since: compare with what is stored
-        messages_from = rows.kept_messages(conn, run_id, stored_messages, state.messages, known)
-        trace_from = rows.kept_trace(conn, run_id, stored_trace, state.trace, known)
+        messages_from, trace_from = rows.kept(conn, state, stored_messages, stored_trace, known)
         rows.clear(conn, run_id, messages_from, trace_from)
         values = rows.run_values(state, self._clock())
         values.update(rows.append_params(state, messages_from, trace_from), revision=revision)
@@ -268,7 +168,7 @@ class PostgresStore(ClosingStore):
         return rows.seen(revision, state)
 
     def load(self, run_id: str) -> RunState:
-        with self._transaction(f"load run {run_id!r}", write=False) as conn:
+        with self._db.transaction(f"load run {run_id!r}", write=False) as conn:
             head = conn.execute(
                 "SELECT schema_version, header::text, message_count, trace_count, revision"
                 " FROM runs WHERE run_id = %s",
@@ -302,12 +202,12 @@ class PostgresStore(ClosingStore):
         return state
 
     def exists(self, run_id: str) -> bool:
-        with self._connected(f"look up run {run_id!r}") as conn:
+        with self._db.connected(f"look up run {run_id!r}") as conn:
             found = conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
             return found.fetchone() is not None
 
     def list_runs(self, limit: int | None = None) -> list[RunSummary]:
-        with self._transaction("list runs", write=False) as conn:
+        with self._db.transaction("list runs", write=False) as conn:
             found = conn.execute(
                 f"SELECT {rows.SUMMARY_COLUMNS} FROM runs ORDER BY revision DESC LIMIT %s",
                 (None if limit is None else max(limit, 0),),
@@ -318,41 +218,34 @@ class PostgresStore(ClosingStore):
             raise CheckpointError(f"checkpoint store {self.name} has a bad run: {exc}") from exc
 
     def delete(self, run_id: str) -> None:
-        with self._transaction(f"delete run {run_id!r}") as conn:
-            for table in ("runs", "messages", "trace", "journal", "leases"):
-                conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE run_id = %s").format(sql.Identifier(table)),
-                    (run_id,),
-                )
+        with self._db.transaction(f"delete run {run_id!r}") as conn:
+            for statement in _DELETE:
+                conn.execute(statement, (run_id,))
         self._seen.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
-        return PostgresJournal(self, run_id, lease)
+        return PostgresJournal(self._db, run_id, lease)
 
     def close(self) -> None:
         """Close the connection; idempotent."""
-        with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._db.close()
 
     # -- leases --------------------------------------------------------------------------
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
         ttl_s = check_ttl(ttl_s)
-        with self._transaction(f"claim run {run_id!r}") as conn:
+        with self._db.transaction(f"claim run {run_id!r}") as conn:
             return leases.claim(conn, run_id, owner, ttl_s)
 
     def renew(self, lease: Lease) -> Lease:
-        with self._transaction(f"renew the lease of run {lease.run_id!r}") as conn:
+        with self._db.transaction(f"renew the lease of run {lease.run_id!r}") as conn:
             expires_at = leases.renew(conn, lease)
         return dataclasses.replace(lease, expires_at=expires_at)
 
     def release(self, lease: Lease) -> None:
-        with self._transaction(f"release the lease of run {lease.run_id!r}") as conn:
+        with self._db.transaction(f"release the lease of run {lease.run_id!r}") as conn:
             leases.release(conn, lease)
 
     def lease(self, run_id: str) -> Lease | None:
-        with self._connected(f"look up the lease of run {run_id!r}") as conn:
+        with self._db.connected(f"look up the lease of run {run_id!r}") as conn:
             return leases.live(conn, run_id)

@@ -1,18 +1,15 @@
 """One run's tool journal in a PostgresStore's ``journal`` table (``durable.journal``'s
-contract): every call is its own transaction, through the store's connection."""
+contract): every call is its own transaction, on the store's connection
+(``PostgresDatabase``)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import agent_fsm.durable.postgres_leases as leases
 from agent_fsm.durable.journal import CallStatus, JournalEntry
 from agent_fsm.durable.leases import Lease
+from agent_fsm.durable.postgres_database import PostgresDatabase
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import ToolCall, ToolMessage
-
-if TYPE_CHECKING:
-    from agent_fsm.durable.postgres import PostgresStore
 
 __all__ = ["PostgresJournal"]
 
@@ -26,18 +23,18 @@ _START = (
 
 
 class PostgresJournal:
-    """The journal of ``run_id`` in ``store``."""
+    """The journal of ``run_id`` in ``database``, whose ``record_started`` is fenced by
+    ``lease`` (``durable.leases``)."""
 
-    __slots__ = ("_lease", "_run_id", "_store")
+    __slots__ = ("_db", "_lease", "_run_id")
 
-    def __init__(self, store: PostgresStore, run_id: str, lease: Lease | None) -> None:
-        self._store = store
+    def __init__(self, database: PostgresDatabase, run_id: str, lease: Lease | None) -> None:
+        self._db = database
         self._run_id = run_id
         self._lease = lease
-        """Fences ``record_started`` (``durable.leases``)."""
 
     def lookup(self, key: str) -> JournalEntry | None:
-        with self._store._connected(f"read journal entry {key!r}") as conn:
+        with self._db.connected(f"read journal entry {key!r}") as conn:
             row = conn.execute(
                 "SELECT call::text, status, result::text FROM journal"
                 " WHERE run_id = %s AND key = %s",
@@ -67,11 +64,10 @@ class PostgresJournal:
         params: dict[str, object] = {"run_id": run_id, "key": key, "call": call.model_dump_json()}
         if lease is not None:
             params.update(ttl=lease.ttl_s, token=lease.token)
-        store = self._store
-        with store._transaction(f"record journal entry {key!r}") as conn:
+        with self._db.transaction(f"record journal entry {key!r}") as conn:
             started = conn.execute(leases.fenced_insert(_START, lease), params)
         if started.fetchone() is None:
-            with store._connected(f"record journal entry {key!r}") as conn:
+            with self._db.connected(f"record journal entry {key!r}") as conn:
                 raise leases.refusal(conn, run_id, lease)
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
@@ -79,7 +75,7 @@ class PostgresJournal:
         lease. Committed without waiting for the disk, as saves are: if a crash of the
         server loses it, the call looks started, and is answered "outcome unknown" (or run
         again, if idempotent): never twice."""
-        with self._store._connected(f"record journal entry {key!r}") as conn:
+        with self._db.connected(f"record journal entry {key!r}") as conn:
             updated = conn.execute(
                 f"UPDATE journal SET status = '{_FINISHED}', result = %s WHERE run_id = %s"
                 " AND key = %s RETURNING 1",

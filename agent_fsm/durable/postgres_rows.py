@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agent_fsm.durable.checkpoint import MESSAGE_ADAPTER, RunSummary, encode_header, summarize
+from agent_fsm.durable.encoding import MESSAGE_ADAPTER, RunSummary, encode_header, summarize
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
 from agent_fsm.table import state_named
@@ -50,8 +50,7 @@ __all__ = [
     "append_params",
     "clear",
     "continues",
-    "kept_messages",
-    "kept_trace",
+    "kept",
     "one",
     "run_values",
     "seen",
@@ -297,43 +296,64 @@ def append(conn: Connection, state: RunState, messages_from: int, trace_from: in
         conn.execute(APPEND, append_params(state, messages_from, trace_from))
 
 
-def kept_messages(
-    conn: Connection, run_id: str, stored: int, live: list[Message], known: Seen | None
-) -> int:
-    """How many stored messages stay, after deleting those ``live`` does not share
-    (``known``: what the store remembers, when the stored revision is the one it saw)."""
-    if stored > len(live):  # restored from an older checkpoint and continued
-        conn.execute("DELETE FROM messages WHERE run_id = %s AND idx >= %s", (run_id, len(live)))
-        stored = len(live)
-    if stored == 0:
-        return 0
-    last = live[stored - 1]
-    if known is not None and known.messages == stored and known.last_message is last:
-        return stored
+def kept(
+    conn: Connection,
+    state: RunState,
+    stored_messages: int,
+    stored_trace: int,
+    known: Seen | None,
+) -> tuple[int, int]:
+    """How many of the stored messages and trace entries stay, after deleting those beyond
+    the live state's (a run restored from an older checkpoint and continued). They stay only
+    if the live state continues both lists, its entries at the last stored indices being the
+    stored ones; otherwise it is another history, written whole (0, 0: ``append`` clears
+    first). ``known``: what the store remembers, when the stored revision is the one it
+    saw."""
+    run_id, messages, trace = state.run_id, state.messages, state.trace
+    kept_messages, kept_trace = min(stored_messages, len(messages)), min(stored_trace, len(trace))
+    if not (
+        _same_message(conn, run_id, kept_messages, messages, known)
+        and _same_step(conn, run_id, kept_trace, trace, known)
+    ):
+        return 0, 0
+    if 0 < kept_messages < stored_messages:
+        conn.execute(
+            "DELETE FROM messages WHERE run_id = %s AND idx >= %s", (run_id, kept_messages)
+        )
+    if 0 < kept_trace < stored_trace:
+        conn.execute("DELETE FROM trace WHERE run_id = %s AND idx >= %s", (run_id, kept_trace))
+    return kept_messages, kept_trace
+
+
+def _same_message(
+    conn: Connection, run_id: str, kept: int, live: list[Message], known: Seen | None
+) -> bool:
+    """Whether the live message at index ``kept - 1`` is the stored one: known without
+    reading it when the store saw the stored revision end with that very object."""
+    if kept == 0:
+        return True
+    last = live[kept - 1]
+    if known is not None and known.messages == kept and known.last_message is last:
+        return True
     found = one(
         conn.execute(
             "SELECT message::text FROM messages WHERE run_id = %s AND idx = %s",
-            (run_id, stored - 1),
+            (run_id, kept - 1),
         )
     )
-    if found != MESSAGE_ADAPTER.dump_json(last).decode():
-        return 0  # another history: ``append`` rewrites it all
-    return stored
+    return bool(found == MESSAGE_ADAPTER.dump_json(last).decode())
 
 
-def kept_trace(
-    conn: Connection, run_id: str, stored: int, live: list[tuple[int, int]], known: Seen | None
-) -> int:
-    """How many stored trace entries stay (the rule of ``kept_messages``)."""
-    if stored > len(live):
-        conn.execute("DELETE FROM trace WHERE run_id = %s AND idx >= %s", (run_id, len(live)))
-        stored = len(live)
-    if stored == 0:
-        return 0
-    last = tuple(live[stored - 1])
-    if known is not None and known.trace == stored and known.last_trace == last:
-        return stored
+def _same_step(
+    conn: Connection, run_id: str, kept: int, live: list[tuple[int, int]], known: Seen | None
+) -> bool:
+    """Whether the live trace entry at index ``kept - 1`` is the stored one."""
+    if kept == 0:
+        return True
+    last = tuple(live[kept - 1])
+    if known is not None and known.trace == kept and known.last_trace == last:
+        return True
     found = conn.execute(
-        "SELECT row_index, turn FROM trace WHERE run_id = %s AND idx = %s", (run_id, stored - 1)
+        "SELECT row_index, turn FROM trace WHERE run_id = %s AND idx = %s", (run_id, kept - 1)
     ).fetchone()
-    return stored if found is not None and tuple(found) == last else 0
+    return found is not None and tuple(found) == last

@@ -1,19 +1,8 @@
 """SQLiteStore: the embedded default checkpoint store, one file shared by several processes.
 
-The file is in WAL mode (readers never block the writer) with ``synchronous=NORMAL``: a
-committed save survives a crash of the process, which is what resuming needs (a power loss
-may lose the last few saves, never corrupt older ones). Every write is one ``BEGIN
-IMMEDIATE`` transaction, so a crash mid-save leaves the previous checkpoint intact, and
-concurrent writers wait for each other (up to ``timeout``) instead of failing.
-
-Tables (their layout is versioned with ``PRAGMA user_version``, apart from the checkpoint
-schema version each run records):
-
-    runs      run_id, schema_version, header (JSON), summary columns, created/updated times
-    messages  run_id, idx, json           one row per transcript message
-    trace     run_id, idx, row, turn      one row per transition
-    journal   run_id, key, call, status, result     the tool journal
-    leases    run_id, owner, token, expires_at      run leases (``sqlite_leases``)
+The file, its tables and its transactions are ``durable.sqlite_file``'s: WAL mode, every
+write one ``BEGIN IMMEDIATE`` transaction, so a crash mid-save leaves the previous checkpoint
+intact and concurrent writers wait for each other (up to ``timeout``) instead of failing.
 
 A save reads the run's stored counts (one indexed lookup), inserts only the new messages and
 trace rows and rewrites the small ``runs`` row; see ``checkpoint`` for the rules. A save
@@ -25,19 +14,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
-from agent_fsm.durable.checkpoint import (
+from agent_fsm.durable.checkpoint import ClosingStore
+from agent_fsm.durable.encoding import (
     MESSAGE_ADAPTER,
-    ClosingStore,
     RunSummary,
     decode_header,
     encode_header,
@@ -46,6 +33,7 @@ from agent_fsm.durable.checkpoint import (
 )
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_ttl
+from agent_fsm.durable.sqlite_file import LAYOUT_VERSION, SQLiteFile
 from agent_fsm.durable.sqlite_journal import SQLiteJournal
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message
@@ -54,54 +42,8 @@ from agent_fsm.table import state_named
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
 
-LAYOUT_VERSION = 2
-"""The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table (a
-version 1 file is upgraded when opened)."""
-
-_LAYOUT = """
-CREATE TABLE runs (
-    run_id TEXT PRIMARY KEY,
-    schema_version INTEGER NOT NULL,
-    header TEXT NOT NULL,
-    state TEXT NOT NULL,
-    turns INTEGER NOT NULL,
-    total_tokens INTEGER NOT NULL,
-    message_count INTEGER NOT NULL,
-    trace_count INTEGER NOT NULL,
-    last_row INTEGER,
-    output TEXT,
-    error TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    revision INTEGER NOT NULL
-);
-CREATE INDEX runs_by_revision ON runs (revision);
-CREATE TABLE messages (
-    run_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    json TEXT NOT NULL,
-    PRIMARY KEY (run_id, idx)
-);
-CREATE TABLE trace (
-    run_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    row INTEGER NOT NULL,
-    turn INTEGER NOT NULL,
-    PRIMARY KEY (run_id, idx)
-) WITHOUT ROWID;
-CREATE TABLE journal (
-    run_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    call TEXT NOT NULL,
-    status TEXT NOT NULL,
-    result TEXT,
-    PRIMARY KEY (run_id, key)
-);
-"""
-
 _UPSERT_RUN = """
-INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs))
+INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id) DO UPDATE SET
     schema_version = excluded.schema_version, header = excluded.header,
     state = excluded.state, turns = excluded.turns, total_tokens = excluded.total_tokens,
@@ -127,7 +69,7 @@ class SQLiteStore(ClosingStore):
     Args:
         path: the database file, created when missing (with its tables).
         timeout: seconds a write waits for another process's write to finish.
-        clock: the source of ``created_at`` / ``updated_at`` (unix time).
+        clock: the time (unix seconds) of ``created_at`` / ``updated_at`` and of leases.
 
     Raises:
         CheckpointError: the file cannot be opened or written, is not an agent_fsm store,
@@ -144,159 +86,67 @@ class SQLiteStore(ClosingStore):
         timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = os.fspath(path)
+        self._file = SQLiteFile(path, timeout=timeout)
+        self.path = self._file.path
         self._clock = clock
-        self._lock = threading.Lock()
-        self._seen: dict[str, tuple[int, Message | None]] = {}
-        """run_id → (messages stored, the last one as saved from or loaded into this
-        process): when the live state still holds that very object, the stored prefix is
-        known to match without reading it back."""
-        try:
-            self._conn: sqlite3.Connection | None = sqlite3.connect(
-                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
-        try:
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._prepare_layout(self._conn)
-            self._check_writable(self._conn)
-        except (sqlite3.Error, CheckpointError) as exc:
-            self._conn.close()
-            self._conn = None
-            if isinstance(exc, CheckpointError):
-                raise
-            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
-
-    def _prepare_layout(self, conn: sqlite3.Connection) -> None:
-        """Create the tables in a new file, upgrade an older layout; refuse a file laid out
-        by anyone else."""
-        if conn.execute("PRAGMA user_version").fetchone()[0] < LAYOUT_VERSION:
-            conn.execute("BEGIN IMMEDIATE")  # two processes may create the same new file
-            try:
-                self._lay_out(conn, conn.execute("PRAGMA user_version").fetchone()[0])
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > LAYOUT_VERSION:
-            raise CheckpointError(
-                f"checkpoint store {self.path} was laid out by a newer agent_fsm (layout"
-                f" version {version}; this version knows {LAYOUT_VERSION}): upgrade agent_fsm"
-            )
-        if version != LAYOUT_VERSION:
-            raise CheckpointError(
-                f"checkpoint store {self.path} has unknown layout version {version}"
-            )
-
-    def _lay_out(self, conn: sqlite3.Connection, version: int) -> None:
-        """Bring a layout of ``version`` to ``LAYOUT_VERSION``, inside the caller's
-        transaction, statement by statement (executescript would commit it)."""
-        if version == 0:
-            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                raise CheckpointError(
-                    f"{self.path} is not an agent_fsm checkpoint store (it holds other tables)"
-                )
-            for statement in _LAYOUT.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-        if version in (0, 1):
-            conn.execute(sqlite_leases.LEASES_TABLE)
-            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
-
-    def _check_writable(self, conn: sqlite3.Connection) -> None:
-        """Refuse a store that cannot be written (a read-only file, directory or file system)
-        now, rather than at a run's first checkpoint: one write, rolled back."""
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
-        except sqlite3.OperationalError as exc:
-            if not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
-                raise
-            raise CheckpointError(
-                f"checkpoint store {self.path} cannot be written ({exc}): runs could not be"
-                " saved; give a path this process may write"
-            ) from exc
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-
-    @contextmanager
-    def _transaction(self, what: str, *, write: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction, under the store's lock; sqlite errors become CheckpointError.
-
-        Reads take a deferred transaction too: their queries then see one consistent
-        snapshot even while another process writes.
-        """
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise CheckpointError(f"checkpoint store {self.path} is closed")
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                try:
-                    yield conn
-                except BaseException:
-                    if conn.in_transaction:  # sqlite may have rolled back already
-                        conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise CheckpointError(
-                    f"checkpoint store {self.path}: cannot {what}: {exc}"
-                ) from exc
+        self._seen: dict[str, _Seen] = {}
+        """run_id → what this store last wrote or read of the run: while the stored
+        revision is that one and the live state still holds that very last message, the
+        stored messages are known to match without reading one back."""
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> None:
-        with self._transaction(f"save run {state.run_id!r}", write=True) as conn:
-            self._write(conn, state, lease)
-        self._saved(state)
+        with self._file.transaction(f"save run {state.run_id!r}", write=True) as conn:
+            revision = self._write(conn, state, lease)
+        self._saved(revision, state)
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
         run_id = state.run_id
-        with self._transaction(f"create run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"create run {run_id!r}", write=True) as conn:
             # BEGIN IMMEDIATE holds the write lock from here: no other process can create
             # the run between this look-up and the write.
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                 return False
-            self._write(conn, state, lease)
-        self._saved(state)
+            revision = self._write(conn, state, lease)
+        self._saved(revision, state)
         return True
 
-    def _saved(self, state: RunState) -> None:
-        """Remember what was committed, so the next save of the run need not read it back."""
+    def _saved(self, revision: int, state: RunState) -> None:
+        """Remember what is stored at ``revision``, so the next save of the run need not
+        read it back."""
         messages = state.messages
-        self._seen[state.run_id] = (len(messages), messages[-1] if messages else None)
+        self._seen[state.run_id] = _Seen(
+            revision, len(messages), messages[-1] if messages else None
+        )
 
-    def _write(self, conn: sqlite3.Connection, state: RunState, lease: Lease | None) -> None:
+    def _write(self, conn: sqlite3.Connection, state: RunState, lease: Lease | None) -> int:
         """Write ``state`` as its run's checkpoint, inside the caller's transaction (fenced
-        by ``lease``, which it renews)."""
+        by ``lease``, which it renews); return the run's new revision."""
         run_id = state.run_id
         now = self._clock()
         sqlite_leases.fence(conn, run_id, lease, now)
         version, header = encode_header(state)
         messages, trace = state.messages, state.trace
         row = conn.execute(
-            "SELECT message_count, trace_count, created_at FROM runs WHERE run_id = ?",
+            "SELECT message_count, trace_count, created_at, revision FROM runs WHERE run_id = ?",
             (run_id,),
         ).fetchone()
-        stored_messages, stored_trace, created_at = row if row else (0, 0, now)
-        stored_messages = self._kept_messages(conn, run_id, stored_messages, messages)
-        stored_trace = _kept_trace(conn, run_id, stored_trace, trace)
+        stored_messages, stored_trace, created_at, stored_revision = row or (0, 0, now, None)
+        kept_messages, kept_trace = self._kept(
+            conn, state, (stored_messages, stored_trace), stored_revision
+        )
         conn.executemany(
             "INSERT INTO messages VALUES (?, ?, ?)",
             [
                 (run_id, idx, MESSAGE_ADAPTER.dump_json(messages[idx]).decode())
-                for idx in range(stored_messages, len(messages))
+                for idx in range(kept_messages, len(messages))
             ],
         )
         conn.executemany(
             "INSERT INTO trace VALUES (?, ?, ?, ?)",
-            [(run_id, idx, *trace[idx]) for idx in range(stored_trace, len(trace))],
+            [(run_id, idx, *trace[idx]) for idx in range(kept_trace, len(trace))],
         )
         summary = summarize(state, created_at=created_at, updated_at=now)
+        (revision,) = conn.execute("SELECT COALESCE(MAX(revision), 0) + 1 FROM runs").fetchone()
         conn.execute(
             _UPSERT_RUN,
             (
@@ -313,35 +163,71 @@ class SQLiteStore(ClosingStore):
                 summary.error,
                 created_at,
                 now,
+                revision,
             ),
         )
+        return int(revision)
 
-    def _kept_messages(
-        self, conn: sqlite3.Connection, run_id: str, stored: int, live: list[Message]
-    ) -> int:
-        """How many stored messages stay, after deleting those ``live`` does not share."""
-        if stored > len(live):  # restored from an older checkpoint and continued
-            conn.execute("DELETE FROM messages WHERE run_id = ? AND idx >= ?", (run_id, len(live)))
-            stored = len(live)
-        if stored == 0:
-            conn.execute("DELETE FROM messages WHERE run_id = ?", (run_id,))  # orphans, if any
-            return 0
-        last = live[stored - 1]
+    def _kept(
+        self,
+        conn: sqlite3.Connection,
+        state: RunState,
+        stored: tuple[int, int],
+        revision: int | None,
+    ) -> tuple[int, int]:
+        """How many of the stored messages and trace entries stay; the others are deleted.
+
+        Entries beyond the live state's go (a run restored from an older checkpoint and
+        continued). The rest stay only if the live state continues both lists, its entries
+        at the last stored indices being the stored ones; otherwise it is another history
+        (``checkpoint``'s rules), written whole: transcript and trace are one history.
+        """
+        run_id, messages, trace = state.run_id, state.messages, state.trace
+        kept_messages, kept_trace = min(stored[0], len(messages)), min(stored[1], len(trace))
+        if not (
+            self._same_message(conn, run_id, kept_messages, messages, revision)
+            and _same_step(conn, run_id, kept_trace, trace)
+        ):
+            kept_messages = kept_trace = 0
+        for table, kept, count in (
+            ("messages", kept_messages, stored[0]),
+            ("trace", kept_trace, stored[1]),
+        ):
+            if kept == 0:  # all of it (rows a deleted run left, if any)
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            elif kept < count:
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ? AND idx >= ?", (run_id, kept))
+        return kept_messages, kept_trace
+
+    def _same_message(
+        self,
+        conn: sqlite3.Connection,
+        run_id: str,
+        kept: int,
+        live: list[Message],
+        revision: int | None,
+    ) -> bool:
+        """Whether the live message at index ``kept - 1`` is the stored one: known without
+        reading it when this store saw the stored revision end with that very object."""
+        if kept == 0:
+            return True
+        last = live[kept - 1]
         seen = self._seen.get(run_id)
-        if seen is not None and seen[0] == stored and seen[1] is last:
-            return stored
+        if (
+            seen is not None
+            and (seen.revision, seen.messages) == (revision, kept)
+            and seen.last is last
+        ):
+            return True
         found = conn.execute(
-            "SELECT json FROM messages WHERE run_id = ? AND idx = ?", (run_id, stored - 1)
+            "SELECT json FROM messages WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
         ).fetchone()
-        if found is None or found[0] != MESSAGE_ADAPTER.dump_json(last).decode():
-            conn.execute("DELETE FROM messages WHERE run_id = ?", (run_id,))  # another history
-            return 0
-        return stored
+        return found is not None and found[0] == MESSAGE_ADAPTER.dump_json(last).decode()
 
     def load(self, run_id: str) -> RunState:
-        with self._transaction(f"load run {run_id!r}", write=False) as conn:
+        with self._file.transaction(f"load run {run_id!r}", write=False) as conn:
             row = conn.execute(
-                "SELECT schema_version, header, message_count, trace_count FROM runs"
+                "SELECT schema_version, header, message_count, trace_count, revision FROM runs"
                 " WHERE run_id = ?",
                 (run_id,),
             ).fetchone()
@@ -353,7 +239,7 @@ class SQLiteStore(ClosingStore):
             trace = conn.execute(
                 "SELECT row, turn FROM trace WHERE run_id = ? ORDER BY idx", (run_id,)
             ).fetchall()
-        version, header, message_count, trace_count = row
+        version, header, message_count, trace_count, revision = row
         if (len(texts), len(trace)) != (message_count, trace_count):
             raise CheckpointError(
                 f"checkpoint of run {run_id!r} is incomplete: {len(texts)} of {message_count}"
@@ -367,16 +253,16 @@ class SQLiteStore(ClosingStore):
                 f"checkpoint of run {run_id!r} has an unreadable message: {exc.errors()[0]['msg']}"
             ) from exc
         state.trace = [(r, t) for r, t in trace]
-        self._seen[run_id] = (len(state.messages), state.messages[-1] if state.messages else None)
+        self._saved(revision, state)
         return state
 
     def exists(self, run_id: str) -> bool:
-        with self._transaction(f"look up run {run_id!r}", write=False) as conn:
+        with self._file.transaction(f"look up run {run_id!r}", write=False) as conn:
             found = conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return found is not None
 
     def list_runs(self, limit: int | None = None) -> list[RunSummary]:
-        with self._transaction("list runs", write=False) as conn:
+        with self._file.transaction("list runs", write=False) as conn:
             rows = conn.execute(
                 f"SELECT {_SUMMARY_COLUMNS} FROM runs ORDER BY revision DESC LIMIT ?",
                 (-1 if limit is None else max(limit, 0),),
@@ -387,54 +273,55 @@ class SQLiteStore(ClosingStore):
             raise CheckpointError(f"checkpoint store {self.path} has a bad run: {exc}") from exc
 
     def delete(self, run_id: str) -> None:
-        with self._transaction(f"delete run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"delete run {run_id!r}", write=True) as conn:
             for table in ("runs", "messages", "trace", "journal", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         self._seen.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
-        return SQLiteJournal(self, run_id, lease)
+        return SQLiteJournal(self._file, run_id, lease, self._clock)
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
         ttl_s = check_ttl(ttl_s)
-        with self._transaction(f"claim run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"claim run {run_id!r}", write=True) as conn:
             return sqlite_leases.claim(conn, run_id, owner, ttl_s, self._clock())
 
     def renew(self, lease: Lease) -> Lease:
-        with self._transaction(f"renew the lease of run {lease.run_id!r}", write=True) as conn:
+        with self._file.transaction(f"renew the lease of run {lease.run_id!r}", write=True) as conn:
             expires_at = sqlite_leases.renew(conn, lease, self._clock())
         return dataclasses.replace(lease, expires_at=expires_at)
 
     def release(self, lease: Lease) -> None:
-        with self._transaction(f"release the lease of run {lease.run_id!r}", write=True) as conn:
+        with self._file.transaction(
+            f"release the lease of run {lease.run_id!r}", write=True
+        ) as conn:
             sqlite_leases.release(conn, lease)
 
     def lease(self, run_id: str) -> Lease | None:
-        with self._transaction(f"look up the lease of run {run_id!r}", write=False) as conn:
+        with self._file.transaction(f"look up the lease of run {run_id!r}", write=False) as conn:
             return sqlite_leases.live(conn, run_id, self._clock())
 
     def close(self) -> None:
         """Close the file; idempotent."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._file.close()
 
 
-def _kept_trace(
-    conn: sqlite3.Connection, run_id: str, stored: int, live: list[tuple[int, int]]
-) -> int:
-    """How many stored trace entries stay (the rule of ``SQLiteStore._kept_messages``)."""
-    if stored > len(live):
-        conn.execute("DELETE FROM trace WHERE run_id = ? AND idx >= ?", (run_id, len(live)))
-        stored = len(live)
-    if stored == 0:
-        conn.execute("DELETE FROM trace WHERE run_id = ?", (run_id,))
-        return 0
+class _Seen(NamedTuple):
+    """What a SQLiteStore last wrote or read of a run: at ``revision``, the stored messages
+    were ``messages`` many, the last of them ``last``."""
+
+    revision: int
+    messages: int
+    last: Message | None
+
+
+def _same_step(
+    conn: sqlite3.Connection, run_id: str, kept: int, live: list[tuple[int, int]]
+) -> bool:
+    """Whether the live trace entry at index ``kept - 1`` is the stored one."""
+    if kept == 0:
+        return True
     found = conn.execute(
-        "SELECT row, turn FROM trace WHERE run_id = ? AND idx = ?", (run_id, stored - 1)
+        "SELECT row, turn FROM trace WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
     ).fetchone()
-    if found is None or tuple(found) != tuple(live[stored - 1]):
-        conn.execute("DELETE FROM trace WHERE run_id = ?", (run_id,))
-        return 0
-    return stored
+    return found is not None and tuple(found) == tuple(live[kept - 1])

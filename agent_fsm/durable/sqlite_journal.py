@@ -1,35 +1,36 @@
 """One run's tool journal in a SQLiteStore's ``journal`` table (``durable.journal``'s
-contract): every call is its own transaction, through the store's connection."""
+contract): every call is its own transaction on the store's file (``SQLiteFile``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
 from agent_fsm.durable.journal import CallStatus, JournalEntry
 from agent_fsm.durable.leases import Lease
+from agent_fsm.durable.sqlite_file import SQLiteFile
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import ToolCall, ToolMessage
-
-if TYPE_CHECKING:
-    from agent_fsm.durable.sqlite import SQLiteStore
 
 __all__ = ["SQLiteJournal"]
 
 
 class SQLiteJournal:
-    """The journal of ``run_id`` in ``store``."""
+    """The journal of ``run_id`` in ``file``, whose ``record_started`` is fenced by
+    ``lease`` at the time ``clock`` reads (the store's: ``durable.leases``)."""
 
-    __slots__ = ("_lease", "_run_id", "_store")
+    __slots__ = ("_clock", "_file", "_lease", "_run_id")
 
-    def __init__(self, store: SQLiteStore, run_id: str, lease: Lease | None) -> None:
-        self._store = store
+    def __init__(
+        self, file: SQLiteFile, run_id: str, lease: Lease | None, clock: Callable[[], float]
+    ) -> None:
+        self._file = file
         self._run_id = run_id
         self._lease = lease
-        """Fences ``record_started`` (``durable.leases``)."""
+        self._clock = clock
 
     def lookup(self, key: str) -> JournalEntry | None:
-        with self._store._transaction(f"read journal entry {key!r}", write=False) as conn:
+        with self._file.transaction(f"read journal entry {key!r}", write=False) as conn:
             row = conn.execute(
                 "SELECT call, status, result FROM journal WHERE run_id = ? AND key = ?",
                 (self._run_id, key),
@@ -52,9 +53,8 @@ class SQLiteJournal:
     def record_started(self, key: str, call: ToolCall) -> None:
         # Committed before returning: it guards a side effect about to happen. Fenced by the
         # run's lease: a driver whose lease was taken over must not start the call.
-        store = self._store
-        with store._transaction(f"record journal entry {key!r}", write=True) as conn:
-            sqlite_leases.fence(conn, self._run_id, self._lease, store._clock())
+        with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
+            sqlite_leases.fence(conn, self._run_id, self._lease, self._clock())
             conn.execute(
                 "INSERT INTO journal VALUES (?, ?, ?, ?, NULL) ON CONFLICT (run_id, key)"
                 " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL",
@@ -62,7 +62,7 @@ class SQLiteJournal:
             )
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
-        with self._store._transaction(f"record journal entry {key!r}", write=True) as conn:
+        with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
             updated = conn.execute(
                 "UPDATE journal SET status = ?, result = ? WHERE run_id = ? AND key = ?",
                 (CallStatus.FINISHED.value, result.model_dump_json(), self._run_id, key),

@@ -2,7 +2,7 @@
 
 Each guard reads a handful of fields and does O(1) work: everything that needs history (loop
 detection, the prompt-size estimate, error counts) is kept incrementally by the engine and
-``loop/detection.py``, never recomputed here. Guards must have no side effects, because
+``loop.detection``, never recomputed here. Guards must have no side effects, because
 ``transitions`` evaluates them whenever it decides a transition (including ``may_<trigger>``
 checks).
 """

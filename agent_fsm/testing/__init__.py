@@ -1,14 +1,17 @@
 """The test harness: fake models, run invariants, generated and enumerated misbehaviour,
-record and replay. ``docs/testing.md`` walks through it.
+record and replay. ``docs/testing.md`` walks through it. And the contract a checkpoint store
+of your own must keep, as a pytest suite (``docs/stores.md``).
 
     from agent_fsm.testing import ScriptedModel, FunctionModel, call, reply
     from agent_fsm.testing import assert_terminates, check_exhaustively, assert_replays
     from agent_fsm.testing import assert_stateful, agent_state_machine, AgentStateMachine
+    from agent_fsm.testing import CheckpointStoreContract
 
 Everything here works without hypothesis except ``assert_terminates``, the stateful machine
 (``assert_stateful``, ``agent_state_machine``, ``AgentStateMachine``) and
 ``agent_fsm.testing.strategies``, which need the ``testing`` extra
-(``pip install 'agent-fsm[testing]'``); those names are imported on first use.
+(``pip install 'agent-fsm[testing]'``), and the store contract, which needs pytest; those
+names are imported on first use.
 """
 
 import importlib
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
         agent_state_machine,
         assert_stateful,
     )
+    from agent_fsm.testing.store_contract import CheckpointStoreContract
+    from agent_fsm.testing.store_kit import ContractClock, sample_state
 
 __all__ = [
     # fake models
@@ -87,6 +92,10 @@ __all__ = [
     "load_recording",
     "record_run",
     "replay",
+    # the contract of checkpoint stores
+    "CheckpointStoreContract",
+    "ContractClock",
+    "sample_state",
 ]
 
 
@@ -121,6 +130,9 @@ _WHERE: dict[str, str] = {
     "AgentStateMachine": "agent_fsm.testing.stateful",
     "agent_state_machine": "agent_fsm.testing.stateful",
     "assert_stateful": "agent_fsm.testing.stateful",
+    "CheckpointStoreContract": "agent_fsm.testing.store_contract",
+    "ContractClock": "agent_fsm.testing.store_kit",
+    "sample_state": "agent_fsm.testing.store_kit",
 }
 """Where each name lives. Everything is imported on first use: the pytest plugin (loaded by
 every pytest run where agent_fsm is installed) lives in this package, and the names that need
@@ -135,12 +147,15 @@ def __getattr__(name: str) -> Any:
     try:
         imported = importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name not in ("hypothesis", "hypothesis_jsonschema"):
+        if exc.name not in ("hypothesis", "hypothesis_jsonschema", "pytest"):
             raise
+        where = (
+            "pip install pytest"
+            if exc.name == "pytest"
+            else "which comes with the testing extra: pip install 'agent-fsm[testing]'"
+        )
         raise ModuleNotFoundError(
-            f"agent_fsm.testing.{name} needs {exc.name}, which comes with the testing extra: "
-            "pip install 'agent-fsm[testing]'",
-            name=exc.name,
+            f"agent_fsm.testing.{name} needs {exc.name}, {where}", name=exc.name
         ) from exc
     value = getattr(imported, name)
     globals()[name] = value  # later lookups skip this function

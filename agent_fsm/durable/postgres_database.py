@@ -1,0 +1,162 @@
+"""The PostgreSQL database under a ``PostgresStore``: one connection, its schema laid out on
+first use, and the statements and transactions the store and its runs' journals
+(``durable.postgres_journal``) make on it. The only module importing psycopg at run time.
+
+The tables live in a schema of their own (``agent_fsm`` by default), created on first use
+and versioned (``postgres_rows`` lays them out), so they never meet an application's tables.
+The session commits with ``synchronous_commit = off`` unless ``synchronous_saves``; a
+``durable`` transaction commits with a flush to disk whatever the session's default
+(``durable.postgres``, "Durability", says which writes are).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+import agent_fsm.durable.postgres_rows as rows
+from agent_fsm.durable.postgres_rows import LAYOUT_VERSION, one
+from agent_fsm.errors import CheckpointError
+
+__all__ = ["PostgresDatabase"]
+
+
+class PostgresDatabase:
+    """One connection to a store's schema, under a lock, shared by the store and its
+    journals; made when first needed, and again after it broke (the server restarted).
+
+    Args:
+        url: a libpq connection string or URL (``postgresql://user:pw@host:5432/db``).
+        schema: the schema holding the tables; created on first use, with them.
+        synchronous_saves: the session's commits flush to disk too (not only ``durable``
+            transactions).
+
+    Raises:
+        CheckpointError: not a connection string, the database cannot be reached, or the
+            schema holds other tables or was laid out by a newer agent_fsm.
+    """
+
+    def __init__(self, url: str, *, schema: str, synchronous_saves: bool) -> None:
+        self.schema = schema
+        self._url = url
+        self._synchronous_saves = synchronous_saves
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise CheckpointError(f"not a PostgreSQL connection string: {exc}") from exc
+        where = f"{params.get('host', 'localhost')}:{params.get('port', 5432)}"
+        self.name = f"postgresql://{where}/{params.get('dbname', '')} (schema {schema})"
+        """Names the store in errors (without the password)."""
+        with self.connected("open the store"):
+            pass
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The open connection, made (and the layout checked) when there is none."""
+        if self._closed:
+            raise CheckpointError(f"checkpoint store {self.name} is closed")
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            conn = psycopg.connect(self._url, autocommit=True)
+            try:
+                conn.execute(
+                    "SELECT set_config('search_path', quote_ident(%s), false),"
+                    " set_config('synchronous_commit', %s, false)",
+                    (self.schema, "on" if self._synchronous_saves else "off"),
+                )
+                self._prepare_layout(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return conn
+
+    def _prepare_layout(self, conn: psycopg.Connection[Any]) -> None:
+        """Create the schema and tables when missing (once, under an advisory lock: several
+        workers may start at once); refuse a schema laid out by anyone else."""
+        # The catalog itself, not to_regclass: its cache may not have seen a layout that
+        # another worker committed while this one waited for the lock.
+        found = (
+            "SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid ="
+            " c.relnamespace WHERE n.nspname = %s AND c.relname = 'layout')"
+        )
+        if not one(conn.execute(found, (self.schema,))):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.name,))
+                if not one(conn.execute(found, (self.schema,))):
+                    self._lay_out(conn)
+        version = one(conn.execute("SELECT max(version) FROM layout"))
+        if version is not None and version > LAYOUT_VERSION:
+            raise CheckpointError(
+                f"checkpoint store {self.name} was laid out by a newer agent_fsm (layout"
+                f" version {version}; this version knows {LAYOUT_VERSION}): upgrade agent_fsm"
+            )
+        if version != LAYOUT_VERSION:
+            raise CheckpointError(
+                f"checkpoint store {self.name} has unknown layout version {version}"
+            )
+
+    def _lay_out(self, conn: psycopg.Connection[Any]) -> None:
+        taken = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s",
+            (self.schema,),
+        )
+        if one(taken):
+            raise CheckpointError(
+                f"{self.name} is not an agent_fsm checkpoint store (its schema holds other"
+                " tables): give the store a schema of its own"
+            )
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+        for statement in rows.LAYOUT:
+            conn.execute(statement)
+
+    @contextmanager
+    def connected(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+        """The connection, under the lock, in autocommit: each statement commits on its own
+        (one round trip; for a read that needs no snapshot across statements, or a write of
+        one statement). Database errors become ``CheckpointError`` saying it could not
+        ``what`` (for example "save run 'r1'").
+
+        Raises:
+            CheckpointError: the store is closed, or the database failed.
+        """
+        with self._lock:
+            try:
+                yield self._connection()
+            except psycopg.Error as exc:
+                raise CheckpointError(
+                    f"checkpoint store {self.name}: cannot {what}: {exc}"
+                ) from exc
+
+    @contextmanager
+    def transaction(
+        self, what: str, *, write: bool = True, durable: bool = True
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """One transaction, pipelined, under the lock (``connected``'s errors): committed
+        when the block ends, rolled back when it raises. A read (``write=False``) sees one
+        snapshot (repeatable read), so its statements agree with each other while other
+        workers write. A ``durable`` write commits with a flush to disk even when the
+        session's commits do not."""
+        with self.connected(what) as conn, conn.pipeline(), conn.transaction():
+            if not write:
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            elif durable and not self._synchronous_saves:
+                conn.execute("SET LOCAL synchronous_commit = on")
+            yield conn
+
+    def close(self) -> None:
+        """Close the connection; idempotent. Calls then raise CheckpointError."""
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

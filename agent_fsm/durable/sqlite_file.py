@@ -1,0 +1,209 @@
+"""The SQLite file under a ``SQLiteStore``: opened, laid out, and used one transaction at a
+time by the store and by its runs' journals (``durable.sqlite_journal``).
+
+The file is in WAL mode (readers never block the writer) with ``synchronous=NORMAL``: a
+committed transaction survives a crash of the process, which is what resuming needs (a power
+loss may lose the last few, never corrupt older ones). Every write is one ``BEGIN
+IMMEDIATE`` transaction, so a crash mid-write leaves the previous state intact, and
+concurrent writers (other processes on the file) wait for each other, up to ``timeout``,
+instead of failing.
+
+Tables (their layout is versioned with ``PRAGMA user_version``, apart from the checkpoint
+schema version each run records):
+
+    runs      run_id, schema_version, header (JSON), summary columns, created/updated times
+    messages  run_id, idx, json           one row per transcript message
+    trace     run_id, idx, row, turn      one row per transition
+    journal   run_id, key, call, status, result     the tool journal
+    leases    run_id, owner, token, expires_at      run leases (``sqlite_leases``)
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import agent_fsm.durable.sqlite_leases as sqlite_leases
+from agent_fsm.errors import CheckpointError
+
+__all__ = ["LAYOUT_VERSION", "SQLiteFile"]
+
+LAYOUT_VERSION = 2
+"""The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table (a
+version 1 file is upgraded when opened)."""
+
+_LAYOUT = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    schema_version INTEGER NOT NULL,
+    header TEXT NOT NULL,
+    state TEXT NOT NULL,
+    turns INTEGER NOT NULL,
+    total_tokens INTEGER NOT NULL,
+    message_count INTEGER NOT NULL,
+    trace_count INTEGER NOT NULL,
+    last_row INTEGER,
+    output TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    revision INTEGER NOT NULL
+);
+CREATE INDEX runs_by_revision ON runs (revision);
+CREATE TABLE messages (
+    run_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    json TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE TABLE trace (
+    run_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    row INTEGER NOT NULL,
+    turn INTEGER NOT NULL,
+    PRIMARY KEY (run_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE journal (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    call TEXT NOT NULL,
+    status TEXT NOT NULL,
+    result TEXT,
+    PRIMARY KEY (run_id, key)
+);
+"""
+
+
+class SQLiteFile:
+    """One connection to a store's file, shared by the store and its journals.
+
+    Args:
+        path: the database file, created when missing (with its tables).
+        timeout: seconds a write waits for another process's write to finish.
+
+    Raises:
+        CheckpointError: the file cannot be opened or written, is not an agent_fsm store,
+            or was laid out by a newer agent_fsm.
+
+    Safe to share between threads (sync tools run in worker threads): transactions are
+    serialised under one lock.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+        self.path = os.fspath(path)
+        """The file, as given (names the store in errors)."""
+        self._lock = threading.Lock()
+        try:
+            self._conn: sqlite3.Connection | None = sqlite3.connect(
+                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
+        try:
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._prepare_layout(self._conn)
+            self._check_writable(self._conn)
+        except (sqlite3.Error, CheckpointError) as exc:
+            self._conn.close()
+            self._conn = None
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
+
+    def _prepare_layout(self, conn: sqlite3.Connection) -> None:
+        """Create the tables in a new file, upgrade an older layout; refuse a file laid out
+        by anyone else."""
+        if conn.execute("PRAGMA user_version").fetchone()[0] < LAYOUT_VERSION:
+            conn.execute("BEGIN IMMEDIATE")  # two processes may create the same new file
+            try:
+                self._lay_out(conn, conn.execute("PRAGMA user_version").fetchone()[0])
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > LAYOUT_VERSION:
+            raise CheckpointError(
+                f"checkpoint store {self.path} was laid out by a newer agent_fsm (layout"
+                f" version {version}; this version knows {LAYOUT_VERSION}): upgrade agent_fsm"
+            )
+        if version != LAYOUT_VERSION:
+            raise CheckpointError(
+                f"checkpoint store {self.path} has unknown layout version {version}"
+            )
+
+    def _lay_out(self, conn: sqlite3.Connection, version: int) -> None:
+        """Bring a layout of ``version`` to ``LAYOUT_VERSION``, inside the caller's
+        transaction, statement by statement (executescript would commit it)."""
+        if version == 0:
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise CheckpointError(
+                    f"{self.path} is not an agent_fsm checkpoint store (it holds other tables)"
+                )
+            for statement in _LAYOUT.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        if version in (0, 1):
+            conn.execute(sqlite_leases.LEASES_TABLE)
+            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
+
+    def _check_writable(self, conn: sqlite3.Connection) -> None:
+        """Refuse a store that cannot be written (a read-only file, directory or file system)
+        now, rather than at a run's first checkpoint: one write, rolled back."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
+        except sqlite3.OperationalError as exc:
+            if not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
+                raise
+            raise CheckpointError(
+                f"checkpoint store {self.path} cannot be written ({exc}): runs could not be"
+                " saved; give a path this process may write"
+            ) from exc
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    @contextmanager
+    def transaction(self, what: str, *, write: bool) -> Iterator[sqlite3.Connection]:
+        """One transaction on the file, under the lock: committed when the block ends,
+        rolled back when it raises. sqlite errors become ``CheckpointError`` saying it could
+        not ``what`` (for example "save run 'r1'").
+
+        A write (``write=True``) begins IMMEDIATE: it holds the file's write lock from its
+        first statement, so what it reads cannot change before it writes. A read takes a
+        deferred transaction: its queries see one snapshot even while another process
+        writes.
+
+        Raises:
+            CheckpointError: the file is closed, or sqlite failed.
+        """
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise CheckpointError(f"checkpoint store {self.path} is closed")
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    yield conn
+                except BaseException:
+                    if conn.in_transaction:  # sqlite may have rolled back already
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise CheckpointError(
+                    f"checkpoint store {self.path}: cannot {what}: {exc}"
+                ) from exc
+
+    def close(self) -> None:
+        """Close the connection; idempotent. Transactions then raise CheckpointError."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

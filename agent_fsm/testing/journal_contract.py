@@ -1,0 +1,98 @@
+"""The tool-journal part of the checkpoint-store contract (``durable.journal`` states it):
+what a resumed run finds of the calls its interrupted turn started. ``CheckpointStoreContract``
+includes it; it is not meant to be used alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from agent_fsm.durable.journal import CallStatus, JournalEntry, journal_key
+from agent_fsm.messages import ToolCall, ToolMessage
+from agent_fsm.testing.store_kit import StoreContractBase
+
+__all__ = ["JournalContract"]
+
+
+class JournalContract(StoreContractBase):
+    """Calls started and finished, keys recorded again, journals per run and shared."""
+
+    def test_the_journal_records_a_call_started_then_finished(self) -> None:
+        store = self.open_store()
+        key = journal_key(2, 0, "c1")
+        call = ToolCall(id="c1", name="add", arguments='{"a": 1}')
+        result = ToolMessage(tool_call_id="c1", name="add", content="3", details={"ms": 2})
+        journal = store.journal("run-1")
+        assert journal.lookup(key) is None  # never started: the call runs normally
+        journal.record_started(key, call)
+        journal.record_finished(key, result)
+        finished = store.journal("run-1").lookup(key)
+        assert finished is not None
+        assert (finished.key, finished.call, finished.status, finished.result) == (
+            key,
+            call,
+            CallStatus.FINISHED,
+            result,
+        )
+
+    def test_a_call_started_but_never_finished_looks_started_with_no_result(self) -> None:
+        """What a resumed run finds of a call that was running when the process died: it
+        re-runs an idempotent tool, and tells the model the outcome is unknown otherwise."""
+        store = self.open_store()
+        call = ToolCall(id="c1", name="transfer", arguments='{"amount": 10}')
+        store.journal("run-1").record_started("3:1:c1", call)
+        entry = store.journal("run-1").lookup("3:1:c1")
+        assert entry is not None
+        assert (entry.key, entry.call, entry.status, entry.result) == (
+            "3:1:c1",
+            call,
+            CallStatus.STARTED,
+            None,
+        )
+
+    def test_a_key_names_one_call_and_recording_it_again_replaces_its_entry(self) -> None:
+        """Keys are ``journal_key(turn, index, call_id)``: unique in a run. An idempotent
+        call run again after a crash is recorded again under its key: one entry, started."""
+        store = self.open_store()
+        journal = store.journal("run-1")
+        first, again = ToolCall(id="c", name="get"), ToolCall(id="c", name="get", arguments="{}")
+        journal.record_started("1:0:c", first)
+        journal.record_finished("1:0:c", ToolMessage(tool_call_id="c", name="get", content="1"))
+        journal.record_started("1:0:c", again)
+        entry = journal.lookup("1:0:c")
+        assert entry is not None
+        assert (entry.call, entry.status, entry.result) == (again, CallStatus.STARTED, None)
+        done = ToolMessage(tool_call_id="c", name="get", content="2")
+        journal.record_finished("1:0:c", done)
+        assert journal.lookup("1:0:c") == JournalEntry("1:0:c", again, CallStatus.FINISHED, done)
+        journal.record_started("2:0:c", first)  # the same call id on another turn: its own
+        assert journal.lookup("1:0:c") is not None
+        assert journal.lookup("1:0:c") != journal.lookup("2:0:c")
+
+    def test_finishing_a_call_that_never_started_is_a_key_error(self) -> None:
+        store = self.open_store()
+        result = ToolMessage(tool_call_id="c", name="t", content="x")
+        with pytest.raises(KeyError, match="without having started"):
+            store.journal("run-1").record_finished("9:0:c", result)
+        assert store.journal("run-1").lookup("9:0:c") is None
+
+    def test_journals_are_per_run(self) -> None:
+        store = self.open_store()
+        store.journal("a").record_started("1:0:c", ToolCall(id="c", name="t"))
+        assert store.journal("b").lookup("1:0:c") is None
+        assert store.journal("a").lookup("1:0:c") is not None
+
+    def test_the_journal_is_durable_and_shared(self) -> None:
+        first, second = self.open_store(), self.open_shared()
+        call = ToolCall(id="c1", name="transfer")
+        # Written from a worker thread, as a sync tool's runtime may do.
+        worker = threading.Thread(target=first.journal("r").record_started, args=("k", call))
+        worker.start()
+        worker.join()
+        entry = second.journal("r").lookup("k")  # committed before record_started returned
+        assert entry is not None
+        assert (entry.call, entry.status) == (call, CallStatus.STARTED)
+        first.close()
+        second.close()
+        assert self.open_shared().journal("r").lookup("k") == entry  # as a new process finds it

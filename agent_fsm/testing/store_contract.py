@@ -1,0 +1,362 @@
+"""The checkpoint-store contract: a pytest suite a store of your own runs, as ours do.
+
+Everything the engine relies on when it saves, reopens, lists and leases runs, checked on
+your store (``docs/stores.md`` walks through it)::
+
+    from agent_fsm.testing import CheckpointStoreContract
+
+    class TestMyStore(CheckpointStoreContract):
+        shares_storage = True      # two make_store calls of one test open one storage
+
+        def make_store(self, clock):
+            return MyStore(self.tmp_path / "runs.db", clock=clock)
+
+The suite checks the interfaces of ``durable.checkpoint`` (here), ``durable.journal``
+(``journal_contract``) and, for a store that leases runs (a ``LeaseStore``),
+``durable.leases`` (``lease_contract``): their docstrings are the contract, these tests its
+letter. Flags on your class say what the suite may expect:
+``shares_storage``, ``timestamps_from_clock``, ``leases_from_clock``
+(``StoreContractBase``). Tests that need what your store does not offer are skipped, saying
+why.
+
+Schema versions: the suite plays an older and a newer agent_fsm by changing
+``durable.encoding``'s ``CHECKPOINT_SCHEMA_VERSION`` and ``MIGRATIONS`` for one test, so a
+store must write through ``encode_header`` (storing the version it returns beside the header)
+and read through ``decode_header``, as ours do.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import threading
+from typing import Any
+
+import pytest
+
+from agent_fsm.durable import encoding
+from agent_fsm.durable.checkpoint import CheckpointStore, RunLister, RunOpener, RunSaver
+from agent_fsm.durable.encoding import summarize
+from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.durable.leases import LeasedWrites, LeaseStore, RunLeases
+from agent_fsm.errors import CheckpointError
+from agent_fsm.messages import AssistantMessage, ToolCall, UserMessage
+from agent_fsm.state import RunState
+from agent_fsm.testing.journal_contract import JournalContract
+from agent_fsm.testing.lease_contract import LeaseContract
+from agent_fsm.testing.store_kit import add_turn, sample_state
+
+__all__ = ["CheckpointStoreContract"]
+
+
+class CheckpointStoreContract(JournalContract, LeaseContract):
+    """Subclass it as ``Test<YourStore>`` and define ``make_store(self, clock)``: pytest then
+    runs the whole contract on your store. See the module's docstring."""
+
+    # -- the interfaces ---------------------------------------------------------------------
+
+    def test_the_store_implements_the_protocols(self) -> None:
+        store = self.open_store()
+        for protocol in (RunSaver, RunOpener, RunLister, CheckpointStore):
+            assert isinstance(store, protocol), f"not a {protocol.__name__}"
+        assert isinstance(store.journal("r"), ToolJournal)
+        leasing = [name for name in ("claim", "renew", "release", "lease") if hasattr(store, name)]
+        if leasing:  # a store that leases runs does all of it (the lease tests run on it)
+            missing = [p.__name__ for p in (LeasedWrites, RunLeases) if not isinstance(store, p)]
+            assert isinstance(store, LeaseStore), f"it has {leasing}, but is no {missing}"
+
+    # -- round trips --------------------------------------------------------------------------
+
+    def test_a_saved_state_loads_equal(self) -> None:
+        store = self.open_store()
+        state = sample_state()
+        store.save(state)
+        loaded = store.load("run-1")
+        assert loaded == state
+        assert loaded is not state
+        assert store.exists("run-1")
+
+    def test_an_empty_run_loads_equal(self) -> None:
+        store = self.open_store()
+        store.save(RunState(run_id="empty"))
+        assert store.load("empty") == RunState(run_id="empty")
+
+    def test_every_save_of_a_growing_run_loads_equal(self) -> None:
+        store = self.open_store()
+        state = sample_state()
+        for n in range(4):
+            add_turn(state, n)
+            state.notes["turn"] = n
+            store.save(state)
+            assert store.load("run-1") == state
+
+    def test_a_saved_checkpoint_does_not_follow_the_live_state(self) -> None:
+        store = self.open_store()
+        state = sample_state()
+        store.save(state)
+        snapshot = copy.deepcopy(state)
+        add_turn(state, 1)
+        state.turns = 99
+        state.notes["plan"].append("more")
+        state.loop.period_matches[0] = 7
+        state.pending_input.append("more")
+        assert store.load("run-1") == snapshot
+        loaded = store.load("run-1")
+        loaded.messages.clear()
+        loaded.notes.clear()
+        assert store.load("run-1") == snapshot
+
+    def test_unknown_run_ids(self) -> None:
+        store = self.open_store()
+        with pytest.raises(CheckpointError, match="'nope'"):
+            store.load("nope")
+        assert not store.exists("nope")
+        store.delete("nope")  # not an error
+        assert store.list_runs() == []
+        assert store.journal("nope").lookup("1:0:c") is None
+
+    # -- saves write what is new --------------------------------------------------------------
+
+    def test_a_save_writes_only_what_is_new(self) -> None:
+        """The transcript and the trace are append-only, so a save compares at most the last
+        stored entry and writes the rest: an entry stored earlier is not written again. (A
+        run never edits one; this test does, to see that it was not rewritten.)"""
+        store = self.open_store()
+        state = sample_state()
+        store.save(state)
+        first_message, first_step = state.messages[1], state.trace[0]
+        state.messages[1] = UserMessage(content="never sent")
+        state.trace[0] = (99, 99)
+        add_turn(state, 1)
+        store.save(state)
+        loaded = store.load("run-1")
+        assert (loaded.messages[1], loaded.trace[0]) == (first_message, first_step)
+        assert loaded.messages[2:] == state.messages[2:]
+        assert loaded.trace[1:] == state.trace[1:]
+
+    def test_a_run_restored_from_an_older_checkpoint_and_continued(self) -> None:
+        store = self.open_store()
+        state = sample_state()
+        store.save(state)
+        older = store.load("run-1")
+        add_turn(state, 1)
+        add_turn(state, 2)
+        store.save(state)
+        store.save(older)  # the run was resumed from the older checkpoint
+        assert store.load("run-1") == older
+        add_turn(older, 9)
+        store.save(older)
+        assert store.load("run-1") == older
+
+    @pytest.mark.parametrize("length", ["shorter", "as long", "longer"])
+    def test_a_different_history_under_the_same_id_replaces_the_stored_one(
+        self, length: str
+    ) -> None:
+        store = self.open_store()
+        stored = sample_state()
+        add_turn(stored, 1)
+        store.save(stored)
+        other = sample_state()
+        other.messages.append(AssistantMessage(content="a different ending"))
+        other.messages.append(AssistantMessage(content="and more"))
+        other.trace.extend([(7, 9), (8, 9), (9, 9), (7, 9)])
+        if length == "shorter":
+            del other.messages[-1], other.trace[-1]
+        elif length == "longer":
+            add_turn(other, 2)
+        store.save(other)
+        assert store.load("run-1") == other
+
+    @pytest.mark.parametrize("differs", ["messages", "trace"])
+    def test_a_history_is_told_apart_by_either_list(self, differs: str) -> None:
+        """A different history whose last message is the stored one but whose last step is
+        not (or the other way round) still replaces the stored history whole: the
+        transcript and the trace are one history, never a mix of two."""
+        store = self.open_store()
+        stored = sample_state()
+        add_turn(stored, 1)
+        store.save(stored)
+        other = copy.deepcopy(stored)
+        other.messages[1] = UserMessage(content="another question")
+        other.trace[0] = (9, 0)
+        if differs == "messages":
+            other.messages[-1] = AssistantMessage(content="another ending")
+        else:
+            other.trace[-1] = (9, 9)
+        store.save(other)
+        assert store.load("run-1") == other
+
+    # -- create, delete -------------------------------------------------------------------------
+
+    def test_create_saves_a_new_run_and_refuses_a_taken_id(self) -> None:
+        store = self.open_store()
+        first = sample_state()
+        assert store.create(first) is True
+        assert store.load("run-1") == first
+        assert store.create(RunState(run_id="run-1", turns=99)) is False
+        assert store.load("run-1") == first
+        store.save(RunState(run_id="saved"))
+        assert store.create(RunState(run_id="saved", turns=1)) is False
+
+    def test_delete_removes_the_run_and_its_journal_and_nothing_else(self) -> None:
+        store = self.open_store()
+        store.save(sample_state("a"))
+        store.save(sample_state("b"))
+        call = ToolCall(id="c1", name="add")
+        store.journal("a").record_started("k", call)
+        store.journal("b").record_started("k", call)
+        store.delete("a")
+        assert not store.exists("a")
+        with pytest.raises(CheckpointError, match="'a'"):
+            store.load("a")
+        assert store.journal("a").lookup("k") is None
+        assert [run.run_id for run in store.list_runs()] == ["b"]
+        assert store.load("b") == sample_state("b")
+        assert store.journal("b").lookup("k") is not None
+        assert store.create(RunState(run_id="a", turns=5)) is True  # the id is free again
+        assert store.load("a") == RunState(run_id="a", turns=5)
+
+    # -- list_runs ------------------------------------------------------------------------------
+
+    def test_list_runs_most_recently_saved_first_with_their_summaries(self) -> None:
+        store = self.open_store()
+        start = self.clock()
+        for run_id in ("a", "b", "c"):
+            store.save(RunState(run_id=run_id))
+            self.clock.advance(1.0)
+        state = sample_state("a")
+        store.save(state)
+        runs = store.list_runs()
+        assert [run.run_id for run in runs] == ["a", "c", "b"]
+        if self.timestamps_from_clock:
+            assert runs[0] == summarize(state, created_at=start, updated_at=start + 3)
+            assert (runs[1].created_at, runs[1].updated_at) == (start + 2, start + 2)
+        else:
+            assert runs[0] == summarize(
+                state, created_at=runs[0].created_at, updated_at=runs[0].updated_at
+            )
+            assert runs[0].created_at <= runs[0].updated_at
+        assert runs[1].last_row is None
+
+    def test_list_runs_orders_by_the_saves_even_when_the_clock_stands_still(self) -> None:
+        store = self.open_store()
+        for run_id in ("x", "y", "z", "y"):
+            store.save(RunState(run_id=run_id))
+        assert [run.run_id for run in store.list_runs()] == ["y", "z", "x"]
+
+    def test_list_runs_limit(self) -> None:
+        store = self.open_store()
+        for run_id in ("a", "b", "c"):
+            store.save(RunState(run_id=run_id))
+        assert [run.run_id for run in store.list_runs(limit=2)] == ["c", "b"]
+        assert [run.run_id for run in store.list_runs(limit=None)] == ["c", "b", "a"]
+        assert [run.run_id for run in store.list_runs(limit=5)] == ["c", "b", "a"]
+        assert store.list_runs(limit=0) == []
+        assert store.list_runs(limit=-1) == []
+
+    # -- schema versions --------------------------------------------------------------------
+
+    def _save_as_version(
+        self, store: CheckpointStore, version: int, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as patched:
+            patched.setattr(encoding, "CHECKPOINT_SCHEMA_VERSION", version)
+            store.save(sample_state())
+
+    def test_a_checkpoint_of_a_newer_schema_is_refused(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = self.open_store()
+        newer = encoding.CHECKPOINT_SCHEMA_VERSION + 4
+        self._save_as_version(store, newer, monkeypatch)
+        with pytest.raises(CheckpointError, match=rf"written by a newer agent_fsm.*\b{newer}\b"):
+            store.load("run-1")
+
+    def test_a_checkpoint_of_an_older_schema_is_migrated_step_by_step(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = self.open_store()
+        self._save_as_version(store, 1, monkeypatch)
+
+        def one_to_two(header: dict[str, Any]) -> dict[str, Any]:
+            header["output"] = "v2"
+            return header
+
+        def two_to_three(header: dict[str, Any]) -> dict[str, Any]:
+            return {**header, "output": header["output"] + "+v3", "turns": header["turns"] * 10}
+
+        monkeypatch.setattr(encoding, "CHECKPOINT_SCHEMA_VERSION", 3)
+        monkeypatch.setattr(encoding, "MIGRATIONS", {1: one_to_two, 2: two_to_three})
+        expected = sample_state()
+        expected.output, expected.turns = "v2+v3", 30
+        assert store.load("run-1") == expected
+        store.save(store.load("run-1"))  # written as version 3 now: not migrated again
+        assert store.load("run-1") == expected
+
+    def test_an_older_schema_without_a_migration_is_refused(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = self.open_store()
+        self._save_as_version(store, 1, monkeypatch)
+        monkeypatch.setattr(encoding, "CHECKPOINT_SCHEMA_VERSION", 3)
+        monkeypatch.setattr(encoding, "MIGRATIONS", {1: lambda header: header})
+        with pytest.raises(CheckpointError, match="no migration from version 2 to 3"):
+            store.load("run-1")
+
+    def test_a_migration_that_breaks_the_header_is_an_error(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = self.open_store()
+        self._save_as_version(store, 1, monkeypatch)
+        monkeypatch.setattr(encoding, "CHECKPOINT_SCHEMA_VERSION", 2)
+        monkeypatch.setattr(encoding, "MIGRATIONS", {1: lambda header: {"turns": "many"}})
+        with pytest.raises(CheckpointError, match="'run-1' is unreadable"):
+            store.load("run-1")
+
+    # -- several stores on one storage (shares_storage) ------------------------------------------
+
+    def test_two_stores_on_one_storage_and_the_last_writer_wins(self) -> None:
+        first, second = self.open_store(), self.open_shared()
+        state = sample_state()
+        first.save(state)
+        resumed = second.load("run-1")
+        assert resumed == state
+        add_turn(resumed, 1)
+        add_turn(resumed, 2)
+        second.save(resumed)
+        assert first.load("run-1") == resumed
+        add_turn(state, 7)  # first goes on from its older state: one history, never a mix
+        first.save(state)
+        assert second.load("run-1") == state
+        second.save(RunState(run_id="other"))
+        assert [run.run_id for run in first.list_runs()] == ["other", "run-1"]
+
+    def test_a_store_goes_by_what_is_stored_not_by_what_it_saw(self) -> None:
+        """Another store rewrote the run with a history as long as the one this store saved
+        last: this store's next save must not append to the other's history."""
+        first, second = self.open_store(), self.open_shared()
+        older = sample_state()
+        first.save(older)
+        state = copy.deepcopy(older)
+        add_turn(state, 1)
+        first.save(state)  # first saw 9 messages, ending with its own
+        theirs = second.load("run-1")
+        del theirs.messages[-2:], theirs.trace[-4:]
+        add_turn(theirs, 5)  # as long, another ending
+        second.save(theirs)
+        add_turn(state, 2)
+        first.save(state)  # the last writer: its history, whole
+        assert second.load("run-1") == state
+
+    def test_of_many_stores_creating_one_run_exactly_one_wins(self) -> None:
+        stores = [self.open_store(), *(self.open_shared() for _ in range(5))]
+        barrier = threading.Barrier(len(stores))
+
+        def start(store: CheckpointStore, n: int) -> bool:
+            barrier.wait()
+            return store.create(RunState(run_id="job-7", turns=n))
+
+        with concurrent.futures.ThreadPoolExecutor(len(stores)) as pool:
+            won = list(pool.map(start, stores, range(len(stores))))
+        assert won.count(True) == 1
+        assert stores[0].load("job-7").turns == won.index(True)
