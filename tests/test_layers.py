@@ -56,6 +56,8 @@ LAYERS = [
     # models/: the Model protocol and its adapters
     "models.base",
     "models.common",
+    "models.adapter",
+    "models.stainless",
     "models.openai_schema",
     "models.openai_convert",
     "models.openai_chat",
