@@ -231,9 +231,7 @@ async def test_parallel_calls_keep_order_ids_and_arguments(
 
 def test_calls_without_ids_are_named_stably() -> None:
     reply = AnthropicReply(fallback_id_prefix="run9_3")
-    reply.add_reply(
-        message_json([tool_use("", "a", {}), tool_use("", "b", {})], "tool_use", None)
-    )
+    reply.add_reply(message_json([tool_use("", "a", {}), tool_use("", "b", {})], "tool_use", None))
     assert [c.id for c in reply.build().message.tool_calls] == ["toolu_run9_3_0", "toolu_run9_3_1"]
 
 
