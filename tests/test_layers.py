@@ -70,6 +70,7 @@ LAYERS = [
     "models.gemini_schema",
     "models.gemini_convert",
     "models.gemini",
+    "models.registry",
     "models",
     "hooks",
     # run/: one run
