@@ -1019,7 +1019,7 @@ async def test_the_lazy_client_reads_the_environment_and_never_retries(
         monkeypatch.setenv("ANTHROPIC_API_KEY", FAKE_KEY)
         monkeypatch.setenv("ANTHROPIC_BASE_URL", base_url.removesuffix("/v1"))
         local.reply(message_json([text("from env")], "end_turn", usage_json(USAGE)))
-        local.reply(KIT.error(500, "boom").json(), status=500)
+        local.reply(json.loads(KIT.error(500, "boom").body), status=500)
         async with AnthropicModel(SERVED_MODEL) as model:
             assert (await model.request(make_request())).message.content == "from env"
             failure = await failure_of(model)

@@ -221,7 +221,7 @@ async def test_every_provider_runs_a_tool_turn_from_the_command_line(provider: s
     async with server as url:
         for response in replies:
             encoded = kit.reply(response)
-            server.raw(encoded.status_code, dict(encoded.headers), encoded.content)
+            server.raw(encoded.status, dict(encoded.headers), encoded.body)
         done = await agent_fsm(
             "run", "Weather in Paris?", "--provider", provider,
             "--model", _PROVIDER_MODELS[provider], "--base-url", url.removesuffix("/v1"),

@@ -112,6 +112,8 @@ LAYERS = [
     "testing.assertions",
     "testing.stateful",
     "testing.plugin",
+    "testing.wire",
+    "testing.adapter_contract",
     "testing",
     "demo",
     "cli_model",
@@ -132,6 +134,8 @@ ONLY_IN = {
         "testing.plugin",
     },
     "hypothesis_jsonschema": {"testing.strategies"},
+    # only users' test runs import these two: the plugin (loaded by pytest) and the contract
+    "pytest": {"testing.plugin", "testing.adapter_contract"},
     "opentelemetry": {"otel"},
     "psycopg": {"durable.postgres"},
     "dbos": {"dbos.replay", "dbos.steps", "dbos.pausing", "dbos.agent", "dbos.recovery"},

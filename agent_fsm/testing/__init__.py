@@ -4,17 +4,20 @@ record and replay. ``docs/testing.md`` walks through it.
     from agent_fsm.testing import ScriptedModel, FunctionModel, call, reply
     from agent_fsm.testing import assert_terminates, check_exhaustively, assert_replays
     from agent_fsm.testing import assert_stateful, agent_state_machine, AgentStateMachine
+    from agent_fsm.testing import ModelAdapterContract, WireKit, WireReply, WireServer
 
 Everything here works without hypothesis except ``assert_terminates``, the stateful machine
 (``assert_stateful``, ``agent_state_machine``, ``AgentStateMachine``) and
 ``agent_fsm.testing.strategies``, which need the ``testing`` extra
-(``pip install 'agent-fsm[testing]'``); those names are imported on first use.
+(``pip install 'agent-fsm[testing]'``), and ``ModelAdapterContract``, which needs pytest;
+those names are imported on first use.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agent_fsm.testing.adapter_contract import CONTRACT_KEY, ModelAdapterContract
     from agent_fsm.testing.assertions import assert_terminates
     from agent_fsm.testing.behaviour import (
         Behaviour,
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
         agent_state_machine,
         assert_stateful,
     )
+    from agent_fsm.testing.wire import SeenRequest, WireKit, WireReply, WireServer
 
 __all__ = [
     # fake models
@@ -87,10 +91,23 @@ __all__ = [
     "load_recording",
     "record_run",
     "replay",
+    # the model-adapter contract: a pytest class an adapter's tests subclass, with its kit
+    "CONTRACT_KEY",
+    "ModelAdapterContract",
+    "SeenRequest",
+    "WireKit",
+    "WireReply",
+    "WireServer",
 ]
 
 
 _WHERE: dict[str, str] = {
+    "CONTRACT_KEY": "agent_fsm.testing.adapter_contract",
+    "ModelAdapterContract": "agent_fsm.testing.adapter_contract",
+    "SeenRequest": "agent_fsm.testing.wire",
+    "WireKit": "agent_fsm.testing.wire",
+    "WireReply": "agent_fsm.testing.wire",
+    "WireServer": "agent_fsm.testing.wire",
     "Behaviour": "agent_fsm.testing.behaviour",
     "BehaviourModel": "agent_fsm.testing.behaviour",
     "FakeClock": "agent_fsm.testing.behaviour",
