@@ -10,7 +10,7 @@ which SDK classes to use.
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -77,6 +77,9 @@ class OpenAISDKModel(StainlessModel[openai.AsyncOpenAI, _WireTools]):
     quota_codes = frozenset({"insufficient_quota"})  # a 429 that no amount of waiting fixes
     strict_provider: ClassVar[str] = "openai strict mode"
     """The provider a ``ToolSchemaIssue`` of strict mode names."""
+    reader_class: ClassVar[Callable[..., ReplyReader]]
+    """The API's reply assembler (its keywords: ``fallback_id_prefix``, ``strict_schemas``,
+    ``output_schema``)."""
     _strict: bool
 
     def tool_schema_issues(self, tools: Sequence[ToolSpec]) -> list[ToolSchemaIssue]:
@@ -106,13 +109,16 @@ class OpenAISDKModel(StainlessModel[openai.AsyncOpenAI, _WireTools]):
         text = body.get("message") if isinstance(body, Mapping) else None
         return text if isinstance(text, str) else None
 
-    def _strict_schemas(self, request: ModelRequest) -> dict[str, dict[str, Any]] | None:
-        """The original schemas of the tools sent strict, for the reply's reader."""
-        return self._wire_tools(request.tools)[1] if request.tools else None
-
-    def _output_schema(self, request: ModelRequest) -> Mapping[str, Any] | None:
-        """A typed reply's schema when it was sent strict, for the reply's reader."""
-        return request.output.schema if request.output is not None and self._strict else None
+    def _reader(self, request: ModelRequest) -> ReplyReader:
+        # One reader for both paths: a streamed reply becomes the same ModelResponse. It
+        # takes out the nulls strict mode made the model send, against the schemas sent.
+        return self.reader_class(
+            fallback_id_prefix=f"{request.run_id}_{request.turn}",
+            strict_schemas=self._wire_tools(request.tools)[1] if request.tools else None,
+            output_schema=request.output.schema
+            if request.output is not None and self._strict
+            else None,
+        )
 
 
 class OpenAIChatModel(OpenAISDKModel):
@@ -150,6 +156,7 @@ class OpenAIChatModel(OpenAISDKModel):
 
     example = "gpt-4o-mini"
     endpoint = "/chat/completions"
+    reader_class = ReplyAssembler
     supports_native_output = True
     """Typed output can travel as ``response_format`` (a JSON Schema), for servers that
     support structured outputs (OpenAI, vLLM, llama.cpp)."""
@@ -209,14 +216,6 @@ class OpenAIChatModel(OpenAISDKModel):
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
         return kwargs
-
-    def _reader(self, request: ModelRequest) -> ReplyReader:
-        # One assembler for both paths: a streamed reply becomes the same ModelResponse.
-        return ReplyAssembler(
-            fallback_id_prefix=f"{request.run_id}_{request.turn}",
-            strict_schemas=self._strict_schemas(request),
-            output_schema=self._output_schema(request),
-        )
 
     def _send(self, client: openai.AsyncOpenAI, call: dict[str, Any]) -> Awaitable[Any]:
         return client.chat.completions.create(**call)

@@ -47,7 +47,6 @@ from openai.resources.responses import AsyncResponses
 
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ToolSpec
-from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.openai_chat import OpenAISDKModel
 from agent_fsm.models.openai_responses_convert import (
     text_format,
@@ -125,6 +124,7 @@ class OpenAIResponsesModel(OpenAISDKModel):
 
     example = "gpt-4.1-mini"
     endpoint = "/responses"
+    reader_class = ReplyAssembler
     strict_provider = f"{PROVIDER} strict mode"
     supports_native_output = True
     """Typed output travels as ``text.format`` (a JSON Schema)."""
@@ -198,13 +198,6 @@ class OpenAIResponsesModel(OpenAISDKModel):
         if self._stream:
             kwargs["stream"] = True
         return kwargs
-
-    def _reader(self, request: ModelRequest) -> ReplyReader:
-        return ReplyAssembler(
-            fallback_id_prefix=f"{request.run_id}_{request.turn}",
-            strict_schemas=self._strict_schemas(request),
-            output_schema=self._output_schema(request),
-        )
 
     def _send(self, client: openai.AsyncOpenAI, call: dict[str, Any]) -> Awaitable[Any]:
         return client.responses.create(**call)
