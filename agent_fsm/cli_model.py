@@ -1,6 +1,7 @@
 """``agent-fsm run`` and ``agent-fsm resume``: the demo's tools against a real model.
 
-``--provider`` picks the adapter (``PROVIDERS``): OpenAI Chat Completions (the default, and
+``--provider`` picks the adapter (``models.registry.PROVIDERS``, the package's own table):
+OpenAI Chat Completions (the default, and
 any OpenAI-compatible server), the OpenAI Responses API, Anthropic Messages or Google Gemini.
 Everything a local OpenAI-compatible server (llama.cpp, vLLM, Ollama) needs is an option:
 the sampling settings, a timeout, retries, a key read from an environment variable the user
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import sys
@@ -29,6 +29,7 @@ from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.events import Event, MessageUpdated, ModelResponded
 from agent_fsm.models.base import Model
+from agent_fsm.models.registry import PROVIDERS, Provider
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import ControlKind, RunResult, RunStatus
 
@@ -42,45 +43,6 @@ __all__ = [
 ]
 
 _TOOLS = ("get_weather", "calculator")
-
-
-@dataclasses.dataclass(frozen=True)
-class Provider:
-    """How the CLI builds one provider's adapter: imported only when chosen, so the command
-    line works without the optional SDKs it is not asked to use."""
-
-    module: str
-    """The adapter's module, e.g. ``agent_fsm.models.anthropic_messages``."""
-    cls: str
-    """The adapter class in it."""
-    key_variable: str
-    """The environment variable the provider's own SDK reads the key from."""
-    extra: str | None
-    """The pip extra that installs its SDK (None: a core dependency)."""
-
-    def adapter(self) -> Callable[..., Model]:
-        try:
-            module = importlib.import_module(self.module)
-        except ImportError as err:
-            hint = f": pip install 'agent-fsm[{self.extra}]'" if self.extra else ""
-            raise ConfigError(
-                f"this provider needs a package that is missing ({err}){hint}"
-            ) from None
-        adapter: Callable[..., Model] = getattr(module, self.cls)
-        return adapter
-
-
-PROVIDERS: dict[str, Provider] = {
-    "openai": Provider("agent_fsm.models.openai_chat", "OpenAIChatModel", "OPENAI_API_KEY", None),
-    "openai-responses": Provider(
-        "agent_fsm.models.openai_responses", "OpenAIResponsesModel", "OPENAI_API_KEY", None
-    ),
-    "anthropic": Provider(
-        "agent_fsm.models.anthropic_messages", "AnthropicModel", "ANTHROPIC_API_KEY", "anthropic"
-    ),
-    "gemini": Provider("agent_fsm.models.gemini", "GeminiModel", "GEMINI_API_KEY", "gemini"),
-}
-"""The adapters ``--provider`` chooses from, by name."""
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, store_required: bool) -> None:
@@ -208,11 +170,7 @@ def build_model(args: argparse.Namespace) -> Model:
             )
         api_key = "unused"  # local OpenAI-compatible servers usually need no key
     adapter = provider.adapter()
-    fields = _fields(args.fields)
-    if args.provider == "openai":
-        from agent_fsm.models.openai_chat import request_settings
-
-        fields = request_settings(fields)  # fields the SDK does not know go to extra_body
+    fields = provider.settings(_fields(args.fields))
     for name in ("temperature", "max_tokens", "timeout"):
         value = getattr(args, name)
         if value is not None:

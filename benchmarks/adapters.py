@@ -87,7 +87,7 @@ def _request() -> ModelRequest:
 
 
 def _instant(reply: Any) -> Any:
-    status, headers, body = reply.status_code, dict(reply.headers), reply.content
+    status, headers, body = reply.status, dict(reply.headers), reply.body
 
     async def handle(request: Any) -> Any:
         return http.Response(status, headers=headers, content=body)

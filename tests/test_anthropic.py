@@ -45,10 +45,10 @@ from agent_fsm.models.anthropic_messages import (
     DEFAULT_MAX_TOKENS,
     MAX_CONTINUATIONS,
     AnthropicModel,
-    _create_parameters,
 )
 from agent_fsm.models.anthropic_reply import AnthropicReply, finish_reason_from, usage_from
 from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.models.stainless import parameter_names
 from agent_fsm.tools.tool import Tool
 from tests.local_server import LocalServer
 from tests.provider_kits.anthropic import (
@@ -231,9 +231,7 @@ async def test_parallel_calls_keep_order_ids_and_arguments(
 
 def test_calls_without_ids_are_named_stably() -> None:
     reply = AnthropicReply(fallback_id_prefix="run9_3")
-    reply.add_message(
-        message_json([tool_use("", "a", {}), tool_use("", "b", {})], "tool_use", None)
-    )
+    reply.add_reply(message_json([tool_use("", "a", {}), tool_use("", "b", {})], "tool_use", None))
     assert [c.id for c in reply.build().message.tool_calls] == ["toolu_run9_3_0", "toolu_run9_3_1"]
 
 
@@ -980,7 +978,7 @@ def test_a_wrong_setting_says_what_was_meant(key: str, hint: str) -> None:
 async def test_temperature_follows_what_the_sdk_can_send(
     server: FakeServer, make_model: Callable[..., AnthropicModel]
 ) -> None:
-    accepted = _create_parameters()
+    accepted = parameter_names(anthropic.resources.messages.AsyncMessages.create)
     assert accepted is not None
     if "temperature" in accepted:  # an SDK before 2.0, speaking API version 2023-06-01
         server.then(whole([text("ok")]))
@@ -1021,7 +1019,7 @@ async def test_the_lazy_client_reads_the_environment_and_never_retries(
         monkeypatch.setenv("ANTHROPIC_API_KEY", FAKE_KEY)
         monkeypatch.setenv("ANTHROPIC_BASE_URL", base_url.removesuffix("/v1"))
         local.reply(message_json([text("from env")], "end_turn", usage_json(USAGE)))
-        local.reply(KIT.error(500, "boom").json(), status=500)
+        local.reply(json.loads(KIT.error(500, "boom").body), status=500)
         async with AnthropicModel(SERVED_MODEL) as model:
             assert (await model.request(make_request())).message.content == "from env"
             failure = await failure_of(model)

@@ -180,10 +180,16 @@ async def test_a_failed_run_exits_1_and_says_why() -> None:
 
 
 def test_a_provider_whose_sdk_is_missing_names_its_extra() -> None:
-    from agent_fsm.cli_model import Provider
     from agent_fsm.errors import ConfigError
+    from agent_fsm.models.registry import Provider
 
-    missing = Provider("agent_fsm.models.not_installed", "Nope", "NOPE_KEY", "nope")
+    missing = Provider(
+        name="nope",
+        cls="Nope",
+        module="agent_fsm.models.not_installed",
+        key_variable="NOPE_KEY",
+        extra="nope",
+    )
     with pytest.raises(ConfigError, match=r"pip install 'agent-fsm\[nope\]'"):
         missing.adapter()
 
@@ -215,7 +221,7 @@ async def test_every_provider_runs_a_tool_turn_from_the_command_line(provider: s
     async with server as url:
         for response in replies:
             encoded = kit.reply(response)
-            server.raw(encoded.status_code, dict(encoded.headers), encoded.content)
+            server.raw(encoded.status, dict(encoded.headers), encoded.body)
         done = await agent_fsm(
             "run", "Weather in Paris?", "--provider", provider,
             "--model", _PROVIDER_MODELS[provider], "--base-url", url.removesuffix("/v1"),
@@ -225,3 +231,24 @@ async def test_every_provider_runs_a_tool_turn_from_the_command_line(provider: s
     assert "final answer: Sunny in Paris." in done.out
     assert len(server.seen) == 2
     assert "Paris" in json.dumps(server.seen[1][1]), "the tool's result went back"
+
+
+def test_one_registry_serves_the_package_and_the_command_line() -> None:
+    """``agent_fsm.models`` exports, and ``--provider`` offers, exactly the registry's adapters,
+    each from the module the registry names: adding a provider is one entry."""
+    import argparse
+
+    import agent_fsm.models
+    from agent_fsm.cli_model import add_model_options
+    from agent_fsm.models.registry import PROVIDERS
+
+    classes = {provider.cls for provider in PROVIDERS.values()}
+    assert classes == set(agent_fsm.models.__all__) - {"Model", "ModelCallError"}
+    for provider in PROVIDERS.values():
+        adapter = provider.adapter()
+        assert getattr(agent_fsm.models, provider.cls) is adapter
+        assert adapter.__module__ == provider.module
+    parser = argparse.ArgumentParser()
+    add_model_options(parser, store_required=False)
+    [choice] = [a for a in parser._actions if a.dest == "provider"]
+    assert set(choice.choices or ()) == set(PROVIDERS)

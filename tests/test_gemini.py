@@ -606,7 +606,7 @@ async def test_a_stream_s_last_usage_wins(server: FakeServer) -> None:
 
 def test_the_assembler_reads_plain_mappings_too() -> None:
     assembler = ReplyAssembler(fallback_id_prefix="r_1")
-    assembler.add(
+    assembler.add_reply(
         {
             "candidates": [
                 {
@@ -618,7 +618,7 @@ def test_the_assembler_reads_plain_mappings_too() -> None:
             ]
         }
     )
-    got = assembler.build(streamed=False)
+    got = assembler.build()
     assert got.message.tool_calls == (ToolCall(id="r_1_0", name="f", arguments="{}"),)
     assert got.message.provider_data == {"gemini": {"calls": [base64.b64encode(b"s").decode()]}}
 

@@ -62,6 +62,8 @@ LAYERS = [
     # models/: the Model protocol and its adapters
     "models.base",
     "models.common",
+    "models.adapter",
+    "models.stainless",
     "models.openai_schema",
     "models.openai_convert",
     "models.openai_chat",
@@ -74,6 +76,7 @@ LAYERS = [
     "models.gemini_schema",
     "models.gemini_convert",
     "models.gemini",
+    "models.registry",
     "models",
     # context policies: a Summarize policy may have a model of its own (models.base)
     "compaction",
@@ -122,6 +125,8 @@ LAYERS = [
     "testing.journal_contract",
     "testing.lease_contract",
     "testing.store_contract",
+    "testing.wire",
+    "testing.adapter_contract",
     "testing",
     "demo",
     "cli_model",
@@ -144,8 +149,10 @@ ONLY_IN = {
     "hypothesis_jsonschema": {"testing.strategies"},
     "opentelemetry": {"otel"},
     "psycopg": {"durable.postgres_database"},
+    # only users' test runs import pytest: the plugin (loaded by pytest) and the contracts
     "pytest": {
         "testing.plugin",
+        "testing.adapter_contract",
         "testing.store_kit",
         "testing.journal_contract",
         "testing.lease_contract",

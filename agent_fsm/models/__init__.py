@@ -1,7 +1,8 @@
 """Models: the protocol and its adapters.
 
 The adapters are imported lazily, so each SDK is loaded only by programs that use it (and the
-optional ones, ``anthropic`` and ``google-genai``, need not be installed at all).
+optional ones, ``anthropic`` and ``google-genai``, need not be installed at all). Which module
+holds each one is ``registry.PROVIDERS``'s to say, as it is for the command line.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.models.registry import PROVIDERS
 
 if TYPE_CHECKING:
     from agent_fsm.models.anthropic_messages import AnthropicModel
@@ -26,12 +28,7 @@ __all__ = [
     "OpenAIResponsesModel",
 ]
 
-_ADAPTERS = {
-    "AnthropicModel": "agent_fsm.models.anthropic_messages",
-    "GeminiModel": "agent_fsm.models.gemini",
-    "OpenAIChatModel": "agent_fsm.models.openai_chat",
-    "OpenAIResponsesModel": "agent_fsm.models.openai_responses",
-}
+_ADAPTERS = {provider.cls: provider.module for provider in PROVIDERS.values()}
 
 
 def __getattr__(name: str) -> Any:

@@ -51,8 +51,10 @@ from agent_fsm.messages import (
     ToolCall,
     Usage,
 )
+from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.anthropic_convert import PROVIDER, tool_use_block
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.models.common import field_of, malformed, optional_str
 
 __all__ = ["PAUSE_TURN", "STOP_REASONS", "AnthropicReply", "finish_reason_from", "usage_from"]
 
@@ -102,10 +104,10 @@ def _merge_usage(counts: dict[str, object], raw: object) -> None:
     """Take the counts ``raw`` reports; a stream's ``message_delta`` repeats cumulative
     counts, so a later value replaces an earlier one."""
     for name in _COUNTS:
-        value = _field(raw, name)
+        value = field_of(raw, name)
         if value is not None:
             counts[name] = value
-    thinking = _field(_field(raw, "output_tokens_details"), "thinking_tokens")
+    thinking = field_of(field_of(raw, "output_tokens_details"), "thinking_tokens")
     if thinking is not None:
         counts["thinking_tokens"] = thinking
 
@@ -147,10 +149,10 @@ class _Final:
     call: ToolCall | None = None
 
 
-class AnthropicReply:
+class AnthropicReply(ReplyReader):
     """Builds one ``ModelResponse`` from the replies to one model call.
 
-    Each reply (a whole ``Message`` through ``add_message``, or a stream's events through
+    Each reply (a whole ``Message`` through ``add_reply``, or a stream's events through
     ``add_event`` and then ``end_stream``) is a part; more than one when a turn was paused and
     continued (``paused``, ``continuation``). Both paths turn the same blocks into the same
     response: the text of the text blocks, one ToolCall per ``tool_use`` block (the argument
@@ -177,19 +179,19 @@ class AnthropicReply:
 
     # -- input
 
-    def add_message(self, message: object) -> None:
+    def add_reply(self, message: object) -> None:
         """Add a whole ``Message`` as one part.
 
         Raises:
             ModelCallError: transient, when the reply is malformed.
         """
         if message is None:
-            raise _malformed("empty reply")
+            raise malformed("empty reply")
         self._envelope(message)
-        self._stop_reason = _optional_str(_field(message, "stop_reason"), "stop_reason")
-        content = _field(message, "content")
+        self._stop_reason = optional_str(field_of(message, "stop_reason"), "stop_reason")
+        content = field_of(message, "content")
         if not isinstance(content, list):
-            raise _malformed("the reply's content is not a list")
+            raise malformed("the reply's content is not a list")
         for index, block in enumerate(content):
             self._start(index, block)
         self._close_part()
@@ -201,18 +203,18 @@ class AnthropicReply:
         Raises:
             ModelCallError: transient, when the event is malformed.
         """
-        kind = _field(event, "type")
+        kind = field_of(event, "type")
         if kind == "message_start":
             self._stop_reason = None  # a continuation's own reason, not the pause before it
-            self._envelope(_field(event, "message"))
+            self._envelope(field_of(event, "message"))
         elif kind == "content_block_start":
-            return self._start(_index(event), _field(event, "content_block"))
+            return self._start(_index(event), field_of(event, "content_block"))
         elif kind == "content_block_delta":
-            return self._delta(_index(event), _field(event, "delta"))
+            return self._delta(_index(event), field_of(event, "delta"))
         elif kind == "message_delta":
-            reason = _optional_str(_field(_field(event, "delta"), "stop_reason"), "stop_reason")
+            reason = optional_str(field_of(field_of(event, "delta"), "stop_reason"), "stop_reason")
             self._stop_reason = reason or self._stop_reason
-            _merge_usage(self._counts, _field(event, "usage"))
+            _merge_usage(self._counts, field_of(event, "usage"))
         elif kind == "message_stop":
             self._stopped = True
         return []
@@ -258,7 +260,7 @@ class AnthropicReply:
             ModelCallError: transient, when no part was completed.
         """
         if self._parts == 0:
-            raise _malformed("no reply")
+            raise malformed("no reply")
         finish = FinishReason.LENGTH if self.paused else finish_reason_from(self._stop_reason)
         calls = (
             ()
@@ -281,23 +283,23 @@ class AnthropicReply:
     # -- internals
 
     def _envelope(self, message: object) -> None:
-        model = _field(message, "model")
+        model = field_of(message, "model")
         if isinstance(model, str) and model:
             self._model = model
-        _merge_usage(self._counts, _field(message, "usage"))
+        _merge_usage(self._counts, field_of(message, "usage"))
 
     def _start(self, index: int, raw: object) -> list[ReplyDelta]:
         start = _plain(raw)
         kind = start.get("type")
         if not isinstance(kind, str):
-            raise _malformed("a content block has no type")
+            raise malformed("a content block has no type")
         if index in self._blocks:
-            raise _malformed(f"content block {index} started twice")
+            raise malformed(f"content block {index} started twice")
         block = self._blocks[index] = _Block(start)
         if kind == "tool_use":
             block.call = self._calls
             self._calls += 1
-            name = _optional_str(start.get("name"), "tool name") or ""
+            name = optional_str(start.get("name"), "tool name") or ""
             return [
                 ReplyDelta(tool_call_index=block.call, tool_call_id=self._id(block), tool_name=name)
             ]
@@ -307,32 +309,32 @@ class AnthropicReply:
     def _delta(self, index: int, delta: object) -> list[ReplyDelta]:
         block = self._blocks.get(index)
         if block is None:
-            raise _malformed(f"a delta for content block {index}, which never started")
-        kind = _field(delta, "type")
+            raise malformed(f"a delta for content block {index}, which never started")
+        kind = field_of(delta, "type")
         if kind == "text_delta":
-            text = _optional_str(_field(delta, "text"), "text") or ""
+            text = optional_str(field_of(delta, "text"), "text") or ""
             block.pieces.append(text)
             return [ReplyDelta(text=text)] if text and block.start["type"] == "text" else []
         if kind == "input_json_delta":
-            piece = _optional_str(_field(delta, "partial_json"), "partial_json") or ""
+            piece = optional_str(field_of(delta, "partial_json"), "partial_json") or ""
             block.pieces.append(piece)
             if piece and block.call is not None:
                 return [ReplyDelta(tool_call_index=block.call, arguments=piece)]
         elif kind == "thinking_delta":
-            block.pieces.append(_optional_str(_field(delta, "thinking"), "thinking") or "")
+            block.pieces.append(optional_str(field_of(delta, "thinking"), "thinking") or "")
         elif kind == "signature_delta":
-            block.signature.append(_optional_str(_field(delta, "signature"), "signature") or "")
+            block.signature.append(optional_str(field_of(delta, "signature"), "signature") or "")
         return []  # citations and deltas added later: the block's text is what counts
 
     def _final(self, block: _Block) -> _Final:
         start, kind = block.start, block.start["type"]
         if kind == "text":
-            text = (_optional_str(start.get("text"), "text") or "") + "".join(block.pieces)
+            text = (optional_str(start.get("text"), "text") or "") + "".join(block.pieces)
             return _Final({"type": "text", "text": text})
         if kind == "tool_use":
             call = ToolCall(
                 id=self._id(block),
-                name=_optional_str(start.get("name"), "tool name") or "",
+                name=optional_str(start.get("name"), "tool name") or "",
                 arguments=_arguments(start.get("input"), block.pieces),
             )
             return _Final(tool_use_block(call), call)
@@ -347,7 +349,7 @@ class AnthropicReply:
         return _Final(wire)
 
     def _id(self, block: _Block) -> str:
-        given = _optional_str(block.start.get("id"), "tool call id")
+        given = optional_str(block.start.get("id"), "tool call id")
         return given or f"toolu_{self._prefix}_{block.call}"
 
 
@@ -387,31 +389,12 @@ def _plain(raw: object) -> dict[str, Any]:
         # and pydantic warns while it dumps them as they came
         value = dump(mode="json", exclude_unset=True, warnings=False) if callable(dump) else None
     if not isinstance(value, dict):
-        raise _malformed("a content block is not an object")
+        raise malformed("a content block is not an object")
     return value
 
 
 def _index(event: object) -> int:
-    index = _field(event, "index")
+    index = field_of(event, "index")
     if type(index) is not int:
-        raise _malformed("a content block event has no index")
+        raise malformed("a content block event has no index")
     return index
-
-
-def _field(obj: object, name: str) -> Any:
-    """Read ``name`` from an SDK object or a plain mapping; None when absent."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-def _optional_str(value: object, what: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise _malformed(f"{what} is not a string")
-
-
-def _malformed(detail: str) -> ModelCallError:
-    return ModelCallError(f"malformed reply from the server: {detail}", transient=True)

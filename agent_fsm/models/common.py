@@ -6,6 +6,7 @@ No SDK is imported here: each adapter stays the only importer of its own.
 
 from __future__ import annotations
 
+import difflib
 import email.utils
 import math
 import time
@@ -13,28 +14,40 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from agent_fsm.errors import ConfigError
 from agent_fsm.logs import get_logger
 from agent_fsm.messages import ReplyDelta
+from agent_fsm.models.base import ModelCallError
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
     "MIN_SECRET_CHARS",
+    "TRANSIENT_STATUSES",
     "Attempt",
     "ClosesOnExit",
     "DeltaReporter",
     "check_adapter_options",
+    "close_field",
+    "field_of",
+    "is_transient_status",
+    "malformed",
     "one_line",
+    "optional_str",
     "parse_retry_after",
     "redact_url",
+    "resolve_ref",
     "scrub_secrets",
     "transport_failure",
 ]
 
 MAX_MESSAGE_CHARS = 500
 """The most of a server's error text an error message quotes."""
+
+TRANSIENT_STATUSES = frozenset({408, 409, 429})
+"""The 4xx statuses worth retrying, as the SDKs themselves would: timeout, conflict, rate
+limit. Every 5xx is too (``is_transient_status``)."""
 
 MIN_SECRET_CHARS = 8
 """Shorter "keys" are placeholders for local servers (``"x"``, ``"none"``), not secrets:
@@ -163,6 +176,18 @@ class ClosesOnExit:
         await self.aclose()
 
 
+def is_transient_status(status: int) -> bool:
+    """Whether an HTTP error status may pass on a retry: 408, 409, 429 and every 5xx."""
+    return status in TRANSIENT_STATUSES or status >= 500
+
+
+def close_field(key: str, accepted: Iterable[str]) -> str | None:
+    """The field ``key`` is most likely a typo of, for a setting no request takes. The cutoff
+    (0.85) catches typos (temprature) but not a different real field (top_k is no top_p)."""
+    close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.85)
+    return close[0] if close else None
+
+
 def one_line(text: str) -> str:
     """A server's error text for a message: on one line, cut to ``MAX_MESSAGE_CHARS``."""
     text = " ".join(text.split())
@@ -194,6 +219,13 @@ class Attempt:
 
     def elapsed(self) -> str:
         return f"{time.monotonic() - self._began:.1f} s"
+
+    def timed_out(self) -> str:
+        """The message for a request that met its timeout."""
+        return (
+            f"the request to {self.url} timed out: no reply within the"
+            f" {self.timeout()} timeout (gave up after {self.elapsed()})"
+        )
 
     def timeout(self) -> str:
         """The timeout in force: seconds, or an SDK's ``Timeout`` object (its read timeout
@@ -231,3 +263,54 @@ def _caused_by(err: BaseException | None, kind: type[BaseException]) -> bool:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return False
+
+
+# -- reading replies: SDK objects and plain mappings alike
+
+
+def field_of(obj: object, name: str) -> Any:
+    """Read ``name`` from an SDK object or a plain mapping; None when absent.
+
+    Readers of replies take both, since SDK versions differ in what they parse into models
+    and what they leave as dicts (an unknown event type, an older SDK's stream)."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def optional_str(value: object, what: str) -> str | None:
+    """``value`` when it is a string or None.
+
+    Raises:
+        ModelCallError: transient (``malformed``), naming ``what``, for anything else.
+    """
+    if value is None or isinstance(value, str):
+        return value
+    raise malformed(f"{what} is not a string")
+
+
+def malformed(detail: str, *, source: str = "the server") -> ModelCallError:
+    """The failure for a reply that cannot be read: transient, since a server that sent
+    garbage once (a proxy's error page, a cut body) usually answers properly next time."""
+    return ModelCallError(f"malformed reply from {source}: {detail}", transient=True)
+
+
+def resolve_ref(root: Mapping[str, Any], ref: str) -> Any:
+    """The part of the JSON Schema ``root`` a local ``$ref`` ("#", "#/$defs/Name") points to,
+    else None (another document, an anchor, or a pointer to nothing: not followed)."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node: Any = root
+    for raw in ref[2:].split("/"):
+        token = urllib.parse.unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node

@@ -2,22 +2,20 @@
 
 It speaks the Gemini Developer API (an API key; ``base_url`` for a proxy or a test server)
 through the ``google-genai`` SDK. The wire conversion lives in ``gemini_convert`` and the tool
-schema rewriting in ``gemini_schema``; this module owns the SDK client, the request,
-streaming, thought signatures across turns and the mapping of failures to ``ModelCallError``.
+schema rewriting in ``gemini_schema``; the client's life, streaming and scrubbing are
+``SDKModel``'s (``models.adapter``). This module builds the client, writes the request and
+says what the SDK's failures mean.
 
-Retrying is the engine's job (its THINK → THINK row, bounded by the consecutive-error guard,
-with backoff honouring ``retry_after_s``), so every request carries
-``HttpRetryOptions(attempts=1)``, on a client built here and on a given one alike: retries
-hidden in here would be invisible to the budgets.
+Retrying is the engine's job, so every request carries ``HttpRetryOptions(attempts=1)``, on a
+client built here and on a given one alike: retries hidden in here would be invisible to the
+budgets.
 """
 
 from __future__ import annotations
 
-import asyncio
-import difflib
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -27,17 +25,16 @@ from google.genai import types as genai_types
 from pydantic import ValidationError
 
 from agent_fsm.errors import ConfigError
-from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
+from agent_fsm.messages import ModelRequest, ToolSpec
+from agent_fsm.models.adapter import ReplyReader, SDKModel
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
 from agent_fsm.models.common import (
     Attempt,
-    ClosesOnExit,
-    DeltaReporter,
-    check_adapter_options,
+    close_field,
+    is_transient_status,
     one_line,
     parse_retry_after,
     redact_url,
-    scrub_secrets,
 )
 from agent_fsm.models.gemini_convert import (
     ReplyAssembler,
@@ -65,14 +62,13 @@ def _config_fields() -> frozenset[str]:
     return frozenset(genai_types.GenerateContentConfig.model_fields)
 
 
-class GeminiModel(ClosesOnExit):
+class GeminiModel(SDKModel[genai.Client, list[dict[str, Any]]]):
     """A Model backed by Gemini's ``generateContent`` (``streamGenerateContent`` with
     ``stream=True``) on the Gemini Developer API.
 
     The SDK client is built on first use from ``api_key`` and ``base_url`` (None: the SDK
     reads ``GEMINI_API_KEY``/``GOOGLE_API_KEY``), always for the Developer API, never Vertex.
-    A client built here belongs to the event loop of its first request; a request from another
-    loop gets a fresh one. Release it with ``await model.aclose()`` or ``async with model:``.
+    (See ``SDKModel`` for its life per event loop and ``aclose``.)
 
     Gemini 2.5+ thinking models attach a ``thoughtSignature`` to function calls, which must go
     back with the call on later turns (Gemini 3 refuses the history otherwise). They travel in
@@ -117,6 +113,9 @@ class GeminiModel(ClosesOnExit):
             ``api_key``, a non-positive timeout, or a setting the config does not accept.
     """
 
+    label = "Gemini"
+    example = "gemini-2.5-flash"
+
     def __init__(
         self,
         model: str,
@@ -131,13 +130,12 @@ class GeminiModel(ClosesOnExit):
         context_window: int | None = None,
         **settings: Any,
     ) -> None:
-        check_adapter_options(
-            "GeminiModel",
-            "gemini-2.5-flash",
+        super().__init__(
             model,
-            client=client,
             base_url=base_url,
             api_key=api_key,
+            client=client,
+            stream=stream,
             timeout=timeout,
             context_window=context_window,
         )
@@ -145,37 +143,12 @@ class GeminiModel(ClosesOnExit):
             if value is not None:
                 settings[key] = value
         _check_settings(settings)
-        self.context_window = context_window
-        """The model's context window in tokens, which ``Agent`` takes when its ``Limits``
-        name none."""
-        self._model = model
-        self._base_url = base_url
-        self._api_key = api_key
-        self._stream = stream
         self._timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
-        self._settings: Mapping[str, Any] = MappingProxyType(dict(settings))
-        self._given_client = client
-        self._own_client: genai.Client | None = None
-        self._own_loop: asyncio.AbstractEventLoop | None = None
-        self._tools_cache: tuple[tuple[ToolSpec, ...], list[dict[str, Any]]] | None = None
+        self._settings = MappingProxyType(dict(settings))
 
     supports_native_output = True
     """Typed output travels as ``response_json_schema`` (in the system instruction instead
     when Gemini 1.x/2.x is offered tools: see the class docstring)."""
-
-    @property
-    def name(self) -> str:
-        """The model name, as sent to the server."""
-        return self._model
-
-    def __repr__(self) -> str:
-        parts = [repr(self._model)]
-        if self._base_url is not None:
-            parts.append(f"base_url={redact_url(self._base_url)!r}")
-        parts.append(f"stream={self._stream}")
-        if self._settings:
-            parts.append(f"settings={sorted(self._settings)}")  # names only: values may be secret
-        return f"GeminiModel({', '.join(parts)})"
 
     def tool_schema_issues(self, tools: Sequence[ToolSpec]) -> list[ToolSchemaIssue]:
         """What each tool's schema loses on its way to Gemini (see ``gemini_schema``), and
@@ -201,68 +174,59 @@ class GeminiModel(ClosesOnExit):
                 issues.append(ToolSchemaIssue(spec.name, refused[0], PROVIDER, refused[1], True))
         return issues
 
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        """Send one request and convert the reply.
+    # -- the client
 
-        Raises:
-            ModelCallError: for every failure of the server, the network or the reply,
-                raised with no chained cause (the SDK's exceptions can carry the key).
-        """
-        failure: ModelCallError
-        try:
-            client = self._client()
-        except Exception as err:  # no key given and none in the environment, bad options
-            message = self._scrub(f"cannot build the Gemini client: {err}")
-            failure = ModelCallError(message, transient=False)
-        else:
-            config = self._config(request)
-            contents = to_gemini_contents(
-                request.messages,
-                run_id=request.run_id,
-                stand_in_signature=needs_signatures(self._model),
-            )
-            assembler = ReplyAssembler(fallback_id_prefix=f"{request.run_id}_{request.turn}")
-            timeout_s = self._timeout_ms / 1000 if self._timeout_ms else None
-            attempt = Attempt(self._url(client), timeout_s)
-            instruction = self._typed(config, request, contents.system_instruction)
-            if instruction is not None:
-                config["system_instruction"] = instruction
-            call = {"model": self._model, "contents": contents.contents, "config": config}
-            if self._stream:
-                outcome = await self._streamed(client, call, request, assembler, attempt)
-            else:
-                outcome = await self._whole(client, call, assembler, attempt)
-            if isinstance(outcome, ModelResponse):
-                return outcome
-            failure = outcome
-        raise failure  # outside the except blocks, so no __context__ links to the SDK error
+    def _new_client(self) -> genai.Client:
+        options = genai_types.HttpOptions(
+            base_url=self._base_url,
+            retry_options=genai_types.HttpRetryOptions(**_NO_RETRIES),
+        )
+        return genai.Client(vertexai=False, api_key=self._api_key, http_options=options)
 
-    async def aclose(self) -> None:
-        """Close the client this adapter built, if any; a given ``client`` is left open.
+    def _without_retries(self, client: genai.Client) -> genai.Client:
+        return client  # every request turns the retries off itself (``_config``)
 
-        The adapter stays usable: the next request builds a new client.
-        """
-        client, self._own_client, self._own_loop = self._own_client, None, None
-        if client is not None:
-            await client.aio.aclose()
-            client.close()
+    async def _close_client(self, client: genai.Client) -> None:
+        await client.aio.aclose()
+        client.close()
 
-    # -- internals
+    def _client_secrets(self, client: genai.Client) -> Iterable[object]:
+        return (getattr(getattr(client, "_api_client", None), "api_key", None),)
 
-    def _client(self) -> genai.Client:
-        if self._given_client is not None:
-            return self._given_client
-        loop = asyncio.get_running_loop()
-        if self._own_client is None or self._own_loop is not loop:
-            options = genai_types.HttpOptions(
-                base_url=self._base_url,
-                retry_options=genai_types.HttpRetryOptions(**_NO_RETRIES),
-            )
-            self._own_client = genai.Client(
-                vertexai=False, api_key=self._api_key, http_options=options
-            )
-            self._own_loop = loop
-        return self._own_client
+    def _attempt(self, client: genai.Client) -> Attempt:
+        options = getattr(getattr(client, "_api_client", None), "_http_options", None)
+        base = getattr(options, "base_url", None) or self._base_url or "the Gemini API"
+        url = f"{redact_url(str(base)).rstrip('/')} ({self._model})"
+        return Attempt(url, self._timeout_ms / 1000 if self._timeout_ms else None)
+
+    # -- the wire conversion
+
+    def _call(self, request: ModelRequest) -> dict[str, Any]:
+        config = self._config(request)
+        contents = to_gemini_contents(
+            request.messages,
+            run_id=request.run_id,
+            stand_in_signature=needs_signatures(self._model),
+        )
+        instruction = self._typed(config, request, contents.system_instruction)
+        if instruction is not None:
+            config["system_instruction"] = instruction
+        return {"model": self._model, "contents": contents.contents, "config": config}
+
+    def _reader(self, request: ModelRequest) -> ReplyReader:
+        return ReplyAssembler(fallback_id_prefix=f"{request.run_id}_{request.turn}")
+
+    def _send(self, client: genai.Client, call: dict[str, Any]) -> Awaitable[Any]:
+        if self._stream:
+            return client.aio.models.generate_content_stream(**call)
+        return client.aio.models.generate_content(**call)
+
+    def _convert_tools(self, tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+        return to_gemini_tools(tools)
+
+    def _classify(self, err: Exception, attempt: Attempt) -> ModelCallError:
+        message, transient, retry_after = _failure_message(err, attempt)
+        return ModelCallError(message, transient=transient, retry_after_s=retry_after)
 
     def _config(self, request: ModelRequest) -> dict[str, Any]:
         config: dict[str, Any] = dict(self._settings)
@@ -296,97 +260,6 @@ class GeminiModel(ClosesOnExit):
         config.update(output_config(output))
         return instruction
 
-    def _wire_tools(self, tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
-        # The engine sends the same tuple every turn: convert (and sanitise) it once.
-        cached = self._tools_cache
-        if cached is not None and cached[0] is tools:
-            return cached[1]
-        wire = to_gemini_tools(tools)
-        self._tools_cache = (tools, wire)
-        return wire
-
-    async def _whole(
-        self,
-        client: genai.Client,
-        call: dict[str, Any],
-        assembler: ReplyAssembler,
-        attempt: Attempt,
-    ) -> ModelResponse | ModelCallError:
-        try:
-            reply = await client.aio.models.generate_content(**call)
-        except Exception as err:
-            return self._failure(err, attempt)
-        return self._built(assembler, reply, streamed=False)
-
-    async def _streamed(
-        self,
-        client: genai.Client,
-        call: dict[str, Any],
-        request: ModelRequest,
-        assembler: ReplyAssembler,
-        attempt: Attempt,
-    ) -> ModelResponse | ModelCallError:
-        try:
-            stream = await client.aio.models.generate_content_stream(**call)
-        except Exception as err:
-            return self._failure(err, attempt)
-        report = DeltaReporter(request.on_delta, request.run_id)
-        chunks = stream.__aiter__()
-        try:
-            while True:
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
-                except Exception as err:  # transport, decoding, an error event mid-stream
-                    return self._failure(err, attempt, streaming=True)
-                try:
-                    deltas = assembler.add(chunk)
-                except ModelCallError as err:
-                    return self._rescrubbed(err)
-                for delta in deltas:
-                    report(delta)
-        finally:
-            closing = getattr(chunks, "aclose", None)
-            if closing is not None:
-                await closing()  # releases the connection however the loop ended
-        return self._built(assembler, None, streamed=True)
-
-    def _built(
-        self, assembler: ReplyAssembler, reply: object, *, streamed: bool
-    ) -> ModelResponse | ModelCallError:
-        try:
-            if not streamed:
-                assembler.add(reply)
-            return assembler.build(streamed=streamed)
-        except ModelCallError as err:
-            return self._rescrubbed(err)
-
-    def _rescrubbed(self, err: ModelCallError) -> ModelCallError:
-        """A fresh, scrubbed copy: the model's own text (a finish message) goes in errors."""
-        return ModelCallError(
-            self._scrub(str(err)), transient=err.transient, retry_after_s=err.retry_after_s
-        )
-
-    def _failure(
-        self, err: Exception, attempt: Attempt, *, streaming: bool = False
-    ) -> ModelCallError:
-        message, transient, retry_after = _failure_message(err, attempt)
-        if streaming:
-            message = f"while streaming: {message}"
-        return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
-
-    def _url(self, client: genai.Client) -> str:
-        options = getattr(getattr(client, "_api_client", None), "_http_options", None)
-        base = getattr(options, "base_url", None) or self._base_url or "the Gemini API"
-        return f"{redact_url(str(base)).rstrip('/')} ({self._model})"
-
-    def _scrub(self, text: str) -> str:
-        secrets: set[object] = {self._api_key}
-        for client in (self._given_client, self._own_client):
-            secrets.add(getattr(getattr(client, "_api_client", None), "api_key", None))
-        return scrub_secrets(text, secrets)
-
 
 def _check_settings(settings: Mapping[str, Any]) -> None:
     """Refuse a setting the adapter sets itself, one ``GenerateContentConfig`` does not
@@ -402,8 +275,8 @@ def _check_settings(settings: Mapping[str, Any]) -> None:
                 "them (the SDK never retries for this adapter); set them in Limits"
             )
             continue
-        close = difflib.get_close_matches(key, sorted(_config_fields()), n=1, cutoff=0.85)
-        hint = f": did you mean {close[0]!r}?" if close else ""
+        close = close_field(key, _config_fields())
+        hint = f": did you mean {close!r}?" if close else ""
         problems.append(f"GenerateContentConfig takes no field {key!r}{hint}")
     if problems:
         raise ConfigError("; ".join(problems))
@@ -439,7 +312,6 @@ def _sdk_refusal(spec: ToolSpec, parameters: dict[str, Any] | None) -> tuple[str
 
 # --------------------------------------------------------------------------- failures
 
-_TRANSIENT_STATUSES = frozenset({408, 409, 429})
 _RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 
 
@@ -472,7 +344,7 @@ def _failure_message(err: Exception, attempt: Attempt) -> tuple[str, bool, float
 
 def _status_failure(err: genai_errors.APIError, attempt: Attempt) -> tuple[str, bool, float | None]:
     status = err.code if isinstance(err.code, int) else 0
-    transient = status in _TRANSIENT_STATUSES or status >= 500 or status == 0
+    transient = is_transient_status(status) or status == 0
     label = f"HTTP {status}" + (f", {err.status}" if err.status else "")
     text = err.message if isinstance(err.message, str) and err.message else str(err)
     text = one_line(text)

@@ -66,7 +66,9 @@ from agent_fsm.messages import (
     Usage,
     UserMessage,
 )
+from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.base import ModelCallError, replayable_arguments
+from agent_fsm.models.common import field_of, malformed
 from agent_fsm.models.gemini_schema import gemini_schema
 
 __all__ = [
@@ -321,7 +323,7 @@ def usage_from(raw: object) -> Usage | None:
         "thoughts_token_count",
         "cached_content_token_count",
     )
-    counts = [_field(raw, name) for name in names]
+    counts = [field_of(raw, name) for name in names]
     if all(count is None for count in counts[:4]):
         return None
     if not all(count is None or (type(count) is int and count >= 0) for count in counts):
@@ -344,7 +346,7 @@ class _Call:
     signature: bytes | None
 
 
-class ReplyAssembler:
+class ReplyAssembler(ReplyReader):
     """Builds one ``ModelResponse`` from ``GenerateContentResponse`` chunks (a whole reply is
     one chunk).
 
@@ -369,38 +371,51 @@ class ReplyAssembler:
         self._model: str | None = None
         self._saw_candidate = False
         self._chunks = 0
+        self._streamed = False
 
-    def add(self, chunk: object) -> list[ReplyDelta]:
-        """Add one chunk; return the fragments to report, in order.
+    def add_reply(self, reply: object) -> None:
+        """Add a whole reply: one chunk that is all of it.
+
+        Raises:
+            ModelCallError: transient, when the reply is malformed.
+        """
+        self._add(reply)
+
+    def add_event(self, chunk: object) -> list[ReplyDelta]:
+        """Add one streamed chunk; return the fragments to report, in order.
 
         Raises:
             ModelCallError: transient, when the chunk is malformed.
         """
+        self._streamed = True
+        return self._add(chunk)
+
+    def _add(self, chunk: object) -> list[ReplyDelta]:
         if chunk is None:
             raise _malformed("empty reply")
         self._chunks += 1
-        model = _field(chunk, "model_version")
+        model = field_of(chunk, "model_version")
         if isinstance(model, str) and model:
             self._model = model
-        usage = _field(chunk, "usage_metadata")
+        usage = field_of(chunk, "usage_metadata")
         if usage is not None:
             self._usage = usage_from(usage)
-        blocked = _enum_name(_field(_field(chunk, "prompt_feedback"), "block_reason"))
+        blocked = _enum_name(field_of(field_of(chunk, "prompt_feedback"), "block_reason"))
         if blocked is not None:
             self._blocked = blocked
-        candidates = _field(chunk, "candidates")
+        candidates = field_of(chunk, "candidates")
         if candidates is None:
             return []
         if not isinstance(candidates, list):
             raise _malformed("candidates is not a list")
         deltas: list[ReplyDelta] = []
         for candidate in candidates:
-            if _field(candidate, "index") in (0, None):
+            if field_of(candidate, "index") in (0, None):
                 deltas.extend(self._add_candidate(candidate))
                 break
         return deltas
 
-    def build(self, *, streamed: bool) -> ModelResponse:
+    def build(self) -> ModelResponse:
         """The assembled response.
 
         Raises:
@@ -413,7 +428,7 @@ class ReplyAssembler:
             if self._blocked is not None:
                 return self._response(FinishReason.CONTENT_FILTER)
             raise _malformed("the reply has no candidates")
-        if self._finish is None and streamed:
+        if self._finish is None and self._streamed:
             raise ModelCallError(
                 "the stream ended without a finish reason: the reply was cut off", transient=True
             )
@@ -456,13 +471,13 @@ class ReplyAssembler:
 
     def _add_candidate(self, candidate: object) -> list[ReplyDelta]:
         self._saw_candidate = True
-        finish = _enum_name(_field(candidate, "finish_reason"))
+        finish = _enum_name(field_of(candidate, "finish_reason"))
         if finish is not None:
             self._finish = finish
-        message = _field(candidate, "finish_message")
+        message = field_of(candidate, "finish_message")
         if isinstance(message, str) and message:
             self._finish_message = message
-        parts = _field(_field(candidate, "content"), "parts")
+        parts = field_of(field_of(candidate, "content"), "parts")
         if parts is None:
             return []
         if not isinstance(parts, list):
@@ -475,14 +490,14 @@ class ReplyAssembler:
         return deltas
 
     def _add_part(self, part: object) -> ReplyDelta | None:
-        call = _field(part, "function_call")
-        signature = _field(part, "thought_signature")
+        call = field_of(part, "function_call")
+        signature = field_of(part, "thought_signature")
         if call is not None:
             return self._add_call(call, signature)
         if isinstance(signature, bytes) and signature:
             self._text_signature = signature
-        text = _field(part, "text")
-        if text is None or _field(part, "thought") is True:
+        text = field_of(part, "text")
+        if text is None or field_of(part, "thought") is True:
             return None
         if not isinstance(text, str):
             raise _malformed("text is not a string")
@@ -492,9 +507,9 @@ class ReplyAssembler:
         return ReplyDelta(text=text)
 
     def _add_call(self, call: object, signature: object) -> ReplyDelta:
-        name = _field(call, "name")
-        call_id = _field(call, "id")
-        args = _field(call, "args")
+        name = field_of(call, "name")
+        call_id = field_of(call, "id")
+        args = field_of(call, "args")
         if not isinstance(name, str) or not name:
             raise _malformed("a function call has no name")
         if call_id is not None and not isinstance(call_id, str):
@@ -515,15 +530,6 @@ def _to_base64(signature: bytes | None) -> str | None:
     return None if signature is None else base64.b64encode(signature).decode("ascii")
 
 
-def _field(obj: object, name: str) -> Any:
-    """Read ``name`` from an SDK object or a plain mapping; None when absent."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
 def _enum_name(value: object) -> str | None:
     """The name of an SDK enum member (``FinishReason.STOP``), or the string itself."""
     if value is None:
@@ -535,4 +541,4 @@ def _enum_name(value: object) -> str | None:
 
 
 def _malformed(detail: str) -> ModelCallError:
-    return ModelCallError(f"malformed reply from Gemini: {detail}", transient=True)
+    return malformed(detail, source="Gemini")

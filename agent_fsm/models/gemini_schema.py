@@ -43,10 +43,11 @@ Like ``openai_schema`` this module is pure: plain JSON-shaped data in and out, n
 from __future__ import annotations
 
 import copy
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from agent_fsm.models.common import resolve_ref
 
 __all__ = ["GeminiSchema", "SchemaProblem", "gemini_schema"]
 
@@ -251,7 +252,7 @@ def _expanded(walk: _Walk, raw: Mapping[str, Any], path: str) -> tuple[Mapping[s
             raise _Fatal(_join(path, "$ref"), "not a string")
         if ref in walk.expanding:
             raise _Fatal(_join(path, "$ref"), f"recursive reference {ref!r}: Gemini has no $ref")
-        target = _resolve(walk.root, ref)
+        target = resolve_ref(walk.root, ref)
         if not isinstance(target, Mapping):
             raise _Fatal(_join(path, "$ref"), f"cannot resolve {ref!r} inside the schema")
         walk.expanding = (*walk.expanding, ref)
@@ -446,24 +447,6 @@ def _array(walk: _Walk, source: Mapping[str, Any], path: str, out: dict[str, Any
         walk.lost(path, "items", "Gemini needs an item type: sent as an array of strings")
         converted = {**converted, "type": "STRING"}
     out["items"] = converted
-
-
-def _resolve(root: Mapping[str, Any], ref: str) -> Any:
-    """The part of ``root`` a local ``$ref`` points to, else None."""
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
-        return None
-    node: Any = root
-    for raw in ref[2:].split("/"):
-        token = urllib.parse.unquote(raw).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def _target_path(ref: Any) -> str:

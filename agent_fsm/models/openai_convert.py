@@ -31,7 +31,9 @@ from agent_fsm.messages import (
     Usage,
     UserMessage,
 )
+from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.base import ModelCallError, replayable_arguments
+from agent_fsm.models.common import field_of, malformed, optional_str
 from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
 
 __all__ = [
@@ -165,15 +167,15 @@ def usage_from(raw: object) -> Usage | None:
     Returns None when the server reported no usage, or counts that cannot be true (not
     integers, negative): the engine then estimates them and says so.
     """
-    prompt = _field(raw, "prompt_tokens")
-    completion = _field(raw, "completion_tokens")
+    prompt = field_of(raw, "prompt_tokens")
+    completion = field_of(raw, "completion_tokens")
     if prompt is None and completion is None:
         return None
     counts = (
         prompt,
         completion,
-        _field(_field(raw, "prompt_tokens_details"), "cached_tokens"),
-        _field(_field(raw, "completion_tokens_details"), "reasoning_tokens"),
+        field_of(field_of(raw, "prompt_tokens_details"), "cached_tokens"),
+        field_of(field_of(raw, "completion_tokens_details"), "reasoning_tokens"),
     )
     if not all(c is None or (type(c) is int and c >= 0) for c in counts):
         return None
@@ -199,7 +201,7 @@ def response_from_completion(completion: object, *, fallback_id_prefix: str) -> 
         ModelCallError: transient, when the reply has no choices or is malformed.
     """
     assembler = ReplyAssembler(fallback_id_prefix=fallback_id_prefix)
-    assembler.add_completion(completion)
+    assembler.add_reply(completion)
     return assembler.build()
 
 
@@ -210,7 +212,7 @@ class _CallParts:
     arguments: list[str] = field(default_factory=list)
 
 
-class ReplyAssembler:
+class ReplyAssembler(ReplyReader):
     """Builds one ``ModelResponse`` from a reply given whole or in streamed chunks.
 
     Tool-call fragments are grouped by the server's ``index``; a call's first ``id`` and
@@ -248,25 +250,25 @@ class ReplyAssembler:
         self._saw_choice = False
         self._streamed = False
 
-    def add_completion(self, completion: object) -> None:
+    def add_reply(self, completion: object) -> None:
         """Add a whole ``chat.completion`` reply.
 
         Raises:
             ModelCallError: transient, when the reply has no choices or is malformed.
         """
         self._add_envelope(completion)
-        choices = _field(completion, "choices")
+        choices = field_of(completion, "choices")
         if not isinstance(choices, list) or not choices:
-            raise _malformed("the reply has no choices")
+            raise malformed("the reply has no choices")
         choice = choices[0]
-        message = _field(choice, "message")
+        message = field_of(choice, "message")
         if message is None:
-            raise _malformed("the first choice has no message")
+            raise malformed("the first choice has no message")
         self._saw_choice = True
         self._add_part(message, whole=True)
-        self._finish_reason = _optional_str(_field(choice, "finish_reason"), "finish_reason")
+        self._finish_reason = optional_str(field_of(choice, "finish_reason"), "finish_reason")
 
-    def add_chunk(self, chunk: object) -> list[ReplyDelta]:
+    def add_event(self, chunk: object) -> list[ReplyDelta]:
         """Add one ``chat.completion.chunk``; return the fragments to report, in order.
 
         Raises:
@@ -274,20 +276,20 @@ class ReplyAssembler:
         """
         self._add_envelope(chunk)
         self._streamed = True
-        choices = _field(chunk, "choices")
+        choices = field_of(chunk, "choices")
         if choices is None:
             return []
         if not isinstance(choices, list):
-            raise _malformed("chunk choices is not a list")
+            raise malformed("chunk choices is not a list")
         deltas: list[ReplyDelta] = []
         for choice in choices:
-            if _field(choice, "index") not in (0, None):
+            if field_of(choice, "index") not in (0, None):
                 continue
             self._saw_choice = True
-            delta = _field(choice, "delta")
+            delta = field_of(choice, "delta")
             if delta is not None:
                 deltas.extend(self._add_part(delta, whole=False))
-            reason = _optional_str(_field(choice, "finish_reason"), "finish_reason")
+            reason = optional_str(field_of(choice, "finish_reason"), "finish_reason")
             if reason is not None:
                 self._finish_reason = reason
         return deltas
@@ -301,7 +303,7 @@ class ReplyAssembler:
                 its partial text must not become a final answer.
         """
         if not self._saw_choice:
-            raise _malformed("the reply has no choices")
+            raise malformed("the reply has no choices")
         if self._streamed and self._finish_reason is None:
             raise ModelCallError(
                 "the stream ended without a finish reason: the reply was cut off", transient=True
@@ -337,48 +339,48 @@ class ReplyAssembler:
 
     def _add_envelope(self, envelope: object) -> None:
         if envelope is None:
-            raise _malformed("empty reply")
+            raise malformed("empty reply")
         if self._completion_id is None:
-            completion_id = _field(envelope, "id")
+            completion_id = field_of(envelope, "id")
             self._completion_id = completion_id if isinstance(completion_id, str) else None
-        model = _field(envelope, "model")
+        model = field_of(envelope, "model")
         if isinstance(model, str) and model:
             self._model = model
-        raw_usage = _field(envelope, "usage")
+        raw_usage = field_of(envelope, "usage")
         if raw_usage is not None:
             # Servers that repeat usage on every chunk send running totals: the last one wins.
             self._usage = usage_from(raw_usage)
 
     def _add_part(self, part: object, *, whole: bool) -> list[ReplyDelta]:
         deltas: list[ReplyDelta] = []
-        text = _optional_str(_field(part, "content"), "content")
+        text = optional_str(field_of(part, "content"), "content")
         if text:
             self._text.append(text)
             deltas.append(ReplyDelta(text=text))
-        refusal = _optional_str(_field(part, "refusal"), "refusal")
+        refusal = optional_str(field_of(part, "refusal"), "refusal")
         if refusal:
             self._refusal.append(refusal)
             deltas.append(ReplyDelta(text=refusal))
-        tool_calls = _field(part, "tool_calls")
+        tool_calls = field_of(part, "tool_calls")
         if tool_calls is not None and not isinstance(tool_calls, list):
-            raise _malformed("tool_calls is not a list")
+            raise malformed("tool_calls is not a list")
         for position, raw in enumerate(tool_calls or ()):
             if raw is None:
-                raise _malformed("a tool call is null")
-            index = position if whole else _field(raw, "index")
-            function = _field(raw, "function")
-            if function is None and _field(raw, "type") == "custom":
-                custom = _field(raw, "custom")
-                name, arguments = _field(custom, "name"), _field(custom, "input")
+                raise malformed("a tool call is null")
+            index = position if whole else field_of(raw, "index")
+            function = field_of(raw, "function")
+            if function is None and field_of(raw, "type") == "custom":
+                custom = field_of(raw, "custom")
+                name, arguments = field_of(custom, "name"), field_of(custom, "input")
             else:
-                name, arguments = _field(function, "name"), _field(function, "arguments")
-            delta = self._add_call(index, _field(raw, "id"), name, arguments)
+                name, arguments = field_of(function, "name"), field_of(function, "arguments")
+            delta = self._add_call(index, field_of(raw, "id"), name, arguments)
             if delta is not None:
                 deltas.append(delta)
-        legacy = _field(part, "function_call")
+        legacy = field_of(part, "function_call")
         if legacy is not None:
             delta = self._add_call(
-                "function_call", None, _field(legacy, "name"), _field(legacy, "arguments")
+                "function_call", None, field_of(legacy, "name"), field_of(legacy, "arguments")
             )
             if delta is not None:
                 deltas.append(delta)
@@ -387,9 +389,9 @@ class ReplyAssembler:
     def _add_call(
         self, index: object, call_id: object, name: object, arguments: object
     ) -> ReplyDelta | None:
-        call_id = _optional_str(call_id, "tool call id") or None
-        name = _optional_str(name, "tool name") or None
-        arguments = _optional_str(arguments, "tool arguments") or ""
+        call_id = optional_str(call_id, "tool call id") or None
+        name = optional_str(name, "tool name") or None
+        arguments = optional_str(arguments, "tool arguments") or ""
         position = self._position(index, call_id)
         parts = self._calls[position]
         new_id = new_name = None
@@ -409,7 +411,7 @@ class ReplyAssembler:
 
     def _position(self, index: object, call_id: str | None) -> int:
         if index is not None and not isinstance(index, int | str):
-            raise _malformed("tool call index is not an integer")
+            raise malformed("tool call index is not an integer")
         position = self._positions.get(index) if index is not None else None
         if position is None and index is None and self._calls:
             position = len(self._calls) - 1  # no index at all: continue the latest call
@@ -429,22 +431,3 @@ class ReplyAssembler:
         if self._id_prefix is None:
             self._id_prefix = self._completion_id or self._fallback_prefix
         return f"call_{self._id_prefix}_{position}"
-
-
-def _field(obj: object, name: str) -> Any:
-    """Read ``name`` from an SDK object or a plain mapping; None when absent."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-def _optional_str(value: object, what: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise _malformed(f"{what} is not a string")
-
-
-def _malformed(detail: str) -> ModelCallError:
-    return ModelCallError(f"malformed reply from the server: {detail}", transient=True)

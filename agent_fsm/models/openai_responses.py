@@ -2,9 +2,8 @@
 
 Beside ``openai_chat``, the only module in agent_fsm that imports ``openai``. The wire
 conversion lives in ``openai_responses_convert`` (requests) and ``openai_responses_reply``
-(replies); this module owns the SDK client, the request, streaming and the mapping of failures
-to ``ModelCallError``. Its error texts, timeouts and
-connection diagnostics are ``openai_chat``'s, for the same SDK.
+(replies); the client, streaming and the mapping of failures to ``ModelCallError`` are
+``openai_chat.OpenAISDKModel``'s, for the same SDK: this module writes the request.
 
 The adapter is stateless: ``store=False`` by default, no ``previous_response_id``, the whole
 transcript sent every turn. A reasoning model's reasoning items come back with their
@@ -34,53 +33,28 @@ HTTP 408, 409, 429 (with Retry-After), 5xx               ModelCallError, transie
 HTTP 400, 401, 403, 404, 422;                            ModelCallError, permanent
 429 ``insufficient_quota``
 =======================================================  =================================
-
-Retrying is the engine's job (its THINK → THINK row, bounded by the consecutive-error guard,
-with backoff honouring ``retry_after_s``), so the SDK client is always used with
-``max_retries=0``: retries hidden in here would be invisible to the budgets.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import difflib
-import functools
-import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import openai
+from openai.resources.responses import AsyncResponses
 
 from agent_fsm.errors import ConfigError
-from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
-from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
-from agent_fsm.models.common import (
-    Attempt,
-    ClosesOnExit,
-    DeltaReporter,
-    check_adapter_options,
-    parse_retry_after,
-    redact_url,
-    scrub_secrets,
-    transport_failure,
-)
-from agent_fsm.models.openai_chat import (
-    _TRANSIENT_STATUSES,
-    _client_parameters,
-    _connection_failure,
-    _error_code,
-    _server_message,
-    attempt_at,
-)
+from agent_fsm.messages import ModelRequest, ToolSpec
+from agent_fsm.models.openai_chat import OpenAISDKModel
 from agent_fsm.models.openai_responses_convert import (
     text_format,
     to_responses_input,
     to_responses_tools,
 )
 from agent_fsm.models.openai_responses_reply import TRANSIENT_ERROR_CODES, ReplyAssembler
-from agent_fsm.models.openai_schema import strict_obstacle
+from agent_fsm.models.stainless import check_settings
 
 __all__ = ["OpenAIResponsesModel"]
 
@@ -106,30 +80,14 @@ _ENCRYPTED_REASONING = "reasoning.encrypted_content"
 _WireTools = tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
 
 
-@functools.cache
-def _create_parameters() -> frozenset[str] | None:
-    """Names ``responses.create`` accepts, or None if they cannot be read."""
-    try:
-        from openai.resources.responses import AsyncResponses
-
-        return frozenset(inspect.signature(AsyncResponses.create).parameters) - {"self"}
-    except (ImportError, AttributeError, TypeError, ValueError):  # pragma: no cover
-        return None  # an SDK build whose signature cannot be read: settings go unchecked
-
-
-class OpenAIResponsesModel(ClosesOnExit):
+class OpenAIResponsesModel(OpenAISDKModel):
     """A Model backed by the OpenAI Responses API (``client.responses.create``).
 
-    The SDK client is built on first use, from ``api_key`` and ``base_url`` or, when they are
-    None, from ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL`` exactly as the SDK reads them. A
-    client built here belongs to the event loop of its first request; a request from another
-    loop gets a fresh one, since pooled connections cannot cross loops. Release it with
-    ``await model.aclose()`` or ``async with model:``.
-
+    The client and its life, the errors and the key are ``OpenAISDKModel``'s.
     The leading system messages of the transcript travel as ``instructions``; tools as flat
     ``function`` tools, each with an explicit ``strict`` (the API would otherwise make it
     strict). Failures are raised as ``ModelCallError`` (see the module docstring for which are
-    transient); the API key never appears in an error, a repr or a log line.
+    transient).
 
     Args:
         model: the model name sent to the server, e.g. ``"gpt-4.1-mini"`` or ``"o4-mini"``.
@@ -164,6 +122,10 @@ class OpenAIResponsesModel(ClosesOnExit):
             or a setting ``responses.create`` does not accept or the adapter sets itself.
     """
 
+    example = "gpt-4.1-mini"
+    endpoint = "/responses"
+    reader_class = ReplyAssembler
+    strict_provider = f"{PROVIDER} strict mode"
     supports_native_output = True
     """Typed output travels as ``text.format`` (a JSON Schema)."""
 
@@ -183,16 +145,16 @@ class OpenAIResponsesModel(ClosesOnExit):
         context_window: int | None = None,
         **settings: Any,
     ) -> None:
-        check_adapter_options(
-            "OpenAIResponsesModel",
-            "gpt-4.1-mini",
+        super().__init__(
             model,
-            client=client,
             base_url=base_url,
             api_key=api_key,
+            client=client,
+            stream=stream,
             timeout=timeout,
             context_window=context_window,
         )
+        self._strict = strict
         if max_tokens is not None and "max_output_tokens" in settings:
             raise ConfigError("pass max_tokens or max_output_tokens, not both")
         for key, value in (
@@ -208,117 +170,15 @@ class OpenAIResponsesModel(ClosesOnExit):
             if _ENCRYPTED_REASONING not in include:
                 include.append(_ENCRYPTED_REASONING)
             settings["include"] = include
-        self.context_window = context_window
-        """The model's context window in tokens, which ``Agent`` takes when its ``Limits``
-        name none."""
-        self._model = model
-        self._base_url = base_url
-        self._api_key = api_key
-        self._stream = stream
-        self._strict = strict
         self._store = store
-        self._settings: Mapping[str, Any] = MappingProxyType(dict(settings))
-        self._given_client = client.with_options(max_retries=0) if client is not None else None
-        self._own_client: openai.AsyncOpenAI | None = None
-        self._own_loop: asyncio.AbstractEventLoop | None = None
-        self._tools_cache: tuple[tuple[ToolSpec, ...], _WireTools] | None = None
+        self._settings = MappingProxyType(dict(settings))
 
-    @property
-    def name(self) -> str:
-        """The model name, as sent to the server."""
-        return self._model
+    # -- the wire conversion
 
-    def __repr__(self) -> str:
-        parts = [repr(self._model)]
-        if self._base_url is not None:
-            parts.append(f"base_url={redact_url(self._base_url)!r}")
-        parts += [f"stream={self._stream}", f"strict={self._strict}", f"store={self._store}"]
-        if self._settings:
-            parts.append(f"settings={sorted(self._settings)}")  # names only: values may be secret
-        return f"OpenAIResponsesModel({', '.join(parts)})"
+    def _repr_options(self) -> list[str]:
+        return [f"strict={self._strict}", f"store={self._store}"]
 
-    def tool_schema_issues(self, tools: Sequence[ToolSpec]) -> list[ToolSchemaIssue]:
-        """With ``strict=True``: the tools strict mode cannot express, which are sent with
-        ``"strict": false`` (the API then does not hold the model to their schemas). None
-        otherwise: outside strict mode the API takes any JSON Schema."""
-        if not self._strict:
-            return []
-        issues: list[ToolSchemaIssue] = []
-        for spec in tools:
-            obstacle = strict_obstacle(spec.parameters)
-            if obstacle is not None:
-                issues.append(
-                    ToolSchemaIssue(
-                        tool=spec.name,
-                        keyword=obstacle,
-                        provider=f"{PROVIDER} strict mode",
-                        detail="the tool is sent without strict mode",
-                    )
-                )
-        return issues
-
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        """Send one request and convert the reply.
-
-        Raises:
-            ModelCallError: for every failure of the server, the network or the reply. It is
-                raised with no chained cause, because the SDK's exceptions can carry text
-                that contains the key.
-        """
-        failure: ModelCallError
-        try:
-            client = self._client()
-        except openai.OpenAIError as err:  # e.g. no key given and OPENAI_API_KEY unset
-            failure = ModelCallError(
-                self._scrub(f"cannot build the OpenAI client: {err}"), transient=False
-            )
-        else:
-            kwargs = self._request_kwargs(request)
-            assembler = ReplyAssembler(
-                fallback_id_prefix=f"{request.run_id}_{request.turn}",
-                strict_schemas=self._wire_tools(request.tools)[1] if request.tools else None,
-                output_schema=request.output.schema
-                if request.output is not None and self._strict
-                else None,
-            )
-            attempt = attempt_at(client, "/responses", self._settings.get("timeout"))
-            if self._stream:
-                return await self._request_streamed(client, kwargs, request, assembler, attempt)
-            try:
-                response = await client.responses.create(**kwargs)
-            except (openai.OpenAIError, ValueError) as err:  # ValueError: a body that is no JSON
-                failure = self._failure(err, attempt)
-            else:
-                try:
-                    assembler.add_response(response)
-                    return assembler.build()
-                except ModelCallError as err:
-                    failure = self._rescrubbed(err)
-        raise failure  # outside the except blocks, so no __context__ links to the SDK error
-
-    async def aclose(self) -> None:
-        """Close the client this adapter built, if any; a given ``client`` is left open.
-
-        The adapter stays usable: the next request builds a new client.
-        """
-        client, self._own_client, self._own_loop = self._own_client, None, None
-        if client is not None:
-            await client.close()
-
-    # -- internals
-
-    def _client(self) -> openai.AsyncOpenAI:
-        if self._given_client is not None:
-            return self._given_client
-        loop = asyncio.get_running_loop()
-        if self._own_client is None or self._own_loop is not loop:
-            self._own_client = openai.AsyncOpenAI(
-                api_key=self._api_key, base_url=self._base_url, max_retries=0
-            )
-            self._own_loop = loop
-        return self._own_client
-
-    def _request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
+    def _call(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self._settings)
         instructions, items = to_responses_input(request.messages, stored=self._store)
         kwargs.update(model=self._model, input=items, store=self._store)
@@ -339,148 +199,35 @@ class OpenAIResponsesModel(ClosesOnExit):
             kwargs["stream"] = True
         return kwargs
 
-    def _wire_tools(self, tools: tuple[ToolSpec, ...]) -> _WireTools:
+    def _send(self, client: openai.AsyncOpenAI, call: dict[str, Any]) -> Awaitable[Any]:
+        return client.responses.create(**call)
+
+    def _convert_tools(self, tools: tuple[ToolSpec, ...]) -> _WireTools:
         """The ``tools`` payload, and the original schemas of the tools it sends strict."""
-        # The engine sends the same tuple every turn: convert (and strict-adapt) it once.
-        cached = self._tools_cache
-        if cached is not None and cached[0] is tools:
-            return cached[1]
         payload = to_responses_tools(tools, strict=self._strict)
         strict_schemas = {
             spec.name: copy.deepcopy(spec.parameters)
             for spec, wire in zip(tools, payload, strict=True)
             if wire["strict"] is True
         }
-        self._tools_cache = (tools, (payload, strict_schemas))
         return payload, strict_schemas
 
-    async def _request_streamed(
-        self,
-        client: openai.AsyncOpenAI,
-        kwargs: dict[str, Any],
-        request: ModelRequest,
-        assembler: ReplyAssembler,
-        attempt: Attempt,
-    ) -> ModelResponse:
-        failure: ModelCallError | None = None
-        try:
-            stream = await client.responses.create(**kwargs)
-        except (openai.OpenAIError, ValueError) as err:
-            failure = self._failure(err, attempt)
-        if failure is not None:
-            raise failure
-        report = DeltaReporter(request.on_delta, request.run_id)
-        async with stream:  # releases the connection however the loop below ends
-            events = stream.__aiter__()
-            while failure is None:
-                try:
-                    event = await events.__anext__()
-                except StopAsyncIteration:
-                    break
-                except Exception as err:  # the SDK's iterator: transport and decoding failures
-                    failure = self._failure(err, attempt, streaming=True)
-                    break
-                try:
-                    for delta in assembler.add_event(event):
-                        report(delta)
-                except ModelCallError as err:
-                    failure = self._rescrubbed(err)
-        if failure is None:
-            try:
-                return assembler.build()
-            except ModelCallError as err:
-                failure = self._rescrubbed(err)
-        raise failure
-
-    def _failure(
-        self, err: Exception, attempt: Attempt, *, streaming: bool = False
-    ) -> ModelCallError:
-        """Map an exception from the SDK to a ModelCallError (scrubbed, never chained) that
-        says what failed, where, and after how long."""
-        transient = True
-        retry_after: float | None = None
-        if isinstance(err, openai.APITimeoutError):
-            message = (
-                f"the request to {attempt.url} timed out: no reply within the"
-                f" {attempt.timeout()} timeout (gave up after {attempt.elapsed()})"
-            )
-        elif isinstance(err, openai.APIConnectionError):
-            message = _connection_failure(err, attempt)
-        elif isinstance(err, openai.APIStatusError):
-            status, code = err.status_code, _error_code(err.body)
-            transient = status in _TRANSIENT_STATUSES or status >= 500
-            if code == "insufficient_quota":  # a 429 that no amount of waiting fixes
-                transient = False
-            retry_after = parse_retry_after(err.response.headers) if transient else None
-            label = f"HTTP {status}" + (f", {code}" if code else "")
-            message = f"{type(err).__name__} ({label}) from {attempt.url}: {_server_message(err)}"
-            request_id = getattr(err, "request_id", None)
-            if request_id:
-                message += f" [request id {request_id}]"
-        elif isinstance(err, openai.APIError):  # an error event inside a stream, bad data, ...
-            code = _error_code(err.body)
-            transient = code is None or code in TRANSIENT_ERROR_CODES
-            label = f" ({code})" if code else ""
-            message = f"server error{label} from {attempt.url}: {_server_message(err)}"
-        elif isinstance(err, openai.OpenAIError):
-            message, transient = f"OpenAI client error: {err}", False
-        elif isinstance(err, ValueError):
-            message = f"malformed reply from {attempt.url}: {type(err).__name__}"
-        else:  # the HTTP library's own error, from a stream the SDK did not wrap (older SDKs)
-            message = transport_failure(err, attempt)
-        if streaming and isinstance(err, ValueError | openai.APIError):
-            message = f"while streaming: {message}"
-        return ModelCallError(self._scrub(message), transient=transient, retry_after_s=retry_after)
-
-    def _rescrubbed(self, err: ModelCallError) -> ModelCallError:
-        """``err`` (from the reply's own text) with any secret taken out."""
-        return ModelCallError(
-            self._scrub(str(err)), transient=err.transient, retry_after_s=err.retry_after_s
-        )
-
-    def _scrub(self, text: str) -> str:
-        secrets = {self._api_key}
-        for client in (self._given_client, self._own_client):
-            if client is not None:
-                secrets.add(getattr(client, "api_key", None))
-        return scrub_secrets(text, secrets)
+    def _event_transient(self, code: str | None) -> bool:
+        """An ``error`` event (or a failed response) passes on a retry when its code says
+        so, or when it has none."""
+        return code is None or code in TRANSIENT_ERROR_CODES
 
 
 def _check_settings(settings: Mapping[str, Any]) -> None:
-    reserved = sorted(_RESERVED.intersection(settings))
-    if reserved:
-        raise ConfigError(
-            f"OpenAIResponsesModel sets {reserved} itself (or keeps no server-side state); "
-            "they cannot be settings"
-        )
-    accepted = _create_parameters()
-    if accepted is None:
-        return
-    problems = [_unknown_setting(key, accepted) for key in sorted(set(settings) - accepted)]
-    if problems:
-        raise ConfigError("; ".join(problems))
-
-
-def _unknown_setting(key: str, accepted: frozenset[str]) -> str:
-    """Why ``key`` is no setting, and what the user most likely meant."""
-    if key == "max_retries":
-        return (
-            "max_retries: retries are the engine's, where budgets and the termination bound "
-            "see them (the SDK client is always used with max_retries=0); set them in Limits"
-        )
-    if key in _client_parameters():
-        return (
-            f"{key} is an option of the SDK client, not of a request: pass "
-            f"client=openai.AsyncOpenAI(..., {key}=...)"
-        )
-    server_field = "a field only your server knows goes in extra_body={...}"
-    close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.85)
-    if close:
-        return (
-            f"responses.create takes no argument {key!r}: did you mean {close[0]!r}? "
-            f"({server_field})"
-        )
-    return f"responses.create takes no argument {key!r}; {server_field}"
+    check_settings(
+        settings,
+        adapter="OpenAIResponsesModel",
+        reserved=_RESERVED,
+        reserved_why=" (or keeps no server-side state)",
+        create=AsyncResponses.create,
+        create_name="responses.create",
+        client_class=openai.AsyncOpenAI,
+    )
 
 
 def _tool_choice(choice: str) -> str | dict[str, str]:

@@ -25,7 +25,9 @@ from agent_fsm.messages import (
     ToolCall,
     Usage,
 )
+from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.base import ModelCallError
+from agent_fsm.models.common import field_of, malformed, optional_str
 from agent_fsm.models.openai_responses_convert import PROVIDER_KEY, REASONING_FIELDS
 from agent_fsm.models.openai_schema import without_strict_nulls
 
@@ -74,13 +76,13 @@ def usage_from(raw: object) -> Usage | None:
     a part of it), as ``Usage`` wants. Returns None when the server reported no usage, or counts
     that cannot be true (not integers, negative): the engine then estimates them and says so.
     """
-    given = _field(raw, "input_tokens"), _field(raw, "output_tokens")
+    given = field_of(raw, "input_tokens"), field_of(raw, "output_tokens")
     if given == (None, None):
         return None
     counts = (
         *given,
-        _field(_field(raw, "input_tokens_details"), "cached_tokens"),
-        _field(_field(raw, "output_tokens_details"), "reasoning_tokens"),
+        field_of(field_of(raw, "input_tokens_details"), "cached_tokens"),
+        field_of(field_of(raw, "output_tokens_details"), "reasoning_tokens"),
     )
     if not all(c is None or (type(c) is int and c >= 0) for c in counts):
         return None
@@ -121,7 +123,7 @@ _ENVELOPE_EVENTS = frozenset({"response.created", "response.in_progress", "respo
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
-class ReplyAssembler:
+class ReplyAssembler(ReplyReader):
     """Builds one ``ModelResponse`` from a whole ``Response`` or from the events of a stream.
 
     Both paths settle each output item through the same code, and a stream's terminal event
@@ -157,15 +159,15 @@ class ReplyAssembler:
         self._usage: Usage | None = None
         self._finished = False
 
-    def add_response(self, response: object) -> None:
+    def add_reply(self, response: object) -> None:
         """Add a whole ``Response`` (a non-streamed reply).
 
         Raises:
             ModelCallError: for a failed or cancelled response (see ``error_failure``), and
                 transient for a malformed one.
         """
-        if not isinstance(_field(response, "output"), list):
-            raise _malformed("the reply has no output list")
+        if not isinstance(field_of(response, "output"), list):
+            raise malformed("the reply has no output list")
         self._finish(response)
 
     def add_event(self, event: object) -> list[ReplyDelta]:
@@ -175,17 +177,17 @@ class ReplyAssembler:
             ModelCallError: for an ``error`` event or a failed response (see
                 ``error_failure``), and transient for a malformed event.
         """
-        if _field(event, "type") is None and _field(event, "data") is not None:
-            event = _field(event, "data")  # older SDKs wrap an `event: error` as {event, data}
-        kind = _field(event, "type")
+        if field_of(event, "type") is None and field_of(event, "data") is not None:
+            event = field_of(event, "data")  # older SDKs wrap an `event: error` as {event, data}
+        kind = field_of(event, "type")
         if kind in _ENVELOPE_EVENTS:
-            self._envelope(_field(event, "response"))
+            self._envelope(field_of(event, "response"))
         elif kind in _TERMINAL_EVENTS:
-            return self._finish(_field(event, "response"))
+            return self._finish(field_of(event, "response"))
         elif kind in ("response.output_item.added", "response.output_item.done"):
-            item = _field(event, "item")
+            item = field_of(event, "item")
             if item is None:
-                raise _malformed(f"{kind} has no item")
+                raise malformed(f"{kind} has no item")
             return self._merge(_index(event), item)
         elif kind in ("response.output_text.delta", "response.refusal.delta"):
             refusal = kind == "response.refusal.delta"
@@ -197,10 +199,10 @@ class ReplyAssembler:
             return self._announce(call) + self._settle_arguments(call, _text(event, "arguments"))
         elif kind == "error":
             # The API nests the details under "error"; the SDK's event type has them flat.
-            details = _field(event, "error") or event
+            details = field_of(event, "error") or event
             raise error_failure(
-                _field(details, "code") or _field(details, "type"),
-                _field(details, "message"),
+                field_of(details, "code") or field_of(details, "type"),
+                field_of(details, "message"),
                 where="the server failed the response while streaming",
             )
         return []
@@ -243,31 +245,31 @@ class ReplyAssembler:
 
     def _finish(self, response: object) -> list[ReplyDelta]:
         if response is None:
-            raise _malformed("the final event has no response")
+            raise malformed("the final event has no response")
         self._envelope(response)
-        status = _field(response, "status")
+        status = field_of(response, "status")
         if status == "failed":
-            error = _field(response, "error")
+            error = field_of(response, "error")
             raise error_failure(
-                _field(error, "code"),
-                _field(error, "message"),
+                field_of(error, "code"),
+                field_of(error, "message"),
                 where="the server failed the response",
             )
         if status == "cancelled":
             raise ModelCallError("the server cancelled the response", transient=True)
         deltas: list[ReplyDelta] = []
-        output = _field(response, "output")
+        output = field_of(response, "output")
         if isinstance(output, list) and output:  # a server may leave it out of a final event
             for index, raw in enumerate(output):
                 deltas += self._merge(index, raw)
         self._status = status
-        self._incomplete_reason = _field(_field(response, "incomplete_details"), "reason")
-        self._usage = usage_from(_field(response, "usage"))
+        self._incomplete_reason = field_of(field_of(response, "incomplete_details"), "reason")
+        self._usage = usage_from(field_of(response, "usage"))
         self._finished = True
         return deltas
 
     def _envelope(self, response: object) -> None:
-        response_id, model = _field(response, "id"), _field(response, "model")
+        response_id, model = field_of(response, "id"), field_of(response, "model")
         if self._response_id is None and isinstance(response_id, str) and response_id:
             self._response_id = response_id
         if isinstance(model, str) and model:
@@ -286,24 +288,26 @@ class ReplyAssembler:
     def _merge(self, index: int, raw: object) -> list[ReplyDelta]:
         """Take in an output item, whole or as announced (``output_item.added``): what it
         says is final, and any text beyond the deltas already reported is reported now."""
-        item = self._item(index, _field(raw, "type"))
-        item.item_id = item.item_id or _optional_str(_field(raw, "id"), "item id")
+        item = self._item(index, field_of(raw, "type"))
+        item.item_id = item.item_id or optional_str(field_of(raw, "id"), "item id")
         if item.kind == "reasoning":
             item.reasoning = _reasoning_fields(raw)
             return []
         if item.kind == "function_call":
-            item.call_id = item.call_id or _optional_str(_field(raw, "call_id"), "call_id")
-            item.name = item.name or _optional_str(_field(raw, "name"), "function name")
-            arguments = _optional_str(_field(raw, "arguments"), "arguments") or ""
+            item.call_id = item.call_id or optional_str(field_of(raw, "call_id"), "call_id")
+            item.name = item.name or optional_str(field_of(raw, "name"), "function name")
+            arguments = optional_str(field_of(raw, "arguments"), "arguments") or ""
             return self._announce(item) + self._settle_arguments(item, arguments)
         if item.kind != "message":
             return []
-        parts = _field(raw, "content")
+        parts = field_of(raw, "content")
         if parts is not None and not isinstance(parts, list):
-            raise _malformed("message content is not a list")
-        text = "".join(_text(p, "text") for p in parts or () if _field(p, "type") == "output_text")
+            raise malformed("message content is not a list")
+        text = "".join(
+            _text(p, "text") for p in parts or () if field_of(p, "type") == "output_text"
+        )
         refusal = "".join(
-            _text(p, "refusal") for p in parts or () if _field(p, "type") == "refusal"
+            _text(p, "refusal") for p in parts or () if field_of(p, "type") == "refusal"
         )
         deltas = self._settle(item.text, text, self._text_delta(index))
         return deltas + self._settle(item.refusal, refusal, _refusal_delta)
@@ -422,30 +426,11 @@ def _reasoning_fields(raw: object) -> dict[str, JsonValue]:
 
 
 def _index(event: object) -> int:
-    index = _field(event, "output_index")
+    index = field_of(event, "output_index")
     if type(index) is not int or index < 0:
-        raise _malformed("an event's output_index is not a non-negative integer")
+        raise malformed("an event's output_index is not a non-negative integer")
     return index
 
 
 def _text(obj: object, name: str) -> str:
-    return _optional_str(_field(obj, name), name) or ""
-
-
-def _field(obj: object, name: str) -> Any:
-    """Read ``name`` from an SDK object or a plain mapping; None when absent."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-def _optional_str(value: object, what: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise _malformed(f"{what} is not a string")
-
-
-def _malformed(detail: str) -> ModelCallError:
-    return ModelCallError(f"malformed reply from the server: {detail}", transient=True)
+    return optional_str(field_of(obj, name), name) or ""

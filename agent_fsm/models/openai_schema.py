@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import copy
 import json
-import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
+
+from agent_fsm.models.common import resolve_ref
 
 __all__ = ["strict_obstacle", "strict_schema", "without_strict_nulls"]
 
@@ -193,7 +194,7 @@ class _NullStripper:
             return value
         ref = node.get("$ref")
         if isinstance(ref, str) and ref not in followed:
-            target = _resolve(self._root, ref)
+            target = resolve_ref(self._root, ref)
             if target is not None:
                 value = self.clean(value, target, followed | {ref})
         for key in ("anyOf", "oneOf"):
@@ -251,21 +252,3 @@ class _NullStripper:
 
 class _CannotTell(Exception):
     """Internal: the original schema cannot be evaluated here."""
-
-
-def _resolve(root: Mapping[str, Any], ref: str) -> Any:
-    """The part of ``root`` a local ``$ref`` ("#", "#/$defs/Name") points to, else None."""
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
-        return None  # another document, or an anchor: not followed
-    node: Any = root
-    for raw in ref[2:].split("/"):
-        token = urllib.parse.unquote(raw).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node

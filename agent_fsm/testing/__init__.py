@@ -1,23 +1,26 @@
 """The test harness: fake models, run invariants, generated and enumerated misbehaviour,
-record and replay. ``docs/testing.md`` walks through it. And the contract a checkpoint store
-of your own must keep, as a pytest suite (``docs/stores.md``).
+record and replay. ``docs/testing.md`` walks through it. And the contracts a checkpoint store
+and a model adapter of your own must keep, as pytest suites (``docs/stores.md``, and the
+README's "The adapter contract").
 
     from agent_fsm.testing import ScriptedModel, FunctionModel, call, reply
     from agent_fsm.testing import assert_terminates, check_exhaustively, assert_replays
     from agent_fsm.testing import assert_stateful, agent_state_machine, AgentStateMachine
     from agent_fsm.testing import CheckpointStoreContract
+    from agent_fsm.testing import ModelAdapterContract, WireKit, WireReply, WireServer
 
 Everything here works without hypothesis except ``assert_terminates``, the stateful machine
 (``assert_stateful``, ``agent_state_machine``, ``AgentStateMachine``) and
 ``agent_fsm.testing.strategies``, which need the ``testing`` extra
-(``pip install 'agent-fsm[testing]'``), and the store contract, which needs pytest; those
-names are imported on first use.
+(``pip install 'agent-fsm[testing]'``), and the store and adapter contracts, which need
+pytest; those names are imported on first use.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agent_fsm.testing.adapter_contract import CONTRACT_KEY, ModelAdapterContract
     from agent_fsm.testing.assertions import assert_terminates
     from agent_fsm.testing.behaviour import (
         Behaviour,
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     )
     from agent_fsm.testing.store_contract import CheckpointStoreContract
     from agent_fsm.testing.store_kit import ContractClock, sample_state
+    from agent_fsm.testing.wire import SeenRequest, WireKit, WireReply, WireServer
 
 __all__ = [
     # fake models
@@ -96,10 +100,23 @@ __all__ = [
     "CheckpointStoreContract",
     "ContractClock",
     "sample_state",
+    # the model-adapter contract: a pytest class an adapter's tests subclass, with its kit
+    "CONTRACT_KEY",
+    "ModelAdapterContract",
+    "SeenRequest",
+    "WireKit",
+    "WireReply",
+    "WireServer",
 ]
 
 
 _WHERE: dict[str, str] = {
+    "CONTRACT_KEY": "agent_fsm.testing.adapter_contract",
+    "ModelAdapterContract": "agent_fsm.testing.adapter_contract",
+    "SeenRequest": "agent_fsm.testing.wire",
+    "WireKit": "agent_fsm.testing.wire",
+    "WireReply": "agent_fsm.testing.wire",
+    "WireServer": "agent_fsm.testing.wire",
     "Behaviour": "agent_fsm.testing.behaviour",
     "BehaviourModel": "agent_fsm.testing.behaviour",
     "FakeClock": "agent_fsm.testing.behaviour",

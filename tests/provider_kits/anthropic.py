@@ -29,7 +29,8 @@ import anthropic
 from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, Usage
 from agent_fsm.models.anthropic_messages import AnthropicModel
 from agent_fsm.models.base import Model
-from tests.provider_kits.base import FAKE_KEY, http, sse_body
+from agent_fsm.testing.wire import WireReply
+from tests.provider_kits.base import FAKE_KEY, sdk_target, sse_body
 
 BASE_URL = "https://anthropic.test"
 SERVED_MODEL = "claude-sonnet-4-6"
@@ -179,9 +180,8 @@ def _block_events(
     return events
 
 
-def sse_response(events: list[tuple[str | None, dict[str, Any]]]) -> Any:
-    headers = {"content-type": "text/event-stream", "request-id": REQUEST_ID}
-    return http.Response(200, content=sse_body(events), headers=headers)
+def sse_response(events: list[tuple[str | None, dict[str, Any]]]) -> WireReply:
+    return WireReply.events(sse_body(events), headers={"request-id": REQUEST_ID})
 
 
 class AnthropicKit:
@@ -192,11 +192,14 @@ class AnthropicKit:
     carries_raw_arguments = True  # in a stream, as partial_json
     can_omit_usage = False
 
-    def build(self, client: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
-        sdk = anthropic.AsyncAnthropic(api_key=api_key, base_url=BASE_URL, http_client=client)
+    def build(self, where: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
+        base_url, client = sdk_target(where, BASE_URL)
+        if client is None:  # the adapter builds its own client, one per event loop
+            return AnthropicModel(SERVED_MODEL, base_url=base_url, api_key=api_key, stream=stream)
+        sdk = anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, http_client=client)
         return AnthropicModel(SERVED_MODEL, client=sdk, stream=stream)
 
-    def reply(self, response: ModelResponse, *, stream: bool = False) -> Any:
+    def reply(self, response: ModelResponse, *, stream: bool = False) -> WireReply:
         message = response.message
         content: list[dict[str, Any]] = []
         if message.content:
@@ -213,11 +216,11 @@ class AnthropicKit:
             model=response.model_name or SERVED_MODEL,
         )
         if not stream:
-            return http.Response(200, json=body, headers={"request-id": REQUEST_ID})
+            return WireReply.json(body, headers={"request-id": REQUEST_ID})
         raw = [call.arguments for call in message.tool_calls]
         return sse_response(stream_events(body, raw_arguments=raw))
 
-    def error(self, status: int, message: str, *, retry_after: float | None = None) -> Any:
+    def error(self, status: int, message: str, *, retry_after: float | None = None) -> WireReply:
         body = {
             "type": "error",
             "error": {"type": ERROR_TYPE.get(status, "api_error"), "message": message},
@@ -226,7 +229,7 @@ class AnthropicKit:
         headers = {"request-id": REQUEST_ID}
         if retry_after is not None:
             headers["retry-after"] = f"{retry_after:g}"
-        return http.Response(status, json=body, headers=headers)
+        return WireReply.json(body, status=status, headers=headers)
 
     def tool_results(self, body: dict[str, Any]) -> list[tuple[str, str]]:
         results = []

@@ -1,4 +1,8 @@
-"""The kit protocol, a fake HTTP server for the SDKs' own clients, and ``OverTheWire``.
+"""A fake HTTP server for the SDKs' own clients (a mock transport), and ``OverTheWire``.
+
+The kits implement ``agent_fsm.testing.wire.WireKit``, the public kit protocol the adapter
+contract runs on (over a real socket); here they also serve the SDKs through a mock
+transport, for the property harness and the adapters' own tests.
 
 Every SDK here is built on httpx (openai before 3.x) or its successor httpx2 (openai 3.x,
 anthropic 2.x, google-genai 3.x); ``http`` is the one the installed openai SDK uses (the
@@ -13,10 +17,11 @@ import json
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.testing.wire import WireKit, WireReply
 
 
 def _sdk_http() -> Any:
@@ -30,7 +35,16 @@ def _sdk_http() -> Any:
 
 http = _sdk_http()
 
-__all__ = ["FAKE_KEY", "FakeServer", "OverTheWire", "WireKit", "http", "sse_body"]
+__all__ = [
+    "FAKE_KEY",
+    "FakeServer",
+    "OverTheWire",
+    "WireKit",
+    "as_http",
+    "http",
+    "sdk_target",
+    "sse_body",
+]
 
 FAKE_KEY = "sk-agentfsm-SECRET-0123456789abcdef"
 """The API key every kit builds its model with: no error, event or log may contain it."""
@@ -38,36 +52,20 @@ FAKE_KEY = "sk-agentfsm-SECRET-0123456789abcdef"
 Handler = Callable[[Any], Awaitable[Any]]
 
 
-class WireKit(Protocol):
-    """A provider's wire format, from the server's side."""
+def sdk_target(where: Any, fake_base: str, prefix: str = "") -> tuple[str, Any]:
+    """(base URL, HTTP client) for a kit's SDK: a URL (a ``WireServer`` on 127.0.0.1, for
+    the adapter contract) with no client of its own, or an ``http.AsyncClient`` (a
+    ``FakeServer``'s mock transport) under a fake base URL."""
+    if isinstance(where, str):
+        return where + prefix, None
+    return fake_base + prefix, where
 
-    name: str
-    """The ``--provider`` name of the adapter, e.g. ``"anthropic"``."""
 
-    def build(self, client: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
-        """The adapter under test, its SDK client using ``client`` (an ``http.AsyncClient``)
-        for every request, with the SDK's own retries off as the adapter requires."""
-        ...
-
-    def reply(self, response: ModelResponse, *, stream: bool = False) -> Any:
-        """The ``http.Response`` the real API sends for ``response``: its text, tool calls
-        (ids, names and argument text as given), finish reason and usage (all four counts)
-        in the provider's own form; a streamed one cuts text and arguments into several
-        events."""
-        ...
-
-    def error(self, status: int, message: str, *, retry_after: float | None = None) -> Any:
-        """The ``http.Response`` the real API sends for a failure with this status."""
-        ...
-
-    def tool_results(self, body: dict[str, Any]) -> list[tuple[str, str]]:
-        """The tool results a request body carries, in order, as (call id, text); a provider
-        without call ids gives the tool name instead."""
-        ...
-
-    def system_prompt(self, body: dict[str, Any]) -> str | None:
-        """The system prompt a request body carries, wherever the provider puts it."""
-        ...
+def as_http(reply: Any) -> Any:
+    """A kit's ``WireReply`` as the ``http.Response`` a mock transport returns."""
+    if not isinstance(reply, WireReply):
+        return reply
+    return http.Response(reply.status, headers=dict(reply.headers), content=reply.body)
 
 
 @dataclass
@@ -93,7 +91,7 @@ class FakeServer:
         if not self.replies:
             raise AssertionError("the fake server got an unexpected request")
         reply = self.replies.popleft()
-        return await reply(request) if callable(reply) else reply
+        return as_http(await reply(request) if callable(reply) else reply)
 
 
 def sse_body(events: list[tuple[str | None, dict[str, Any]]], *, done: bool = False) -> bytes:
@@ -150,13 +148,14 @@ class OverTheWire:
         except ConnectionError:
             raise http.ConnectError("the fake server hung up", request=http_request) from None
         except Exception as exc:
-            return self.kit.error(400, f"{type(exc).__name__} in the server")
+            return as_http(self.kit.error(400, f"{type(exc).__name__} in the server"))
         await asyncio.sleep(0)  # a real server is never synchronous
-        return self.kit.reply(response, stream=self.stream)
+        return as_http(self.kit.reply(response, stream=self.stream))
 
     def _failure(self, failure: ModelCallError) -> Any:
         if not failure.transient:
-            return self.kit.error(400, "invalid request")
+            return as_http(self.kit.error(400, "invalid request"))
         if failure.retry_after_s is not None:
-            return self.kit.error(429, "rate limited", retry_after=failure.retry_after_s)
-        return self.kit.error(503, "overloaded")
+            reply = self.kit.error(429, "rate limited", retry_after=failure.retry_after_s)
+            return as_http(reply)
+        return as_http(self.kit.error(503, "overloaded"))

@@ -26,7 +26,8 @@ from google.genai import types
 from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, Usage
 from agent_fsm.models.base import Model
 from agent_fsm.models.gemini import GeminiModel
-from tests.provider_kits.base import FAKE_KEY, http
+from agent_fsm.testing.wire import WireReply
+from tests.provider_kits.base import FAKE_KEY, http, sdk_target
 
 BASE_URL = "https://gemini.test"
 SERVED_MODEL = "gemini-2.5-flash"
@@ -215,19 +216,21 @@ class GeminiKit:
     carries_raw_arguments = False
     can_omit_usage = True
 
-    def build(self, client: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
-        options = types.HttpOptions(base_url=BASE_URL, httpx_async_client=sdk_http(client))
+    def build(self, where: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
+        base_url, client = sdk_target(where, BASE_URL)
+        if client is None:  # the adapter builds its own client, one per event loop
+            return GeminiModel(SERVED_MODEL, base_url=base_url, api_key=api_key, stream=stream)
+        options = types.HttpOptions(base_url=base_url, httpx_async_client=sdk_http(client))
         sdk = genai.Client(vertexai=False, api_key=api_key, http_options=options)
         return GeminiModel(SERVED_MODEL, client=sdk, stream=stream)
 
-    def reply(self, response: ModelResponse, *, stream: bool = False) -> Any:
+    def reply(self, response: ModelResponse, *, stream: bool = False) -> WireReply:
         chunks = reply_chunks(response, stream=stream)
         if not stream:
-            return http.Response(200, json=chunks[0])
-        headers = {"content-type": "text/event-stream"}
-        return http.Response(200, content=sse(chunks), headers=headers)
+            return WireReply.json(chunks[0])
+        return WireReply.events(sse(chunks))
 
-    def error(self, status: int, message: str, *, retry_after: float | None = None) -> Any:
+    def error(self, status: int, message: str, *, retry_after: float | None = None) -> WireReply:
         error: dict[str, Any] = {
             "code": status,
             "message": message,
@@ -235,7 +238,7 @@ class GeminiKit:
         }
         if retry_after is not None:
             error["details"] = [{"@type": RETRY_INFO, "retryDelay": duration(retry_after)}]
-        return http.Response(status, json={"error": error})
+        return WireReply.json({"error": error}, status=status)
 
     def tool_results(self, body: dict[str, Any]) -> list[tuple[str, str]]:
         results = []

@@ -9,8 +9,9 @@ import openai
 from agent_fsm.messages import FinishReason, ModelResponse, Usage
 from agent_fsm.models.base import Model
 from agent_fsm.models.openai_chat import OpenAIChatModel
+from agent_fsm.testing.wire import WireReply
 from tests.openai_payloads import api_error, chunks_for, completion, sse, tool_call
-from tests.provider_kits.base import FAKE_KEY, http
+from tests.provider_kits.base import FAKE_KEY, sdk_target
 
 _FINISH = {
     FinishReason.STOP: "stop",
@@ -35,14 +36,18 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
 
 class OpenAIChatKit:
     name = "openai"
+    finish_reasons = frozenset(FinishReason)
+    carries_raw_arguments = True
+    can_omit_usage = True
 
-    def build(self, client: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
-        sdk = openai.AsyncOpenAI(
-            api_key=api_key, base_url="https://api.test/v1", http_client=client
-        )
+    def build(self, where: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
+        base_url, client = sdk_target(where, "https://api.test", "/v1")
+        if client is None:  # the adapter builds its own client, one per event loop
+            return OpenAIChatModel("gpt-4o-mini", base_url=base_url, api_key=api_key, stream=stream)
+        sdk = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, http_client=client)
         return OpenAIChatModel("gpt-4o-mini", client=sdk, stream=stream)
 
-    def reply(self, response: ModelResponse, *, stream: bool = False) -> Any:
+    def reply(self, response: ModelResponse, *, stream: bool = False) -> WireReply:
         message = response.message
         refused = response.finish_reason is FinishReason.REFUSAL
         payload = completion(
@@ -55,14 +60,13 @@ class OpenAIChatKit:
         if response.model_name is not None:
             payload["model"] = response.model_name
         if not stream:
-            return http.Response(200, json=payload)
-        headers = {"content-type": "text/event-stream"}
-        return http.Response(200, content=sse(chunks_for(payload)), headers=headers)
+            return WireReply.json(payload)
+        return WireReply.events(sse(chunks_for(payload)))
 
-    def error(self, status: int, message: str, *, retry_after: float | None = None) -> Any:
+    def error(self, status: int, message: str, *, retry_after: float | None = None) -> WireReply:
         kind = {401: "invalid_request_error", 429: "rate_limit_error"}.get(status, "api_error")
         headers = {} if retry_after is None else {"retry-after": f"{retry_after:g}"}
-        return http.Response(status, json=api_error(message, type_=kind), headers=headers)
+        return WireReply.json(api_error(message, type_=kind), status=status, headers=headers)
 
     def tool_results(self, body: dict[str, Any]) -> list[tuple[str, str]]:
         return [(m["tool_call_id"], m["content"]) for m in body["messages"] if m["role"] == "tool"]

@@ -22,7 +22,8 @@ from agent_fsm.messages import FinishReason, ModelResponse, Usage
 from agent_fsm.models.base import Model
 from agent_fsm.models.openai_responses import OpenAIResponsesModel
 from agent_fsm.models.openai_responses_convert import PROVIDER_KEY
-from tests.provider_kits.base import FAKE_KEY, http
+from agent_fsm.testing.wire import WireReply
+from tests.provider_kits.base import FAKE_KEY, sdk_target
 
 RESPONSE_ID = "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b"
 SERVED_MODEL = "gpt-4.1-mini-2025-04-14"
@@ -256,13 +257,16 @@ class OpenAIResponsesKit:
     carries_raw_arguments = True  # `arguments` is the model's text, JSON or not
     can_omit_usage = True
 
-    def build(self, client: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
-        sdk = openai.AsyncOpenAI(
-            api_key=api_key, base_url="https://api.test/v1", http_client=client
-        )
+    def build(self, where: Any, *, stream: bool = False, api_key: str = FAKE_KEY) -> Model:
+        base_url, client = sdk_target(where, "https://api.test", "/v1")
+        if client is None:  # the adapter builds its own client, one per event loop
+            return OpenAIResponsesModel(
+                "gpt-4.1-mini", base_url=base_url, api_key=api_key, stream=stream
+            )
+        sdk = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, http_client=client)
         return OpenAIResponsesModel("gpt-4.1-mini", client=sdk, stream=stream)
 
-    def reply(self, response: ModelResponse, *, stream: bool = False) -> Any:
+    def reply(self, response: ModelResponse, *, stream: bool = False) -> WireReply:
         status, reason = _STATUS[response.finish_reason]
         payload = response_payload(
             output_for(response),
@@ -272,19 +276,17 @@ class OpenAIResponsesKit:
             model=response.model_name or SERVED_MODEL,
         )
         if not stream:
-            return http.Response(200, json=payload)
-        headers = {"content-type": "text/event-stream"}
-        return http.Response(200, content=sse(events_for(payload)), headers=headers)
+            return WireReply.json(payload)
+        return WireReply.events(sse(events_for(payload)))
 
-    def error(self, status: int, message: str, *, retry_after: float | None = None) -> Any:
+    def error(self, status: int, message: str, *, retry_after: float | None = None) -> WireReply:
         kind, code = {
             401: ("invalid_request_error", "invalid_api_key"),
             429: ("requests", "rate_limit_exceeded"),
         }.get(status, ("server_error" if status >= 500 else "invalid_request_error", None))
         headers = {} if retry_after is None else {"retry-after": f"{retry_after:g}"}
-        return http.Response(
-            status, json=api_error(message, type_=kind, code=code), headers=headers
-        )
+        body = api_error(message, type_=kind, code=code)
+        return WireReply.json(body, status=status, headers=headers)
 
     def tool_results(self, body: dict[str, Any]) -> list[tuple[str, str]]:
         return [
