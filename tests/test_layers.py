@@ -163,17 +163,6 @@ ONLY_IN = {
 
 
 PRIVATE_USES_ALLOWED = {
-    # Not this branch's to fix (the adapters are being reworked, issue 32 "Shapes, not
-    # copies"): the Responses adapter borrows the Chat adapter's private helpers; they belong
-    # in models.common. Remove these entries once it imports public names.
-    ("models.openai_responses", "agent_fsm.models.openai_chat._TRANSIENT_STATUSES"),
-    ("models.openai_responses", "agent_fsm.models.openai_chat._client_parameters"),
-    ("models.openai_responses", "agent_fsm.models.openai_chat._connection_failure"),
-    ("models.openai_responses", "agent_fsm.models.openai_chat._error_code"),
-    ("models.openai_responses", "agent_fsm.models.openai_chat._server_message"),
-    # The harness replays a case with the behaviour module's private ``_outcome``: it wants a
-    # public name there (testing.behaviour.outcome). Remove once renamed.
-    ("testing.harness", "agent_fsm.testing.behaviour._outcome"),
     # dbos has no public call that recovers another executor's workflows: a third-party
     # private name, pinned by the dbos version range in pyproject.toml.
     ("dbos.recovery", "DBOS._recover_pending_workflows"),

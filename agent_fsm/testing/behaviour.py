@@ -47,6 +47,7 @@ __all__ = [
     "ToolOutcome",
     "UnreadableError",
     "example_arguments",
+    "play_outcome",
     "tool_double",
     "user_tools",
     "with_tool_doubles",
@@ -160,7 +161,9 @@ _EXITS: dict[str, type[BaseException]] = {
 """What an ``exits`` outcome raises, by name (any other name: ``UnreadableError``)."""
 
 
-async def _outcome(tool: Tool, outcome: ToolOutcome, arguments: dict[str, Any]) -> Any:
+async def play_outcome(tool: Tool, outcome: ToolOutcome, arguments: dict[str, Any]) -> Any:
+    """What a tool double does for ``outcome``: return its text, raise, exit, hang, or call
+    the real ``tool`` (``"real"``) with ``arguments``."""
     if outcome.kind == "returns":
         return outcome.text
     if outcome.kind == "raises":
@@ -195,7 +198,7 @@ def tool_double(tool: Tool, outcomes: Sequence[ToolOutcome]) -> Tool:
     cycle = itertools.cycle(tuple(outcomes))
 
     async def double(**arguments: Any) -> Any:
-        return await _outcome(tool, next(cycle), arguments)
+        return await play_outcome(tool, next(cycle), arguments)
 
     return replace(tool, fn=double)
 

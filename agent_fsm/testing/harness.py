@@ -36,7 +36,7 @@ from agent_fsm.testing.behaviour import (
     BehaviourModel,
     FakeClock,
     ToolOutcome,
-    _outcome,
+    play_outcome,
     user_tools,
 )
 from agent_fsm.testing.invariants import InvariantViolation, check_invariants, prompt_problems
@@ -261,10 +261,10 @@ class Stage:
         async def double(**arguments: Any) -> Any:
             outcomes = self._outcomes.get(tool.name)
             if not outcomes:
-                return await _outcome(tool, ToolOutcome("real"), arguments)
+                return await play_outcome(tool, ToolOutcome("real"), arguments)
             index = self._calls.get(tool.name, 0)
             self._calls[tool.name] = index + 1
-            return await _outcome(tool, outcomes[index % len(outcomes)], arguments)
+            return await play_outcome(tool, outcomes[index % len(outcomes)], arguments)
 
         return replace(tool, fn=double)
 

@@ -131,11 +131,21 @@ def sample_state(run_id: str = "run-1") -> RunState:
         summary_due=SummaryDue(policy=0, through=2, instructions="summarise", text="..."),
         summarised=True,
         context_problem="the prompt is too big",
+        correction="Give the result by calling the `final_result` tool.",
         output_failures=1,
         consecutive_errors=1,
         last_finish_reason=FinishReason.TOOL_CALLS,
         last_tool_calls=3,
         model_failure=ModelFailure(message="rate limited", permanent=False, retry_after_s=2.5),
+        requests=[
+            ControlRequest(kind=ControlKind.FINISH_TASK, text="done", tool_call_id="c1"),
+            ControlRequest(
+                kind=ControlKind.APPROVAL,
+                text="approve the transfer?",
+                tool_call_id="c3",
+                pending_calls=(calls[2],),
+            ),
+        ],
         control=ControlRequest(
             kind=ControlKind.APPROVAL,
             text="approve the transfer?",
