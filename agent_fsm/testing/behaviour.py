@@ -162,8 +162,8 @@ _EXITS: dict[str, type[BaseException]] = {
 
 
 async def play_outcome(tool: Tool, outcome: ToolOutcome, arguments: dict[str, Any]) -> Any:
-    """What a tool double does for ``outcome``: return its text, raise, exit, hang, or call
-    the real ``tool`` (``"real"``) with ``arguments``."""
+    """What a tool double does for ``outcome``: return its text, raise, exit, answer as timed
+    out, return a huge output, or call the real ``tool`` with ``arguments``."""
     if outcome.kind == "returns":
         return outcome.text
     if outcome.kind == "raises":
