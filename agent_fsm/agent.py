@@ -14,18 +14,16 @@ import inspect
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from agent_fsm.compaction import ContextPolicy
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
-from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
-from agent_fsm.durable.leases import Lease, LeaseStore, check_ttl, default_worker_id
+from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.durable.leases import LeaseStore, check_ttl, default_worker_id
 from agent_fsm.errors import (
-    CheckpointError,
     ConfigError,
-    ResumeError,
     RunError,
     ToolSchemaWarning,
 )
@@ -38,8 +36,10 @@ from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import prepare_history
-from agent_fsm.run.resuming import Decisions, finished, reopen
-from agent_fsm.state import ControlKind, RunResult, RunState
+from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
+from agent_fsm.run.resuming import Decisions, reopen
+from agent_fsm.run.stored import Leased, Stored
+from agent_fsm.state import ControlKind, RunResult
 from agent_fsm.table import CONTROL_GUARDS, TABLE, AgentState, Row, StopReason, Table
 from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
@@ -140,21 +140,29 @@ def _review_tool_schemas(model: Model, tools: Sequence[ToolSpec]) -> None:
         warnings.warn(str(issue), ToolSchemaWarning, stacklevel=4)
 
 
-def _lease_settings(
-    lease_s: float | None, worker_id: str | None, store: CheckpointStore | None
-) -> dict[str, Any]:
-    """The lease fields of the RunConfig, checked: a lease needs a store that leases."""
+def _residence(
+    store: CheckpointStore | None,
+    lease_s: float | None,
+    worker_id: str | None,
+    time: Timekeeping,
+) -> Residence:
+    """Where the agent's runs live: in this process, in ``store``, or leased from it.
+
+    Raises:
+        ConfigError: a lease without a store that leases runs, a ``lease_s`` or
+            ``worker_id`` of the wrong kind.
+    """
     if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
         raise ConfigError(f"worker_id must be a non-empty str, got {worker_id!r}")
     if lease_s is None:
-        return {}
+        return InProcess(time) if store is None else Stored(store, time)
     ttl_s = check_ttl(lease_s)
     if not isinstance(store, LeaseStore):
         raise ConfigError(
             "lease_s needs a store that the workers share and that leases runs (SQLiteStore,"
             f" PostgresStore, MemoryStore), got {type(store).__name__}"
         )
-    return {"leases": store, "lease_s": ttl_s, "worker_id": worker_id or default_worker_id()}
+    return Leased(store, ttl_s=ttl_s, worker_id=worker_id or default_worker_id(), time=time)
 
 
 def _check_control_rows(machine: AgentMachine, offered: Sequence[Tool]) -> None:
@@ -184,13 +192,6 @@ def _check_control_rows(machine: AgentMachine, offered: Sequence[Tool]) -> None:
     ]
     if missing:
         raise ConfigError("the table has no row for what these tools ask: " + "; ".join(missing))
-
-
-def _taken(run_id: str) -> ConfigError:
-    return ConfigError(
-        f"run id {run_id!r} is taken: the store holds that run. Resume it (agent.resume), "
-        "delete it (agent.checkpoints.delete), or choose a new id"
-    )
 
 
 def _token_counter(model: Model) -> TextCounter:
@@ -277,6 +278,7 @@ class Agent:
     with each request and the reply's text validated; for models with
     ``supports_native_output``)."""
     _config: RunConfig = field(init=False, repr=False)
+    _residence: Residence = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         model, limits, store = self.model, self.limits, self.store
@@ -342,14 +344,11 @@ class Agent:
             output=output,
             last_answer_prompt=prompt,
             parallel_tool_calls=self.parallel_tool_calls,
-            clock=self.clock,
-            sleep=self.sleep,
             handlers=tuple(self.handlers),
-            store=store if store is not None else MemoryStore(),
-            checkpoint_every_transition=store is not None,
-            **_lease_settings(self.lease_s, self.worker_id, store),
         )
         _set(self, "_config", config)
+        time = Timekeeping(clock=self.clock, sleep=self.sleep)
+        _set(self, "_residence", _residence(store, self.lease_s, self.worker_id, time))
 
     def replace(self, **changes: Any) -> Agent:
         """``dataclasses.replace(self, **changes)``: a new agent with the same configuration
@@ -438,10 +437,8 @@ class Agent:
         """
         if not isinstance(user_input, str):
             raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
-        if run_id is not None and (
-            self.checkpoints.exists(run_id) or self._config.in_process.is_resuming(run_id)
-        ):
-            raise _taken(run_id)
+        if run_id is not None and self._residence.holds(run_id):
+            raise taken(run_id)
         if continues is not None:
             if history is not None:
                 raise ConfigError("pass history= or continues=, not both")
@@ -456,42 +453,14 @@ class Agent:
             messages,
             self._config.count_tokens,
         )
-        # A durable run claims its id now, atomically: another start under the same id,
-        # here or in another process, is refused even before either run takes a step.
-        with self._claimed(run_id) as lease:
-            if self._config.checkpoint_every_transition and not self._create(state, lease):
-                raise _taken(run_id)
-        return Run(self._config, state, repaired=repaired, lease=lease)
-
-    def _create(self, state: RunState, lease: Lease | None) -> bool:
-        """Save the first checkpoint of a new run, claiming its id (fenced by its lease)."""
-        leases = self._config.leases
-        if lease is not None and leases is not None:
-            return leases.create(state, lease=lease)
-        return self.checkpoints.create(state)
-
-    @contextlib.contextmanager
-    def _claimed(self, run_id: str) -> Iterator[Lease | None]:
-        """Claim the lease of ``run_id`` (when this agent leases runs) for the Run about to be
-        made from the store; release it when making that Run fails. The claim comes before
-        the run is created or loaded, so what is loaded is the last checkpoint, which the
-        previous holder can no longer change."""
-        config = self._config
-        leases = config.leases
-        if leases is None:
-            yield None
-            return
-        lease = leases.claim(run_id, config.worker_id, config.lease_s)
-        try:
-            yield lease
-        except BaseException:
-            with contextlib.suppress(CheckpointError):
-                leases.release(lease)
-            raise
+        # The run's id is claimed now: another start under the same id, here or (for a
+        # durable run, atomically) in another process, is refused before either takes a step.
+        keeper = self._residence.admit(state)
+        return Run(self._config, state, keeper, repaired=repaired)
 
     def _stored_conversation(self, run_id: str) -> list[Message]:
         """The transcript of a stopped run of this agent's store."""
-        if not self.checkpoints.exists(run_id) and self._config.in_process.how_it_ended(run_id):
+        if not self.checkpoints.exists(run_id) and self._residence.how_it_ended(run_id):
             raise ConfigError(
                 f"run {run_id} finished and the in-process store keeps only runs that can be "
                 "resumed: pass its messages as history=result, or give the agent a store"
@@ -507,9 +476,7 @@ class Agent:
     def checkpoints(self) -> CheckpointStore:
         """Where this agent's runs are checkpointed: ``store``, or this agent's own in-memory
         store when none was given."""
-        store = self._config.store
-        assert store is not None
-        return store
+        return self._residence.store
 
     def reopen(
         self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
@@ -518,18 +485,9 @@ class Agent:
         if not isinstance(run_id, str):
             raise ConfigError(f"run_id must be a str, got {type(run_id).__name__}")
         config = self._config
-        with self._claimed(run_id) as lease:
-            try:
-                state = self.checkpoints.load(run_id)
-            except CheckpointError:
-                if config.in_process.is_resuming(run_id):
-                    raise ResumeError(f"run {run_id} is already being resumed") from None
-                ended = config.in_process.how_it_ended(run_id)
-                if ended is None:
-                    raise
-                raise finished(run_id, ended.value) from None
+        with self._residence.readmit(run_id) as (state, keeper):
             answered = reopen(state, config.machine, config.limits, reply, approvals)
-        return Run(config, state, resumed=answered, lease=lease)
+        return Run(config, state, keeper, resumed=answered)
 
     async def resume(
         self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None

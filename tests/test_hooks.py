@@ -637,7 +637,7 @@ def _context(hooks: StepHooks, tools: Sequence[Tool], journal: MemoryJournal) ->
         log=structlog.get_logger("test"),
         limits=config.limits,
         clock=time.monotonic,
-        sleep=config.sleep,
+        sleep=asyncio.sleep,
     )
 
 

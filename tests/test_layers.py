@@ -83,6 +83,7 @@ LAYERS = [
     "hooks",
     # run/: one run
     "run.context",
+    "run.residence",
     "run.observing",
     "run.compacting",
     "run.thinking",
@@ -96,6 +97,7 @@ LAYERS = [
     "run.resuming",
     "run.history",
     "run.leasing",
+    "run.stored",
     "run.engine",
     "run",
     # the top

@@ -59,7 +59,6 @@ async def act_on(
         limits=lim or Limits(retry_backoff_s=0, retry_backoff_max_s=0),
         machine=AgentMachine(),
         parallel_tool_calls=parallel,
-        clock=time.monotonic,
     )
     ctx = RunContext(
         state=state or fresh_state(),
@@ -69,8 +68,8 @@ async def act_on(
         journal=journal,
         log=structlog.get_logger("test"),
         limits=config.limits,
-        clock=config.clock,
-        sleep=config.sleep,
+        clock=time.monotonic,
+        sleep=asyncio.sleep,
     )
     return await answer_calls(ctx, calls, approved)
 

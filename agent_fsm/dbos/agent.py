@@ -40,7 +40,7 @@ from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
 from agent_fsm.agent import Agent
 from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
 from agent_fsm.dbos.replay import RunTime, record_start, running
-from agent_fsm.dbos.steps import durable_config
+from agent_fsm.dbos.steps import ReplayedKeeper, durable_config
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.run.approvals import Decisions
@@ -249,10 +249,10 @@ class DBOSAgent:
             self._journal.journal(state.run_id),
             state,
             key_prefix=key_prefix(resumes),
-            pause=self.agent.run_config.sleep,
+            pause=self.agent.sleep,
         )
         with running(run):
-            result = await Run(config, state, resumed=answered).run()
+            result = await Run(config, state, ReplayedKeeper(), resumed=answered).run()
         if resumes or result.stop_reason in config.machine.resumable:
             await save_stop(self._journal, state)
         return result

@@ -19,8 +19,9 @@ backoff, and the tool journal (``durable.journal``), kept *inside* the step:
 DBOS records the step's outcome after that; a step with a record is never run again. So a
 non-idempotent call runs at most once, whichever worker replays the run.
 
-``durable_config`` is the agent's run configuration with these steps in place, and the
-clock, sleep, random numbers and deadline of ``agent_fsm.dbos.replay``.
+``durable_config`` is the agent's run configuration with these steps in place, and
+``ReplayedKeeper`` is where such a run lives: the clock, sleep, random numbers and deadline of
+``agent_fsm.dbos.replay``, and nothing saved by the engine (DBOS records the steps).
 
 The engine's own execution runs a *stand-in* for each tool (``stepped``): the same name,
 schema, approval and flags, whose function is the step and whose own timeout and retries are
@@ -37,7 +38,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,21 +54,31 @@ from agent_fsm.dbos.replay import (
     options,
     sleep,
 )
-from agent_fsm.durable.journal import CallStatus
+from agent_fsm.durable.journal import CallStatus, ToolJournal
 from agent_fsm.errors import ConfigError
 from agent_fsm.failures import is_own_failure
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage, ToolStatus
 from agent_fsm.models.base import Model, ModelCallError
 from agent_fsm.run.context import RunConfig
+from agent_fsm.run.residence import Timekeeping
 from agent_fsm.run.thinking import failure_from
-from agent_fsm.state import ModelFailure
-from agent_fsm.table import LAST_CALL_STATE
+from agent_fsm.state import ModelFailure, RunState
+from agent_fsm.table import LAST_CALL_STATE, StopReason
 from agent_fsm.tools.execution import ABANDONED_NOTE, execute
 from agent_fsm.tools.results import ToolResult, error_result
 from agent_fsm.tools.tool import PreparedCall, Tool, ToolRegistry
 
-__all__ = ["Answered", "Replied", "StepModel", "durable_config", "outcome_unknown", "stepped"]
+__all__ = [
+    "REPLAYED_TIME",
+    "Answered",
+    "ReplayedKeeper",
+    "Replied",
+    "StepModel",
+    "durable_config",
+    "outcome_unknown",
+    "stepped",
+]
 
 STAND_IN_TIMEOUT_S = 10.0**9
 """The stand-in tool's own timeout: never reached (the step inside has the real one, and
@@ -247,9 +258,8 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
 
 
 def durable_config(config: RunConfig) -> RunConfig:
-    """``config`` with its model calls and tool calls as DBOS steps, and the clock, sleep,
-    random source and deadline of the active run (``agent_fsm.dbos.replay``); without a
-    store, leases or a deadline timer.
+    """``config`` with its model calls and tool calls as DBOS steps (and the models of its
+    context policies); its runs live in a ``ReplayedKeeper``.
 
     Raises:
         ConfigError: a context policy has a model but is not a dataclass (its model cannot
@@ -264,14 +274,55 @@ def durable_config(config: RunConfig) -> RunConfig:
             stepped(tool, limits) for spec in tools.specs if (tool := tools.get(spec.name))
         ),
         context_policies=tuple(_stepped_policy(policy) for policy in config.context_policies),
-        clock=_clock,
-        sleep=sleep,
-        random=_random,
-        arm_deadline=_no_timer,
-        store=None,
-        checkpoint_every_transition=False,
-        leases=None,
     )
+
+
+def _clock() -> float:
+    return active().clock()
+
+
+def _random() -> float:
+    return active().random.random()
+
+
+def _no_timer(seconds: float, time_up: Callable[[], None]) -> None:
+    """The deadline is the steps' to keep (``replay.RunTime.remaining_s``): no timer."""
+
+
+REPLAYED_TIME = Timekeeping(clock=_clock, sleep=sleep, random=_random, arm_deadline=_no_timer)
+"""The time of a run that is a DBOS workflow: the active run's recorded clock, a sleep that
+is a step, a random source seeded per run, and no timer (``agent_fsm.dbos.replay``)."""
+
+
+class ReplayedKeeper:
+    """Where a DBOS workflow's run lives, as its engine sees it (``run.residence.RunKeeper``):
+    the workflow's time; no tool journal of the engine's (each tool step keeps its own);
+    nothing saved after a step, since DBOS records every step's outcome and a replay
+    reproduces the run from them; the stops ``DBOSAgent`` saves itself when the workflow
+    ends (``agent_fsm.dbos.pausing``)."""
+
+    __slots__ = ()
+
+    time = REPLAYED_TIME
+    journal: ToolJournal | None = None
+
+    def activated(self) -> None:
+        return None
+
+    def claim_stop(self, state: RunState) -> None:
+        return None  # a resume is a workflow of its own, started once per stop
+
+    def during(self, work: Awaitable[None]) -> Awaitable[None]:
+        return work
+
+    def saved(self, state: RunState) -> None:
+        return None
+
+    def stopped(self, state: RunState, stop_reason: StopReason, resumable: bool) -> None:
+        return None
+
+    def release(self) -> None:
+        return None
 
 
 def _stepped_policy(policy: ContextPolicy) -> ContextPolicy:
@@ -288,13 +339,4 @@ def _stepped_policy(policy: ContextPolicy) -> ContextPolicy:
     return replaced
 
 
-def _clock() -> float:
-    return active().clock()
 
-
-def _random() -> float:
-    return active().random.random()
-
-
-def _no_timer(seconds: float, time_up: Callable[[], None]) -> None:
-    """The deadline is the steps' to keep (``replay.RunTime.remaining_s``): no timer."""

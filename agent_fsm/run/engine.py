@@ -8,9 +8,11 @@ Per-turn work is O(1) amortised in the length of the run: the prompt-size estima
 counts and loop-detector state are kept incrementally, and the model receives a zero-copy
 ``TranscriptView`` of the transcript.
 
-A leased run (``Agent(lease_s=...)``) saves and journals under its lease (``run.leasing``),
-and releases it when it stops. When the lease was taken over, the next save raises
-``RunLeased`` and this driver stops without writing.
+Where the run lives (in this process, in a durable store, leased from one, in a DBOS
+workflow) is its ``RunKeeper``'s business (``run.residence``): this driver asks it for the
+run's time and tool journal, and tells it when a step is in flight, after each step and when
+the run stops, without a branch on which kind it is. When a leased run's lease was taken over,
+the keeper's next save raises ``RunLeased`` and this driver stops without writing.
 """
 
 from __future__ import annotations
@@ -21,10 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.constructors import builder
-from agent_fsm.durable.checkpoint import CheckpointStore
-from agent_fsm.durable.journal import ToolJournal
-from agent_fsm.durable.leases import Lease
-from agent_fsm.errors import ConfigError, ResumeError, RunError, RunLeased
+from agent_fsm.errors import ConfigError, RunError, RunLeased
 from agent_fsm.events import (
     AbortRequested,
     Event,
@@ -47,10 +46,10 @@ from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
 from agent_fsm.run.custom import custom_work
 from agent_fsm.run.history import HistoryRepair
-from agent_fsm.run.leasing import RunLease
 from agent_fsm.run.observing import observe
 from agent_fsm.run.outcome import ending_events, record_stop
 from agent_fsm.run.reflecting import reflect
+from agent_fsm.run.residence import RunKeeper
 from agent_fsm.run.summarising import summarise
 from agent_fsm.run.thinking import think
 from agent_fsm.state import RunResult, RunState, TraceEntry, reopen_fields
@@ -59,7 +58,6 @@ from agent_fsm.table import (
     TERMINAL_STATES,
     AgentState,
     Row,
-    StopReason,
     Trigger,
 )
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
@@ -91,19 +89,17 @@ class Run:
         self,
         config: RunConfig,
         state: RunState,
+        keeper: RunKeeper,
         *,
         resumed: str | None = None,
         repaired: HistoryRepair | None = None,
-        lease: Lease | None = None,
     ) -> None:
         log = get_logger("agent_fsm").bind(run_id=state.run_id)
-        leased = (
-            RunLease(config.leases, lease, log)
-            if lease is not None and config.leases is not None
-            else None
-        )
+        time = keeper.time
         self._config = config
         self._state = state
+        self._keeper = keeper
+        """Where the run lives: saves it, journals its calls, keeps its time."""
         # Asked once per run: the transition line is built only when it will be written.
         # Filtered out, building it still cost 6% of a turn's wall time (the interpreter's
         # call and keyword dict; callgrind counts 3% of instructions).
@@ -113,13 +109,14 @@ class Run:
             config=config,
             bus=EventBus(config.handlers, on_handler_error=self._handler_failed),
             stop=StopEvent(),
-            journal=_journal(config, state.run_id, leased),
+            journal=keeper.journal,
             log=log,
             limits=config.limits,
-            clock=config.clock,
-            sleep=config.sleep,
+            clock=time.clock,
+            sleep=time.sleep,
+            random=time.random,
         )
-        self._started_at = config.clock() - state.elapsed_s
+        self._started_at = time.clock() - state.elapsed_s
         self._handle: RunHandle | None = None
         self._result: RunResult | None = None
         self._announced = False
@@ -130,8 +127,6 @@ class Run:
         """The trace entries of the transitions this Run object fired, for ``step`` and the
         result (a resumed run's earlier ones are built from ``state.trace`` at the end)."""
         self._deadline: asyncio.TimerHandle | None = None
-        self._lease = leased
-        """The run's lease, when its agent leases runs (``Agent(lease_s=...)``)."""
 
     # -- public surface ---------------------------------------------------------------
 
@@ -253,7 +248,7 @@ class Run:
         if state.state in TERMINAL_STATES and not reopened:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
         if reopened:
-            self._claim_the_stop()
+            self._keeper.claim_stop(state)
         if self._handle is None:
             self._handle = config.machine.handle(state, config.limits)
         if not self._announced:
@@ -272,48 +267,11 @@ class Run:
                 else custom_work(self._ctx, config.machine.custom[state.state])
             )
             if work is not None:
-                await (work if self._lease is None else self._lease.during_step(work))
-            state.elapsed_s = config.clock() - self._started_at
+                await self._keeper.during(work)
+            state.elapsed_s = self._ctx.clock() - self._started_at
             row = config.machine.fire(self._handle)
         self._after(row)
         return row
-
-    def _claim_the_stop(self) -> None:
-        """Only one resume of a pause goes on (a double-clicked Approve must not carry it out
-        twice). A run resumed from the agent's in-process store leaves it as its resume row
-        is taken, until it stops again, so a second resume finds nothing. A durable store is
-        saved as the row is taken, so a second copy finds the checkpoint moved on.
-
-        Raises:
-            ResumeError: another resume of this pause has already taken it.
-        """
-        config, run_id = self._config, self._state.run_id
-        store = config.store
-        if store is None:
-            return
-        if config.checkpoint_every_transition:
-            self._check_still_stopped(store)
-            return
-        if not store.exists(run_id):
-            raise ResumeError(f"run {run_id} is already being resumed")
-        if len(store.load(run_id).trace) != len(self._state.trace):
-            raise ResumeError(f"run {run_id} has moved on since it was reopened: reopen it again")
-        store.delete(run_id)
-        config.in_process.resuming(run_id)
-
-    def _check_still_stopped(self, store: CheckpointStore) -> None:
-        """A durable store's checkpoint must still be the stop this run was reopened from:
-        another copy of the same pause (a double-clicked Approve) that took its resume row
-        first has saved past it. Checked and then saved with no await between, so of two
-        copies in one process exactly one goes on; across processes, a run lease is what
-        makes it exact.
-
-        Raises:
-            ResumeError: the stored run has moved on since this copy was reopened.
-        """
-        run_id = self._state.run_id
-        if len(store.load(run_id).trace) != len(self._state.trace):
-            raise ResumeError(f"run {run_id} has moved on since it was reopened: reopen it again")
 
     async def iterate(self) -> AsyncIterator[TraceEntry]:
         """Step until the run ends, yielding each transition."""
@@ -331,17 +289,18 @@ class Run:
             while not self.done:
                 await self._advance()
         except BaseException:
-            self._release()  # a lease held by a driver that gives up is released at once
+            self._release()  # a driver that gives up lets the run go at once
             raise
         return self.result
 
     def _announce(self) -> None:
-        """First step of this activation: start the deadline, say so, take a checkpoint."""
+        """First step of this activation: start the deadline, say so, tell the keeper."""
         state, config = self._state, self._config
         self._announced = True
-        self._started_at = config.clock() - state.elapsed_s
+        time = self._keeper.time
+        self._started_at = time.clock() - state.elapsed_s
         remaining = max(config.limits.timeout_s - state.elapsed_s, 0.0)
-        self._deadline = config.arm_deadline(remaining, self._time_up)
+        self._deadline = time.arm_deadline(remaining, self._time_up)
         bus = self._ctx.bus
         if self._resumed is None:
             first = state.pending_input[0] if state.pending_input else ""
@@ -367,16 +326,14 @@ class Run:
                     turn=state.turns,
                 )
             )
-        if self._lease is not None:
-            self._lease.start()
-        # A new run was saved as it was started (``CheckpointStore.create``, which claims its
-        # id); a reopened run is saved once its resume row is taken: until then its answer is
-        # not accepted, and a crash leaves the checkpoint as it was.
+        # A new run was saved as it was admitted, where it is kept (``Residence.admit``); a
+        # reopened run is saved once its resume row is taken: until then its answer is not
+        # accepted, and a crash leaves the checkpoint as it was.
+        self._keeper.activated()
 
     def _release(self) -> None:
-        """Give the run's lease up, if it holds one (``RunLease.release``)."""
-        if self._lease is not None:
-            self._lease.release()
+        """Let the run go where it lives (a leased run gives its lease up)."""
+        self._keeper.release()
 
     def _time_up(self) -> None:
         self._state.timed_out = True
@@ -424,8 +381,8 @@ class Run:
             )
         if row.dest in TERMINAL_STATES:
             self._finish(row)
-        elif self._config.checkpoint_every_transition and self._config.store is not None:
-            self._save()
+        else:
+            self._keeper.saved(state)
 
     def _finish(self, row: Row) -> None:
         state, config = self._state, self._config
@@ -438,7 +395,8 @@ class Run:
         if config.output is not None:
             result = typed_result(result, config.output)
         self._result = result
-        self._checkpoint_final(result.stop_reason)
+        stop = result.stop_reason
+        self._keeper.stopped(state, stop, stop in config.machine.resumable)
         self._release()
         self._ctx.log.info(
             "run_finished",
@@ -451,43 +409,6 @@ class Run:
         if emit is not None:
             for event in ending_events(state, row, result):
                 emit(event)
-
-    def _save(self) -> None:
-        """Checkpoint the run in the durable store, fenced by the run's lease when it holds
-        one (which the save renews: ``durable.leases``).
-
-        Raises:
-            RunLeased: the lease was taken over; nothing was written.
-        """
-        if self._lease is not None:
-            self._lease.save(self._state)
-        elif self._config.store is not None:
-            self._config.store.save(self._state)
-
-    def _checkpoint_final(self, stop_reason: StopReason) -> None:
-        """Save the ended run: always in a durable store; in the in-process default store
-        only while it can be resumed (and drop it once it cannot)."""
-        config, state = self._config, self._state
-        store = config.store
-        if store is None:
-            return
-        if config.checkpoint_every_transition:
-            self._save()
-        elif stop_reason in config.machine.resumable:
-            store.save(state)
-            config.in_process.stopped(state.run_id)
-        else:
-            if store.exists(state.run_id):
-                store.delete(state.run_id)
-            config.in_process.ended(state.run_id, stop_reason)
-
-
-def _journal(config: RunConfig, run_id: str, lease: RunLease | None) -> ToolJournal | None:
-    """The run's tool journal: with a durable store only, fenced by the run's lease when it
-    has one (a driver whose lease was taken over starts no tool call)."""
-    if config.store is None or not config.checkpoint_every_transition:
-        return None
-    return config.store.journal(run_id) if lease is None else lease.journal(run_id)
 
 
 def new_run_state(

@@ -26,6 +26,7 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import clean_text
 from agent_fsm.run.approvals import Decisions, decide
+from agent_fsm.run.residence import finished
 from agent_fsm.state import Decision, RunState, reopen_fields
 from agent_fsm.table import CRASH_GUARD, STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
 
@@ -114,15 +115,6 @@ def _answer_stop(
         )
     assert isinstance(row.outcome, Verb)
     return _ANSWERED.get(row.outcome, row.outcome.value)
-
-
-def finished(run_id: str, how: str) -> ResumeError:
-    """The error for resuming a run that ended for good (``how``: its stop reason)."""
-    return ResumeError(
-        f"run {run_id} has finished ({how}); only a run that paused (ask_user, approvals), was "
-        "aborted, timed out, stopped on a transient model error or was interrupted can be "
-        "resumed"
-    )
 
 
 def _rows_leaving(rows: tuple[Row, ...], state: RunState, stop: StopReason | None) -> list[Row]:

@@ -245,9 +245,9 @@ async def count_call(ctx: RunContext, previous: ModelFailure | None) -> None:
         state.retries += 1
         state.turn_retries += 1
         if previous is not None:
-            pause = backoff_s(previous, state.turn_retries, config.limits, config.random)
+            pause = backoff_s(previous, state.turn_retries, config.limits, ctx.random)
             state.turn_retry_wait_s += pause
-            await config.sleep(pause)
+            await ctx.sleep(pause)
     else:
         state.turns += 1
         state.turn_retries = 0
