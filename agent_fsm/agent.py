@@ -375,8 +375,16 @@ class Agent:
     @property
     def run_config(self) -> RunConfig:
         """What every run of this agent is driven with (advanced: a runner of its own derives
-        its configuration from it, as ``agent_fsm.dbos`` does, and drives ``Run`` objects)."""
+        its configuration from it, as ``agent_fsm.dbos`` does, and drives ``Run`` objects,
+        each with a ``run.residence.RunKeeper`` of where it lives)."""
         return self._config
+
+    @property
+    def residence(self) -> Residence:
+        """Where this agent's runs live (``run.residence``): in this process, in ``store``,
+        or leased from it. ``Agent.start`` and ``Agent.reopen`` ask it for each run's
+        keeper; a runner of its own may too."""
+        return self._residence
 
     @property
     def registry(self) -> ToolRegistry:
