@@ -194,6 +194,41 @@ def _check_control_rows(machine: AgentMachine, offered: Sequence[Tool]) -> None:
         raise ConfigError("the table has no row for what these tools ask: " + "; ".join(missing))
 
 
+def _dead_guards(
+    limits: Limits,
+    offered: Sequence[Tool],
+    output: OutputSpec | None,
+    reflector: Reflector | None,
+    policies: tuple[ContextPolicy, ...],
+) -> frozenset[str]:
+    """The guards that are false on every run of an agent with this configuration: each
+    reads a feature the agent does not use, so the rows naming it can never fire
+    (``RunConfig.dead_guards``)."""
+    dead: set[str] = set()
+    if not limits.last_answer:
+        dead.add("last_answer_wanted")
+    if limits.context_window is None:
+        dead.add("prompt_exceeds_window")
+    if not limits.loop_detection:
+        dead.add("is_looping")
+    if reflector is None:
+        dead.add("reflector_says_done")
+    if output is None:
+        dead.update(("output_rejected", "output_retries_exhausted"))
+    if not policies:
+        dead.add("summary_requested")
+    kinds = {item.control for item in offered}
+    if ControlKind.ASK_USER not in kinds:
+        dead.add("ask_user_called")
+    if ControlKind.FINISH_TASK not in kinds:
+        dead.add("finish_task_called")
+    if not any(item.terminal for item in offered):
+        dead.add("terminal_tool_succeeded")
+    if all(item.requires_approval is False for item in offered):
+        dead.add("approval_pending")
+    return frozenset(dead)
+
+
 def _token_counter(model: Model) -> TextCounter:
     """The model's own tokenizer (a ``count_tokens(text) -> int`` method), or the estimate."""
     count = getattr(model, "count_tokens", None)
@@ -345,6 +380,7 @@ class Agent:
             last_answer_prompt=prompt,
             parallel_tool_calls=self.parallel_tool_calls,
             handlers=tuple(self.handlers),
+            dead_guards=_dead_guards(limits, offered, output, self.reflector, policies),
         )
         _set(self, "_config", config)
         time = Timekeeping(clock=self.clock, sleep=self.sleep)

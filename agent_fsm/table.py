@@ -198,6 +198,9 @@ class Row:
     a verb of the user's own."""
     label: str = field(init=False, repr=False, compare=False)
     """The outcome as text, as diagrams, events and trace entries show it."""
+    restarts: bool = field(init=False, repr=False, compare=False)
+    """A resume row that restarts the step a crashed run was in (``CRASH_GUARD``): read on
+    every model call, so worked out once."""
 
     def __post_init__(self) -> None:
         _set = object.__setattr__  # a frozen dataclass normalises its own fields here
@@ -207,6 +210,7 @@ class Row:
         _set(self, "guards", tuple(self.guards))
         _set(self, "outcome", _OUTCOMES.get(self.outcome, self.outcome))
         _set(self, "label", str(self.outcome))
+        _set(self, "restarts", self.trigger is Trigger.RESUMED and CRASH_GUARD in self.guards)
 
     @property
     def stop_reason(self) -> StopReason | None:
@@ -220,10 +224,6 @@ class Row:
         the step it crashed in (``restarts``)."""
         return self.trigger is Trigger.RESUMED
 
-    @property
-    def restarts(self) -> bool:
-        """A resume row that restarts the step a crashed run was in (``CRASH_GUARD``)."""
-        return self.trigger is Trigger.RESUMED and CRASH_GUARD in self.guards
 
 
 S = AgentState

@@ -428,3 +428,57 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
         "reply_was_refused",
         "reply_has_tool_calls",
     ]
+
+
+def test_rows_of_features_an_agent_does_not_use_are_not_tried() -> None:
+    """An agent without a last answer, a context window, a reflector, an output type,
+    policies or approval tools never tries the rows that read those features: they cannot
+    fire for it, and a feature that is off costs nothing per turn. The table, the verifier
+    and the bound are unchanged."""
+    from agent_fsm import Agent
+    from agent_fsm.testing import ScriptedModel
+
+    asked: list[str] = []
+
+    def counted(name: str) -> Callable[[RunState, Limits], bool]:
+        guard = GUARDS[name]
+
+        def ask(state: RunState, limits: Limits) -> bool:
+            asked.append(name)
+            return guard(state, limits)
+
+        return ask
+
+    plain = Agent(model=ScriptedModel([]))
+    dead = plain.run_config.dead_guards
+    assert {
+        "last_answer_wanted",
+        "prompt_exceeds_window",
+        "reflector_says_done",
+        "output_rejected",
+        "output_retries_exhausted",
+        "summary_requested",
+        "terminal_tool_succeeded",
+        "approval_pending",
+    } <= dead
+    assert not {"ask_user_called", "finish_task_called", "no_turns_left"} & dead
+    machine = AgentMachine(TABLE, {name: counted(name) for name in GUARDS})
+    state = RunState(run_id="lean", state=S.REFLECT, turns=1)
+    assert machine.fire(machine.handle(state, Limits(), dead)).label == "continue"
+    assert not set(asked) & dead
+    assert asked == [
+        "abort_requested",
+        "ask_user_called",
+        "finish_task_called",
+        "too_many_errors",
+        "budget_exhausted",
+        "no_turns_left",
+        "time_is_up",
+        "is_looping",
+    ]
+    # with every feature on, nothing is left out
+    asked.clear()
+    state = RunState(run_id="full", state=S.REFLECT, turns=1)
+    assert machine.fire(machine.handle(state, Limits())).label == "continue"
+    assert "last_answer_wanted" in asked
+    assert "reflector_says_done" in asked

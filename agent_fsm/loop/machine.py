@@ -37,6 +37,7 @@ from agent_fsm.table import (
     AgentState,
     CustomState,
     Row,
+    StopReason,
     control_order,
     resumable_stops,
     state_named,
@@ -52,11 +53,16 @@ class RunHandle:
     Compared by identity (the default), so any number of runs share one Machine.
     """
 
-    __slots__ = ("_name", "limits", "run_state", "taken")
+    __slots__ = ("_name", "limits", "rows", "run_state", "taken")
 
-    def __init__(self, run_state: RunState, limits: Limits) -> None:
+    def __init__(
+        self, run_state: RunState, limits: Limits, rows: Mapping[str, list[_Transition]]
+    ) -> None:
         self.run_state = run_state
         self.limits = limits
+        self.rows = rows
+        """The rows each loop state is left by, in order, without those that cannot fire for
+        this run's agent (``AgentMachine.handle``)."""
         self.taken = -1
         self._name: str = str(run_state.state)
 
@@ -107,16 +113,27 @@ class _Transition(Transition):
         self.guards: tuple[Guard, ...] = tuple(
             cast(_GuardCondition, c.func).guard for c in self.conditions
         )
+        self.guard_names: tuple[str, ...] = tuple(
+            cast(_GuardCondition, c.func).__name__ for c in self.conditions
+        )
 
 
 class _Event(Event):
     """Tries the rows of the model's current state in order; the first whose guards all
-    pass is taken. Guards are evaluated directly on the run's state (they are pure)."""
+    pass is taken. Guards are evaluated directly on the run's state (they are pure). A loop
+    trigger tries the handle's rows of the state (those that can fire for its agent); the
+    resume trigger, all of them."""
+
+    loop = True
 
     def trigger(self, model: object, *args: Any, **kwargs: Any) -> bool:
         handle: RunHandle = model  # type: ignore[assignment]  # only RunHandles are attached
         run_state, limits = handle.run_state, handle.limits
-        rows: list[_Transition] = self.transitions[handle._name]  # type: ignore[assignment]
+        rows: list[_Transition] = (
+            handle.rows[handle._name]
+            if self.loop
+            else self.transitions[handle._name]  # type: ignore[assignment]
+        )
         for transition in rows:
             for guard in transition.guards:
                 if not guard(run_state, limits):
@@ -171,6 +188,15 @@ class _CheckedGuard:
         return verdict
 
 
+def _ranks_before(order: tuple[StopReason, ...], first: StopReason, then: StopReason) -> bool:
+    """Whether ``first`` comes before ``then`` in ``order`` (a stop absent comes last)."""
+
+    def rank(stop: StopReason) -> int:
+        return order.index(stop) if stop in order else len(order)
+
+    return rank(first) < rank(then)
+
+
 def with_builtin_guards(custom: Mapping[str, Guard]) -> dict[str, Guard]:
     """The built-in guards and a table's own (``Table.guards``).
 
@@ -217,6 +243,11 @@ class AgentMachine:
         self.control_order = control_order(rows)
         """The control stops in the order the REFLECT rows try them (``table.control_order``):
         ACT answers a turn's control calls in this order."""
+        self.approval_first = _ranks_before(
+            self.control_order, StopReason.APPROVAL_REQUIRED, StopReason.TERMINAL_TOOL
+        )
+        """The table ranks calls awaiting approval above a terminal tool's result: ACT then
+        runs no terminal call while calls of its turn wait for a person."""
         transitions: list[dict[str, Any]] = [
             {
                 "trigger": str(row.trigger),
@@ -262,7 +293,11 @@ class AgentMachine:
         self._event_in.update((state.name, machine.events[state.trigger]) for state in states)
         """The event each non-terminal state fires, by state name (the handle's own key)."""
         self._resume_event = machine.events[RESUME_TRIGGER.value]
+        cast(_Event, self._resume_event).loop = False
         self._guards = guards
+        self._live_rows: dict[frozenset[str], dict[str, list[_Transition]]] = {}
+        """The rows each loop state is left by, by the guards that are false for an agent
+        (``handle``): worked out once per set."""
 
     def knows(self, run_state: RunState) -> bool:
         """Whether ``run_state`` can be a run of this machine: its state is one of the
@@ -278,9 +313,31 @@ class AgentMachine:
         per limits (a few longest-path searches over the table), then remembered."""
         return _bound(self.rows, limits, self.counting)
 
-    def handle(self, run_state: RunState, limits: Limits) -> RunHandle:
-        """What one run fires this machine with; nothing to release when the run ends."""
-        return RunHandle(run_state, limits)
+    def handle(
+        self, run_state: RunState, limits: Limits, dead: frozenset[str] = frozenset()
+    ) -> RunHandle:
+        """What one run fires this machine with; nothing to release when the run ends.
+
+        Args:
+            dead: guards that are false on every run of the agent (a feature it does not
+                use: no last answer, no context window, no reflector...): rows naming one
+                can never fire, so the run does not try them. A feature that is off costs
+                nothing per turn; the verifier, the bound and the diagrams still read the
+                whole table.
+        """
+        rows = self._live_rows.get(dead)
+        if rows is None:
+            rows = {
+                state: [
+                    t
+                    for t in cast(list[_Transition], event.transitions[state])
+                    if not dead.intersection(t.guard_names)
+                ]
+                for state, event in self._event_in.items()
+            }
+            if len(self._live_rows) < 64:  # a handful of agents share a machine
+                self._live_rows[dead] = rows
+        return RunHandle(run_state, limits, rows)
 
     def resume_row(self, run_state: RunState, limits: Limits) -> Row | None:
         """The resume row that would leave the run's stop, without taking it (guards are

@@ -125,12 +125,12 @@ async def answer_calls(
     prepared = [config.tools.prepare(call) for call in calls]
     hooks = config.hooks
     turn = TurnCalls(ctx, prepared, None if hooks is None else _reviewer(ctx, hooks.after_tool))
-    order = config.machine.control_order
-    asked = _control_calls(prepared, order)
+    machine = config.machine
+    asked = _control_calls(prepared, machine.control_order)
     if asked:
         _answer_control(ctx, asked, prepared, turn.results)
     elif hooks is None or await _screened(ctx, hooks.before_tool, turn, approved):
-        runnable, pending = _gate(turn.prepared, approved, turn.results, _ranks_first(order))
+        runnable, pending = _gate(turn.prepared, approved, turn.results, machine.approval_first)
         if runnable:
             groups = waves(turn.prepared, runnable, config.parallel_tool_calls)
             await run_until_stopped(turn, groups)
@@ -155,22 +155,20 @@ def _rank(order: Sequence[StopReason], kind: ControlKind) -> int:
     return order.index(stop) if stop in order else len(order)
 
 
-def _ranks_first(order: Sequence[StopReason]) -> bool:
-    """Whether the table ranks a pending approval above a terminal tool's result."""
-    return _rank(order, ControlKind.APPROVAL) < _rank(order, ControlKind.TERMINAL_TOOL)
-
-
 def _control_calls(
     prepared: Sequence[PreparedCall], order: Sequence[StopReason]
 ) -> list[PreparedCall]:
     """The first valid call of each control tool the turn calls (ask_user, finish_task), the
     one the table ranks first first."""
-    first: dict[ControlKind, PreparedCall] = {}
+    first: dict[ControlKind, PreparedCall] | None = None
     for item in prepared:
-        kind = item.tool.control if item.tool is not None else None
-        if kind in _ASKS and item.error is None:
-            assert kind is not None
-            first.setdefault(kind, item)
+        tool = item.tool
+        if tool is not None and tool.control in _ASKS and item.error is None:
+            assert tool.control is not None
+            first = first or {}
+            first.setdefault(tool.control, item)
+    if first is None:  # the usual turn: no control tool called
+        return []
     return sorted(first.values(), key=lambda item: _rank(order, _kind(item)))
 
 

@@ -61,6 +61,11 @@ class RunConfig:
     ``{reason}`` in it becomes why. None: ``run.answering.LAST_ANSWER_PROMPT``."""
     parallel_tool_calls: bool = True
     handlers: tuple[EventHandler, ...] = ()
+    dead_guards: frozenset[str] = frozenset()
+    """Guards that are false on every run of this agent, because it does not use the
+    feature they read (``Agent``: no last answer, no context window, no reflector, no
+    output type, no policy, no such tool...): the runs do not try the rows that name them
+    (``AgentMachine.handle``), so a feature that is off costs nothing per turn."""
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -94,8 +99,10 @@ class RunContext:
         """The table index of the row that took the run into the state it is in: the last of
         its trace, looking past the rows that restarted the state after a crash (its work is
         done again, as if that row had just been taken). None before the first transition."""
-        rows = self.config.machine.rows
-        for index, _ in reversed(self.state.trace):
+        rows, trace = self.config.machine.rows, self.state.trace
+        if trace and not rows[trace[-1][0]].restarts:  # the usual case: no crash in between
+            return trace[-1][0]
+        for index, _ in reversed(trace):
             if not rows[index].restarts:
                 return index
         return None

@@ -250,7 +250,7 @@ class Run:
         if reopened:
             self._keeper.claim_stop(state)
         if self._handle is None:
-            self._handle = config.machine.handle(state, config.limits)
+            self._handle = config.machine.handle(state, config.limits, config.dead_guards)
         if not self._announced:
             self._announce()
         if reopened:  # take the resume row: out of the stop, or into the step that crashed
