@@ -225,7 +225,6 @@ class Row:
         return self.trigger is Trigger.RESUMED
 
 
-
 S = AgentState
 T = Trigger
 R = StopReason

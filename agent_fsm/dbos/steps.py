@@ -337,6 +337,3 @@ def _stepped_policy(policy: ContextPolicy) -> ContextPolicy:
         )
     replaced: ContextPolicy = dataclasses.replace(policy, model=StepModel(model))
     return replaced
-
-
-

@@ -130,9 +130,7 @@ class _Event(Event):
         handle: RunHandle = model  # type: ignore[assignment]  # only RunHandles are attached
         run_state, limits = handle.run_state, handle.limits
         rows: list[_Transition] = (
-            handle.rows[handle._name]
-            if self.loop
-            else self.transitions[handle._name]  # type: ignore[assignment]
+            handle.rows[handle._name] if self.loop else self.transitions[handle._name]  # type: ignore[assignment]
         )
         for transition in rows:
             for guard in transition.guards:

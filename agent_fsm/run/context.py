@@ -35,6 +35,7 @@ __all__ = ["Reflector", "RunConfig", "RunContext"]
 Reflector = Callable[[RunState], bool | Awaitable[bool]]
 """Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     """What the agent is, as its runs need it: model, tools, limits, table, policies, hooks.
