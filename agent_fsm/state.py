@@ -135,7 +135,7 @@ class LoopState:
     """Loop-detector memory: run lengths and a short ring of recent call signatures.
 
     Bounded in size by ``Limits.loop_max_period``, whatever the length of the run, which is
-    what keeps loop detection O(1) amortised per turn. ``loops.py`` holds the logic.
+    what keeps loop detection O(1) amortised per turn. ``loop.detection`` holds the logic.
     """
 
     call_streaks: dict[str, int] = field(default_factory=dict)

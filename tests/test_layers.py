@@ -394,3 +394,23 @@ def test_the_private_name_check_sees_a_journal_reaching_into_its_store(tmp_path:
         "agent_fsm.durable.sqlite_leases._fence",
         "self._store._transaction",
     ]
+
+
+def test_every_file_a_docstring_or_comment_names_exists() -> None:
+    """A pointer such as ``loops.py`` or DESIGN.md in the package or the tests names a file of
+    the repository (modules get renamed; a stale pointer sends readers nowhere)."""
+    import re
+
+    root = PACKAGE.parent
+    files = {p.name for p in root.rglob("*") if ".venv" not in p.parts and ".git" not in p.parts}
+    stale: list[str] = []
+    for path in [*PACKAGE.rglob("*.py"), *(root / "tests").rglob("*.py")]:
+        if path == Path(__file__).resolve():
+            continue  # this test names stale pointers on purpose
+        for name in re.findall(r"``([A-Za-z_][\w]*\.(?:py|md))``", path.read_text()):
+            if name not in files:
+                stale.append(f"{path.relative_to(root)} names {name}")
+        cites = path.parent.name == "tests" and "DESIGN.md" in path.read_text()
+        if cites and "DESIGN.md" not in files:
+            stale.append(f"{path.relative_to(root)} cites DESIGN.md")
+    assert not stale, stale
