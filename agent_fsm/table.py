@@ -341,6 +341,21 @@ def _last_answer_before(trigger: Trigger, source: AgentState, *limit: str) -> tu
     return (Row(trigger, source, S.COMPACT, shrink, V.COMPACT), into)
 
 
+def _failed_call_rows(trigger: Trigger, source: AgentState, budget: str) -> tuple[Row, ...]:
+    """The stops of a state whose model call failed (THINK, SUMMARISE), in priority order:
+    the deadline cut it; it cannot succeed; no retry is left; the tokens left (``budget``,
+    the guard that says they are not) cannot pay for another. A retry row comes after."""
+    failed = "model_call_failed"
+    return (
+        *_last_answer_before(trigger, source, failed, "time_is_up"),
+        Row(trigger, source, S.ERROR, (failed, "time_is_up"), R.TIMEOUT),
+        Row(trigger, source, S.ERROR, (failed, "model_error_is_permanent"), R.MODEL_ERROR),
+        Row(trigger, source, S.ERROR, (failed, "no_retries_left"), R.MODEL_ERROR),
+        *_last_answer_before(trigger, source, failed, budget),
+        Row(trigger, source, S.ERROR, (failed, budget), R.TOKEN_BUDGET),
+    )
+
+
 def crash_rows(*states: AgentState | str) -> tuple[Row, ...]:
     """The rows that restart each of ``states`` after a crash (``CRASH_GUARD``)."""
     return tuple(Row(T.RESUMED, state, state, (CRASH_GUARD,), V.RESTART) for state in states)
@@ -383,48 +398,12 @@ TABLE: tuple[Row, ...] = (
     # SUMMARISE: the model call of this turn wrote the summary a policy asked for (or failed:
     # then the same ways out as a failed call in THINK, retries included).
     Row(T.SUMMARISED, S.SUMMARISE, S.ERROR, ("abort_requested",), R.ABORTED),
-    *_last_answer_before(T.SUMMARISED, S.SUMMARISE, "model_call_failed", "time_is_up"),
-    Row(T.SUMMARISED, S.SUMMARISE, S.ERROR, ("model_call_failed", "time_is_up"), R.TIMEOUT),
-    Row(
-        T.SUMMARISED,
-        S.SUMMARISE,
-        S.ERROR,
-        ("model_call_failed", "model_error_is_permanent"),
-        R.MODEL_ERROR,
-    ),
-    Row(
-        T.SUMMARISED,
-        S.SUMMARISE,
-        S.ERROR,
-        ("model_call_failed", "no_retries_left"),
-        R.MODEL_ERROR,
-    ),
-    *_last_answer_before(T.SUMMARISED, S.SUMMARISE, "model_call_failed", "budget_exhausted"),
-    Row(
-        T.SUMMARISED,
-        S.SUMMARISE,
-        S.ERROR,
-        ("model_call_failed", "budget_exhausted"),
-        R.TOKEN_BUDGET,
-    ),
+    *_failed_call_rows(T.SUMMARISED, S.SUMMARISE, "budget_exhausted"),
     Row(T.SUMMARISED, S.SUMMARISE, S.SUMMARISE, ("model_call_failed",), V.RETRY),
     Row(T.SUMMARISED, S.SUMMARISE, S.OBSERVE, (), V.SUMMARISED),
     # THINK: one model call was made (turn += 1); what did it produce?
     Row(T.THOUGHT, S.THINK, S.ERROR, ("abort_requested",), R.ABORTED),
-    *_last_answer_before(T.THOUGHT, S.THINK, "model_call_failed", "time_is_up"),
-    Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "time_is_up"), R.TIMEOUT),
-    Row(
-        T.THOUGHT,
-        S.THINK,
-        S.ERROR,
-        ("model_call_failed", "model_error_is_permanent"),
-        R.MODEL_ERROR,
-    ),
-    Row(T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "no_retries_left"), R.MODEL_ERROR),
-    *_last_answer_before(T.THOUGHT, S.THINK, "model_call_failed", "prompt_exceeds_budget"),
-    Row(
-        T.THOUGHT, S.THINK, S.ERROR, ("model_call_failed", "prompt_exceeds_budget"), R.TOKEN_BUDGET
-    ),
+    *_failed_call_rows(T.THOUGHT, S.THINK, "prompt_exceeds_budget"),
     # The failed call's report raised the prompt estimate past the window: shrink it first
     # (the call after COMPACT is a new turn, gated there).
     Row(
