@@ -31,7 +31,7 @@ from agent_fsm.errors import TableError
 from agent_fsm.messages import ToolMessage, ToolStatus
 from agent_fsm.state import RUN_STATE_ADAPTER, ControlKind
 from agent_fsm.table import TABLE
-from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
+from agent_fsm.testing import InvariantViolation, ScriptedModel, call, check_invariants, reply
 from agent_fsm.tools import ToolResult
 from tests.conftest import Recorder
 
@@ -494,3 +494,27 @@ def test_work_that_reaches_the_live_run_another_way_is_caught_after_it() -> None
             await run.run()
 
     asyncio.run(drive())
+
+
+def test_the_invariants_read_the_control_priority_from_the_table() -> None:
+    """A table that tries a check of its own before ask_user may end a turn that asked the
+    user with that check: the invariants accept it for that table, and not for the default
+    one, where ask_user outranks every stop but an abort."""
+
+    def always(state: Any, limits: Limits) -> bool:
+        return True
+
+    row = Row("reflected", "REFLECT", "DONE", ("users_check",), "reflector_done")
+    table = (
+        Table.default()
+        .with_guards(users_check=always)
+        .insert([row], before=("REFLECT", "ask_user"))
+    )
+    agent = Agent(
+        model=ScriptedModel([reply("", call("ask_user", question="Which city?"))]), table=table
+    )
+    result = agent.run_sync("Go.")
+    assert result.stop_reason is StopReason.REFLECTOR_DONE
+    check_invariants(result, limits=agent.limits, bound=agent.bound, rows=agent.machine.rows)
+    with pytest.raises(InvariantViolation, match="ask_user was called but the run stopped"):
+        check_invariants(result, limits=agent.limits)

@@ -275,8 +275,10 @@ def state_problems(
     return problems
 
 
-def _control_problem(result: RunResult) -> str | None:
-    """If the last turn's control-flow tool ran, the run must have stopped for it."""
+def _control_problem(result: RunResult, rows: Sequence[Row]) -> str | None:
+    """If the last turn's control-flow tool ran, the run must have stopped for it, or for a
+    REFLECT row the table tries before that tool's (an abort, or a limit a table of your own
+    ranks higher)."""
     trace, messages = result.trace, result.messages
     if trace and trace[-1].source is LAST_CALL_STATE and len(trace) > 1:
         trace = trace[:-1]  # the limit that asked for the last answer was taken after REFLECT
@@ -301,9 +303,25 @@ def _control_problem(result: RunResult) -> str | None:
         expected = StopReason.FINISH_TASK
     elif any(_ends_run(m) for m in results):
         expected = StopReason.TERMINAL_TOOL
-    if expected is not None and result.stop_reason not in (expected, StopReason.ABORTED):
-        return f"{expected.value} was called but the run stopped with {result.stop_reason.value}"
-    return None
+    if expected is None or result.stop_reason in (expected, StopReason.ABORTED):
+        return None
+    if result.stop_reason in _ranked_before(rows, expected):
+        return None
+    return f"{expected.value} was called but the run stopped with {result.stop_reason.value}"
+
+
+def _ranked_before(rows: Sequence[Row], stop: StopReason) -> set[StopReason]:
+    """The stops of the REFLECT rows the table tries before the first that ends with
+    ``stop``."""
+    earlier: set[StopReason] = set()
+    for row in rows:
+        if row.trigger is not Trigger.REFLECTED:
+            continue
+        if row.stop_reason is stop:
+            break
+        if row.stop_reason is not None:
+            earlier.add(row.stop_reason)
+    return earlier
 
 
 def _ends_run(result: ToolMessage) -> bool:
@@ -328,8 +346,9 @@ def check_invariants(
     within ``max_turns`` (and the bound) and transitions within the bound; the trace is one
     connected path from OBSERVE, ends where the run ended with the stop reason's row, and its
     turn counts never go back; every tool call is answered exactly once, in order; a
-    control-flow tool that ran in the last turn stopped the run (ask_user before
-    finish_task, before a terminal tool); at most one last answer per activation, and only under
+    control-flow tool whose call the last turn answered as made (ask_user, finish_task, a
+    terminal tool) stopped the run with its stop, or an abort; at most one last answer per
+    activation, and only under
     ``Limits.last_answer``; with ``events``, usage is the sum of the replies' usage, no model
     call but a last answer started once the token budget was spent, so it is overshot by at
     most the call in flight (and the last answer),
@@ -355,7 +374,7 @@ def check_invariants(
     problems = _outcome_problems(result, limits, bound, rows)
     problems += _trace_problems_of(result, bound)
     problems += transcript_problems(result.messages)
-    control = _control_problem(result)
+    control = _control_problem(result, TABLE if rows is None else rows)
     if control:
         problems.append(control)
     if events is not None:
