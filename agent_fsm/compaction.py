@@ -49,7 +49,8 @@ class Context:
     how many tokens the prompt's messages may take."""
 
     messages: Sequence[Message]
-    """The whole transcript, oldest first (never changed by a policy)."""
+    """The whole transcript, oldest first: a read-only view (``TranscriptView``), which a
+    policy cannot change."""
     edits: ContextEdits
     """How the prompt differs from the transcript so far."""
     budget: int

@@ -72,6 +72,11 @@ class HistoryRepaired:
     """Results dropped (their ``tool_call_id``): they answered no open call."""
     system_messages: int = 0
     """System messages dropped: the agent's own system prompt leads the run."""
+    ids: tuple[tuple[str, str], ...] = ()
+    """``(old, new)`` for each call given a new id: an empty one, or one an earlier call of
+    the history had taken (its result was renamed with it)."""
+    names: tuple[str, ...] = ()
+    """Calls whose result named another tool: it now names the call's tool."""
 
 
 @quick_init

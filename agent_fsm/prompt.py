@@ -100,6 +100,19 @@ class ContextEdits(BaseModel):
             0 <= latest < len(messages) and isinstance(messages[latest], UserMessage)
         ):
             return f"latest_input {latest} is not a user message"
+        return self._drops_latest_input(messages)
+
+    def _drops_latest_input(self, messages: Sequence[Message]) -> str | None:
+        """Why the latest user input would not be sent, or None: it is always sent (step 3 of
+        the module docstring), so when it lies before ``start`` it must be ``latest_input``."""
+        for index in range(len(messages) - 1, -1, -1):
+            if isinstance(messages[index], UserMessage):
+                if index < self.start and self.latest_input != index:
+                    return (
+                        f"start {self.start} cuts the latest user input (message {index}), "
+                        "which latest_input does not name: it would not be sent"
+                    )
+                return None
         return None
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from agent_fsm.compaction import Context
 from agent_fsm.events import ContextCompacted
 from agent_fsm.failures import describe, is_own_failure
-from agent_fsm.messages import Message, SystemMessage, UserMessage
+from agent_fsm.messages import Message, SystemMessage, TranscriptView, UserMessage
 from agent_fsm.prompt import ContextEdits, SummaryDue
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import calibrated_prompt_tokens
@@ -47,7 +47,7 @@ def policy_context(
     room = (limits.context_window or 0) - limits.reply_tokens
     tools = calibrate(state.tools_tokens_estimate, reported, estimated)
     return Context(
-        messages=state.messages,
+        messages=TranscriptView(state.messages),  # read-only: a policy cannot change the run
         edits=state.context if edits is None else edits,
         budget=int(room * share) - tools,
         count=count,

@@ -313,6 +313,8 @@ class Run:
                         answered=repaired.answered,
                         dropped=repaired.dropped,
                         system_messages=repaired.system_messages,
+                        ids=repaired.ids,
+                        names=repaired.names,
                     )
                 )
         else:

@@ -1,0 +1,185 @@
+"""Hostile inputs, round two (issue 33): histories whose ids do not name one call each,
+context policies that lie or write, text that is not UTF-8 in a run's own data, and the
+smaller points. Each test fails on the code before the issue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent_fsm import Agent, KeepLastTurns, Limits, tool
+from agent_fsm.compaction import Context
+from agent_fsm.events import ContextCompacted, Event, HistoryRepaired
+from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
+from agent_fsm.prompt import ContextEdits
+from agent_fsm.run.history import INTERRUPTED
+from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
+from agent_fsm.testing.invariants import transcript_problems
+from agent_fsm.tools import ToolResult
+from tests.conftest import echo
+
+# -- history ids -----------------------------------------------------------------------------
+
+
+def _asked(*calls: ToolCall) -> list[object]:
+    return [UserMessage(content="Look these up."), AssistantMessage(content="", tool_calls=calls)]
+
+
+def _run_from(history: list[object]) -> tuple[object, list[Event], ScriptedModel]:
+    events: list[Event] = []
+    model = ScriptedModel(["Fine."])
+    agent = Agent(model=model, tools=[echo]).subscribe(events.append)
+    result = agent.run_sync("And now?", history=history)  # type: ignore[arg-type]
+    check_invariants(result, limits=agent.limits, bound=agent.bound)
+    return result, events, model
+
+
+def _ids_and_results(messages: object) -> tuple[list[str], list[tuple[str, str, str]]]:
+    calls = [c.id for m in messages if isinstance(m, AssistantMessage) for c in m.tool_calls]  # type: ignore[attr-defined]
+    results = [
+        (m.tool_call_id, m.name, m.content)
+        for m in messages  # type: ignore[attr-defined]
+        if isinstance(m, ToolMessage)
+    ]
+    return calls, results
+
+
+def test_two_calls_with_one_id_get_an_id_each_and_one_result_answers_one() -> None:
+    history = [
+        *_asked(
+            ToolCall(id="a", name="echo", arguments='{"text": "x"}'),
+            ToolCall(id="a", name="echo", arguments='{"text": "y"}'),
+        ),
+        ToolMessage(tool_call_id="a", name="echo", content="x"),
+    ]
+    result, events, model = _run_from(history)
+    calls, results = _ids_and_results(result.messages)  # type: ignore[attr-defined]
+    assert calls[0] == "a"
+    assert len(set(calls)) == 2
+    assert results == [("a", "echo", "x"), (calls[1], "echo", INTERRUPTED)]
+    assert transcript_problems(model.requests[0].messages) == []
+    (repaired,) = [e for e in events if isinstance(e, HistoryRepaired)]
+    assert repaired.ids == (("a", calls[1]),)
+    assert repaired.answered == (calls[1],)
+
+
+def test_an_empty_id_gets_one_and_its_result_follows_it() -> None:
+    history = [
+        *_asked(ToolCall(id="", name="echo", arguments='{"text": "x"}')),
+        ToolMessage(tool_call_id="", name="echo", content="x"),
+    ]
+    result, events, _ = _run_from(history)
+    calls, results = _ids_and_results(result.messages)  # type: ignore[attr-defined]
+    assert calls[0]
+    assert results == [(calls[0], "echo", "x")]
+    (repaired,) = [e for e in events if isinstance(e, HistoryRepaired)]
+    assert repaired.ids == (("", calls[0]),)
+
+
+def test_an_id_an_earlier_call_took_is_given_anew() -> None:
+    history = [
+        *_asked(ToolCall(id="a", name="echo", arguments='{"text": "x"}')),
+        ToolMessage(tool_call_id="a", name="echo", content="x"),
+        *_asked(ToolCall(id="a", name="echo", arguments='{"text": "y"}')),
+        ToolMessage(tool_call_id="a", name="echo", content="y"),
+    ]
+    result, _, _ = _run_from(history)
+    calls, results = _ids_and_results(result.messages)  # type: ignore[attr-defined]
+    assert calls[0] == "a"
+    assert calls[1] != "a"
+    assert results == [("a", "echo", "x"), (calls[1], "echo", "y")]
+
+
+def test_a_result_that_names_another_tool_takes_its_calls_name() -> None:
+    history = [
+        *_asked(
+            ToolCall(id="a", name="echo", arguments='{"text": "x"}'),
+            ToolCall(id="b", name="lookup", arguments="{}"),
+        ),
+        ToolMessage(tool_call_id="b", name="lookup", content="found"),
+        ToolMessage(tool_call_id="a", name="lookup", content="x"),
+    ]
+    result, events, _ = _run_from(history)
+    _, results = _ids_and_results(result.messages)  # type: ignore[attr-defined]
+    assert results == [("a", "echo", "x"), ("b", "lookup", "found")]  # in call order
+    (repaired,) = [e for e in events if isinstance(e, HistoryRepaired)]
+    assert repaired.names == ("a",)
+
+
+def test_results_sharing_an_id_pair_with_the_calls_of_their_own_tool() -> None:
+    history = [
+        *_asked(
+            ToolCall(id="a", name="echo", arguments='{"text": "x"}'),
+            ToolCall(id="a", name="lookup", arguments="{}"),
+        ),
+        ToolMessage(tool_call_id="a", name="lookup", content="found"),
+        ToolMessage(tool_call_id="a", name="echo", content="x"),
+    ]
+    result, _, _ = _run_from(history)
+    calls, results = _ids_and_results(result.messages)  # type: ignore[attr-defined]
+    assert results == [("a", "echo", "x"), (calls[1], "lookup", "found")]
+
+
+# -- context policies ------------------------------------------------------------------------
+
+BIG = 4_000
+
+
+@tool
+def fetch(page: int) -> ToolResult:
+    """Fetch one page of a large document."""
+    return ToolResult(output=f"page {page}: " + "x" * BIG)
+
+
+def _reader(policy: object) -> Agent:
+    pages = [reply("", call("fetch", page=p)) for p in range(3)]
+    return Agent(
+        model=ScriptedModel([*pages, "Done."]),
+        tools=[fetch],
+        limits=Limits(max_turns=10, token_budget=10**7, reply_tokens=300, context_window=3_000),
+        context_policy=[policy, KeepLastTurns(1)],  # type: ignore[list-item]
+    )
+
+
+@dataclass(frozen=True)
+class Wiper:
+    """A policy that tries to empty the run's transcript."""
+
+    name: str = "wiper"
+
+    def shrink(self, context: Context) -> ContextEdits | None:
+        context.messages.clear()  # type: ignore[attr-defined]
+        return None
+
+
+def test_a_policy_cannot_change_the_runs_transcript() -> None:
+    events: list[Event] = []
+    agent = _reader(Wiper()).subscribe(events.append)
+    result = agent.run_sync("Read the document.")
+    check_invariants(result, limits=agent.limits, bound=agent.bound, events=events)
+    assert result.output == "Done."
+    assert len(result.messages) == 8  # the input, three calls and their results, the answer
+    problems = [p for e in events if isinstance(e, ContextCompacted) for p in e.problems]
+    assert problems
+    assert all(p.startswith("wiper failed: AttributeError") for p in problems)
+
+
+@dataclass(frozen=True)
+class DropEverything:
+    """A policy that cuts the whole transcript, the latest user input with it."""
+
+    name: str = "drop_everything"
+
+    def shrink(self, context: Context) -> ContextEdits | None:
+        return context.edits.model_copy(update={"start": len(context.messages)})
+
+
+def test_edits_that_would_not_send_the_latest_input_are_refused() -> None:
+    events: list[Event] = []
+    model_agent = _reader(DropEverything())
+    agent = model_agent.subscribe(events.append)
+    result = agent.run_sync("Read the document.")
+    check_invariants(result, limits=agent.limits, bound=agent.bound, events=events)
+    problems = [p for e in events if isinstance(e, ContextCompacted) for p in e.problems]
+    assert any("cuts the latest user input" in p for p in problems)
+    for request in model_agent.model.requests:  # type: ignore[attr-defined]
+        assert UserMessage(content="Read the document.") in request.messages
