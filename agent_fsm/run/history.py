@@ -126,9 +126,7 @@ class _Repair:
     def _result(self, message: ToolMessage) -> None:
         """Answer the open call this result names (its tool's first), or drop it."""
         named = [
-            item
-            for item in self.open
-            if item.result is None and item.given == message.tool_call_id
+            item for item in self.open if item.result is None and item.given == message.tool_call_id
         ]
         if not named:
             self.dropped.append(message.tool_call_id)
