@@ -31,7 +31,7 @@ from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound, with_builtin_guards
-from agent_fsm.messages import Message, ToolSpec
+from agent_fsm.messages import Message, ToolSpec, clean_text
 from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
@@ -152,8 +152,8 @@ def _residence(
         ConfigError: a lease without a store that leases runs, a ``lease_s`` or
             ``worker_id`` of the wrong kind.
     """
-    if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
-        raise ConfigError(f"worker_id must be a non-empty str, got {worker_id!r}")
+    if worker_id is not None:
+        _check_id("worker_id", worker_id)
     if lease_s is None:
         return InProcess(time) if store is None else Stored(store, time)
     ttl_s = check_ttl(lease_s)
@@ -192,6 +192,22 @@ def _check_control_rows(machine: AgentMachine, offered: Sequence[Tool]) -> None:
     ]
     if missing:
         raise ConfigError("the table has no row for what these tools ask: " + "; ".join(missing))
+
+
+def _check_id(what: str, value: object) -> None:
+    """An id is text every store can keep and every log line can print: a non-empty str,
+    valid UTF-8 (no lone surrogate) and free of NUL, the same on every store.
+
+    Raises:
+        ConfigError: naming what is wrong with it.
+    """
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what} must be a non-empty str, got {value!r}")
+    if clean_text(value) != value or "\x00" in value:
+        raise ConfigError(
+            f"{what} {value!r} is not valid text: it holds a NUL or a lone surrogate, which "
+            "no store can keep"
+        )
 
 
 def _dead_guards(
@@ -481,8 +497,10 @@ class Agent:
         """
         if not isinstance(user_input, str):
             raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
-        if run_id is not None and self._residence.holds(run_id):
-            raise taken(run_id)
+        if run_id is not None:
+            _check_id("run_id", run_id)
+            if self._residence.holds(run_id):
+                raise taken(run_id)
         if continues is not None:
             if history is not None:
                 raise ConfigError("pass history= or continues=, not both")
@@ -526,8 +544,7 @@ class Agent:
         self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
     ) -> Run:
         """A stopped run, made ready to continue (not yet stepped): see ``resume``."""
-        if not isinstance(run_id, str):
-            raise ConfigError(f"run_id must be a str, got {type(run_id).__name__}")
+        _check_id("run_id", run_id)
         config = self._config
         with self._residence.readmit(run_id) as (state, keeper):
             answered = reopen(state, config.machine, config.limits, reply, approvals)

@@ -5,9 +5,24 @@ smaller points. Each test fails on the code before the issue."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from agent_fsm import Agent, KeepLastTurns, Limits, tool
+import pytest
+
+from agent_fsm import (
+    Agent,
+    ConfigError,
+    CustomState,
+    KeepLastTurns,
+    Limits,
+    Row,
+    SQLiteStore,
+    Table,
+    tool,
+)
 from agent_fsm.compaction import Context
+from agent_fsm.errors import TableError
 from agent_fsm.events import ContextCompacted, Event, HistoryRepaired
 from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from agent_fsm.prompt import ContextEdits
@@ -183,3 +198,58 @@ def test_edits_that_would_not_send_the_latest_input_are_refused() -> None:
     assert any("cuts the latest user input" in p for p in problems)
     for request in model_agent.model.requests:  # type: ignore[attr-defined]
         assert UserMessage(content="Read the document.") in request.messages
+
+
+# -- text that is not UTF-8, in a run's own data ---------------------------------------------
+
+
+def _noting(value: object) -> Table:
+    """A table with a NOTE state whose work writes ``value`` into the notes, once."""
+
+    def note(step: Any) -> None:
+        step.notes["f"] = value
+
+    def note_wanted(state: Any, limits: Limits) -> bool:
+        return "f" not in state.notes
+
+    return (
+        Table.default()
+        .with_states(CustomState("NOTE", trigger="noted", work=note))
+        .with_guards(note_wanted=note_wanted)
+        .insert(
+            [Row("observed", "OBSERVE", "NOTE", ("note_wanted",), "note")],
+            before=("OBSERVE", "think"),
+        )
+        .insert([Row("noted", "NOTE", "THINK", (), "think")], before=("OBSERVE", "aborted"))
+    )
+
+
+def test_notes_with_a_lone_surrogate_are_cleaned_on_every_store(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+        agent = Agent(
+            model=ScriptedModel(["Done."]),
+            table=_noting(["half \ud83d", {"k": "\udc80"}]),
+            store=store,
+        )
+        result = agent.run_sync("Go.")
+        assert result.output == "Done."
+        assert store.load(result.run_id).notes == {"f": ["half \ufffd", {"k": "\ufffd"}]}
+
+
+@pytest.mark.parametrize("value", [{1, 2}, object(), float("nan"), {3: "x"}])
+def test_notes_that_are_not_json_are_a_table_error_naming_the_state(value: object) -> None:
+    agent = Agent(model=ScriptedModel(["Done."]), table=_noting(value))
+    with pytest.raises(TableError, match=r"the work of state NOTE put .*notes\['f'\]"):
+        agent.run_sync("Go.")
+
+
+@pytest.mark.parametrize("bad", ["half \ud83d", "nul\x00", ""])
+def test_ids_that_no_store_can_keep_are_refused_up_front(bad: str, tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+        agent = Agent(model=ScriptedModel(["Done."]), store=store)
+        with pytest.raises(ConfigError, match="run_id"):
+            agent.start("Go.", run_id=bad)
+        with pytest.raises(ConfigError, match="worker_id"):
+            Agent(model=ScriptedModel([]), store=store, lease_s=30, worker_id=bad)
+        with pytest.raises(ConfigError, match="run_id"):
+            agent.reopen(bad)

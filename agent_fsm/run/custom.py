@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from typing import Any
 
 from agent_fsm.cancellation import StopScope
@@ -211,6 +212,61 @@ async def custom_work(ctx: RunContext, spec: CustomState) -> None:
     if scope.stopped:
         _interrupted(ctx, spec)
     _check_untouched(spec, state, before, step.said)
+    _check_notes(spec, state.notes)
+
+
+def _check_notes(spec: CustomState, notes: dict[str, Any]) -> None:
+    """Notes are checkpointed with the run, so they hold JSON values: text (any lone
+    surrogate replaced, as in the rest of the run's text: every store keeps UTF-8), numbers
+    (finite), booleans, None, and lists and objects of those with text keys, as a tree.
+
+    Raises:
+        TableError: a value of another kind, or a key that is not clean text, naming its
+            place in the notes and the state whose work put it there.
+    """
+    stack: list[tuple[dict[str, Any] | list[Any], str]] = [(notes, "notes")]
+    seen: set[int] = set()
+    while stack:
+        container, path = stack.pop()
+        if id(container) in seen:
+            raise TableError(f"the work of state {spec.name} made {path} hold itself")
+        seen.add(id(container))
+        if isinstance(container, dict):
+            for key in list(container):
+                if not isinstance(key, str) or clean_text(key) != key:
+                    raise TableError(
+                        f"the work of state {spec.name} put the key {path}[{key!r}]: keys are text"
+                    )
+                container[key] = _checked_value(spec, container[key], f"{path}[{key!r}]", stack)
+        else:
+            for index, value in enumerate(container):
+                container[index] = _checked_value(spec, value, f"{path}[{index}]", stack)
+
+
+def _checked_value(
+    spec: CustomState,
+    value: object,
+    where: str,
+    stack: list[tuple[dict[str, Any] | list[Any], str]],
+) -> object:
+    """``value`` as notes keep it: text cleaned, a list or object queued to be checked."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict | list):
+        stack.append((value, where))
+        return value
+    if not _json_scalar(value):
+        raise TableError(
+            f"the work of state {spec.name} put {type(value).__name__} {value!r:.60} in "
+            f"{where}: notes hold JSON values (text, numbers, booleans, None, lists, objects)"
+        )
+    return value
+
+
+def _json_scalar(value: object) -> bool:
+    if value is None or isinstance(value, bool | int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _interrupted(ctx: RunContext, spec: CustomState) -> None:
