@@ -279,7 +279,10 @@ class ModelRequest:
     run_id: str
     """The run this request belongs to (for logs and correlation)."""
     turn: int
-    """1-based number of this model call in the run, retries included."""
+    """1-based number of the turn this call belongs to: a retry of a failed call keeps its
+    turn's number (``RunState.turns`` counts turns, ``RunState.retries`` the retries), and a
+    call aside from the turns (a last answer, a custom state's ``ask``) carries the number of
+    the turn it follows."""
     on_delta: Callable[[ReplyDelta], None] | None = None
     """Where a streaming model reports fragments as they arrive; None when nobody listens.
     Must not raise into the model; the assembled ModelResponse is still returned at the end."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from agent_fsm import (
     Agent,
@@ -18,6 +19,7 @@ from agent_fsm import (
     Limits,
     Row,
     SQLiteStore,
+    StopReason,
     Table,
     tool,
 )
@@ -253,3 +255,38 @@ def test_ids_that_no_store_can_keep_are_refused_up_front(bad: str, tmp_path: Pat
             Agent(model=ScriptedModel([]), store=store, lease_s=30, worker_id=bad)
         with pytest.raises(ConfigError, match="run_id"):
             agent.reopen(bad)
+
+
+# -- smaller points --------------------------------------------------------------------------
+
+
+class Invoice(BaseModel):
+    """An invoice."""
+
+    number: str
+    total: float
+
+
+def test_typed_output_is_held_by_output_retries_not_by_consecutive_errors() -> None:
+    """Failing final_result arguments are counted by output_retries alone: with the default
+    limits the run stops invalid_output, not consecutive_errors at the third failure."""
+    bad = [  # four different mistakes, so that no loop is detected either
+        reply("", call("final_result", number="F-1")),
+        reply("", call("final_result", total=12)),
+        reply("", call("final_result", number="F-3", total="twelve")),
+        reply("", call("final_result", number=4, total=12)),
+        reply("", call("final_result", number="F-5", total=12)),
+    ]
+    agent = Agent(model=ScriptedModel(bad), output_type=Invoice)
+    result = agent.run_sync("Read the invoice.")
+    check_invariants(result, limits=agent.limits, bound=agent.bound)
+    assert (result.stop_reason, result.turns) == (StopReason.INVALID_OUTPUT, 4)
+    assert agent.limits.max_consecutive_errors == 3  # it would have spoken at the third
+
+
+def test_a_retry_keeps_its_turns_number_in_the_request() -> None:
+    model = ScriptedModel([ConnectionError("reset"), "Done."])
+    agent = Agent(model=model, limits=Limits(retry_backoff_s=0, retry_backoff_max_s=0))
+    result = agent.run_sync("Go.")
+    assert (result.turns, result.retries) == (1, 1)
+    assert [request.turn for request in model.requests] == [1, 1]

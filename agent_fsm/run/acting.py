@@ -417,10 +417,14 @@ def _count(
     prepared: Sequence[PreparedCall],
     final: Sequence[ToolMessage],
 ) -> None:
-    """Feed the turn to the error count (a turn won by a control tool counts neither way) and
-    to the loop detector."""
+    """Feed the turn to the error count and to the loop detector. A turn won by a control
+    tool counts neither way, nor does the typed-output tool's call: a failing result is
+    counted by ``Limits.output_retries`` (``output_retries_exhausted``, stop reason
+    ``invalid_output``), the one limit that speaks for typed output."""
     if not controlled:
-        statuses = {r.status for r in final}
+        output = ctx.config.output
+        skip = output.tool_name if output is not None and output.mode == "tool" else None
+        statuses = {r.status for r in final if r.name != skip}
         if ToolStatus.OK in statuses:
             ctx.clear_failures()
         elif statuses == {ToolStatus.ERROR}:
