@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_message
 
 __all__ = [
+    "outcome_unknown",
     "ToolResult",
     "error_result",
     "merge_runtime_details",
@@ -127,6 +128,25 @@ def error_result(call: ToolCall, message: str, details: JsonValue = None) -> Too
         tool_call_id=call.id, name=call.name, content=message, status=ToolStatus.ERROR,
         details=details,
     ))  # fmt: skip
+
+
+def outcome_unknown(call: ToolCall, why: str | None = None) -> ToolMessage:
+    """The answer to a call that may have run, and whose outcome cannot be known: it started
+    before an interruption and its tool is not idempotent (so it is not run again), or the
+    journal that would say could not be read (``why``). Never "not run" and never "failed":
+    a model told either may send the call again, and the effect happen twice."""
+    because = (
+        f"the journal that records it could not be read ({why})"
+        if why is not None
+        else "it started before an interruption and is not re-run because the tool is not "
+        "idempotent"
+    )
+    return error_result(
+        call,
+        f"The outcome of this call to '{call.name}' is unknown: {because}. Check its effect "
+        "before calling it again.",
+        {"runtime": {"outcome_unknown": True}},
+    )
 
 
 def skipped_result(call: ToolCall, reason: str) -> ToolMessage:

@@ -23,7 +23,12 @@ from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.state import RunState
 from agent_fsm.tools.execution import ABANDONED_NOTE, Executed, RetryHandler, execute
-from agent_fsm.tools.results import error_result, merge_runtime_details, skipped_result
+from agent_fsm.tools.results import (
+    error_result,
+    merge_runtime_details,
+    outcome_unknown,
+    skipped_result,
+)
 from agent_fsm.tools.tool import PreparedCall
 
 __all__ = [
@@ -223,20 +228,18 @@ class TurnCalls:
         key = journal_key(self.site.state.turns, index, call.id)
         try:
             entry = journal.lookup(key)
-            if entry is not None and entry.status is CallStatus.FINISHED and entry.result:
-                recorded = entry.result
-                details = merge_runtime_details(recorded.details, {"replayed": True})
-                return Executed(recorded.model_copy(update={"details": details}), 0)
-            if entry is not None and not tool.idempotent:
-                result = error_result(
-                    call,
-                    f"The outcome of this call to '{call.name}' is unknown: it started before "
-                    "an interruption and is not re-run because the tool is not idempotent. "
-                    "Check its effect before calling it again.",
-                    {"runtime": {"outcome_unknown": True}},
-                )
+        except Exception as exc:  # unread is not unrun: it may have run before a crash
+            return Executed(outcome_unknown(call, f"{type(exc).__name__}: {exc}"), 0)
+        if entry is not None and entry.status is CallStatus.FINISHED and entry.result:
+            recorded = entry.result
+            details = merge_runtime_details(recorded.details, {"replayed": True})
+            return Executed(recorded.model_copy(update={"details": details}), 0)
+        if entry is not None and not tool.idempotent:
+            result = outcome_unknown(call)
+            with contextlib.suppress(Exception):  # the answer stands; a resume says it again
                 journal.record_finished(key, result)
-                return Executed(result, 0)
+            return Executed(result, 0)
+        try:
             journal.record_started(key, call)
         except Exception as exc:  # the store failed: never run a call the journal cannot see
             return Executed(

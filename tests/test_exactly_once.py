@@ -1,0 +1,79 @@
+"""Exactly once (issue 34): what the engine tells the model when it cannot know whether a
+call ran. A journal that cannot be read says "outcome unknown", never "not run": a model
+told "not run" sends the call again, and the effect happens twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent_fsm import Agent, MemoryStore, tool
+from agent_fsm.durable.journal import CallStatus, JournalEntry, ToolJournal
+from agent_fsm.messages import ToolCall, ToolMessage
+from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
+
+EFFECTS: list[str] = []
+
+
+@tool
+def transfer(amount: int) -> str:
+    """Move money (not idempotent)."""
+    EFFECTS.append(f"transfer {amount}")
+    return f"moved {amount}"
+
+
+class Unreadable:
+    """A journal whose look-up fails, as when the connection drops just before it."""
+
+    def __init__(self, inner: ToolJournal, *, started: bool = False) -> None:
+        self.inner = inner
+        self.started = started
+
+    def lookup(self, key: str) -> JournalEntry | None:
+        if self.started:  # the call started before a crash, and recording its end fails
+            started = ToolCall(id="call_1_0", name="transfer", arguments='{"amount": 5}')
+            return JournalEntry(key=key, call=started, status=CallStatus.STARTED)
+        raise ConnectionError("server closed the connection unexpectedly")
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        self.inner.record_started(key, call)
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        if self.started:
+            raise ConnectionError("server closed the connection unexpectedly")
+        self.inner.record_finished(key, result)
+
+
+class FlakyStore(MemoryStore):
+    def __init__(self, *, started: bool = False) -> None:
+        super().__init__()
+        self.started = started
+
+    def journal(self, run_id: str, *, lease: Any = None) -> ToolJournal:
+        return Unreadable(super().journal(run_id, lease=lease), started=self.started)  # type: ignore[return-value]
+
+
+def _transfer_once(store: MemoryStore) -> Any:
+    EFFECTS.clear()
+    model = ScriptedModel([reply("", call("transfer", amount=5)), "Done."])
+    agent = Agent(model=model, tools=[transfer], store=store)
+    result = agent.run_sync("Pay.")
+    check_invariants(result, limits=agent.limits, bound=agent.bound)
+    (answer,) = [m for m in result.messages if isinstance(m, ToolMessage)]
+    return answer
+
+
+def test_a_journal_that_cannot_be_read_answers_outcome_unknown() -> None:
+    answer = _transfer_once(FlakyStore())
+    assert EFFECTS == []  # never run while the journal cannot see it
+    assert answer.is_error
+    assert "The outcome of this call to 'transfer' is unknown" in answer.content
+    assert "could not be read (ConnectionError" in answer.content
+    assert answer.details == {"runtime": {"outcome_unknown": True}}
+    assert "was not run" not in answer.content
+
+
+def test_a_started_call_whose_end_cannot_be_recorded_is_still_outcome_unknown() -> None:
+    answer = _transfer_once(FlakyStore(started=True))
+    assert EFFECTS == []
+    assert "is unknown: it started before an interruption" in answer.content
+    assert answer.details == {"runtime": {"outcome_unknown": True}}
