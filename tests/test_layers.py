@@ -120,6 +120,7 @@ LAYERS = [
     "testing.exhaustive",
     "testing.recording",
     "testing.strategies",
+    "testing.hostile",
     "testing.assertions",
     "testing.stateful",
     "testing.plugin",
@@ -144,6 +145,7 @@ ONLY_IN = {
     "mcp": {"mcp"},
     "hypothesis": {
         "testing.strategies",
+        "testing.hostile",
         "testing.assertions",
         "testing.stateful",
         "testing.plugin",

@@ -1,0 +1,145 @@
+"""Hostile inputs, generated (issue 33): careless histories, lying context policies, unclean
+text in ids and notes. Whatever is generated, every run keeps its invariants and every
+prompt is a valid transcript with the latest input in it; a regression shows up here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent_fsm import (
+    Agent,
+    ConfigError,
+    CustomState,
+    KeepLastTurns,
+    Limits,
+    MemoryStore,
+    Row,
+    Table,
+    tool,
+)
+from agent_fsm.events import Event, ModelRequested
+from agent_fsm.messages import AssistantMessage, Message, ToolMessage, UserMessage
+from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
+from agent_fsm.testing.hostile import LyingPolicy, histories, lying_policies, unclean_text
+from agent_fsm.testing.invariants import transcript_problems
+from agent_fsm.tools import ToolResult
+from tests.conftest import echo
+
+SHARE = settings(max_examples=max(50, settings.default.max_examples // 8))
+"""An eighth of the profile's examples for each property here (250 in CI)."""
+
+
+def _pairs_by_id(prompt: list[Message]) -> list[str]:
+    """What is wrong with the ids of a prompt: an empty or repeated call id, or a result
+    that does not name its call's tool."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    names: dict[str, str] = {}
+    for message in prompt:
+        if isinstance(message, AssistantMessage):
+            for tool_call in message.tool_calls:
+                if not tool_call.id or tool_call.id in seen:
+                    problems.append(f"call id {tool_call.id!r}")
+                seen.add(tool_call.id)
+                names[tool_call.id] = tool_call.name
+        elif isinstance(message, ToolMessage) and names.get(message.tool_call_id) != message.name:
+            problems.append(f"result {message.tool_call_id!r} names {message.name}")
+    return problems
+
+
+@SHARE
+@given(history=histories(["echo"]))
+def test_every_history_is_repaired_into_a_transcript_a_provider_takes(
+    history: list[Message],
+) -> None:
+    model = ScriptedModel(["Fine."])
+    agent = Agent(model=model, tools=[echo])
+    result = agent.run_sync("And now?", history=history)
+    check_invariants(result, limits=agent.limits, bound=agent.bound)
+    prompt = list(model.requests[0].messages)
+    assert transcript_problems(prompt) == []
+    assert _pairs_by_id(prompt) == []
+    assert prompt[-1] == UserMessage(content="And now?")
+
+
+BIG = 4_000
+
+
+@tool
+def fetch(page: int) -> ToolResult:
+    """Fetch one page of a large document."""
+    return ToolResult(output=f"page {page}: " + "x" * BIG)
+
+
+@SHARE
+@given(policy=lying_policies(), pages=st.integers(1, 5), helped=st.booleans())
+def test_a_lying_policy_never_breaks_a_prompt_or_the_transcript(
+    policy: LyingPolicy, pages: int, helped: bool
+) -> None:
+    events: list[Event] = []
+    model = ScriptedModel([*(reply("", call("fetch", page=p)) for p in range(pages)), "Done."])
+    agent = Agent(
+        model=model,
+        tools=[fetch],
+        limits=Limits(max_turns=10, token_budget=10**7, reply_tokens=300, context_window=3_000),
+        context_policy=[policy, KeepLastTurns(1)] if helped else policy,
+    ).subscribe(events.append)
+    result = agent.run_sync("Read the document.")
+    check_invariants(result, limits=agent.limits, bound=agent.bound, events=events)
+    assert len(result.messages) == 1 + 2 * min(pages, result.turns) + (result.output == "Done.")
+    for request in model.requests:
+        assert transcript_problems(request.messages) == []
+        assert UserMessage(content="Read the document.") in request.messages
+    assert sum(isinstance(e, ModelRequested) for e in events) == len(model.requests)
+
+
+def _noting(value: Any) -> Table:
+    def note(step: Any) -> None:
+        step.notes["f"] = value
+
+    def note_wanted(state: Any, limits: Limits) -> bool:
+        return "f" not in state.notes
+
+    return (
+        Table.default()
+        .with_states(CustomState("NOTE", trigger="noted", work=note))
+        .with_guards(note_wanted=note_wanted)
+        .insert(
+            [Row("observed", "OBSERVE", "NOTE", ("note_wanted",), "note")],
+            before=("OBSERVE", "think"),
+        )
+        .insert([Row("noted", "NOTE", "THINK", (), "think")], before=("OBSERVE", "aborted"))
+    )
+
+
+_JSON_WITH_UNCLEAN_TEXT = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), unclean_text(nul=False), st.text()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@SHARE
+@given(value=_JSON_WITH_UNCLEAN_TEXT)
+def test_notes_with_unclean_text_are_checkpointed_clean(value: Any) -> None:
+    store = MemoryStore()  # a durable store: every transition is encoded as UTF-8 JSON
+    agent = Agent(model=ScriptedModel(["Done."]), table=_noting(value), store=store)
+    result = agent.run_sync("Go.")
+    assert result.output == "Done."
+    kept = store.load(result.run_id).notes["f"]
+    str(kept).encode()  # raises UnicodeEncodeError on a lone surrogate left anywhere
+
+
+@SHARE
+@given(bad=unclean_text())
+def test_an_id_no_store_can_keep_is_refused_up_front(bad: str) -> None:
+    agent = Agent(model=ScriptedModel(["Done."]), store=MemoryStore())
+    with pytest.raises(ConfigError, match="run_id"):
+        agent.start("Go.", run_id=bad)
+    assert agent.checkpoints.list_runs() == []
