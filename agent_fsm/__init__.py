@@ -14,6 +14,7 @@ from agent_fsm.version import __version__ as __version__
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent
     from agent_fsm.compaction import ClearToolResults, ContextPolicy, KeepLastTurns, Summarize
+    from agent_fsm.custom_table import CustomState, Table
     from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
     from agent_fsm.durable.sqlite import SQLiteStore
     from agent_fsm.errors import (
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from agent_fsm.run.custom import StepContext
     from agent_fsm.run.engine import Run
     from agent_fsm.state import Approval, RunResult, RunStatus, TraceEntry
-    from agent_fsm.table import AgentState, CustomState, Row, StopReason, Table
+    from agent_fsm.table import AgentState, Row, StopReason
     from agent_fsm.tools import Tool, ToolResult, tool
 
 _WHERE: dict[str, str] = {
@@ -59,9 +60,9 @@ _WHERE: dict[str, str] = {
     "TraceEntry": "agent_fsm.state",
     "AgentState": "agent_fsm.table",
     "StopReason": "agent_fsm.table",
-    "Table": "agent_fsm.table",
+    "Table": "agent_fsm.custom_table",
     "Row": "agent_fsm.table",
-    "CustomState": "agent_fsm.table",
+    "CustomState": "agent_fsm.custom_table",
     "Tool": "agent_fsm.tools",
     "ToolResult": "agent_fsm.tools",
     "tool": "agent_fsm.tools",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from agent_fsm.compaction import ContextPolicy
+from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.leases import LeaseStore, check_ttl, default_worker_id
@@ -40,7 +41,7 @@ from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
 from agent_fsm.state import ControlKind, RunResult
-from agent_fsm.table import CONTROL_GUARDS, TABLE, AgentState, Row, StopReason, Table
+from agent_fsm.table import CONTROL_GUARDS, TABLE, AgentState, Row, StopReason
 from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
 

@@ -27,6 +27,7 @@ import structlog
 
 from agent_fsm.agent import Agent, machine_for
 from agent_fsm.cli_model import add_model_options
+from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import RunSummary
 from agent_fsm.durable.sqlite import SQLiteStore
@@ -50,7 +51,7 @@ from agent_fsm.events import (
 from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import RunResult, RunState, RunStatus
-from agent_fsm.table import TABLE, AgentState, Row, StopReason, Table
+from agent_fsm.table import TABLE, AgentState, Row, StopReason
 from agent_fsm.version import __version__
 
 __all__ = ["main"]

@@ -18,6 +18,7 @@ LAYERS = [
     "errors",
     "constructors",
     "table",
+    "custom_table",
     "messages",
     "prompt",
     "tokens",

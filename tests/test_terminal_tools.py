@@ -181,9 +181,10 @@ def test_the_harness_proves_an_agent_with_a_terminal_tool_terminates() -> None:
 
 
 def test_the_invariants_catch_a_run_that_ignored_a_terminal_tool() -> None:
-    """Demote the terminal row below the turn limit: the run goes on after the call ended it
-    (the verifier accepts such a table, since it still terminates), and the invariant names
-    it."""
+    """Demote the terminal row below the turn limit: the turn limit then speaks first (the
+    verifier accepts such a table, since it still terminates). The invariants read that
+    priority from the table they are given (issue 32: the rows decide), and name a run that
+    stopped so against the default table, where the terminal tool outranks every limit."""
     from agent_fsm.table import TABLE
 
     rows = list(TABLE)
@@ -197,5 +198,6 @@ def test_the_invariants_catch_a_run_that_ignored_a_terminal_tool() -> None:
     )
     result = agent.run_sync("go")
     assert result.stop_reason is StopReason.MAX_TURNS
+    check_invariants(result, limits=agent.limits, rows=agent.machine.rows)
     with pytest.raises(InvariantViolation, match="terminal_tool was called but the run stopped"):
-        check_invariants(result, limits=agent.limits, rows=agent.machine.rows)
+        check_invariants(result, limits=agent.limits, rows=TABLE)

@@ -17,6 +17,7 @@ from typing import Any, cast
 from transitions import EventData, Machine
 from transitions.core import Event, Transition
 
+from agent_fsm.custom_table import CustomState
 from agent_fsm.errors import ConfigError, RunError, TableError
 from agent_fsm.limits import Limits
 from agent_fsm.loop.guards import GUARDS, Guard
@@ -35,7 +36,6 @@ from agent_fsm.table import (
     TERMINAL_STATES,
     TRIGGER_FOR_STATE,
     AgentState,
-    CustomState,
     Row,
     StopReason,
     control_order,

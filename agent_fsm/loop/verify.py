@@ -25,10 +25,10 @@ proof applies whatever executes the table. ``verify_table`` proves that every ru
    unguarded last row), so the run ends with the stop that fired. Conversely every stop row
    with one of those outcomes is softened: no limit ends a run without its last answer.
 
-A user's table (``table.Table``) adds states of its own (``table.CustomState``), each left by
-its own trigger, and guards of its own; every rule above holds for it unchanged, with the
-counting states in place of THINK, and a refusal names the offending row and, for rules 3 and
-4, the cycle.
+A user's table (``custom_table.Table``) adds states of its own (``CustomState``), each left
+by its own trigger, and guards of its own; every rule above holds for it unchanged, with the
+counting states in place of THINK, and a refusal names the offending row and, for rules 3
+and 4, the cycle.
 
 Resume rows (trigger ``resumed``) leave DONE or ERROR for a loop state, each naming exactly
 one of the stop guards (``table.STOP_GUARDS``); they need no "else" row (a stop no row leaves
@@ -54,6 +54,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from agent_fsm.custom_table import CustomState
 from agent_fsm.errors import ConfigError
 from agent_fsm.limits import Limits
 from agent_fsm.loop.guards import GUARDS, Guard
@@ -73,7 +74,6 @@ from agent_fsm.table import (
     TURN_BUDGET_GUARD,
     TURN_STATES,
     AgentState,
-    CustomState,
     Row,
     StopReason,
     Verb,
@@ -180,7 +180,7 @@ def verify_table(
 ) -> None:
     """Check the rules in the module docstring; raise ConfigError naming the offender.
 
-    ``states`` are the states a user added (``table.CustomState``): each is left by its own
+    ``states`` are the states a user added (``custom_table.CustomState``): each is left by its own
     trigger, and one that ``counts_turn`` is held to the turn budget as THINK is.
     """
     if not rows:

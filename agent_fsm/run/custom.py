@@ -1,4 +1,4 @@
-"""The work of a state the user added to the loop (``table.CustomState``).
+"""The work of a state the user added to the loop (``custom_table.CustomState``).
 
 The engine calls ``custom_work(ctx, state)`` as it calls ``think`` or ``act`` for the states of
 the default loop: between triggers, never inside one. The user's function gets a
@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from agent_fsm.cancellation import StopScope
+from agent_fsm.custom_table import CustomState
 from agent_fsm.errors import TableError
 from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.limits import Limits
@@ -51,7 +52,6 @@ from agent_fsm.run.thinking import (
     take_response,
 )
 from agent_fsm.state import ModelFailure, RunState
-from agent_fsm.table import CustomState
 from agent_fsm.tokens import estimate_message_tokens
 from agent_fsm.views import view_of
 
