@@ -5,9 +5,11 @@ counts do not (the same binary, inputs and environment give the same count). Thi
 runs the workload of ``overhead.py`` (one instant model call and one tool call per turn, with
 schema validation, every guard and an event subscriber) under ``valgrind --tool=callgrind``
 at two run lengths, and reports instructions per turn as the difference between the two
-divided by the difference in turns, so interpreter start-up and imports cancel out.
+divided by the difference in turns, so interpreter start-up and imports cancel out. It
+measures the same workload without the subscriber too (an agent nobody listens to, the
+default): what the engine itself costs, events aside.
 
-    python benchmarks/instructions.py [--turns 10 110]
+    python benchmarks/instructions.py [--turns 10 110] [--only subscribed|unsubscribed]
 
 It installs nothing: without valgrind it says how to get it (``apt-get install valgrind``)
 and exits 2. A measurement takes a minute or two (Python runs ~50x slower under valgrind).
@@ -27,9 +29,10 @@ import tempfile
 from pathlib import Path
 
 CHILD_FLAG = "--child"
+VARIANTS = ("subscribed", "unsubscribed")
 
 
-def _workload(turns: int) -> None:
+def _workload(turns: int, subscribed: bool = True) -> None:
     """One run of ``turns`` tool turns and a final answer: what the child process executes."""
     import structlog
 
@@ -58,7 +61,7 @@ def _workload(turns: int) -> None:
         model=ScriptedModel(script),
         tools=[step],
         limits=Limits(max_turns=turns + 1, token_budget=10**9),
-        handlers=[count],
+        handlers=[count] if subscribed else [],
     )
     # A loop of its own rather than asyncio.run, whose SIGINT handling formats the finished
     # task, result included: that once-per-run cost is not the engine's.
@@ -71,9 +74,9 @@ def _workload(turns: int) -> None:
         raise SystemExit(f"the workload did not run as intended: {result.stop_reason}")
 
 
-def _instructions(turns: int, folder: Path) -> int:
+def _instructions(turns: int, folder: Path, variant: str) -> int:
     """Instructions executed by one child process running ``turns`` turns."""
-    out = folder / f"callgrind.{turns}.out"
+    out = folder / f"callgrind.{variant}.{turns}.out"
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -82,6 +85,7 @@ def _instructions(turns: int, folder: Path) -> int:
         __file__,
         CHILD_FLAG,
         str(turns),
+        variant,
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     subprocess.run(command, check=True, env=env, capture_output=True)
@@ -101,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("SHORT", "LONG"),
         help="the two run lengths whose difference is measured (default: 10 110)",
     )
+    parser.add_argument(
+        "--only",
+        choices=VARIANTS,
+        help="measure one variant: with an event subscriber, or without (default: both)",
+    )
     args = parser.parse_args(argv)
     short, long = args.turns
     if long <= short:
@@ -111,18 +120,23 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    variants = [args.only] if args.only else list(VARIANTS)
+    print(f"{'variant':>13} {'turns':>6} {'instructions':>16}")
+    per_turn: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
-        counts = {turns: _instructions(turns, Path(folder)) for turns in (short, long)}
-    per_turn = (counts[long] - counts[short]) / (long - short)
-    print(f"{'turns':>6} {'instructions':>16}")
-    for turns, count in counts.items():
-        print(f"{turns:>6} {count:>16,}")
-    print(f"\nper turn ({short} -> {long}): {per_turn:,.0f} instructions")
+        for variant in variants:
+            counts = {t: _instructions(t, Path(folder), variant) for t in (short, long)}
+            for turns, count in counts.items():
+                print(f"{variant:>13} {turns:>6} {count:>16,}")
+            per_turn[variant] = (counts[long] - counts[short]) / (long - short)
+    print()
+    for variant, cost in per_turn.items():
+        print(f"per turn ({short} -> {long}), {variant}: {cost:,.0f} instructions")
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == CHILD_FLAG:
-        _workload(int(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == CHILD_FLAG:
+        _workload(int(sys.argv[2]), subscribed=sys.argv[3] == "subscribed")
     else:
         raise SystemExit(main())
