@@ -90,6 +90,11 @@ def _context_policies(
         return ()
     policies = (given,) if isinstance(given, ContextPolicy) else tuple(given)
     for policy in policies:
+        if isinstance(policy, type):
+            raise ConfigError(
+                f"context_policy got the class {policy.__name__}, not a policy: pass an "
+                f"instance, {policy.__name__}(...)"
+            )
         if not isinstance(policy, ContextPolicy):
             raise ConfigError(
                 f"context_policy must be ContextPolicy objects (a `name` and "
@@ -402,6 +407,30 @@ class Agent:
         _set(self, "_config", config)
         time = Timekeeping(clock=self.clock, sleep=self.sleep)
         _set(self, "_residence", _residence(store, self.lease_s, self.worker_id, time))
+
+    def __repr__(self) -> str:
+        """A summary of what the agent is, not every row and schema it holds (a debugger, a
+        log line or a test failure prints it): the model, the tools' names, the limits that
+        differ from the defaults, the table and where its runs live."""
+        parts = [f"model={type(self.model).__name__}({self.model.name!r})"]
+        if self.tools:
+            parts.append(f"tools={[item.name for item in self.tools]}")
+        if self.system_prompt:
+            prompt = self.system_prompt
+            parts.append(f"system_prompt={prompt if len(prompt) <= 40 else prompt[:37] + '...'!r}")
+        changed = self.limits.model_dump(exclude_defaults=True)
+        if changed:
+            parts.append(f"limits=Limits({', '.join(f'{k}={v!r}' for k, v in changed.items())})")
+        machine = self._config.machine
+        if machine.rows is not TABLE:
+            parts.append(f"table=<{len(machine.rows)} rows, states {sorted(machine.custom)}>")
+        if self.store is not None:
+            parts.append(f"store={type(self.store).__name__}")
+        if self.lease_s is not None:
+            parts.append(f"lease_s={self.lease_s:g}")
+        if self.output_type is not None:
+            parts.append(f"output_type={getattr(self.output_type, '__name__', 'schema')}")
+        return f"Agent({', '.join(parts)})"
 
     def replace(self, **changes: Any) -> Agent:
         """``dataclasses.replace(self, **changes)``: a new agent with the same configuration

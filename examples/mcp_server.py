@@ -1,6 +1,8 @@
 """The MCP server that examples/mcp_traced.py starts: a weather station, written with the
 ``mcp`` package's own server API, speaking MCP over stdin and stdout.
 
+Needs the ``mcp`` extra (``pip install -e '.[mcp]'``).
+
 python examples/mcp_server.py --serve
 """
 

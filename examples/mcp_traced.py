@@ -6,6 +6,8 @@ which the trace shows as a tool span with status ERROR. The run's spans are prin
 (``--console`` sends them to the SDK's console exporter instead, as JSON). Offline, on the
 scripted model.
 
+Needs the ``mcp`` and ``otel`` extras (``pip install -e '.[mcp,otel]'``).
+
 python examples/mcp_traced.py [--console]
 """
 

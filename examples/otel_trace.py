@@ -3,6 +3,8 @@
 The run's spans are collected in memory and printed as a tree (``--console`` sends them to
 the SDK's console exporter instead, as JSON). Offline, on the scripted model.
 
+Needs the ``otel`` extra (``pip install -e '.[otel]'``).
+
 python examples/otel_trace.py [--console]
 """
 
