@@ -24,7 +24,7 @@ def test_an_agents_repr_is_a_summary() -> None:
     shown = repr(agent)
     assert shown == (
         "Agent(model=ScriptedModel('scripted'), tools=['lookup'], system_prompt='You answer "
-        "questions about cities, bri...', limits=Limits(max_turns=3))"
+        "questions about cities, br...', limits=Limits(max_turns=3))"
     )
     assert len(repr(Agent(model=ScriptedModel([])))) < 200
 
