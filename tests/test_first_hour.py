@@ -36,3 +36,31 @@ def test_a_policy_class_instead_of_a_policy_is_refused() -> None:
             context_policy=KeepLastTurns,  # type: ignore[arg-type]
             limits=Limits(context_window=4_000, reply_tokens=500),
         )
+
+
+CALLS: list[str] = []
+
+
+@tool
+def send_email(to: str) -> str:
+    """Send an email (a side effect the harness must not repeat hundreds of times)."""
+    CALLS.append(to)
+    return f"sent to {to}"
+
+
+def _emailing_agent() -> Agent:
+    return Agent(model=ScriptedModel([]), tools=[send_email], limits=Limits(max_turns=4))
+
+
+def test_the_harness_calls_doubles_of_the_tools_unless_asked_for_the_real_ones() -> None:
+    from agent_fsm.testing import assert_stateful, assert_terminates, check_exhaustively
+
+    CALLS.clear()
+    agent = _emailing_agent()
+    assert_terminates(agent, max_examples=40)
+    check_exhaustively(agent, max_length=2).assert_ok()
+    assert_stateful(agent, max_examples=5)
+    assert CALLS == []
+    assert_terminates(agent, max_examples=40, real_tools=True)
+    check_exhaustively(agent, max_length=2, real_tools=True).assert_ok()
+    assert CALLS  # asked for: the real tool ran

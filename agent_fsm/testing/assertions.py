@@ -80,13 +80,15 @@ def assert_terminates(
     settings: Settings | None = None,
     store: CheckpointStore | None = None,
     through: Callable[[Model], Model] | None = None,
+    real_tools: bool = False,
 ) -> None:
     """Check that every run of ``agent`` ends in DONE or ERROR within its termination bound,
     with a valid transcript, whatever its model and tools do.
 
-    The agent's own model is never called: each run uses a copy of the agent
-    (``agent.replace``) with a generated model behaviour, tool doubles that may fail, time out
-    or return huge outputs (unless ``tool_failures`` is False), and a fake clock (retry
+    The agent's own model is never called, nor are its tools unless ``real_tools``: each run
+    uses a copy of the agent (``agent.replace``) with a generated model behaviour, tool
+    doubles built from the tools (their names and schemas) that answer, or fail, time out or
+    return huge outputs (unless ``tool_failures`` is False), and a fake clock (retry
     backoff costs no time). For an agent with a context window, half the behaviours keep
     calling tools that return large outputs (``window_pressure_for``), and every prompt sent
     is checked too: the system prompt and latest input kept, no call without its result.
@@ -103,12 +105,15 @@ def assert_terminates(
             by default, never the agent's own (a production database stays untouched).
         through: wraps the generated model before the agent gets it (``Stage``'s
             ``through``): to play the behaviours through a model adapter and its wire format.
+        real_tools: run the agent's real tools where a double would answer "ok"
+            (``Stage``'s ``real_tools``): only for tools without side effects that answer
+            at once, since a search calls them hundreds of times.
 
     Raises:
         HarnessFailure: an AssertionError naming the broken invariants of the minimal failing
             behaviour, with a pasteable reproducer (also in its ``reproducer`` attribute).
     """
-    stage = Stage(agent, user_input=user_input, store=store, through=through)
+    stage = Stage(agent, user_input=user_input, store=store, through=through, real_tools=real_tools)
     per_example, batches = _batches(stage.agent, behaviours, tool_failures)
     base = settings if settings is not None else Settings()
     runs = max_examples if max_examples is not None else base.max_examples

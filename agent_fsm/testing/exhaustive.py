@@ -109,6 +109,7 @@ def check_exhaustively(
     alphabet: Mapping[str, EventFactory] | None = None,
     user_input: str = DEFAULT_INPUT,
     store: CheckpointStore | None = None,
+    real_tools: bool = False,
 ) -> ExhaustiveReport:
     """Play every sequence of abstract model events of length 1..``max_length``.
 
@@ -120,6 +121,8 @@ def check_exhaustively(
         user_input: the message every run starts with.
         store: where the runs are checkpointed; an in-memory store of the harness by default,
             never the agent's own.
+        real_tools: call the agent's real tools (``harness.Stage``); by default each call
+            plays a double built from the tool, which answers "ok".
 
     Returns:
         A report with the number of sequences checked and every failure with its
@@ -127,7 +130,7 @@ def check_exhaustively(
     """
     if max_length < 1:
         raise ValueError("max_length must be at least 1")
-    stage = Stage(agent, user_input=user_input, store=store)
+    stage = Stage(agent, user_input=user_input, store=store, real_tools=real_tools)
     events = dict(alphabet) if alphabet is not None else default_alphabet(stage.agent)
     names = tuple(events)
     checked = 0

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_INPUT",
+    "STAND_IN",
     "CaseResult",
     "HarnessFailure",
     "LoopRunner",
@@ -217,6 +218,11 @@ class _StageModel:
         return await self.by_run.get(request.run_id, self.current).request(request)
 
 
+STAND_IN = ToolOutcome("returns", "ok")
+"""What a tool double answers where the real tool would have run (``Stage(real_tools=False)``,
+the default)."""
+
+
 class Stage:
     """The user's agent, prepared once to play many behaviours.
 
@@ -232,6 +238,12 @@ class Stage:
             provider's wire format: the same behaviours then test the adapter's conversions
             too. The wrapper must pass each request on (its replies and failures may change
             form, never meaning).
+        real_tools: let the agent's real tools run where a behaviour does not give a tool
+            doubles (``ToolOutcome("real")``). False (the default): every call plays a double
+            built from the tool, with its name and JSON Schema (the engine validates the
+            arguments as for the real tool), which answers ``STAND_IN`` where the real tool
+            would have run. A search makes hundreds of calls: a tool with side effects, or
+            one that takes seconds, must not be called that often unless a test asks.
     """
 
     def __init__(
@@ -241,8 +253,10 @@ class Stage:
         user_input: str = DEFAULT_INPUT,
         store: CheckpointStore | None = None,
         through: Callable[[Model], Model] | None = None,
+        real_tools: bool = False,
     ) -> None:
         self.user_input = user_input
+        self.real_tools = real_tools
         self._model = _StageModel()
         self._clock = FakeClock()
         self._outcomes: dict[str, tuple[ToolOutcome, ...]] = {}
@@ -281,7 +295,7 @@ class Stage:
         self._model.current = model
         self._model.by_run.clear()
         self._clock.now = 0.0
-        self._outcomes = {name: outcomes for name, outcomes in behaviour.tools if outcomes}
+        self._outcomes = self._doubles(behaviour)
         self._calls = {}
         return model
 
@@ -292,10 +306,21 @@ class Stage:
         ones for all runs. The clock is left alone."""
         model = BehaviourModel(behaviour)
         self._model.by_run[run_id] = model
-        if behaviour.tools:
-            self._outcomes = {name: outcomes for name, outcomes in behaviour.tools if outcomes}
+        if behaviour.tools or not self._outcomes:
+            self._outcomes = self._doubles(behaviour)
             self._calls = {}
         return model
+
+    def _doubles(self, behaviour: Behaviour) -> dict[str, tuple[ToolOutcome, ...]]:
+        """What each tool plays under ``behaviour``: its outcomes, where it gives some, each
+        ``real`` one (and a tool with none) the stand-in unless ``real_tools``."""
+        given = {name: outcomes for name, outcomes in behaviour.tools if outcomes}
+        if self.real_tools:
+            return given
+        return {
+            name: tuple(STAND_IN if o.kind == "real" else o for o in given.get(name, (STAND_IN,)))
+            for name in self.tool_names
+        }
 
     def play(self, behaviour: Behaviour, loop: LoopRunner | None = None) -> CaseResult:
         """Run the agent against ``behaviour`` and check every invariant. Never raises for

@@ -91,6 +91,8 @@ class AgentStateMachine(RuleBasedStateMachine):
             in three ``cooperative_behaviours_for(agent)`` (a model doing its job, so runs
             reach pauses and approvals), else ``behaviours_for(agent)`` (misbehaving).
         tool_failures: let generated tool doubles misbehave (for the default behaviours).
+        real_tools: call the agent's real tools where a double would answer "ok"
+            (``harness.Stage``); False by default.
         max_runs: how many runs may be open at once (running, paused or crashed).
         make_store: returns the checkpoint store of one example (closed at its end);
             ``MemoryStore`` by default. Pass your own store to test it: the machine checks
@@ -101,6 +103,7 @@ class AgentStateMachine(RuleBasedStateMachine):
     user_input: ClassVar[str] = DEFAULT_INPUT
     behaviours: ClassVar[st.SearchStrategy[Behaviour] | None] = None
     tool_failures: ClassVar[bool] = True
+    real_tools: ClassVar[bool] = False
     max_runs: ClassVar[int] = 2
     make_store: ClassVar[Callable[[], CheckpointStore]] = MemoryStore
     _stage: ClassVar[tuple[Agent, Stage]]
@@ -118,7 +121,7 @@ class AgentStateMachine(RuleBasedStateMachine):
         if stage is None or stage[0] is not agent:
             # one stage per class, reset for each example: preparing the tool doubles is
             # most of the cost of an example
-            stage = (agent, Stage(agent, user_input=cls.user_input))
+            stage = (agent, Stage(agent, user_input=cls.user_input, real_tools=cls.real_tools))
             cls._stage = stage
         self.stage = stage[1]
         self.stage.load(Behaviour(steps=(), cycle=False))
@@ -363,6 +366,7 @@ def agent_state_machine(
     tool_failures: bool = True,
     max_runs: int = 2,
     make_store: Callable[[], CheckpointStore] = MemoryStore,
+    real_tools: bool = False,
 ) -> type[AgentStateMachine]:
     """An ``AgentStateMachine`` for ``agent``; the arguments are its class attributes.
 
@@ -377,6 +381,7 @@ def agent_state_machine(
         "user_input": user_input,
         "behaviours": behaviours,
         "tool_failures": tool_failures,
+        "real_tools": real_tools,
         "max_runs": max_runs,
         "make_store": staticmethod(make_store),
     }
@@ -403,7 +408,7 @@ def assert_stateful(
             profile's by default (50).
         settings: hypothesis settings to start from; the active profile by default.
         **options: ``user_input``, ``behaviours``, ``tool_failures``, ``max_runs``,
-            ``make_store``, as for ``agent_state_machine``.
+            ``make_store``, ``real_tools``, as for ``agent_state_machine``.
 
     Raises:
         InvariantViolation: for the shortest failing sequence hypothesis found (printed
