@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test test-lowest lint typecheck pytest format diagrams bench thorough clean
+.PHONY: demo test check test-lowest lint typecheck pytest quick-pytest format diagrams bench thorough clean
+
+PHASE := scripts/phase.sh
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,16 +26,22 @@ demo: $(STAMP_RUN)
 
 test: $(STAMP_DEV) lint typecheck pytest
 
+# A quick answer before `make test`: lint, types, and the suite without its slow groups
+# (real worker processes, DBOS, PostgreSQL crash tests), with few examples per property.
+check: $(STAMP_DEV) lint typecheck quick-pytest
+
 lint: $(STAMP_DEV)
-	$(BIN)/ruff check agent_fsm tests examples benchmarks
-	$(BIN)/ruff format --check agent_fsm tests examples benchmarks
+	@$(PHASE) lint "ruff check and ruff format --check" -- sh -c '$(BIN)/ruff check agent_fsm tests examples benchmarks && $(BIN)/ruff format --check agent_fsm tests examples benchmarks'
 
 typecheck: $(STAMP_DEV)
-	$(BIN)/mypy
+	@$(PHASE) typecheck "mypy --strict on the package; minutes on a fresh clone, whose cache is empty" -- $(BIN)/mypy
 
 # Both cores (pytest-xdist): the CI profile plays over 10,000 generated agent runs.
 pytest: $(STAMP_DEV)
-	$(BIN)/pytest -n auto
+	@$(PHASE) pytest "the whole suite, the CI profile" -- $(BIN)/pytest -n auto
+
+quick-pytest: $(STAMP_DEV)
+	@HYPOTHESIS_PROFILE=quick $(PHASE) quick-pytest "without the slow groups, few examples" -- $(BIN)/pytest -n auto -q -m "not slow"
 
 # The suite against the lowest version of every dependency pyproject.toml allows (its lower
 # bounds are promises to users: this holds them). uv resolves the floors; transitive

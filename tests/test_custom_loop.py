@@ -554,4 +554,5 @@ def test_the_harness_finds_work_that_would_let_a_run_go_on_forever() -> None:
             behaviours=cooperative_behaviours_for(agent),
             settings=settings(derandomize=True),
             max_examples=200,
+            real_tools=True,  # the price lookup is pure, and its failures make runs replan
         )
