@@ -34,6 +34,7 @@ from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound, with_builtin_guards
 from agent_fsm.messages import Message, ToolSpec, clean_text
 from agent_fsm.models.base import Model, ReviewsToolSchemas
+from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import prepare_history
@@ -273,8 +274,10 @@ class Agent:
             fails verification.
     """
 
-    model: Model
-    """Anything implementing the ``Model`` protocol."""
+    model: Model | str
+    """Anything implementing the ``Model`` protocol, or a provider's model by name
+    (``"openai:gpt-4o-mini"``, ``"anthropic:..."``: ``models.registry.model_named``, which
+    checks the provider's key variable now)."""
     tools: Sequence[Tool] = ()
     """The tools the model may call (``@tool`` functions or ``Tool`` objects)."""
     system_prompt: str = ""
@@ -339,6 +342,9 @@ class Agent:
 
     def __post_init__(self) -> None:
         model, limits, store = self.model, self.limits, self.store
+        if isinstance(model, str):  # "openai:gpt-4o-mini": a provider's adapter, by name
+            model = model_named(model)
+            object.__setattr__(self, "model", model)
         if not isinstance(limits, Limits) and limits is None:  # None: the default limits
             limits = Limits()
             object.__setattr__(self, "limits", limits)
@@ -412,7 +418,8 @@ class Agent:
         """A summary of what the agent is, not every row and schema it holds (a debugger, a
         log line or a test failure prints it): the model, the tools' names, the limits that
         differ from the defaults, the table and where its runs live."""
-        parts = [f"model={type(self.model).__name__}({self.model.name!r})"]
+        model = self._config.model
+        parts = [f"model={type(model).__name__}({model.name!r})"]
         if self.tools:
             parts.append(f"tools={[item.name for item in self.tools]}")
         if self.system_prompt:

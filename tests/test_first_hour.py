@@ -64,3 +64,21 @@ def test_the_harness_calls_doubles_of_the_tools_unless_asked_for_the_real_ones()
     assert_terminates(agent, max_examples=40, real_tools=True)
     check_exhaustively(agent, max_length=2, real_tools=True).assert_ok()
     assert CALLS  # asked for: the real tool ran
+
+
+def test_a_model_by_name_is_its_providers_adapter_with_its_key_checked_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agent_fsm.models import OpenAIChatModel
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="needs a key: set OPENAI_API_KEY"):
+        Agent(model="openai:gpt-4o-mini")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    agent = Agent(model="openai:gpt-4o-mini")
+    assert isinstance(agent.model, OpenAIChatModel)
+    assert agent.model.name == "gpt-4o-mini"
+    with pytest.raises(ConfigError, match=r"'provider:model'.*\['anthropic', 'gemini'"):
+        Agent(model="gpt-4o-mini")
+    with pytest.raises(ConfigError, match="'provider:model'"):
+        Agent(model="nowhere:model-x")

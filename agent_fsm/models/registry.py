@@ -9,6 +9,7 @@ provider's key variable and the pip extra that installs its SDK. Nothing here im
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from agent_fsm.errors import ConfigError
 from agent_fsm.models.base import Model
 
-__all__ = ["PROVIDERS", "Provider"]
+__all__ = ["PROVIDERS", "Provider", "model_named"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,3 +103,29 @@ PROVIDERS: Mapping[str, Provider] = {
     )
 }
 """Every adapter agent_fsm ships, by provider name."""
+
+
+def model_named(name: str) -> Model:
+    """The adapter a name such as ``"openai:gpt-4o-mini"`` stands for (``Agent(model=...)``
+    takes one): the provider (``PROVIDERS``), a colon, the model, with the key the provider's
+    SDK reads from its environment variable.
+
+    Raises:
+        ConfigError: a name of another shape or an unknown provider (the message lists the
+            known ones), a key that is not set (checked now, not at the first call), or an
+            SDK that is not installed (naming its extra).
+    """
+    provider_name, colon, model = name.partition(":")
+    provider = PROVIDERS.get(provider_name.strip().lower())
+    if not colon or provider is None or not model.strip():
+        raise ConfigError(
+            f"a model given by name is 'provider:model', the provider one of "
+            f"{sorted(PROVIDERS)} (e.g. 'openai:gpt-4o-mini'), got {name!r}; or pass a "
+            "model object (agent_fsm.models)"
+        )
+    if not os.environ.get(provider.key_variable):
+        raise ConfigError(
+            f"model {name!r} needs a key: set {provider.key_variable}, or pass a model "
+            f"object with its key (agent_fsm.models.{provider.cls}(..., api_key=...))"
+        )
+    return provider.adapter()(model.strip())
