@@ -708,13 +708,26 @@ class Agent:
         format: Literal["mermaid", "dot", "svg"] = "mermaid",
         *,
         run: RunOverlay | str | None = None,
+        path_only: bool = False,
     ) -> str: ...
     @overload
-    def diagram(self, format: Literal["png"], *, run: RunOverlay | str | None = None) -> bytes: ...
-    @overload
-    def diagram(self, format: str, *, run: RunOverlay | str | None = None) -> str | bytes: ...
     def diagram(
-        self, format: str = "mermaid", *, run: RunOverlay | str | None = None
+        self,
+        format: Literal["png"],
+        *,
+        run: RunOverlay | str | None = None,
+        path_only: bool = False,
+    ) -> bytes: ...
+    @overload
+    def diagram(
+        self, format: str, *, run: RunOverlay | str | None = None, path_only: bool = False
+    ) -> str | bytes: ...
+    def diagram(
+        self,
+        format: str = "mermaid",
+        *,
+        run: RunOverlay | str | None = None,
+        path_only: bool = False,
     ) -> str | bytes:
         """The agent's state machine: mermaid ``stateDiagram-v2`` text by default.
 
@@ -726,16 +739,19 @@ class Agent:
                 checkpoint store, to overlay: visited states, how many times each edge was
                 taken, and the state and reason the run stopped with (or where it is, for a
                 run that has not ended).
+            path_only: with ``run``, draw only the edges the run took (each with its
+                priority number in the whole table), not every row of the table.
 
         Raises:
             DiagramError: for svg/png without graphviz (the message says how to install it),
-                or a run that was not made with this agent's table.
+                a run that was not made with this agent's table, or ``path_only`` without a
+                run.
             CheckpointError: for a run id the store does not hold.
         """
         rows = self._config.machine.rows
         if isinstance(run, str):
             run = StoredRunOverlay.of(self.checkpoints.load(run), rows)
-        return render(rows, format, run=run)
+        return render(rows, format, run=run, path_only=path_only)
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Agent) if f.init)

@@ -167,23 +167,39 @@ def _times(count: int) -> str:
     return f" ×{count}" if count else ""
 
 
-def to_mermaid(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
+def _path_only(path_only: bool, overlay: _Overlay | None) -> bool:
+    if path_only and overlay is None:
+        raise DiagramError("path_only draws a run's path: pass the run too")
+    return path_only
+
+
+def to_mermaid(
+    rows: Sequence[Row], run: RunOverlay | None = None, *, path_only: bool = False
+) -> str:
     """Mermaid ``stateDiagram-v2`` text: renders on GitHub, needs no system binary.
 
     With ``run``, taken edges end in ``×N``, visited states get class ``visited``, the state
     the run stopped in gets ``stopped_ok`` / ``stopped_error`` / ``stopped_open`` and a note
-    with the stop reason.
+    with the stop reason. With ``path_only`` too, only the edges the run took are drawn (each
+    keeps its priority number in the whole table): the run's path, not the 80 rows it might
+    have taken.
     """
     overlay = _Overlay.of(rows, run) if run is not None else None
+    only = _path_only(path_only, overlay)
     lines = ["stateDiagram-v2", f"    [*] --> {INITIAL_STATE}"]
     for i, (row, priority) in enumerate(_prioritised(rows)):
+        if only and overlay is not None and not overlay.counts[i]:
+            continue
         label = _edge_label(row, priority).replace(":", "﹕")
         if overlay is not None:
             label += _times(overlay.counts[i])
         if row.resumes:
             label = RESUME_MARK + label
         lines.append(f"    {row.source} --> {row.dest} : {label}")
-    lines.extend(f"    {state} --> [*]" for state in sorted(TERMINAL_STATES))
+    ends = sorted(TERMINAL_STATES)
+    if only and overlay is not None:
+        ends = [state for state in ends if state == overlay.stopped]
+    lines.extend(f"    {state} --> [*]" for state in ends)
     if overlay is not None:
         fill, stroke = _VISITED
         lines.append(f"    classDef visited fill:{fill},stroke:{stroke},stroke-width:2px")
@@ -203,14 +219,16 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', r"\"") + '"'
 
 
-def to_dot(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
+def to_dot(rows: Sequence[Row], run: RunOverlay | None = None, *, path_only: bool = False) -> str:
     """Graphviz DOT text.
 
     With ``run``, the caption (stop reason, turns) is the graph label, visited states are
     filled, the stopping state is filled green (DONE) or red (ERROR), taken edges are drawn
-    thicker in colour with ``×N``, and edges not taken are grey.
+    thicker in colour with ``×N``, and edges not taken are grey; with ``path_only`` too,
+    edges not taken are left out.
     """
     overlay = _Overlay.of(rows, run) if run is not None else None
+    only = _path_only(path_only, overlay)
     lines = [
         "digraph agent_fsm {",
         "    rankdir=LR;",
@@ -235,6 +253,8 @@ def to_dot(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
                 f'color="{stroke}", penwidth=3];'
             )
     for i, (row, priority) in enumerate(_prioritised(rows)):
+        if only and overlay is not None and not overlay.counts[i]:
+            continue
         label = _edge_label(row, priority)
         style = ""
         if overlay is not None:
@@ -276,7 +296,7 @@ def _graphviz(dot_text: str, output: Literal["svg", "png"]) -> bytes:
     return done.stdout
 
 
-def to_svg(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
+def to_svg(rows: Sequence[Row], run: RunOverlay | None = None, *, path_only: bool = False) -> str:
     """SVG text from graphviz (see ``to_dot``); needs the ``dot`` program.
 
     The SVG carries a comment with the SHA-256 of the DOT text it was drawn from, so a
@@ -285,20 +305,20 @@ def to_svg(rows: Sequence[Row], run: RunOverlay | None = None) -> str:
     Raises:
         DiagramError: when ``dot`` is not on PATH (the message says how to install it) or fails.
     """
-    source = to_dot(rows, run)
+    source = to_dot(rows, run, path_only=path_only)
     svg = _graphviz(source, "svg").decode()
     digest = hashlib.sha256(source.encode()).hexdigest()
     at = svg.find("<svg")
     return f"{svg[:at]}<!-- agent_fsm: drawn from DOT source sha256 {digest} -->\n{svg[at:]}"
 
 
-def to_png(rows: Sequence[Row], run: RunOverlay | None = None) -> bytes:
+def to_png(rows: Sequence[Row], run: RunOverlay | None = None, *, path_only: bool = False) -> bytes:
     """PNG image bytes from graphviz (see ``to_dot``); needs the ``dot`` program.
 
     Raises:
         DiagramError: when ``dot`` is not on PATH (the message says how to install it) or fails.
     """
-    return _graphviz(to_dot(rows, run), "png")
+    return _graphviz(to_dot(rows, run, path_only=path_only), "png")
 
 
 @overload
@@ -307,17 +327,33 @@ def render(
     format: Literal["mermaid", "dot", "svg"] = "mermaid",
     *,
     run: RunOverlay | None = None,
+    path_only: bool = False,
 ) -> str: ...
 @overload
 def render(
-    rows: Sequence[Row], format: Literal["png"], *, run: RunOverlay | None = None
+    rows: Sequence[Row],
+    format: Literal["png"],
+    *,
+    run: RunOverlay | None = None,
+    path_only: bool = False,
 ) -> bytes: ...
 @overload
-def render(rows: Sequence[Row], format: str, *, run: RunOverlay | None = None) -> str | bytes: ...
 def render(
-    rows: Sequence[Row], format: str = "mermaid", *, run: RunOverlay | None = None
+    rows: Sequence[Row],
+    format: str,
+    *,
+    run: RunOverlay | None = None,
+    path_only: bool = False,
+) -> str | bytes: ...
+def render(
+    rows: Sequence[Row],
+    format: str = "mermaid",
+    *,
+    run: RunOverlay | None = None,
+    path_only: bool = False,
 ) -> str | bytes:
-    """The diagram of ``rows`` in ``format`` (one of FORMATS), overlaid with ``run`` if given.
+    """The diagram of ``rows`` in ``format`` (one of FORMATS), overlaid with ``run`` if given
+    (only the run's path with ``path_only``).
 
     Text for every format but ``png``, which is bytes.
 
@@ -326,11 +362,11 @@ def render(
         DiagramError: for svg/png without graphviz, or a run that does not fit ``rows``.
     """
     if format == "mermaid":
-        return to_mermaid(rows, run)
+        return to_mermaid(rows, run, path_only=path_only)
     if format == "dot":
-        return to_dot(rows, run)
+        return to_dot(rows, run, path_only=path_only)
     if format == "svg":
-        return to_svg(rows, run)
+        return to_svg(rows, run, path_only=path_only)
     if format == "png":
-        return to_png(rows, run)
+        return to_png(rows, run, path_only=path_only)
     raise DiagramError(f"unknown diagram format {format!r}; choose one of {', '.join(FORMATS)}")

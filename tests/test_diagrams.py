@@ -484,3 +484,23 @@ def test_select_run_needs_a_run() -> None:
     assert select_run([only], None, "x") is only
     assert only.final_state is None
     assert only.turns == 0
+
+
+def test_a_runs_path_alone_is_drawn_with_path_only() -> None:
+    result, _ = _two_tool_turns()
+    agent, _ = make_agent([])
+    mermaid = agent.diagram(run=result, path_only=True)
+    edges = [line for line in mermaid.splitlines() if " --> " in line and "[*]" not in line]
+    assert edges == [
+        "    OBSERVE --> THINK : observed #7 [else] think ×3",
+        "    THINK --> ACT : thought #14 [reply_has_tool_calls] act ×2",
+        "    THINK --> DONE : thought #18 [else] final_answer ×1",
+        "    ACT --> REFLECT : acted #1 [else] reflect ×2",
+        "    REFLECT --> OBSERVE : reflected #21 [else] continue ×2",
+    ]
+    assert "    DONE --> [*]" in mermaid
+    assert "ERROR --> [*]" not in mermaid
+    dot = render(TABLE, "dot", run=result, path_only=True)
+    assert dot.count(" -> ") == len(edges) + 1  # and the start arrow
+    with pytest.raises(DiagramError, match="pass the run too"):
+        render(TABLE, "mermaid", path_only=True)
