@@ -217,7 +217,9 @@ class PostgresStore(ClosingStore):
                 " stored"
             )
         state = decode_header(run_id, version, header)
-        state.messages, state.trace = decode_entries(run_id, [text for (text,) in messages], trace)
+        decoded, entries = decode_entries(run_id, [text for (text,) in messages], trace)
+        state.messages = decoded
+        state.trace = entries
         self._seen[run_id] = rows.seen(revision, state)
         return state
 

@@ -246,7 +246,9 @@ class SQLiteStore(ClosingStore):
                 f" messages and {len(trace)} of {trace_count} trace entries stored"
             )
         state = decode_header(run_id, version, header)
-        state.messages, state.trace = decode_entries(run_id, [text for (text,) in texts], trace)
+        messages, entries = decode_entries(run_id, [text for (text,) in texts], trace)
+        state.messages = messages
+        state.trace = entries
         self._saved(revision, state)
         return state
 
