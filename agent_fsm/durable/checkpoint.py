@@ -97,7 +97,12 @@ class RunSaver(Protocol):
     def save(self, state: RunState) -> None:
         """Save ``state`` as the run's checkpoint, atomically (the run need not exist yet).
         Writes only what is new since the last save of the run, so the cost does not grow
-        with the transcript (the module's rules)."""
+        with the transcript (the module's rules).
+
+        Raises:
+            ConfigError: the run id is one no store could keep (``leases.check_id``).
+            CheckpointError: a note is not a JSON value, or the storage failed.
+        """
         ...
 
     def journal(self, run_id: str) -> ToolJournal:
@@ -122,8 +127,11 @@ class RunOpener(Protocol):
         """The last saved state of ``run_id``, equal to the one saved.
 
         Raises:
-            CheckpointError: unknown run id, an unreadable checkpoint, or a schema version
-                that can be neither read nor migrated.
+            CheckpointError: naming the run: unknown run id, an unreadable checkpoint (a
+                header whose fields do not fit its version, whatever its migration raised),
+                or a schema version that is not an integer, or can be neither read nor
+                migrated.
+            ConfigError: the run id is one no store could keep (``leases.check_id``).
         """
         ...
 
