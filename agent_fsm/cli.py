@@ -4,21 +4,26 @@ Commands: ``demo`` (an offline run of the weather/calculator agent, printing eve
 transition, tool call and result), ``run`` and ``resume`` (the same tools against a real
 OpenAI-compatible server, ``cli_model``), ``diagram`` (the machine as mermaid, DOT, SVG or
 PNG, optionally overlaid with a recorded or checkpointed run), ``replay`` (alias ``trace``:
-a recorded run, step by step) and ``runs`` (the runs of a checkpoint store, or one of them).
+a recorded run, step by step) and ``runs`` (the runs of a checkpoint store, SQLite or
+PostgreSQL, with their leases and the stuck ones flagged; or one of them).
 Exit codes: 0 success, 1 the run failed (or, for replay, the recorded run failed or never
-finished), 2 bad usage or unreadable input. Errors go to stderr.
+finished), 2 bad usage or unreadable input. Errors go to stderr, one line each, never a
+traceback for what a user typed or pointed at (a file that is not Python, a module that
+raises, a value nested too deep), and never a database password (``checkpoint.redacted``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import logging
 import os
 import runpy
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol, TextIO
@@ -29,7 +34,8 @@ from agent_fsm.agent import Agent, machine_for
 from agent_fsm.cli_model import add_model_options
 from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
-from agent_fsm.durable.checkpoint import RunSummary
+from agent_fsm.durable.checkpoint import CheckpointStore, RunSummary, redacted
+from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.durable.tracefile import (
     RecordedRun,
@@ -302,13 +308,27 @@ def _settle(agent: Agent, result: RunResult, args: argparse.Namespace) -> RunRes
 
 
 DEFAULT_STORE = "agent_fsm.sqlite3"
+STORE_VARIABLE = "AGENT_FSM_STORE"
+"""The environment variable ``--store`` defaults to: a URL's password stays off the command
+line (and out of ``ps``)."""
 
 
-def _open_store(path: str) -> SQLiteStore:
-    """An existing store (reading never creates an empty database by mistake)."""
-    if not Path(path).is_file():
-        raise _UsageError(f"no checkpoint store at {path} (choose one with --store PATH)")
-    return SQLiteStore(path)
+def _open_store(location: str, schema: str) -> CheckpointStore:
+    """An existing store, a SQLite file or a ``postgresql://`` URL (``schema`` its schema):
+    reading never creates an empty database by mistake."""
+    if location.lower().startswith(("postgres://", "postgresql://")):
+        try:
+            from agent_fsm.durable.postgres import PostgresStore
+        except ImportError:
+            raise _UsageError(
+                "a PostgreSQL store needs psycopg: pip install 'agent-fsm[postgres]'"
+            ) from None
+        return PostgresStore(location, schema=schema, create=False)
+    if not Path(location).is_file():
+        raise _UsageError(
+            f"no checkpoint store at {redacted(location)} (choose one with --store PATH or URL)"
+        )
+    return SQLiteStore(location)
 
 
 def _table_rows(where: str) -> tuple[Row, ...]:
@@ -322,8 +342,9 @@ def _table_rows(where: str) -> tuple[Row, ...]:
             found = runpy.run_path(source, run_name="agent_fsm_table").get(name)
         else:
             found = getattr(importlib.import_module(source), name, None)
-    except (ImportError, OSError) as exc:
-        raise _UsageError(f"cannot load {source}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # the user's code: whatever it raises is theirs
+        what = "exited" if isinstance(exc, SystemExit) else type(exc).__name__
+        raise _UsageError(f"cannot load {source}: {what}: {exc}") from exc
     if isinstance(found, Agent):
         return found.machine.rows
     if isinstance(found, Table) or (
@@ -348,7 +369,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         runs = recorded_runs(read_trace(args.trace))
         run = select_run(runs, args.run_id, args.trace, option="--run-id ID")
     elif args.run:
-        with _open_store(args.store) as store:
+        with closing(_open_store(args.store, args.schema)) as store:
             run = StoredRunOverlay.of(store.load(args.run), rows)
     diagram = render(rows, format, run=run)
     if args.output:
@@ -398,7 +419,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _when(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S") if timestamp else "-"
+
+
+def _lease_of(run: RunSummary) -> str:
+    """Who holds (or held) the run's lease, and until when."""
+    if run.lease_holder is None or run.lease_expires_at is None:
+        return "-"
+    if run.lease_live:
+        return f"{run.lease_holder} until {_when(run.lease_expires_at)[11:]}"
+    if not run.lease_expires_at:
+        return f"{run.lease_holder} released"
+    return f"{run.lease_holder} expired {_when(run.lease_expires_at)}"
 
 
 def _stop_of(summary_row: int | None) -> str:
@@ -412,20 +444,38 @@ def _list_runs(runs: list[RunSummary], out: TextIO) -> None:
     if not runs:
         print("no runs", file=out)
         return
-    print(f"{'RUN':<34} {'STATE':<8} {'STOP':<18} {'TURNS':>5} {'TOKENS':>8}  UPDATED", file=out)
+    print(
+        f"{'RUN':<34} {'STATE':<8} {'STOP':<18} {'TURNS':>5} {'TOKENS':>8}  {'UPDATED':<19}  LEASE",
+        file=out,
+    )
     for run in runs:
+        flag = "  STUCK" if run.stuck else ""
+        if run.unreadable:
+            flag = f"  UNREADABLE: {run.unreadable}"
         print(
             f"{run.run_id:<34} {run.state!s:<8} {_stop_of(run.last_row):<18} "
-            f"{run.turns:>5} {run.total_tokens:>8}  {_when(run.updated_at)}",
+            f"{run.turns:>5} {run.total_tokens:>8}  {_when(run.updated_at):<19}  "
+            f"{_lease_of(run)}{flag}",
+            file=out,
+        )
+    stuck = sum(run.stuck for run in runs)
+    if stuck:
+        print(
+            f"\n{stuck} stuck: not stopped, and no worker holds a live lease on them (their"
+            " worker died or gave up); a worker's resume(RUN_ID) takes each over",
             file=out,
         )
 
 
-def _show_run(state: RunState, out: TextIO) -> None:
+def _show_run(state: RunState, store: CheckpointStore, out: TextIO) -> None:
     last = state.trace[-1][0] if state.trace else None
     print(f"run:      {state.run_id}", file=out)
     print(f"state:    {state.state!s} ({_stop_of(last)})", file=out)
     print(f"turns:    {state.turns}, tokens {state.usage.total_tokens:,}", file=out)
+    if isinstance(store, LeaseStore):
+        lease = store.lease(state.run_id)
+        held = f"{lease.owner} until {_when(lease.expires_at)}" if lease else "none live"
+        print(f"lease:    {held}", file=out)
     if state.control is not None and state.state is AgentState.DONE:
         print(f"waiting:  {state.control.kind.value}: {state.control.text}", file=out)
         for call in state.control.pending_calls:
@@ -445,11 +495,15 @@ def _show_run(state: RunState, out: TextIO) -> None:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    with _open_store(args.store) as store:
+    # the default loop's states in any case (done, Think), a custom state's name as it is
+    states = [
+        name.upper() if name.upper() in AgentState.__members__ else name for name in args.state
+    ]
+    with closing(_open_store(args.store, args.schema)) as store:
         if args.run_id is None:
-            _list_runs(store.list_runs(args.limit), sys.stdout)
+            _list_runs(store.list_runs(args.limit, states=states or None), sys.stdout)
         else:
-            _show_run(store.load(args.run_id), sys.stdout)
+            _show_run(store.load(args.run_id), store, sys.stdout)
     return 0
 
 
@@ -461,6 +515,7 @@ examples:
   agent-fsm diagram --table loop.py:TABLE    a table of your own (a Table or an Agent)
   agent-fsm diagram --trace run.jsonl -o run.svg   the machine with the run's path (graphviz)
   agent-fsm runs --store runs.sqlite3        the checkpointed runs, newest first
+  agent-fsm runs --store postgresql://HOST/DB --state THINK   a fleet's runs in THINK
   agent-fsm diagram --run ID --store runs.sqlite3  the path of one checkpointed run
 
 exit codes: 0 ok, 1 the run failed, 2 bad usage or unreadable input"""
@@ -477,7 +532,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agent-fsm {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trace_help = "write every event of the run to FILE as JSON Lines (see `replay`)"
-    store_help = f"a SQLite checkpoint store (default: {DEFAULT_STORE})"
+    store_help = (
+        f"a checkpoint store: a SQLite file or a postgresql:// URL (default: ${STORE_VARIABLE},"
+        f" else {DEFAULT_STORE})"
+    )
+    schema_help = "the schema of a PostgreSQL store (default: agent_fsm)"
+    default_store = os.environ.get(STORE_VARIABLE) or DEFAULT_STORE
 
     demo = commands.add_parser("demo", help="run the offline weather/calculator demo agent")
     demo.add_argument("--trace", metavar="FILE", help=trace_help)
@@ -547,7 +607,8 @@ def _parser() -> argparse.ArgumentParser:
     diagram.add_argument("--trace", metavar="FILE", help="overlay the run recorded in FILE")
     diagram.add_argument("--run-id", help="which run of a trace file holding several")
     diagram.add_argument("--run", metavar="ID", help="overlay the checkpointed run ID")
-    diagram.add_argument("--store", default=DEFAULT_STORE, help=store_help)
+    diagram.add_argument("--store", default=default_store, help=store_help)
+    diagram.add_argument("--schema", default="agent_fsm", help=schema_help)
     diagram.add_argument("-o", "--output", metavar="FILE", help="write to FILE, not stdout")
     diagram.set_defaults(handler=_cmd_diagram)
 
@@ -567,18 +628,34 @@ def _parser() -> argparse.ArgumentParser:
         "runs",
         help="list the runs of a checkpoint store, or show one",
         description="Without RUN_ID: one line per checkpointed run (state, stop reason, turns, "
-        "tokens, last update), newest first. With RUN_ID: that run's state, what it waits "
-        "for (a question or calls to approve) and its transcript.",
+        "tokens, last update, lease holder and expiry), newest first; STUCK marks a run that "
+        "has not stopped and whose lease is no longer live, UNREADABLE one this agent_fsm "
+        "cannot read. With RUN_ID: that run's state, lease, what it waits for (a question or "
+        "calls to approve) and its transcript.",
     )
     runs.add_argument("run_id", nargs="?", metavar="RUN_ID", help="show this run")
-    runs.add_argument("--store", default=DEFAULT_STORE, help=store_help)
+    runs.add_argument("--store", default=default_store, help=store_help)
+    runs.add_argument("--schema", default="agent_fsm", help=schema_help)
     runs.add_argument("--limit", type=int, default=None, help="list at most N runs")
+    runs.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        metavar="STATE",
+        help="list only the runs in STATE (repeatable): DONE, ERROR, THINK, ... or a custom "
+        "state's name",
+    )
     runs.set_defaults(handler=_cmd_runs)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agent-fsm`` command; returns the exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        # Text that is not UTF-8 (a file name argv decoded with surrogates) is printed
+        # escaped, never a UnicodeEncodeError halfway through the output.
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
     try:
@@ -590,7 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (OSError, AgentFSMError, _UsageError) as exc:
-        print(f"agent-fsm: {exc}", file=sys.stderr)
+        print(f"agent-fsm: {' '.join(str(exc).split())}", file=sys.stderr)  # one line
         return 2
     return code
 

@@ -28,6 +28,7 @@ from agent_fsm.agent import Agent
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.events import Event, MessageUpdated, ModelResponded
+from agent_fsm.messages import clean_json, clean_text
 from agent_fsm.models.base import Model
 from agent_fsm.models.registry import PROVIDERS, Provider
 from agent_fsm.run.approvals import Decisions
@@ -180,17 +181,48 @@ def build_model(args: argparse.Namespace) -> Model:
     )
 
 
+MAX_SET_DEPTH = 64
+"""How deep a ``--set`` value may nest: far more than any request field needs, and far less
+than what breaks the JSON encoders between here and the server (Python's recursion limit)."""
+
+
 def _fields(pairs: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs: VALUE as JSON if it parses, else as text; text that is not
+    UTF-8 (argv decoded with surrogates) cleaned, as a run's text is.
+
+    Raises:
+        ConfigError: a pair without ``=``, or a value nested deeper than ``MAX_SET_DEPTH``.
+    """
     fields: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set takes KEY=VALUE, got {pair!r}")
+        key = clean_text(key.strip())
+        if not sep or not key:
+            raise ConfigError(f"--set takes KEY=VALUE, got {pair[:80]!r}")
         try:
-            fields[key.strip()] = json.loads(text)
+            value: Any = json.loads(text)
+        except RecursionError:
+            value = None  # nested too deep for the parser: refused below
+            depth = MAX_SET_DEPTH + 1
         except ValueError:
-            fields[key.strip()] = text
+            value, depth = text, 0
+        else:
+            depth = _depth(value)
+        if depth > MAX_SET_DEPTH:
+            raise ConfigError(
+                f"--set {key}: the value nests deeper than {MAX_SET_DEPTH} levels (it is"
+                f" {len(text):,} characters long); no request field needs that"
+            )
+        fields[key] = clean_json(value)
     return fields
+
+
+def _depth(value: Any, limit: int = MAX_SET_DEPTH) -> int:
+    """How deep ``value`` nests, counting no further than ``limit + 1``."""
+    if not isinstance(value, list | dict) or limit < 0:
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(item, limit - 1) for item in items), default=0)
 
 
 class StreamPrinter:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -14,10 +18,14 @@ from typing import Any
 
 import pytest
 
+from agent_fsm import CheckpointError
 from agent_fsm.cli import main
 from agent_fsm.diagrams import render
+from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.durable.tracefile import TraceWriter, read_run
-from agent_fsm.table import TABLE
+from agent_fsm.state import RunState
+from agent_fsm.table import TABLE, AgentState
 from agent_fsm.testing import call, reply
 from tests.conftest import make_agent
 
@@ -330,14 +338,16 @@ def test_runs_lists_a_store_shows_a_run_and_draws_its_path(
 
     assert main(["runs", "--store", db]) == 0
     listing = capsys.readouterr().out.splitlines()
-    assert listing[0].split() == ["RUN", "STATE", "STOP", "TURNS", "TOKENS", "UPDATED"]
+    assert listing[0].split() == ["RUN", "STATE", "STOP", "TURNS", "TOKENS", "UPDATED", "LEASE"]
     assert len(listing) == 2
     run_id, state, stop, turns, tokens = listing[1].split()[:5]
     assert (state, stop, turns, tokens) == ("DONE", "final_answer", "4", "1249")
+    assert listing[1].endswith("  -")  # never leased
 
     assert main(["runs", run_id, "--store", db]) == 0
     shown = capsys.readouterr().out
     assert "state:    DONE (final_answer)" in shown
+    assert "lease:    none live" in shown
     assert '  assistant: Let me look up the weather. · get_weather({"city": "Beijing"})' in shown
 
     assert main(["diagram", "--run", run_id, "--store", db]) == 0
@@ -358,3 +368,178 @@ def test_runs_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     assert "nope" in capsys.readouterr().err
     assert main(["diagram", "--run", "x", "--trace", "y.jsonl"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+# -- the fleet: runs on PostgreSQL (issue 34) --------------------------------------------------
+
+
+def _fleet(store: CheckpointStore) -> None:
+    """Four runs as a fleet leaves them: one done, one driven now, one whose worker died
+    mid-run (its lease expired), and one in a custom state nobody leased."""
+    store.save(RunState(run_id="done", state=AgentState.DONE, trace=[(0, 0)]))
+    assert isinstance(store, LeaseStore)
+    dead = store.claim("dead", "worker-b", 0.2)
+    store.save(RunState(run_id="dead", state=AgentState.THINK), lease=dead)
+    time.sleep(0.2)  # the lease's ttl: then it has expired (on the server's clock)
+    for _ in range(200):
+        if store.lease("dead") is None:
+            break
+        time.sleep(0.05)
+    alive = store.claim("alive", "worker-a", 600)
+    store.save(RunState(run_id="alive", state=AgentState.ACT), lease=alive)
+    store.save(RunState(run_id="triage", state="TRIAGE"))
+
+
+def test_runs_lists_a_postgres_fleet_with_leases_and_stuck_runs(
+    postgres_url: str, postgres_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent_fsm.durable.postgres import PostgresStore
+
+    with PostgresStore(postgres_url, schema=postgres_schema) as store:
+        _fleet(store)
+    store_args = ["--store", postgres_url, "--schema", postgres_schema]
+    assert main(["runs", *store_args]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
+    assert list(lines) == ["triage", "alive", "dead", "done", "1"]
+    assert " worker-a until " in lines["alive"]
+    assert not lines["alive"].endswith("STUCK")
+    assert " worker-b expired " in lines["dead"]
+    assert lines["dead"].endswith("  STUCK")
+    assert lines["done"].endswith("  -")
+    assert lines["1"].startswith("1 stuck: not stopped, and no worker holds a live lease")
+    assert main(["runs", *store_args, "--state", "think", "--state", "TRIAGE"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:] if line]
+    assert listed[:2] == ["triage", "dead"]
+    assert main(["runs", "alive", *store_args]) == 0
+    assert "lease:    worker-a until " in capsys.readouterr().out
+    assert main(["diagram", "--run", "done", *store_args]) == 0
+    assert capsys.readouterr().out.startswith("stateDiagram-v2")
+
+
+def test_runs_never_prints_a_password(
+    postgres_url: str, postgres_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 34: the error of a PostgreSQL store printed its URL, password and all."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from agent_fsm.durable.postgres import PostgresStore
+
+    password = conninfo_to_dict(postgres_url)["password"]
+    assert password
+    wrong = postgres_url.replace(f":{password}@", ":not-the-password@")
+    refused = re.sub(r"@[^/]+/", "@127.0.0.1:9/", postgres_url)
+    for url, said in [
+        (postgres_url, "no agent_fsm checkpoint store at"),  # no such schema: none is made
+        (wrong, "password authentication failed"),
+        (refused, "nothing accepts connections there"),
+        ("postgresql://agents:hunter 2@db.internal/agents", "not a PostgreSQL connection"),
+    ]:
+        assert main(["runs", "--store", url, "--schema", postgres_schema]) == 2
+        captured = capsys.readouterr()
+        assert said in captured.err
+        for secret in (password, "not-the-password", "hunter"):
+            assert secret not in captured.err + captured.out
+        assert captured.err.count("\n") == 1  # one line
+    with pytest.raises(CheckpointError):  # looking did not lay the schema out
+        PostgresStore(postgres_url, schema=postgres_schema, create=False)
+
+
+def test_a_postgres_url_given_where_a_sqlite_file_is_expected(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agent-fsm run --store URL`` opens SQLite: it refuses the URL, without its password."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    url = "postgresql://agents:hunter2@db.internal:5432/agents"
+    code = main(
+        ["run", "hi", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--store", url]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "is a PostgreSQL URL, not a SQLite file" in err
+    assert "hunter2" not in err
+    assert "postgresql://agents:***@db.internal:5432/agents" in err
+
+
+# -- what a user types or points at never prints a traceback (issue 33, point 8) ---------------
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert captured.err.startswith("agent-fsm: ")
+    assert captured.err.count("\n") == 1, captured.err
+    return captured.err
+
+
+def test_a_set_value_nested_too_deep_exits_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    model = ["--model", "m", "--base-url", "http://127.0.0.1:9/v1"]
+    for value in ["[" * 100_000, "[" * 65 + "]" * 65, json.dumps({"a": [[[[{"b": [[[[1]]]]}]]]]})]:
+        argv = ["run", "hi", *model, "--set", f"x={value}"]
+        if value.startswith("{"):  # 10 levels: fine, it is sent (and the server is down)
+            assert main([*argv, "--retries", "0"]) == 1
+            capsys.readouterr()
+            continue
+        assert "--set x: the value nests deeper than 64 levels" in _one_line_error(capsys, argv)
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"TABLE = 1\x00\n", "cannot load"),  # a NUL byte
+        (b"x = '\xff\xfe'\n", "cannot load"),  # not UTF-8
+        (b"def (:\n", "SyntaxError"),
+        (b"raise RuntimeError('boom')\n", "RuntimeError: boom"),
+        (b"import sys\nsys.exit(3)\n", "exited: 3"),
+        (b"TABLE = [" * 1 + b"1]\n", "is not a Table"),
+    ],
+)
+def test_a_table_file_that_is_not_a_table_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes, said: str
+) -> None:
+    path = tmp_path / "table.py"
+    path.write_bytes(content)
+    assert said in _one_line_error(capsys, ["diagram", "--table", f"{path}:TABLE"])
+
+
+def test_a_table_module_that_cannot_be_imported_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "raises_on_import.py").write_text("raise ValueError('no import for you')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for where, said in [
+        ("raises_on_import:TABLE", "ValueError: no import for you"),
+        (".relative:TABLE", "cannot load .relative"),
+        ("pkg.:TABLE", "cannot load pkg."),
+    ]:
+        assert said in _one_line_error(capsys, ["diagram", "--table", where])
+
+
+def test_text_that_is_not_utf8_is_printed_escaped_not_a_traceback(tmp_path: Path) -> None:
+    """A question (or run id) from argv holding bytes that are not UTF-8 reaches the program
+    as lone surrogates; with a strict stdout (PYTHONIOENCODING=utf-8) printing one raised
+    ``UnicodeEncodeError``."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    env.pop("OPENAI_API_KEY", None)
+    command = [sys.executable, "-m", "agent_fsm.cli"]
+    asked = subprocess.run(
+        [*command, "run", b"caf\xe9".decode("utf-8", "surrogateescape"), "--model", "m",
+         "--base-url", "http://127.0.0.1:9/v1", "--retries", "0"],
+        capture_output=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert b"Traceback" not in asked.stderr
+    assert asked.returncode == 1  # the server is down: the run failed, and says so
+    assert b"question: caf\\udce9" in asked.stdout
+    db = tmp_path / "runs.sqlite3"
+    assert main(["demo", "--store", str(db)]) == 0
+    shown = subprocess.run(
+        [*command, "runs", b"\xff".decode("utf-8", "surrogateescape"), "--store", str(db)],
+        capture_output=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 2
+    assert b"Traceback" not in shown.stderr
+    assert shown.stderr.startswith(b"agent-fsm: run id '\\udcff' is not valid text")

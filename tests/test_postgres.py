@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import math
 import re
+import socket
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +21,7 @@ pytest.importorskip("psycopg")  # the extra agent-fsm[postgres]; tests/stores.py
 import psycopg
 from psycopg import sql
 
-from agent_fsm import CheckpointError
+from agent_fsm import CheckpointError, ConfigError
 from agent_fsm.durable.postgres import LAYOUT_VERSION, PostgresStore
 from agent_fsm.messages import AssistantMessage
 from agent_fsm.testing.store_kit import add_turn, sample_state
@@ -202,6 +205,114 @@ def test_errors_name_the_store_but_never_its_password(postgres_url: str) -> None
     assert str(password) not in str(failed.value)
     with pytest.raises(CheckpointError, match="not a PostgreSQL connection string"):
         PostgresStore("port", schema="x")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://agents:hunter 2@db.internal/agents",  # a space: libpq quotes it back
+        "postgresql://agents:hunter2@[::1/agents",  # libpq quotes the whole URL
+        "host=db.internal password=hunter2 port",
+        "host=db.internal password='hunter 2' junk",
+    ],
+)
+def test_a_url_libpq_cannot_parse_is_refused_without_its_password(url: str) -> None:
+    with pytest.raises(CheckpointError, match="not a PostgreSQL connection string") as failed:
+        PostgresStore(url)
+    assert "hunter" not in str(failed.value)
+    assert failed.value.__cause__ is None
+    assert failed.value.__suppress_context__  # the driver's error, which quotes it, is dropped
+
+
+@pytest.fixture
+def limited_role(postgres_url: str) -> Iterator[str]:
+    """A URL for a role the server lets have no connection at all: what "too many clients"
+    looks like, without using up the shared server's connections."""
+    name = f"limited_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'pw-of-the-role' CONNECTION LIMIT 0").format(
+                sql.Identifier(name)
+            )
+        )
+    try:
+        yield re.sub(r"//[^@/]*@", f"//{name}:pw-of-the-role@", postgres_url)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_too_many_clients_is_a_clear_error(limited_role: str) -> None:
+    """Issue 34, point 6: the server has no connection slot left for this one."""
+    with pytest.raises(CheckpointError) as failed:
+        PostgresStore(limited_role, schema="nowhere")
+    message = str(failed.value)
+    assert "cannot connect: the server has no connection left for this one" in message
+    assert "max_connections" in message
+    assert "too many connections for role" in message  # the server's own words
+    assert "pw-of-the-role" not in message
+    assert "\n" not in message
+
+
+def test_a_refused_connection_says_what_to_do(postgres_url: str) -> None:
+    refused = re.sub(r"@[^/]+/", "@127.0.0.1:9/", postgres_url)
+    with pytest.raises(CheckpointError, match="nothing accepts connections there") as failed:
+        PostgresStore(refused, schema="nowhere")
+    assert "is PostgreSQL running on that host and port?" in str(failed.value)
+
+
+def test_connecting_gives_up_after_the_timeout(postgres_url: str) -> None:
+    """A server that accepts the TCP connection and never answers (a stalled host, a
+    firewall that drops packets): the store gives up after ``connect_timeout_s`` instead of
+    hanging its worker."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    url = re.sub(r"@[^/]+/", f"@127.0.0.1:{silent.getsockname()[1]}/", postgres_url)
+    failures: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            PostgresStore(url, schema="nowhere", connect_timeout_s=1)
+        except BaseException as exc:  # checked below
+            failures.append(exc)
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # not a timing assertion: a bound on a hang
+    silent.close()
+    assert not worker.is_alive(), "the store waited for the silent server for good"
+    assert len(failures) == 1
+    assert isinstance(failures[0], CheckpointError)
+    assert "cannot connect: no answer within 2 s" in str(failures[0])
+
+
+def test_the_connect_timeout_reaches_libpq(postgres_url: str, postgres_schema: str) -> None:
+    """The default, the option (whole seconds, at least 2), and the URL's own."""
+    separator = "&" if "?" in postgres_url else "?"
+    for options, url, expected in [
+        ({}, postgres_url, "10"),
+        ({"connect_timeout_s": 3.5}, postgres_url, "4"),
+        ({"connect_timeout_s": 0.5}, postgres_url, "2"),
+        ({}, f"{postgres_url}{separator}connect_timeout=7", "7"),
+        ({"connect_timeout_s": 5}, f"{postgres_url}{separator}connect_timeout=7", "5"),
+    ]:
+        with PostgresStore(url, schema=postgres_schema, **options) as store:  # type: ignore[arg-type]
+            assert store._db._conn is not None
+            assert store._db._conn.info.get_parameters().get("connect_timeout") == expected
+    for bad in (0, -1, math.nan, math.inf, "10", True):
+        with pytest.raises(ConfigError, match="connect_timeout_s must be a positive number"):
+            PostgresStore(postgres_url, schema=postgres_schema, connect_timeout_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_reader_does_not_create_a_store(postgres_url: str, postgres_schema: str) -> None:
+    with pytest.raises(CheckpointError, match=r"no agent_fsm checkpoint store at .* schema"):
+        PostgresStore(postgres_url, schema=postgres_schema, create=False)
+    with psycopg.connect(postgres_url) as conn:
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (postgres_schema,))
+        assert found.fetchone() is None
+    PostgresStore(postgres_url, schema=postgres_schema).close()
+    PostgresStore(postgres_url, schema=postgres_schema, create=False).close()
 
 
 def test_a_closed_store_says_so(pg: PostgresStore) -> None:

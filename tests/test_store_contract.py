@@ -108,7 +108,12 @@ _BROKEN = """
 import dataclasses
 
 from agent_fsm import MemoryStore
-from agent_fsm.durable.encoding import CHECKPOINT_SCHEMA_VERSION, decode_header
+from agent_fsm.durable.encoding import (
+    CHECKPOINT_SCHEMA_VERSION,
+    decode_header,
+    summarize,
+    unknown_run,
+)
 from agent_fsm.durable.journal import MemoryJournal
 from agent_fsm.testing import CheckpointStoreContract
 
@@ -160,6 +165,27 @@ class ListsByClock(MemoryStore):
         return runs if limit is None else runs[: max(limit, 0)]
 
 
+class LoadsToList(MemoryStore):
+    def list_runs(self, limit=None, *, states=None):
+        runs = super().list_runs(limit, states=states)
+        return [
+            summarize(self.load(run.run_id), created_at=run.created_at, updated_at=run.updated_at)
+            for run in runs
+        ]
+
+
+class ForgetsStates(MemoryStore):
+    def list_runs(self, limit=None, *, states=None):
+        return super().list_runs(limit)
+
+
+class TakesAnyId(MemoryStore):
+    def load(self, run_id):
+        if run_id not in self._runs:
+            raise unknown_run(run_id)
+        return super().load(run_id)
+
+
 def _contract(store):
     class Contract(CheckpointStoreContract):
         def make_store(self, clock):
@@ -175,6 +201,9 @@ TestKeepsJournals = _contract(KeepsJournals)
 TestUnfencedJournal = _contract(UnfencedJournal)
 TestIgnoresVersions = _contract(IgnoresVersions)
 TestListsByClock = _contract(ListsByClock)
+TestLoadsToList = _contract(LoadsToList)
+TestForgetsStates = _contract(ForgetsStates)
+TestTakesAnyId = _contract(TakesAnyId)
 """
 
 _CAUGHT = {
@@ -195,6 +224,12 @@ _CAUGHT = {
         "test_an_older_schema_without_a_migration_is_refused",
     },
     "TestListsByClock": {"test_list_runs_orders_by_the_saves_even_when_the_clock_stands_still"},
+    "TestLoadsToList": {
+        "test_list_runs_lists_a_run_it_cannot_read_among_the_others",
+        "test_a_schema_version_that_is_not_an_integer_is_a_checkpoint_error",
+    },
+    "TestForgetsStates": {"test_list_runs_by_state"},
+    "TestTakesAnyId": {"test_an_id_some_store_could_not_keep_is_refused_by_every_method"},
 }
 """Each broken store, and the tests of the contract that must fail on it."""
 

@@ -27,7 +27,18 @@ a store, ours included):
   it wrote must still notice another writer's save (``SQLiteStore`` and ``PostgresStore``
   compare the run's revision).
 - Nothing is ever read half-way: ``load`` returns the whole state or raises
-  ``CheckpointError``, as it does for an unknown run id.
+  ``CheckpointError`` naming the run, as it does for an unknown run id, and whatever is
+  wrong with what is stored (a schema version that is not an integer, a header whose fields
+  have the wrong JSON type: ``encoding.decode_header``).
+- Hostile input gets one answer from every store (``durable.encoding``'s "Hostile input"):
+  an id some store could not keep is refused with ``ConfigError`` before the store touches
+  its storage (``leases.check_id``); a lone surrogate in ``notes`` is saved as U+FFFD; a note
+  that is not JSON is a ``CheckpointError`` naming it.
+- ``list_runs`` never fails over one run: a run it cannot read (a damaged summary, a schema
+  version this agent_fsm does not read) is listed with ``RunSummary.unreadable`` saying why
+  (``encoding.read_summary``, ``listed``). It gives each run's last lease (holder, expiry, live) and
+  flags the runs that are stuck: not stopped, and no live lease (their worker died or gave up
+  mid-run); ``states=`` lists only the runs in the given states.
 
 ``SQLiteStore`` (the embedded default, one file shared safely by several processes) lives in
 ``durable.sqlite``, ``PostgresStore`` (many workers on many machines) in ``durable.postgres``.
@@ -36,9 +47,11 @@ Every store here also leases runs to workers (``durable.leases``).
 
 from __future__ import annotations
 
+import math
+import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Protocol, Self, TypeVar, runtime_checkable
 
@@ -47,13 +60,16 @@ from agent_fsm.durable.encoding import (
     RunSummary,
     decode_header,
     encode_header,
+    schema_problem,
     summarize,
     unknown_run,
 )
 from agent_fsm.durable.journal import GuardedJournal, MemoryJournal, ToolJournal
-from agent_fsm.durable.leases import Lease, MemoryLeases
+from agent_fsm.durable.leases import Lease, MemoryLeases, check_id
+from agent_fsm.errors import ConfigError
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
+from agent_fsm.table import TERMINAL_STATES
 
 __all__ = [
     "CheckpointStore",
@@ -62,6 +78,9 @@ __all__ = [
     "RunLister",
     "RunOpener",
     "RunSaver",
+    "listed",
+    "redacted",
+    "state_names",
     # the encoding's names that callers have imported from here (``durable.encoding``)
     "MESSAGE_ADAPTER",
     "RunSummary",
@@ -78,7 +97,12 @@ class RunSaver(Protocol):
     def save(self, state: RunState) -> None:
         """Save ``state`` as the run's checkpoint, atomically (the run need not exist yet).
         Writes only what is new since the last save of the run, so the cost does not grow
-        with the transcript (the module's rules)."""
+        with the transcript (the module's rules).
+
+        Raises:
+            ConfigError: the run id is one no store could keep (``leases.check_id``).
+            CheckpointError: a note is not a JSON value, or the storage failed.
+        """
         ...
 
     def journal(self, run_id: str) -> ToolJournal:
@@ -103,8 +127,11 @@ class RunOpener(Protocol):
         """The last saved state of ``run_id``, equal to the one saved.
 
         Raises:
-            CheckpointError: unknown run id, an unreadable checkpoint, or a schema version
-                that can be neither read nor migrated.
+            CheckpointError: naming the run: unknown run id, an unreadable checkpoint (a
+                header whose fields do not fit its version, whatever its migration raised),
+                or a schema version that is not an integer, or can be neither read nor
+                migrated.
+            ConfigError: the run id is one no store could keep (``leases.check_id``).
         """
         ...
 
@@ -122,11 +149,18 @@ class RunOpener(Protocol):
 class RunLister(Protocol):
     """What lists the stored runs (``agent-fsm runs``, a UI over the store)."""
 
-    def list_runs(self, limit: int | None = None) -> list[RunSummary]:
+    def list_runs(
+        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+    ) -> list[RunSummary]:
         """Summaries of the stored runs (at most ``limit``; none for 0 or less), most
-        recently saved first, by the order of the saves even when the clock does not move.
-        Each is ``summarize`` of the run's last saved state, ``created_at`` the time of its
-        first save and ``updated_at`` of its last."""
+        recently saved first, by the order of the saves even when the clock does not move;
+        with ``states`` (one state or several, ``AgentState`` members or custom states'
+        names), only the runs whose last save was in one of them. Each is ``summarize`` of
+        the run's last saved state, ``created_at`` the time of its first save and
+        ``updated_at`` of its last, with its lease and ``stuck`` as ``listed`` gives them.
+
+        Never raises for a stored run it cannot read: that run is listed with
+        ``RunSummary.unreadable`` saying why, and the others as usual."""
         ...
 
 
@@ -144,6 +178,7 @@ class CheckpointStore(RunSaver, RunOpener, RunLister, Protocol):
 class _StoredRun:
     """One run in a MemoryStore: encoded header, immutable entries, timestamps."""
 
+    run_id: str
     version: int
     header: bytes
     messages: list[Message]
@@ -190,12 +225,14 @@ class MemoryStore(ClosingStore):
         self._leases = MemoryLeases(clock)
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> None:
+        check_id(state.run_id)
         self._leases.check_write(state.run_id, lease)
         version, header = encode_header(state)
         now = self._clock()
         stored = self._runs.get(state.run_id)
         if stored is None:
             stored = _StoredRun(
+                run_id=state.run_id,
                 version=version,
                 header=header,
                 messages=[],
@@ -211,7 +248,7 @@ class MemoryStore(ClosingStore):
         stored.revision = self._revision
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
-        if state.run_id in self._runs:  # no await between the test and the save
+        if check_id(state.run_id) in self._runs:  # no await between the test and the save
             return False
         if lease is None:  # subclasses may override save(state) alone
             self.save(state)
@@ -220,7 +257,7 @@ class MemoryStore(ClosingStore):
         return True
 
     def load(self, run_id: str) -> RunState:
-        stored = self._runs.get(run_id)
+        stored = self._runs.get(check_id(run_id))
         if stored is None:
             raise unknown_run(run_id)
         state = decode_header(run_id, stored.version, stored.header)
@@ -229,32 +266,43 @@ class MemoryStore(ClosingStore):
         return state
 
     def exists(self, run_id: str) -> bool:
-        return run_id in self._runs
+        return check_id(run_id) in self._runs
 
-    def list_runs(self, limit: int | None = None) -> list[RunSummary]:
+    def list_runs(
+        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+    ) -> list[RunSummary]:
         runs = sorted(self._runs.values(), key=lambda run: run.revision, reverse=True)
-        return [run.summary for run in (runs if limit is None else runs[: max(limit, 0)])]
+        names = state_names(states)
+        if names is not None:
+            runs = [run for run in runs if str(run.summary.state) in names]
+        now = self._clock()
+        return [
+            listed(run.summary, version=run.version, lease=self._leases.latest(run.run_id), now=now)
+            for run in (runs if limit is None else runs[: max(limit, 0)])
+        ]
 
     def delete(self, run_id: str) -> None:
-        self._runs.pop(run_id, None)
+        self._runs.pop(check_id(run_id), None)
         self._journals.pop(run_id, None)
         self._leases.forget(run_id)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
-        journal = self._journals.setdefault(run_id, MemoryJournal())
+        journal = self._journals.setdefault(check_id(run_id), MemoryJournal())
         return GuardedJournal(journal, lambda: self._leases.check_write(run_id, lease))
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
-        return self._leases.claim(run_id, owner, ttl_s)
+        return self._leases.claim(check_id(run_id), check_id(owner, "worker id"), ttl_s)
 
     def renew(self, lease: Lease) -> Lease:
+        check_id(lease.run_id)
         return self._leases.renew(lease)
 
     def release(self, lease: Lease) -> None:
+        check_id(lease.run_id)
         self._leases.release(lease)
 
     def lease(self, run_id: str) -> Lease | None:
-        return self._leases.lease(run_id)
+        return self._leases.lease(check_id(run_id))
 
     def close(self) -> None:
         """Nothing to release; present for the protocol."""
@@ -285,3 +333,75 @@ def _continues(stored: list[_T], live: list[_T]) -> bool:
         return True
     last = live[len(stored) - 1]
     return stored[-1] is last or stored[-1] == last
+
+
+# -- what list_runs gives ------------------------------------------------------------------
+
+
+def state_names(states: str | Iterable[str] | None) -> list[str] | None:
+    """The state names ``list_runs(states=...)`` keeps: one state (an ``AgentState`` is a
+    str, so it is one state, not its letters) or several, a custom state by its name; None
+    keeps every run.
+
+    Raises:
+        ConfigError: a state that is not a str.
+    """
+    if states is None:
+        return None
+    chosen = [states] if isinstance(states, str) else list(states)
+    for state in chosen:
+        if not isinstance(state, str):
+            raise ConfigError(f"list_runs(states=...) takes state names, got {state!r}")
+    return [str(state) for state in chosen]
+
+
+def listed(
+    summary: RunSummary, *, version: object, lease: tuple[object, object] | None, now: float
+) -> RunSummary:
+    """``summary`` as ``list_runs`` gives it, by the store's clock reading ``now``: flagged
+    ``unreadable`` when this agent_fsm cannot read the run's schema ``version``
+    (``encoding.schema_problem``), with the run's last ``lease`` (its holder and expiry;
+    None for a run never leased), and ``stuck`` when that lease is not live and the run has
+    not stopped."""
+    problems = [summary.unreadable] if summary.unreadable else []
+    problem = schema_problem(version)
+    if problem is not None:
+        problems.append(f"its checkpoint {problem}")
+    holder, expires_at = lease if lease is not None else (None, None)
+    if lease is not None and not (isinstance(holder, str) and _is_time(expires_at)):
+        problems.append(f"its lease is unreadable: held by {holder!r} until {expires_at!r}"[:160])
+        holder = expires_at = None
+    live = isinstance(expires_at, int | float) and expires_at > now
+    return replace(
+        summary,
+        lease_holder=holder if isinstance(holder, str) else None,
+        lease_expires_at=float(expires_at) if isinstance(expires_at, int | float) else None,
+        lease_live=live,
+        stuck=holder is not None
+        and not live
+        and not problems
+        and summary.state not in TERMINAL_STATES,
+        unreadable="; ".join(problems) or None,
+    )
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)([^/]*)@")
+_PASSWORD_PARAMETER = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+
+
+def redacted(text: str, *, secrets_of: str | None = None) -> str:
+    """``text`` (a store's file path, database URL or connection string, or a message about
+    one) fit to be shown: a URL's password and any ``password=`` parameter replaced by
+    ``***``; with ``secrets_of`` (the URL the message is about), that URL's passwords too
+    wherever they appear (a driver's error may quote a piece of its URL). Stores and the CLI
+    name stores through it, so credentials never reach a terminal or a log."""
+    if secrets_of is not None:
+        found = [m.group(2) for m in _URL_PASSWORD.finditer(secrets_of)]
+        found += [m.group(2).strip("'") for m in _PASSWORD_PARAMETER.finditer(secrets_of)]
+        for secret in sorted(filter(None, found), key=len, reverse=True):
+            text = text.replace(secret, "***")
+    return _PASSWORD_PARAMETER.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))

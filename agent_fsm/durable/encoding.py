@@ -17,21 +17,39 @@ n + 1, over the decoded JSON object) or refused; one written by a newer agent_fs
 ``encode_header`` returns beside the header: that is how it reads checkpoints written by
 other versions of agent_fsm, as the store contract checks
 (``agent_fsm.testing.CheckpointStoreContract``).
+
+Hostile input gets the same answer from every store, because every store goes through here:
+
+- ids (``durable.leases.check_id``): a run id or worker id that some store could not keep (a lone
+  surrogate, which UTF-8 cannot encode; a NUL, which PostgreSQL's text refuses; more bytes
+  than PostgreSQL indexes) is refused with ``ConfigError`` before a store touches its storage;
+- text (``encode_header``, ``encode_message``): a lone surrogate in the user's ``notes`` (or
+  in any other text of the run) is saved as U+FFFD, as the transcript's text is cleaned where
+  it enters the run (``messages.clean_text``): a run does not stop over one unencodable
+  character. A note that is not a JSON value at all is the developer's mistake:
+  ``CheckpointError`` naming it, never a serializer's own error;
+- corrupt checkpoints (``decode_header``): a schema version that is not an integer, or a
+  header that does not fit its version (fields of the wrong JSON type, which a migration
+  trips over), raise ``CheckpointError`` naming the run, whatever the migration raised;
+  ``list_runs`` lists a run it cannot read with ``RunSummary.unreadable`` saying why
+  (``schema_problem``, ``read_summary``, ``checkpoint.listed``), and the others as usual.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from agent_fsm.errors import CheckpointError
-from agent_fsm.messages import Message
+from agent_fsm.messages import Message, clean_text
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
-from agent_fsm.table import AgentState
+from agent_fsm.table import AgentState, state_named
 
 __all__ = [
     "CHECKPOINT_SCHEMA_VERSION",
@@ -39,8 +57,14 @@ __all__ = [
     "MIGRATIONS",
     "Migration",
     "RunSummary",
+    "STORED_SUMMARY",
+    "decode_entries",
     "decode_header",
     "encode_header",
+    "encode_message",
+    "encode_model",
+    "read_summary",
+    "schema_problem",
     "summarize",
     "unknown_run",
 ]
@@ -93,10 +117,29 @@ MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 _HEADER_EXCLUDE = {"messages", "trace"}
 """RunState's append-only lists: stored entry by entry, not in the header."""
 
+_ANY: TypeAdapter[Any] = TypeAdapter(Any)
+_T = TypeVar("_T")
+_Model = TypeVar("_Model", bound=BaseModel)
+
+STORED_SUMMARY = (
+    "run_id",
+    "state",
+    "turns",
+    "total_tokens",
+    "messages",
+    "last_row",
+    "created_at",
+    "updated_at",
+    "output",
+    "error",
+)
+"""The fields of a ``RunSummary`` a store keeps for each run (``summarize``'s), in order: a
+store that keeps them in columns reads them back with ``read_summary``."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSummary:
-    """One stored run, as ``agent-fsm runs`` lists it."""
+    """One stored run, as ``list_runs`` gives it and ``agent-fsm runs`` lists it."""
 
     run_id: str
     state: AgentState | str
@@ -115,10 +158,28 @@ class RunSummary:
     """Unix time of the last save."""
     output: str | None
     error: str | None
+    lease_holder: str | None = None
+    """The worker id on the run's lease: its holder, or its last one once the lease expired
+    or was released; None for a run never leased."""
+    lease_expires_at: float | None = None
+    """When that lease runs (or ran) out, unix time by the store's clock (``PostgresStore``:
+    the server's); 0.0 once released."""
+    lease_live: bool = False
+    """The lease is live by the store's clock: ``lease_holder`` drives the run now."""
+    stuck: bool = False
+    """The run has not stopped (it is neither DONE nor ERROR) and its lease is not live: its
+    worker died or gave it up mid-run, so nobody drives it until a worker resumes it
+    (``Agent.resume`` takes it over from its last checkpoint)."""
+    unreadable: str | None = None
+    """Why this agent_fsm cannot read the run (a schema version it does not read, a summary
+    no store writes), or None. ``list_runs`` lists such a run with the fields it could read
+    (the others zero or None), so that one corrupt run hides no other; ``load`` raises
+    ``CheckpointError`` for it."""
 
 
 def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSummary:
-    """The summary line of ``state``."""
+    """The summary line of ``state`` (its texts with any NUL, which PostgreSQL's text columns
+    refuse, or lone surrogate made U+FFFD, so that every store lists the same line)."""
     return RunSummary(
         run_id=state.run_id,
         state=state.state,
@@ -128,16 +189,118 @@ def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSu
         last_row=state.trace[-1][0] if state.trace else None,
         created_at=created_at,
         updated_at=updated_at,
-        output=state.output,
-        error=state.error,
+        output=_column_text(state.output),
+        error=_column_text(state.error),
     )
+
+
+def _column_text(text: str | None) -> str | None:
+    if text is None or (text.isascii() and "\x00" not in text):
+        return text
+    return clean_text(text).replace("\x00", "\ufffd")
+
+
+# -- writing ----------------------------------------------------------------------------------
 
 
 def encode_header(state: RunState) -> tuple[int, bytes]:
     """The schema version and JSON header of ``state`` (everything but messages and trace).
 
-    Store the version with the header: ``decode_header`` needs it back."""
-    return CHECKPOINT_SCHEMA_VERSION, RUN_STATE_ADAPTER.dump_json(state, exclude=_HEADER_EXCLUDE)
+    Store the version with the header: ``decode_header`` needs it back. A lone surrogate in
+    the header's text (the user's ``notes``) is written as U+FFFD, on the slow path only.
+
+    Raises:
+        CheckpointError: a note is not a JSON value, naming it.
+    """
+    try:
+        header = RUN_STATE_ADAPTER.dump_json(state, exclude=_HEADER_EXCLUDE)
+    except PydanticSerializationError as exc:
+        try:
+            header = RUN_STATE_ADAPTER.dump_json(
+                _cleaned(RUN_STATE_ADAPTER, state, exclude=_HEADER_EXCLUDE),
+                exclude=_HEADER_EXCLUDE,
+            )
+        except (PydanticSerializationError, ValueError, RecursionError):
+            raise _not_json(state, exc) from exc
+    return CHECKPOINT_SCHEMA_VERSION, header
+
+
+def encode_message(message: Message) -> str:
+    """One transcript message as JSON text (``MESSAGE_ADAPTER``'s), for a store that keeps
+    messages as text. The engine cleans the transcript's text where it enters the run; one
+    that still holds a lone surrogate is written with U+FFFD, not refused with a serializer's
+    error."""
+    try:
+        return MESSAGE_ADAPTER.dump_json(message).decode()
+    except PydanticSerializationError:
+        return MESSAGE_ADAPTER.dump_json(_cleaned(MESSAGE_ADAPTER, message)).decode()
+
+
+def encode_model(model: _Model) -> str:
+    """``encode_message`` for any model (a journal's call or result)."""
+    try:
+        return model.model_dump_json()
+    except PydanticSerializationError:
+        return _cleaned(TypeAdapter(type(model)), model).model_dump_json()
+
+
+def _cleaned(adapter: TypeAdapter[_T], value: _T, **dump: Any) -> _T:
+    """``value`` made again with every str in it (dict keys included) cleaned by
+    ``clean_text``: dumped to Python, cleaned, validated back. The slow path of the encoders,
+    taken only for a value that holds a lone surrogate."""
+    return adapter.validate_python(_clean_all(adapter.dump_python(value, **dump)))
+
+
+def _clean_all(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {_clean_all(key): _clean_all(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return type(value)(_clean_all(item) for item in value)
+    return value
+
+
+def _not_json(state: RunState, exc: Exception) -> CheckpointError:
+    """The error for a state whose header cannot be JSON: the first note that is not."""
+    for key, value in state.notes.items():
+        try:
+            _ANY.dump_json(_clean_all(value))
+        except (PydanticSerializationError, ValueError, RecursionError):
+            return CheckpointError(
+                f"run {state.run_id!r} cannot be saved: notes[{key!r}] is not a JSON value"
+                f" ({type(value).__name__}): notes keep str, int, float, bool, None and lists"
+                " and dicts of them, which every store can write and read back"
+            )
+    return CheckpointError(f"run {state.run_id!r} cannot be saved: {exc}")
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def schema_problem(version: object) -> str | None:
+    """Why a checkpoint written by schema ``version`` cannot be read by this agent_fsm, as
+    the end of a sentence about the run ("checkpoint of run 'r' ..."), or None when it can:
+    ``decode_header`` raises it, ``list_runs`` shows it (``RunSummary.unreadable``)."""
+    current = CHECKPOINT_SCHEMA_VERSION
+    if isinstance(version, bool) or not isinstance(version, int):
+        return (
+            f"has schema version {version!r}, which is not an integer: agent_fsm did not write"
+            " it, or it was damaged"
+        )
+    if version > current:
+        return (
+            f"was written by a newer agent_fsm (checkpoint schema version {version}; this"
+            f" version reads {current} and older): upgrade agent_fsm"
+        )
+    for step in range(version, current):
+        if step not in MIGRATIONS:
+            return (
+                f"has schema version {version}, this agent_fsm reads version {current}, and"
+                f" there is no migration from version {step} to {step + 1}: resume it with an"
+                " older agent_fsm"
+            )
+    return None
 
 
 def decode_header(run_id: str, version: int, header: str | bytes) -> RunState:
@@ -146,20 +309,19 @@ def decode_header(run_id: str, version: int, header: str | bytes) -> RunState:
     Returns a RunState with empty ``messages`` and ``trace`` for the caller to fill.
 
     Raises:
-        CheckpointError: the version is newer than this code, older with no migration path,
-            or the header is not valid JSON for a RunState of ``run_id``.
+        CheckpointError: naming the run: the version is not an integer, is newer than this
+            code, or older with no migration path; or the header is not valid JSON for a
+            RunState of ``run_id`` at that version (a migration that fails on it, whatever
+            it raised, says the header does not fit its version).
     """
-    current = CHECKPOINT_SCHEMA_VERSION
-    if version > current:
-        raise CheckpointError(
-            f"checkpoint of run {run_id!r} was written by a newer agent_fsm (checkpoint schema "
-            f"version {version}; this version reads {current} and older): upgrade agent_fsm"
-        )
+    problem = schema_problem(version)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint of run {run_id!r} {problem}")
     try:
-        if version < current:
+        if version < CHECKPOINT_SCHEMA_VERSION:
             header = json.dumps(_migrate(run_id, version, json.loads(header)))
         state = RUN_STATE_ADAPTER.validate_json(header)
-    except (ValueError, TypeError, KeyError) as exc:  # ValidationError is a ValueError
+    except (ValueError, TypeError, RecursionError) as exc:  # ValidationError is a ValueError
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         raise CheckpointError(f"checkpoint of run {run_id!r} is unreadable: {detail}") from exc
     if state.run_id != run_id:
@@ -169,23 +331,107 @@ def decode_header(run_id: str, version: int, header: str | bytes) -> RunState:
     return state
 
 
+def decode_entries(
+    run_id: str, texts: Sequence[Any], steps: Sequence[Sequence[Any]]
+) -> tuple[list[Message], list[tuple[int, int]]]:
+    """The transcript and trace of a checkpoint, from the messages' JSON texts and the
+    ``(row, turn)`` pairs a store read (whatever their types: a damaged row is caught here).
+
+    Raises:
+        CheckpointError: naming the run: a message or a trace entry is unreadable.
+    """
+    try:
+        messages = [MESSAGE_ADAPTER.validate_json(text) for text in texts]
+    except (ValueError, TypeError, RecursionError) as exc:  # ValidationError is a ValueError
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise CheckpointError(
+            f"checkpoint of run {run_id!r} has an unreadable message: {detail}"
+        ) from exc
+    if not all(len(step) == 2 and all(type(n) is int for n in step) for step in steps):
+        raise CheckpointError(f"checkpoint of run {run_id!r} has an unreadable trace entry")
+    return messages, [(row, turn) for row, turn in steps]
+
+
 def _migrate(run_id: str, version: int, decoded: Any) -> dict[str, Any]:
-    """Apply ``MIGRATIONS`` from ``version`` up to the current version."""
-    if not isinstance(decoded, dict):
-        raise CheckpointError(f"checkpoint of run {run_id!r} is unreadable: not a JSON object")
-    header: dict[str, Any] = decoded
+    """Apply ``MIGRATIONS`` from ``version`` up to the current version (``schema_problem``
+    found the path)."""
+    header: Any = decoded
     for step in range(version, CHECKPOINT_SCHEMA_VERSION):
-        migration = MIGRATIONS.get(step)
-        if migration is None:
+        if not isinstance(header, dict):
             raise CheckpointError(
-                f"checkpoint of run {run_id!r} has schema version {version}, this agent_fsm "
-                f"reads version {CHECKPOINT_SCHEMA_VERSION}, and there is no migration from "
-                f"version {step} to {step + 1}: resume it with an older agent_fsm"
+                f"checkpoint of run {run_id!r} is unreadable: its header at schema version"
+                f" {step} is not a JSON object"
             )
-        header = migration(header)
+        try:
+            header = MIGRATIONS[step](header)
+        except Exception as exc:  # a header that does not fit its version: any error at all
+            raise CheckpointError(
+                f"checkpoint of run {run_id!r} is unreadable: its header does not fit schema"
+                f" version {step} (migrating it to {step + 1} failed: {type(exc).__name__}:"
+                f" {exc})"
+            ) from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(f"checkpoint of run {run_id!r} is unreadable: not a JSON object")
     return header
 
 
 def unknown_run(run_id: str) -> CheckpointError:
     """The error for a run id with no checkpoint (``load`` of a run never saved)."""
     return CheckpointError(f"no checkpoint for run {run_id!r}")
+
+
+def read_summary(values: Sequence[object]) -> RunSummary:
+    """The summary a store kept in columns as ``values`` (``encoding.STORED_SUMMARY``'s
+    fields, in order). Never raises: a value of the wrong type (a damaged row) is listed as
+    zero or None and named in ``RunSummary.unreadable``."""
+    read: dict[str, Any] = {}
+    bad: list[str] = []
+    for name, value in zip(STORED_SUMMARY, values, strict=True):
+        fits, fallback = _FIELDS[name]
+        read[name] = value if fits(value) else fallback
+        if not fits(value):
+            bad.append(f"{name} is {value!r}"[:100])
+    if not isinstance(values[0], str):
+        read["run_id"] = repr(values[0])
+    read["state"] = state_named(read["state"])
+    unreadable = f"its summary is unreadable: {', '.join(bad)}" if bad else None
+    return RunSummary(**read, unreadable=unreadable)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_text(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _is_state(value: object) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _is_run_id(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_row(value: object) -> bool:
+    return value is None or _is_count(value)
+
+
+_FIELDS: dict[str, tuple[Callable[[object], bool], object]] = {
+    "run_id": (_is_run_id, ""),
+    "state": (_is_state, "?"),
+    "turns": (_is_count, 0),
+    "total_tokens": (_is_count, 0),
+    "messages": (_is_count, 0),
+    "last_row": (_is_row, None),
+    "created_at": (_is_time, 0.0),
+    "updated_at": (_is_time, 0.0),
+    "output": (_is_text, None),
+    "error": (_is_text, None),
+}
+"""Per stored summary field: whether a value is one a store writes, and what to list if not."""

@@ -14,10 +14,16 @@ Entries are keyed by ``journal_key(turn, index, call_id)``: models may reuse cal
 turns, so the id alone is not unique within a run. Checkpoint stores implement this protocol
 (``CheckpointStore.journal(run_id)``); ``MemoryJournal`` is the in-process implementation.
 Implementations must make ``record_started`` durable before returning.
+
+A key holds the model's call id, which may be anything: a store that keeps keys as database
+text stores ``stored_key(key)``, the key itself unless it is too long or holds what some
+database cannot keep (a lone surrogate, a NUL), in which case a digest of it. Entries are
+still found by the key given (``lookup`` applies the same function) and carry that key.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,13 +32,19 @@ from typing import Protocol, runtime_checkable
 from agent_fsm.messages import ToolCall, ToolMessage
 
 __all__ = [
+    "MAX_KEY_BYTES",
     "CallStatus",
     "GuardedJournal",
     "JournalEntry",
     "MemoryJournal",
     "ToolJournal",
     "journal_key",
+    "stored_key",
 ]
+
+MAX_KEY_BYTES = 256
+"""The longest key (bytes of UTF-8) a store keeps as it is: longer ones are digested, so that
+a run id and a key together stay well within what PostgreSQL indexes."""
 
 
 class CallStatus(StrEnum):
@@ -56,6 +68,21 @@ class JournalEntry:
 def journal_key(turn: int, index: int, call_id: str) -> str:
     """The key of the ``index``-th call of the reply made on model call ``turn``."""
     return f"{turn}:{index}:{call_id}"
+
+
+def stored_key(key: str) -> str:
+    """How a store that keeps keys as database text stores ``key``: the key itself when it is
+    valid UTF-8 of at most ``MAX_KEY_BYTES`` bytes without NUL (every key the engine makes
+    from a sane call id), else ``sha256:`` and the digest of its code points (distinct keys
+    stay distinct: two lone surrogates are not both U+FFFD here)."""
+    if key.isascii() and len(key) <= MAX_KEY_BYTES and "\x00" not in key:
+        return key
+    raw = key.encode("utf-8", "surrogatepass")
+    try:
+        clean = len(key.encode()) <= MAX_KEY_BYTES and "\x00" not in key
+    except UnicodeEncodeError:
+        clean = False
+    return key if clean else f"sha256:{hashlib.sha256(raw).hexdigest()}"
 
 
 @runtime_checkable

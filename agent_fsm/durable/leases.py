@@ -31,6 +31,11 @@ expiry. The contract every ``LeaseStore`` keeps:
   stops. Choose ``ttl_s`` well above the longest stall of the event loop: a run of a worker
   that died can be taken over ``ttl_s`` after its last renewal.
 
+- Ids: every store method refuses, with ``ConfigError`` and before touching its storage, a
+  run id or worker id that some store could not keep (``check_id``): so the same id gets
+  the same answer from every store, and an id's trouble never surfaces as a driver's error
+  (``UnicodeEncodeError``, a database error) half-way through a run.
+
 ``LeaseStore`` joins the two sides of that contract, split by who calls them: the fenced
 writes of a leased run (``LeasedWrites``) and the leases themselves (``RunLeases``).
 ``MemoryLeases`` is the in-process implementation (``MemoryStore`` uses it).
@@ -51,11 +56,13 @@ from agent_fsm.errors import ConfigError, RunLeased
 from agent_fsm.state import RunState
 
 __all__ = [
+    "MAX_ID_BYTES",
     "Lease",
     "LeaseStore",
     "LeasedWrites",
     "MemoryLeases",
     "RunLeases",
+    "check_id",
     "check_ttl",
     "default_worker_id",
     "leased_error",
@@ -146,6 +153,53 @@ class LeaseStore(LeasedWrites, RunLeases, Protocol):
     leases (``RunLeases``)."""
 
 
+MAX_ID_BYTES = 1024
+"""The longest run id or worker id a store keeps, in bytes of UTF-8. PostgreSQL cannot index
+a key much past 2,700 bytes (the journal's key is a run id and a call's key together), and no
+store accepts an id another would refuse (``check_id``)."""
+
+
+def check_id(value: object, what: str = "run id") -> str:
+    """``value``, if every store can keep it as a run id (``what`` says which id: a worker
+    id too). Stores call it before touching their storage, so that all refuse the same ids
+    with the same error (no ``UnicodeEncodeError`` from one, a database error from another).
+
+    Raises:
+        ConfigError: not a str; holds a lone surrogate (half a UTF-16 pair: ``os.listdir``
+            returns them for names in another encoding; UTF-8 cannot encode one), or a NUL
+            (PostgreSQL's text refuses it); longer than ``MAX_ID_BYTES`` as UTF-8.
+    """
+    if (  # the usual id: a pass or two in C, no copy
+        isinstance(value, str)
+        and value.isascii()
+        and len(value) <= MAX_ID_BYTES
+        and "\x00" not in value
+    ):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"a {what} must be a str, got {type(value).__name__}")
+    shown = repr(value[:60]) + (f"... ({len(value):,} characters)" if len(value) > 60 else "")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"{what} {shown} is not valid text: it holds a lone surrogate"
+            f" ({value[exc.start]!r} at index {exc.start}), which UTF-8 cannot encode; clean"
+            " it first (agent_fsm.messages.clean_text makes it U+FFFD)"
+        ) from None
+    if "\x00" in value:
+        raise ConfigError(
+            f"{what} {shown} holds a NUL character (at index {value.index(chr(0))}), which"
+            " PostgreSQL cannot store"
+        )
+    if size > MAX_ID_BYTES:
+        raise ConfigError(
+            f"{what} {shown} is {size:,} bytes long as UTF-8: ids are at most {MAX_ID_BYTES:,}"
+            " (PostgreSQL cannot index longer keys); use a shorter id, or a digest of this one"
+        )
+    return value
+
+
 def check_ttl(ttl_s: object) -> float:
     """``ttl_s`` as a float, or ConfigError: a positive, finite number of seconds."""
     if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < 1e9:
@@ -228,6 +282,12 @@ class MemoryLeases:
         return Lease(
             run_id=run_id, owner=row.owner, token=row.token, ttl_s=0.0, expires_at=row.expires_at
         )
+
+    def latest(self, run_id: str) -> tuple[str, float] | None:
+        """The holder and expiry of the run's last lease, live or not (``list_runs`` shows
+        them); None for a run never leased."""
+        row = self._rows.get(run_id)
+        return None if row is None else (row.owner, row.expires_at)
 
     def check_write(self, run_id: str, lease: Lease | None) -> None:
         """Fence a write of ``run_id`` (see the module's contract), renewing ``lease``.

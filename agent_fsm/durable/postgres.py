@@ -26,24 +26,34 @@ journal or reported "outcome unknown", never run twice. That is SQLiteStore's co
 
 Lease times are the server's clock (``clock_timestamp()``), so the workers' clocks may
 disagree; ``clock`` only stamps ``created_at``/``updated_at``.
+
+Connections: a store holds one connection (no pool: a worker's saves are serialised anyway),
+so a worker process needs one connection per store, plus DBOS's pool when it runs on DBOS;
+size the server's ``max_connections`` for every process of the fleet. Connecting waits at
+most ``connect_timeout_s``; a server that refuses, does not answer or has no connection slot
+left ("too many clients") is a ``CheckpointError`` saying what to do (``postgres_database``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
-
-from pydantic import ValidationError
 
 import agent_fsm.durable.postgres_leases as leases
 import agent_fsm.durable.postgres_rows as rows
-from agent_fsm.durable.checkpoint import ClosingStore
-from agent_fsm.durable.encoding import MESSAGE_ADAPTER, RunSummary, decode_header, unknown_run
+from agent_fsm.durable.checkpoint import ClosingStore, listed, state_names
+from agent_fsm.durable.encoding import (
+    RunSummary,
+    decode_entries,
+    decode_header,
+    read_summary,
+    unknown_run,
+)
 from agent_fsm.durable.journal import ToolJournal
-from agent_fsm.durable.leases import Lease, check_ttl
-from agent_fsm.durable.postgres_database import PostgresDatabase
+from agent_fsm.durable.leases import Lease, check_id, check_ttl
+from agent_fsm.durable.postgres_database import CONNECT_TIMEOUT_S, PostgresDatabase
 from agent_fsm.durable.postgres_journal import PostgresJournal
 from agent_fsm.durable.postgres_rows import LAYOUT_VERSION, Seen, one
 from agent_fsm.errors import CheckpointError
@@ -52,7 +62,7 @@ from agent_fsm.state import RunState
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["LAYOUT_VERSION", "PostgresStore"]
+__all__ = ["CONNECT_TIMEOUT_S", "LAYOUT_VERSION", "PostgresStore"]
 
 _DELETE = tuple(
     f"DELETE FROM {table} WHERE run_id = %s"
@@ -71,10 +81,16 @@ class PostgresStore(ClosingStore):
         synchronous_saves: commit every checkpoint save with a flush to disk (see the
             module's "Durability"); journal writes and claims always are.
         clock: the source of ``created_at`` / ``updated_at`` (unix time).
+        connect_timeout_s: how long making a connection may take, in whole seconds (at least
+            2); None: the URL's own ``connect_timeout``, else ``CONNECT_TIMEOUT_S`` (10).
+        create: lay the schema out when it is missing (the default); False refuses a
+            missing schema, for a reader (``agent-fsm runs``) that must not create one.
 
     Raises:
-        CheckpointError: the database cannot be reached, the schema holds other tables or
-            was laid out by a newer agent_fsm.
+        CheckpointError: the database cannot be reached (the error says why and what to
+            do), the schema holds other tables, was laid out by a newer agent_fsm or
+            (``create=False``) is missing.
+        ConfigError: ``connect_timeout_s`` is not a positive number of seconds.
 
     One connection per store, under a lock: a worker's saves are serialised anyway (the
     engine saves from the event loop), so a pool would add a dependency and no throughput;
@@ -90,8 +106,16 @@ class PostgresStore(ClosingStore):
         schema: str = "agent_fsm",
         synchronous_saves: bool = False,
         clock: Callable[[], float] = time.time,
+        connect_timeout_s: float | None = None,
+        create: bool = True,
     ) -> None:
-        self._db = PostgresDatabase(url, schema=schema, synchronous_saves=synchronous_saves)
+        self._db = PostgresDatabase(
+            url,
+            schema=schema,
+            synchronous_saves=synchronous_saves,
+            connect_timeout_s=connect_timeout_s,
+            create=create,
+        )
         self.schema = schema
         self.name = self._db.name
         """Names the store in errors (without the password)."""
@@ -101,7 +125,7 @@ class PostgresStore(ClosingStore):
     # -- checkpoints ---------------------------------------------------------------------
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> None:
-        run_id = state.run_id
+        run_id = check_id(state.run_id)
         known = self._seen.get(run_id)
         if known is not None and rows.continues(known, state):
             params = rows.run_values(state, self._clock())
@@ -119,6 +143,7 @@ class PostgresStore(ClosingStore):
             self._seen[run_id] = self._write(conn, state, lease)
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
+        check_id(state.run_id)
         with self._db.transaction(f"create run {state.run_id!r}") as conn:
             seen = self._insert(conn, state, lease)
         if seen is None:
@@ -168,6 +193,7 @@ class PostgresStore(ClosingStore):
         return rows.seen(revision, state)
 
     def load(self, run_id: str) -> RunState:
+        check_id(run_id)
         with self._db.transaction(f"load run {run_id!r}", write=False) as conn:
             head = conn.execute(
                 "SELECT schema_version, header::text, message_count, trace_count, revision"
@@ -191,40 +217,46 @@ class PostgresStore(ClosingStore):
                 " stored"
             )
         state = decode_header(run_id, version, header)
-        try:
-            state.messages = [MESSAGE_ADAPTER.validate_json(text) for (text,) in messages]
-        except ValidationError as exc:
-            raise CheckpointError(
-                f"checkpoint of run {run_id!r} has an unreadable message: {exc.errors()[0]['msg']}"
-            ) from exc
-        state.trace = [(r, t) for r, t in trace]
+        decoded, entries = decode_entries(run_id, [text for (text,) in messages], trace)
+        state.messages = decoded
+        state.trace = entries
         self._seen[run_id] = rows.seen(revision, state)
         return state
 
     def exists(self, run_id: str) -> bool:
+        check_id(run_id)
         with self._db.connected(f"look up run {run_id!r}") as conn:
             found = conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
             return found.fetchone() is not None
 
-    def list_runs(self, limit: int | None = None) -> list[RunSummary]:
-        with self._db.transaction("list runs", write=False) as conn:
-            found = conn.execute(
-                f"SELECT {rows.SUMMARY_COLUMNS} FROM runs ORDER BY revision DESC LIMIT %s",
-                (None if limit is None else max(limit, 0),),
-            ).fetchall()
-        try:
-            return [rows.summary(row) for row in found]
-        except ValueError as exc:
-            raise CheckpointError(f"checkpoint store {self.name} has a bad run: {exc}") from exc
+    def list_runs(
+        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+    ) -> list[RunSummary]:
+        params = {
+            "states": state_names(states),
+            "limit": None if limit is None else max(limit, 0),
+        }
+        with self._db.connected("list runs") as conn:  # one statement: one snapshot
+            found = conn.execute(rows.LIST_RUNS, params).fetchall()
+        return [
+            listed(
+                read_summary(row[:-4]),
+                version=row[-4],
+                lease=None if row[-3] is None else (row[-3], row[-2]),
+                now=row[-1],
+            )
+            for row in found
+        ]
 
     def delete(self, run_id: str) -> None:
+        check_id(run_id)
         with self._db.transaction(f"delete run {run_id!r}") as conn:
             for statement in _DELETE:
                 conn.execute(statement, (run_id,))
         self._seen.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
-        return PostgresJournal(self._db, run_id, lease)
+        return PostgresJournal(self._db, check_id(run_id), lease)
 
     def close(self) -> None:
         """Close the connection; idempotent."""
@@ -233,19 +265,24 @@ class PostgresStore(ClosingStore):
     # -- leases --------------------------------------------------------------------------
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+        check_id(run_id)
+        check_id(owner, "worker id")
         ttl_s = check_ttl(ttl_s)
         with self._db.transaction(f"claim run {run_id!r}") as conn:
             return leases.claim(conn, run_id, owner, ttl_s)
 
     def renew(self, lease: Lease) -> Lease:
+        check_id(lease.run_id)
         with self._db.transaction(f"renew the lease of run {lease.run_id!r}") as conn:
             expires_at = leases.renew(conn, lease)
         return dataclasses.replace(lease, expires_at=expires_at)
 
     def release(self, lease: Lease) -> None:
+        check_id(lease.run_id)
         with self._db.transaction(f"release the lease of run {lease.run_id!r}") as conn:
             leases.release(conn, lease)
 
     def lease(self, run_id: str) -> Lease | None:
+        check_id(run_id)
         with self._db.connected(f"look up the lease of run {run_id!r}") as conn:
             return leases.live(conn, run_id)

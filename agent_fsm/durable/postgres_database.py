@@ -2,6 +2,11 @@
 first use, and the statements and transactions the store and its runs' journals
 (``durable.postgres_journal``) make on it. The only module importing psycopg at run time.
 
+Connecting waits at most ``connect_timeout_s``; a connection that cannot be made is a
+``CheckpointError`` that says what to do (a server that refuses, one that does not answer, one
+out of connection slots: "too many clients"), naming the store without its password, which no
+message of this module ever holds (``checkpoint.redacted``).
+
 The tables live in a schema of their own (``agent_fsm`` by default), created on first use
 and versioned (``postgres_rows`` lays them out), so they never meet an application's tables.
 The session commits with ``synchronous_commit = off`` unless ``synchronous_saves``; a
@@ -11,6 +16,8 @@ The session commits with ``synchronous_commit = off`` unless ``synchronous_saves
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,10 +28,18 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import agent_fsm.durable.postgres_rows as rows
+from agent_fsm.durable.checkpoint import redacted
 from agent_fsm.durable.postgres_rows import LAYOUT_VERSION, one
-from agent_fsm.errors import CheckpointError
+from agent_fsm.errors import CheckpointError, ConfigError
 
-__all__ = ["PostgresDatabase"]
+__all__ = ["CONNECT_TIMEOUT_S", "PostgresDatabase"]
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long a connection may take when neither ``connect_timeout_s`` nor the URL's own
+``connect_timeout`` says: long enough for a slow network, short enough that a worker whose
+database is gone says so instead of hanging."""
+
+_NO_SLOTS = re.compile(r"too many (connections|clients)|connection slots are reserved")
 
 
 class PostgresDatabase:
@@ -36,26 +51,44 @@ class PostgresDatabase:
         schema: the schema holding the tables; created on first use, with them.
         synchronous_saves: the session's commits flush to disk too (not only ``durable``
             transactions).
+        connect_timeout_s: how long making a connection may take (whole seconds, at least
+            2: libpq's rule); None: the URL's ``connect_timeout``, else ``CONNECT_TIMEOUT_S``.
+        create: lay the schema out when it is missing; False refuses a missing one (what
+            reads a store, such as ``agent-fsm runs``, must not create one by mistake).
 
     Raises:
         CheckpointError: not a connection string, the database cannot be reached, or the
-            schema holds other tables or was laid out by a newer agent_fsm.
+            schema holds other tables, was laid out by a newer agent_fsm or (``create`` off)
+            is missing.
+        ConfigError: ``connect_timeout_s`` is not a positive number of seconds.
     """
 
-    def __init__(self, url: str, *, schema: str, synchronous_saves: bool) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str,
+        synchronous_saves: bool,
+        connect_timeout_s: float | None = None,
+        create: bool = True,
+    ) -> None:
         self.schema = schema
         self._url = url
         self._synchronous_saves = synchronous_saves
+        self._create = create
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
         try:
             params = conninfo_to_dict(url)
-        except psycopg.Error as exc:
-            raise CheckpointError(f"not a PostgreSQL connection string: {exc}") from exc
+        except psycopg.Error as exc:  # its text may quote the URL: not chained, scrubbed
+            detail = redacted(str(exc), secrets_of=url)
+            raise CheckpointError(f"not a PostgreSQL connection string or URL: {detail}") from None
         where = f"{params.get('host', 'localhost')}:{params.get('port', 5432)}"
         self.name = f"postgresql://{where}/{params.get('dbname', '')} (schema {schema})"
         """Names the store in errors (without the password)."""
+        self._connect_timeout = _timeout(connect_timeout_s, params.get("connect_timeout"))
+        self._waited = f"{self._connect_timeout or params.get('connect_timeout')} s"
         with self.connected("open the store"):
             pass
 
@@ -65,7 +98,12 @@ class PostgresDatabase:
             raise CheckpointError(f"checkpoint store {self.name} is closed")
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
-            conn = psycopg.connect(self._url, autocommit=True)
+            try:
+                conn = psycopg.connect(
+                    self._url, autocommit=True, connect_timeout=self._connect_timeout
+                )
+            except psycopg.OperationalError as exc:
+                raise self._unreachable(exc) from None
             try:
                 conn.execute(
                     "SELECT set_config('search_path', quote_ident(%s), false),"
@@ -89,6 +127,11 @@ class PostgresDatabase:
             " c.relnamespace WHERE n.nspname = %s AND c.relname = 'layout')"
         )
         if not one(conn.execute(found, (self.schema,))):
+            if not self._create:
+                raise CheckpointError(
+                    f"no agent_fsm checkpoint store at {self.name}: the schema holds no"
+                    " agent_fsm tables (name the schema the workers use)"
+                )
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.name,))
                 if not one(conn.execute(found, (self.schema,))):
@@ -119,6 +162,29 @@ class PostgresDatabase:
         for statement in rows.LAYOUT:
             conn.execute(statement)
 
+    def _unreachable(self, exc: psycopg.OperationalError) -> CheckpointError:
+        """The error for a connection that could not be made: what happened, and what to do."""
+        text = redacted(" ".join(str(exc).split()), secrets_of=self._url)
+        if "timeout expired" in text:
+            advice = (
+                f"no answer within {self._waited}: is the host reachable and the"
+                " port right? (connect_timeout_s sets the wait)"
+            )
+        elif _NO_SLOTS.search(text):
+            advice = (
+                "the server has no connection left for this one (too many clients): each"
+                " PostgresStore holds one connection, and each DBOS process a pool of its own;"
+                " run fewer processes or smaller pools, raise the server's max_connections, or"
+                " put a session-mode pooler (PgBouncer) in front"
+            )
+        elif "refused" in text:
+            advice = (
+                "nothing accepts connections there: is PostgreSQL running on that host and port?"
+            )
+        else:
+            advice = "check the URL's host, port, user, password and database"
+        return CheckpointError(f"checkpoint store {self.name}: cannot connect: {advice} ({text})")
+
     @contextmanager
     def connected(self, what: str) -> Iterator[psycopg.Connection[Any]]:
         """The connection, under the lock, in autocommit: each statement commits on its own
@@ -133,8 +199,9 @@ class PostgresDatabase:
             try:
                 yield self._connection()
             except psycopg.Error as exc:
+                detail = redacted(" ".join(str(exc).split()), secrets_of=self._url)
                 raise CheckpointError(
-                    f"checkpoint store {self.name}: cannot {what}: {exc}"
+                    f"checkpoint store {self.name}: cannot {what}: {detail}"
                 ) from exc
 
     @contextmanager
@@ -160,3 +227,20 @@ class PostgresDatabase:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _timeout(seconds: object, from_url: object) -> int | None:
+    """The ``connect_timeout`` to hand libpq: ``seconds`` in whole seconds (at least 2,
+    libpq's rule); None, when ``seconds`` is None and the URL sets its own, to keep that;
+    else ``CONNECT_TIMEOUT_S``.
+
+    Raises:
+        ConfigError: ``seconds`` is not a positive, finite number.
+    """
+    if seconds is None:
+        return None if from_url else int(CONNECT_TIMEOUT_S)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < 1e6:
+        raise ConfigError(
+            f"connect_timeout_s must be a positive number of seconds, got {seconds!r}"
+        )
+    return max(2, math.ceil(seconds))

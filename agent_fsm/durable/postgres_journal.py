@@ -1,11 +1,14 @@
 """One run's tool journal in a PostgresStore's ``journal`` table (``durable.journal``'s
 contract): every call is its own transaction, on the store's connection
-(``PostgresDatabase``)."""
+(``PostgresDatabase``). Keys are stored as ``journal.stored_key`` gives them, calls and
+results as ``encoding.encode_model`` (a lone surrogate becomes U+FFFD, never an encoding
+error)."""
 
 from __future__ import annotations
 
 import agent_fsm.durable.postgres_leases as leases
-from agent_fsm.durable.journal import CallStatus, JournalEntry
+from agent_fsm.durable.encoding import encode_model
+from agent_fsm.durable.journal import CallStatus, JournalEntry, stored_key
 from agent_fsm.durable.leases import Lease
 from agent_fsm.durable.postgres_database import PostgresDatabase
 from agent_fsm.errors import CheckpointError
@@ -38,7 +41,7 @@ class PostgresJournal:
             row = conn.execute(
                 "SELECT call::text, status, result::text FROM journal"
                 " WHERE run_id = %s AND key = %s",
-                (self._run_id, key),
+                (self._run_id, stored_key(key)),
             ).fetchone()
         if row is None:
             return None
@@ -50,7 +53,7 @@ class PostgresJournal:
                 CallStatus(status),
                 None if result is None else ToolMessage.model_validate_json(result),
             )
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:  # a damaged row: not a text, not JSON
             raise CheckpointError(
                 f"journal entry {key!r} of run {self._run_id!r} is unreadable: {exc}"
             ) from exc
@@ -61,7 +64,11 @@ class PostgresJournal:
         taken over must not start the call, and gets ``RunLeased``. One statement, whose
         answer is read after the commit (it wrote nothing when the fence failed)."""
         run_id, lease = self._run_id, self._lease
-        params: dict[str, object] = {"run_id": run_id, "key": key, "call": call.model_dump_json()}
+        params: dict[str, object] = {
+            "run_id": run_id,
+            "key": stored_key(key),
+            "call": encode_model(call),
+        }
         if lease is not None:
             params.update(ttl=lease.ttl_s, token=lease.token)
         with self._db.transaction(f"record journal entry {key!r}") as conn:
@@ -79,7 +86,7 @@ class PostgresJournal:
             updated = conn.execute(
                 f"UPDATE journal SET status = '{_FINISHED}', result = %s WHERE run_id = %s"
                 " AND key = %s RETURNING 1",
-                (result.model_dump_json(), self._run_id, key),
+                (encode_model(result), self._run_id, stored_key(key)),
             ).fetchone()
         if updated is None:
             raise KeyError(f"journal entry {key!r} finished without having started")

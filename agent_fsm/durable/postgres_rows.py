@@ -19,13 +19,11 @@ for the type checker only (``durable.postgres`` is the module that uses it).
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agent_fsm.durable.encoding import MESSAGE_ADAPTER, RunSummary, encode_header, summarize
+from agent_fsm.durable.encoding import STORED_SUMMARY, encode_header, encode_message, summarize
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
-from agent_fsm.table import state_named
 
 if TYPE_CHECKING:
     import psycopg
@@ -38,12 +36,12 @@ __all__ = [
     "INSERT_RUN",
     "LAYOUT",
     "LAYOUT_VERSION",
+    "LIST_RUNS",
     "LOCK_FREE_RUN",
     "LOCK_LEASED_RUN",
     "NOW",
     "QUICK_FREE_SAVE",
     "QUICK_LEASED_SAVE",
-    "SUMMARY_COLUMNS",
     "WRITE_RUN",
     "Seen",
     "append",
@@ -54,7 +52,6 @@ __all__ = [
     "one",
     "run_values",
     "seen",
-    "summary",
 ]
 
 LAYOUT_VERSION = 1
@@ -103,9 +100,17 @@ LAYOUT = (
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 """The server's time as unix seconds: lease times are read there, never on a worker."""
 
-_SUMMARY_FIELDS = tuple(field.name for field in fields(RunSummary))
-SUMMARY_COLUMNS = ", ".join(_SUMMARY_FIELDS).replace("messages", "message_count")
-"""The ``runs`` columns of a ``RunSummary``, in its field order."""
+LIST_RUNS = (
+    "SELECT "
+    + ", ".join(f"r.{name}" for name in STORED_SUMMARY).replace("messages", "message_count")
+    + ", r.schema_version, l.owner, l.expires_at, "
+    + NOW
+    + " FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id"
+    " WHERE %(states)s::text[] IS NULL OR r.state = ANY(%(states)s::text[])"
+    " ORDER BY r.revision DESC LIMIT %(limit)s"
+)
+"""What ``list_runs`` reads: each run's summary columns (``STORED_SUMMARY``), schema version
+and last lease, with the server's time (lease expiry is the server's)."""
 
 INSERT_RUN = (
     "INSERT INTO runs (run_id, schema_version, header, state, turns, total_tokens,"
@@ -239,13 +244,6 @@ def one(cursor: Cursor) -> Any:
     return None if row is None else row[0]
 
 
-def summary(row: tuple[Any, ...]) -> RunSummary:
-    """A ``RunSummary`` from a row of ``SUMMARY_COLUMNS``."""
-    values = dict(zip(_SUMMARY_FIELDS, row, strict=True))
-    values["state"] = state_named(values["state"])
-    return RunSummary(**values)
-
-
 def run_values(state: RunState, now: float) -> dict[str, Any]:
     """The run's row, for ``INSERT_RUN`` (created and updated at ``now``) and ``WRITE_RUN``."""
     version, header = encode_header(state)
@@ -273,7 +271,7 @@ def append_params(state: RunState, messages_from: int, trace_from: int) -> dict[
     return {
         "run_id": state.run_id,
         "message_idx": list(range(messages_from, len(messages))),
-        "messages": [MESSAGE_ADAPTER.dump_json(m).decode() for m in messages[messages_from:]],
+        "messages": [encode_message(m) for m in messages[messages_from:]],
         "trace_idx": list(range(trace_from, len(trace))),
         "trace_rows": [row for row, _ in new_trace],
         "trace_turns": [turn for _, turn in new_trace],
@@ -341,7 +339,7 @@ def _same_message(
             (run_id, kept - 1),
         )
     )
-    return bool(found == MESSAGE_ADAPTER.dump_json(last).decode())
+    return bool(found == encode_message(last))
 
 
 def _same_step(

@@ -15,30 +15,29 @@ import dataclasses
 import os
 import sqlite3
 import time
-from collections.abc import Callable
-from dataclasses import fields
-from typing import Any, NamedTuple
-
-from pydantic import ValidationError
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
-from agent_fsm.durable.checkpoint import ClosingStore
+from agent_fsm.durable.checkpoint import ClosingStore, listed, state_names
 from agent_fsm.durable.encoding import (
-    MESSAGE_ADAPTER,
+    STORED_SUMMARY,
     RunSummary,
+    decode_entries,
     decode_header,
     encode_header,
+    encode_message,
+    read_summary,
     summarize,
     unknown_run,
 )
 from agent_fsm.durable.journal import ToolJournal
-from agent_fsm.durable.leases import Lease, check_ttl
+from agent_fsm.durable.leases import Lease, check_id, check_ttl
 from agent_fsm.durable.sqlite_file import LAYOUT_VERSION, SQLiteFile
 from agent_fsm.durable.sqlite_journal import SQLiteJournal
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
-from agent_fsm.table import state_named
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
 
@@ -52,14 +51,13 @@ ON CONFLICT (run_id) DO UPDATE SET
     updated_at = excluded.updated_at, revision = excluded.revision
 """
 
-_SUMMARY_FIELDS = tuple(field.name for field in fields(RunSummary))
-_SUMMARY_COLUMNS = ", ".join(_SUMMARY_FIELDS).replace("messages", "message_count")
-
-
-def _summary(row: tuple[Any, ...]) -> RunSummary:
-    values = dict(zip(_SUMMARY_FIELDS, row, strict=True))
-    values["state"] = state_named(values["state"])
-    return RunSummary(**values)
+_LIST_RUNS = (
+    "SELECT "
+    + ", ".join(f"r.{name}" for name in STORED_SUMMARY).replace("messages", "message_count")
+    + ", r.schema_version, l.owner, l.expires_at FROM runs r"
+    " LEFT JOIN leases l ON l.run_id = r.run_id{where} ORDER BY r.revision DESC LIMIT ?"
+)
+"""What ``list_runs`` reads: each run's summary columns, schema version and last lease."""
 
 
 class SQLiteStore(ClosingStore):
@@ -95,12 +93,13 @@ class SQLiteStore(ClosingStore):
         stored messages are known to match without reading one back."""
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> None:
+        check_id(state.run_id)
         with self._file.transaction(f"save run {state.run_id!r}", write=True) as conn:
             revision = self._write(conn, state, lease)
         self._saved(revision, state)
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
-        run_id = state.run_id
+        run_id = check_id(state.run_id)
         with self._file.transaction(f"create run {run_id!r}", write=True) as conn:
             # BEGIN IMMEDIATE holds the write lock from here: no other process can create
             # the run between this look-up and the write.
@@ -137,7 +136,7 @@ class SQLiteStore(ClosingStore):
         conn.executemany(
             "INSERT INTO messages VALUES (?, ?, ?)",
             [
-                (run_id, idx, MESSAGE_ADAPTER.dump_json(messages[idx]).decode())
+                (run_id, idx, encode_message(messages[idx]))
                 for idx in range(kept_messages, len(messages))
             ],
         )
@@ -222,9 +221,10 @@ class SQLiteStore(ClosingStore):
         found = conn.execute(
             "SELECT json FROM messages WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
         ).fetchone()
-        return found is not None and found[0] == MESSAGE_ADAPTER.dump_json(last).decode()
+        return found is not None and found[0] == encode_message(last)
 
     def load(self, run_id: str) -> RunState:
+        check_id(run_id)
         with self._file.transaction(f"load run {run_id!r}", write=False) as conn:
             row = conn.execute(
                 "SELECT schema_version, header, message_count, trace_count, revision FROM runs"
@@ -246,58 +246,71 @@ class SQLiteStore(ClosingStore):
                 f" messages and {len(trace)} of {trace_count} trace entries stored"
             )
         state = decode_header(run_id, version, header)
-        try:
-            state.messages = [MESSAGE_ADAPTER.validate_json(text) for (text,) in texts]
-        except ValidationError as exc:
-            raise CheckpointError(
-                f"checkpoint of run {run_id!r} has an unreadable message: {exc.errors()[0]['msg']}"
-            ) from exc
-        state.trace = [(r, t) for r, t in trace]
+        messages, entries = decode_entries(run_id, [text for (text,) in texts], trace)
+        state.messages = messages
+        state.trace = entries
         self._saved(revision, state)
         return state
 
     def exists(self, run_id: str) -> bool:
+        check_id(run_id)
         with self._file.transaction(f"look up run {run_id!r}", write=False) as conn:
             found = conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return found is not None
 
-    def list_runs(self, limit: int | None = None) -> list[RunSummary]:
+    def list_runs(
+        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+    ) -> list[RunSummary]:
+        names = state_names(states)
+        where = "" if names is None else f" WHERE r.state IN ({', '.join('?' * len(names))})"
         with self._file.transaction("list runs", write=False) as conn:
             rows = conn.execute(
-                f"SELECT {_SUMMARY_COLUMNS} FROM runs ORDER BY revision DESC LIMIT ?",
-                (-1 if limit is None else max(limit, 0),),
+                _LIST_RUNS.format(where=where),
+                (*(names or ()), -1 if limit is None else max(limit, 0)),
             ).fetchall()
-        try:
-            return [_summary(row) for row in rows]
-        except ValueError as exc:
-            raise CheckpointError(f"checkpoint store {self.path} has a bad run: {exc}") from exc
+        now = self._clock()
+        return [
+            listed(
+                read_summary(row[:-3]),
+                version=row[-3],
+                lease=None if row[-2] is None else (row[-2], row[-1]),
+                now=now,
+            )
+            for row in rows
+        ]
 
     def delete(self, run_id: str) -> None:
+        check_id(run_id)
         with self._file.transaction(f"delete run {run_id!r}", write=True) as conn:
             for table in ("runs", "messages", "trace", "journal", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         self._seen.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
-        return SQLiteJournal(self._file, run_id, lease, self._clock)
+        return SQLiteJournal(self._file, check_id(run_id), lease, self._clock)
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
+        check_id(run_id)
+        check_id(owner, "worker id")
         ttl_s = check_ttl(ttl_s)
         with self._file.transaction(f"claim run {run_id!r}", write=True) as conn:
             return sqlite_leases.claim(conn, run_id, owner, ttl_s, self._clock())
 
     def renew(self, lease: Lease) -> Lease:
+        check_id(lease.run_id)
         with self._file.transaction(f"renew the lease of run {lease.run_id!r}", write=True) as conn:
             expires_at = sqlite_leases.renew(conn, lease, self._clock())
         return dataclasses.replace(lease, expires_at=expires_at)
 
     def release(self, lease: Lease) -> None:
+        check_id(lease.run_id)
         with self._file.transaction(
             f"release the lease of run {lease.run_id!r}", write=True
         ) as conn:
             sqlite_leases.release(conn, lease)
 
     def lease(self, run_id: str) -> Lease | None:
+        check_id(run_id)
         with self._file.transaction(f"look up the lease of run {run_id!r}", write=False) as conn:
             return sqlite_leases.live(conn, run_id, self._clock())
 

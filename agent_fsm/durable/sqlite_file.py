@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
+from agent_fsm.durable.checkpoint import redacted
 from agent_fsm.errors import CheckpointError
 
 __all__ = ["LAYOUT_VERSION", "SQLiteFile"]
@@ -94,25 +95,34 @@ class SQLiteFile:
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
         self.path = os.fspath(path)
-        """The file, as given (names the store in errors)."""
+        """The file, as given."""
+        self.name = redacted(self.path)
+        """Names the store in errors: the path, or (given a URL by mistake) without its
+        password."""
         self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        if self.path.lower().startswith(("postgres://", "postgresql://")):
+            raise CheckpointError(
+                f"{self.name} is a PostgreSQL URL, not a SQLite file: open it with"
+                " agent_fsm.durable.postgres.PostgresStore"
+            )
         try:
-            self._conn: sqlite3.Connection | None = sqlite3.connect(
+            conn = sqlite3.connect(
                 self.path, timeout=timeout, isolation_level=None, check_same_thread=False
             )
-        except sqlite3.Error as exc:
-            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a NUL in the path
+            raise CheckpointError(f"cannot open checkpoint store {self.name}: {exc}") from exc
         try:
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._prepare_layout(self._conn)
-            self._check_writable(self._conn)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._prepare_layout(conn)
+            self._check_writable(conn)
         except (sqlite3.Error, CheckpointError) as exc:
-            self._conn.close()
-            self._conn = None
+            conn.close()
             if isinstance(exc, CheckpointError):
                 raise
-            raise CheckpointError(f"cannot open checkpoint store {self.path}: {exc}") from exc
+            raise CheckpointError(f"cannot open checkpoint store {self.name}: {exc}") from exc
+        self._conn = conn
 
     def _prepare_layout(self, conn: sqlite3.Connection) -> None:
         """Create the tables in a new file, upgrade an older layout; refuse a file laid out
@@ -129,12 +139,12 @@ class SQLiteFile:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > LAYOUT_VERSION:
             raise CheckpointError(
-                f"checkpoint store {self.path} was laid out by a newer agent_fsm (layout"
+                f"checkpoint store {self.name} was laid out by a newer agent_fsm (layout"
                 f" version {version}; this version knows {LAYOUT_VERSION}): upgrade agent_fsm"
             )
         if version != LAYOUT_VERSION:
             raise CheckpointError(
-                f"checkpoint store {self.path} has unknown layout version {version}"
+                f"checkpoint store {self.name} has unknown layout version {version}"
             )
 
     def _lay_out(self, conn: sqlite3.Connection, version: int) -> None:
@@ -143,7 +153,7 @@ class SQLiteFile:
         if version == 0:
             if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
                 raise CheckpointError(
-                    f"{self.path} is not an agent_fsm checkpoint store (it holds other tables)"
+                    f"{self.name} is not an agent_fsm checkpoint store (it holds other tables)"
                 )
             for statement in _LAYOUT.split(";"):
                 if statement.strip():
@@ -162,7 +172,7 @@ class SQLiteFile:
             if not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
                 raise
             raise CheckpointError(
-                f"checkpoint store {self.path} cannot be written ({exc}): runs could not be"
+                f"checkpoint store {self.name} cannot be written ({exc}): runs could not be"
                 " saved; give a path this process may write"
             ) from exc
         finally:
@@ -186,7 +196,7 @@ class SQLiteFile:
         with self._lock:
             conn = self._conn
             if conn is None:
-                raise CheckpointError(f"checkpoint store {self.path} is closed")
+                raise CheckpointError(f"checkpoint store {self.name} is closed")
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
@@ -198,7 +208,7 @@ class SQLiteFile:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise CheckpointError(
-                    f"checkpoint store {self.path}: cannot {what}: {exc}"
+                    f"checkpoint store {self.name}: cannot {what}: {exc}"
                 ) from exc
 
     def close(self) -> None:

@@ -1,12 +1,15 @@
 """One run's tool journal in a SQLiteStore's ``journal`` table (``durable.journal``'s
-contract): every call is its own transaction on the store's file (``SQLiteFile``)."""
+contract): every call is its own transaction on the store's file (``SQLiteFile``). Keys are
+stored as ``journal.stored_key`` gives them, calls and results as ``encoding.encode_model``
+(a lone surrogate becomes U+FFFD, never an encoding error)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
-from agent_fsm.durable.journal import CallStatus, JournalEntry
+from agent_fsm.durable.encoding import encode_model
+from agent_fsm.durable.journal import CallStatus, JournalEntry, stored_key
 from agent_fsm.durable.leases import Lease
 from agent_fsm.durable.sqlite_file import SQLiteFile
 from agent_fsm.errors import CheckpointError
@@ -33,7 +36,7 @@ class SQLiteJournal:
         with self._file.transaction(f"read journal entry {key!r}", write=False) as conn:
             row = conn.execute(
                 "SELECT call, status, result FROM journal WHERE run_id = ? AND key = ?",
-                (self._run_id, key),
+                (self._run_id, stored_key(key)),
             ).fetchone()
         if row is None:
             return None
@@ -45,7 +48,7 @@ class SQLiteJournal:
                 CallStatus(status),
                 None if result is None else ToolMessage.model_validate_json(result),
             )
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:  # a damaged row: not a text, not JSON
             raise CheckpointError(
                 f"journal entry {key!r} of run {self._run_id!r} is unreadable: {exc}"
             ) from exc
@@ -58,14 +61,14 @@ class SQLiteJournal:
             conn.execute(
                 "INSERT INTO journal VALUES (?, ?, ?, ?, NULL) ON CONFLICT (run_id, key)"
                 " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL",
-                (self._run_id, key, call.model_dump_json(), CallStatus.STARTED.value),
+                (self._run_id, stored_key(key), encode_model(call), CallStatus.STARTED.value),
             )
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
             updated = conn.execute(
                 "UPDATE journal SET status = ?, result = ? WHERE run_id = ? AND key = ?",
-                (CallStatus.FINISHED.value, result.model_dump_json(), self._run_id, key),
+                (CallStatus.FINISHED.value, encode_model(result), self._run_id, stored_key(key)),
             ).rowcount
             if not updated:
                 raise KeyError(f"journal entry {key!r} finished without having started")

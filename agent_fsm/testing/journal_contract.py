@@ -83,6 +83,25 @@ class JournalContract(StoreContractBase):
         assert store.journal("b").lookup("1:0:c") is None
         assert store.journal("a").lookup("1:0:c") is not None
 
+    def test_any_call_id_makes_a_key_of_its_own(self) -> None:
+        """Keys hold the model's call ids, which may be anything: a lone surrogate (two of
+        them, told apart), a NUL, thousands of characters. Each key is recorded and found
+        on its own, and its entry carries the key as given."""
+        store = self.open_store()
+        journal = store.journal("run-1")
+        keys = ["1:0:\ud83d", "1:0:\ud800", "1:1:nul\x00", "1:2:" + "c" * 5000, "1:3:ok"]
+        call = ToolCall(id="c", name="t", arguments='{"name": "caf\u00e9"}')
+        for key in keys:
+            journal.record_started(key, call)
+        done = ToolMessage(tool_call_id="c", name="t", content="done")
+        journal.record_finished(keys[0], done)
+        for key in keys:
+            entry = store.journal("run-1").lookup(key)
+            assert entry is not None, key
+            assert (entry.key, entry.call) == (key, call)
+            assert entry.status is (CallStatus.FINISHED if key == keys[0] else CallStatus.STARTED)
+        assert journal.lookup("1:0:\udfff") is None
+
     def test_the_journal_is_durable_and_shared(self) -> None:
         first, second = self.open_store(), self.open_shared()
         call = ToolCall(id="c1", name="transfer")

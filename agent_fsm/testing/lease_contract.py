@@ -5,6 +5,7 @@ it; it is not meant to be used alone."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import math
 import threading
 
@@ -14,7 +15,8 @@ from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.errors import ConfigError, RunLeased
 from agent_fsm.messages import ToolCall, ToolMessage, UserMessage
 from agent_fsm.state import RunState
-from agent_fsm.testing.store_kit import StoreContractBase
+from agent_fsm.table import AgentState
+from agent_fsm.testing.store_kit import BAD_ID_NAMES, BAD_IDS, StoreContractBase, refuses
 
 __all__ = ["LeaseContract"]
 
@@ -176,6 +178,63 @@ class LeaseContract(StoreContractBase):
         with pytest.raises(ConfigError, match="ttl_s must be a positive number of seconds"):
             store.claim("r", "alice", ttl)  # type: ignore[arg-type]
         assert store.lease("r") is None
+
+    @pytest.mark.parametrize("bad", BAD_IDS, ids=BAD_ID_NAMES)
+    def test_an_id_some_store_could_not_keep_gets_no_lease(self, bad: str) -> None:
+        """Run ids and worker ids alike (``durable.leases.check_id``)."""
+        store = self.open_leasing()
+        alice = store.claim("r", "alice", 60)
+        forged = dataclasses.replace(alice, run_id=bad)
+        calls = {
+            "claim(run id)": lambda: store.claim(bad, "alice", 60),
+            "claim(worker id)": lambda: store.claim("other", bad, 60),
+            "lease": lambda: store.lease(bad),
+            "renew": lambda: store.renew(forged),
+            "release": lambda: store.release(forged),
+            "save": lambda: store.save(RunState(run_id=bad), lease=forged),
+        }
+        assert [name for name, call in calls.items() if not refuses(call)] == []
+        assert store.lease("other") is None
+        live = store.lease("r")
+        assert live is not None
+        assert live.owner == "alice"
+
+    def test_list_runs_shows_each_runs_lease_and_flags_the_stuck_ones(self) -> None:
+        """A run is stuck when it has not stopped and its lease is no longer live (it expired
+        or was released mid-run): no worker drives it until one resumes it."""
+        store = self.open_leasing()
+        store.save(said("never leased", "free"))
+        dead = store.claim("dead", "bob", self.expiring_ttl_s)
+        store.save(said("bob died", "dead"), lease=dead)
+        done = store.claim("done", "bob", self.expiring_ttl_s)
+        store.save(RunState(run_id="done", state=AgentState.DONE), lease=done)
+        gave_up = store.claim("gave-up", "carol", 60)
+        store.save(said("carol gave up", "gave-up"), lease=gave_up)
+        store.release(gave_up)
+        self.let_expire(store, dead)
+        self.let_expire(store, done)
+        alive = store.claim("alive", "alice", 60)
+        store.save(said("alice drives it", "alive"), lease=alive)
+        runs = {run.run_id: run for run in store.list_runs()}
+        assert list(runs) == ["alive", "gave-up", "done", "dead", "free"]
+        leases = {
+            run_id: (run.lease_holder, run.lease_live, run.stuck) for run_id, run in runs.items()
+        }
+        assert leases == {
+            "alive": ("alice", True, False),
+            "gave-up": ("carol", False, True),
+            "done": ("bob", False, False),
+            "dead": ("bob", False, True),
+            "free": (None, False, False),
+        }
+        assert runs["free"].lease_expires_at is None
+        live = store.lease("alive")
+        assert live is not None
+        assert runs["alive"].lease_expires_at == pytest.approx(live.expires_at)
+        assert [run.run_id for run in store.list_runs(states=AgentState.OBSERVE) if run.stuck] == [
+            "gave-up",
+            "dead",
+        ]
 
     # -- several stores on one storage (shares_storage) ------------------------------------------
 

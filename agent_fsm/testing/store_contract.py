@@ -42,9 +42,10 @@ from agent_fsm.durable.leases import LeasedWrites, LeaseStore, RunLeases
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import AssistantMessage, ToolCall, UserMessage
 from agent_fsm.state import RunState
+from agent_fsm.table import AgentState
 from agent_fsm.testing.journal_contract import JournalContract
 from agent_fsm.testing.lease_contract import LeaseContract
-from agent_fsm.testing.store_kit import add_turn, sample_state
+from agent_fsm.testing.store_kit import BAD_ID_NAMES, BAD_IDS, add_turn, refuses, sample_state
 
 __all__ = ["CheckpointStoreContract"]
 
@@ -114,6 +115,61 @@ class CheckpointStoreContract(JournalContract, LeaseContract):
         store.delete("nope")  # not an error
         assert store.list_runs() == []
         assert store.journal("nope").lookup("1:0:c") is None
+
+    # -- hostile input: one answer from every store ------------------------------------------
+
+    @pytest.mark.parametrize("run_id", BAD_IDS, ids=BAD_ID_NAMES)
+    def test_an_id_some_store_could_not_keep_is_refused_by_every_method(self, run_id: str) -> None:
+        """A lone surrogate (UTF-8 cannot encode it), a NUL (PostgreSQL's text refuses it),
+        an id longer than PostgreSQL indexes: ``ConfigError`` from every method, before the
+        store touches its storage (``durable.leases.check_id``), never a driver's error."""
+        store = self.open_store()
+        calls = {
+            "save": lambda: store.save(RunState(run_id=run_id)),
+            "create": lambda: store.create(RunState(run_id=run_id)),
+            "load": lambda: store.load(run_id),
+            "exists": lambda: store.exists(run_id),
+            "delete": lambda: store.delete(run_id),
+            "journal": lambda: store.journal(run_id).lookup("1:0:c"),
+        }
+        assert [name for name, call in calls.items() if not refuses(call)] == []
+        assert store.list_runs() == []
+
+    def test_lone_surrogates_in_notes_are_saved_as_u_fffd(self) -> None:
+        """The user's notes may hold text UTF-8 cannot encode (a custom state copied a file
+        name): the save keeps the run going, with each lone surrogate made U+FFFD, as the
+        transcript's text is cleaned; the live state is left as it is."""
+        store = self.open_store()
+        state = sample_state()
+        state.notes = {"file": "half \ud83d", "k\udc00": ["\ud800x", {"deep": "\udfff"}], "n": 1}
+        state.output = "a lone \ud83d in the answer"
+        store.save(state)
+        loaded = store.load("run-1")
+        assert loaded.notes == {
+            "file": "half \ufffd",
+            "k\ufffd": ["\ufffdx", {"deep": "\ufffd"}],
+            "n": 1,
+        }
+        assert loaded.output == "a lone \ufffd in the answer"
+        assert loaded.messages == state.messages
+        assert state.notes["file"] == "half \ud83d"
+        add_turn(loaded, 1)
+        store.save(loaded)  # the cleaned state saves as usual
+        assert store.load("run-1") == loaded
+
+    def test_a_note_that_is_not_json_is_a_checkpoint_error_naming_it(self) -> None:
+        store = self.open_store()
+        state = sample_state()
+        store.save(state)
+        broken = copy.deepcopy(state)
+        broken.notes["when"] = object()
+        add_turn(broken, 1)
+        with pytest.raises(CheckpointError, match=r"run 'run-1' cannot be saved: notes\['when'\]"):
+            store.save(broken)
+        assert store.load("run-1") == state  # the last checkpoint stands
+        with pytest.raises(CheckpointError, match=r"notes\['when'\]"):
+            store.create(RunState(run_id="new", notes={"when": object()}))
+        assert not store.exists("new")
 
     # -- saves write what is new --------------------------------------------------------------
 
@@ -254,10 +310,61 @@ class CheckpointStoreContract(JournalContract, LeaseContract):
         assert store.list_runs(limit=0) == []
         assert store.list_runs(limit=-1) == []
 
+    def test_list_runs_by_state(self) -> None:
+        """``states=``: one state or several, a custom state by its name; the order and the
+        limit are those of the runs kept."""
+        store = self.open_store()
+        for run_id, state in [
+            ("done", AgentState.DONE),
+            ("thinking", AgentState.THINK),
+            ("failed", AgentState.ERROR),
+            ("triage", "TRIAGE"),
+            ("done-too", AgentState.DONE),
+        ]:
+            store.save(RunState(run_id=run_id, state=state))
+
+        def listed(**options: Any) -> list[str]:
+            return [run.run_id for run in store.list_runs(**options)]
+
+        assert listed(states=AgentState.DONE) == ["done-too", "done"]
+        assert listed(states=["ERROR", "TRIAGE", "DONE"]) == [
+            "done-too",
+            "triage",
+            "failed",
+            "done",
+        ]
+        assert listed(states=("TRIAGE",)) == ["triage"]
+        assert listed(states=[AgentState.DONE], limit=1) == ["done-too"]
+        assert listed(states=[]) == []
+        assert listed(states=["OBSERVE"]) == []
+        assert len(listed(states=None)) == 5
+
+    def test_list_runs_lists_a_run_it_cannot_read_among_the_others(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """One run of a newer schema (or an otherwise unreadable one) hides no other: it is
+        listed with ``unreadable`` saying why, and ``load`` refuses it by name."""
+        store = self.open_store()
+        store.save(RunState(run_id="a"))
+        newer = encoding.CHECKPOINT_SCHEMA_VERSION + 4
+        with monkeypatch.context() as patched:
+            patched.setattr(encoding, "CHECKPOINT_SCHEMA_VERSION", newer)
+            store.save(RunState(run_id="b", state=AgentState.THINK))
+        store.save(RunState(run_id="c"))
+        runs = store.list_runs()
+        assert [run.run_id for run in runs] == ["c", "b", "a"]
+        assert [run.unreadable for run in (runs[0], runs[2])] == [None, None]
+        assert runs[1].unreadable is not None
+        assert f"newer agent_fsm (checkpoint schema version {newer}" in runs[1].unreadable
+        assert runs[1].state is AgentState.THINK  # what could be read is listed
+        assert not runs[1].stuck
+        with pytest.raises(CheckpointError, match="'b' was written by a newer agent_fsm"):
+            store.load("b")
+
     # -- schema versions --------------------------------------------------------------------
 
     def _save_as_version(
-        self, store: CheckpointStore, version: int, monkeypatch: pytest.MonkeyPatch
+        self, store: CheckpointStore, version: object, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         with monkeypatch.context() as patched:
             patched.setattr(encoding, "CHECKPOINT_SCHEMA_VERSION", version)
@@ -312,6 +419,52 @@ class CheckpointStoreContract(JournalContract, LeaseContract):
         monkeypatch.setattr(encoding, "MIGRATIONS", {1: lambda header: {"turns": "many"}})
         with pytest.raises(CheckpointError, match="'run-1' is unreadable"):
             store.load("run-1")
+
+    @pytest.mark.parametrize("error", [AttributeError, TypeError, KeyError, IndexError])
+    def test_a_header_that_does_not_fit_its_version_is_a_checkpoint_error(
+        self, error: type[Exception], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A header whose fields have the wrong JSON type for its version makes a migration
+        fail with whatever it trips over: ``load`` raises ``CheckpointError`` naming the run,
+        and ``list_runs`` still lists every run."""
+        store = self.open_store()
+        self._save_as_version(store, 1, monkeypatch)
+        store.save(RunState(run_id="other"))
+
+        def trips(header: dict[str, Any]) -> dict[str, Any]:
+            raise error("approvals")
+
+        monkeypatch.setattr(encoding, "CHECKPOINT_SCHEMA_VERSION", 3)
+        monkeypatch.setattr(encoding, "MIGRATIONS", {1: trips, 2: lambda header: header})
+        with pytest.raises(
+            CheckpointError,
+            match=rf"'run-1' is unreadable: .*does not fit schema version 1.*{error.__name__}",
+        ):
+            store.load("run-1")
+        assert [run.run_id for run in store.list_runs()] == ["other", "run-1"]
+        assert store.load("other") == RunState(run_id="other")
+
+    @pytest.mark.parametrize("version", ["three", None])
+    def test_a_schema_version_that_is_not_an_integer_is_a_checkpoint_error(
+        self, version: object, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A store may refuse to write such a version (a typed column): then ``CheckpointError``
+        and nothing written. If it keeps it, ``load`` refuses it by name, and ``list_runs``
+        lists the run as unreadable among the others."""
+        store = self.open_store()
+        store.save(RunState(run_id="other"))
+        try:
+            self._save_as_version(store, version, monkeypatch)
+        except CheckpointError:
+            assert not store.exists("run-1")
+            return
+        with pytest.raises(CheckpointError, match=r"'run-1' has schema version .* not an integer"):
+            store.load("run-1")
+        runs = store.list_runs()
+        assert [run.run_id for run in runs] == ["run-1", "other"]
+        assert runs[0].unreadable is not None
+        assert "not an integer" in runs[0].unreadable
+        assert runs[1].unreadable is None
 
     # -- several stores on one storage (shares_storage) ------------------------------------------
 

@@ -13,7 +13,8 @@ import pytest
 
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.journal import ToolJournal
-from agent_fsm.durable.leases import Lease, LeaseStore
+from agent_fsm.durable.leases import MAX_ID_BYTES, Lease, LeaseStore
+from agent_fsm.errors import ConfigError
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
@@ -36,7 +37,32 @@ from agent_fsm.state import (
 )
 from agent_fsm.table import StopReason
 
-__all__ = ["ContractClock", "LeasingStore", "StoreContractBase", "add_turn", "sample_state"]
+__all__ = [
+    "BAD_IDS",
+    "BAD_ID_NAMES",
+    "ContractClock",
+    "LeasingStore",
+    "StoreContractBase",
+    "add_turn",
+    "refuses",
+    "sample_state",
+]
+
+
+BAD_IDS = ("half \ud83d", "nul\x00byte", "x" * (MAX_ID_BYTES + 1), "é" * (MAX_ID_BYTES // 2 + 1))
+"""Ids some store could not keep, so every store refuses them (``durable.leases.check_id``):
+a lone surrogate, a NUL, too many bytes of ASCII, too many bytes of fewer characters."""
+BAD_ID_NAMES = ("lone-surrogate", "nul", "too-long", "too-many-bytes")
+
+
+def refuses(call: Callable[[], object]) -> bool:
+    """Whether ``call`` raises ``ConfigError`` (any other error propagates, so a store that
+    fails some other way shows how)."""
+    try:
+        call()
+    except ConfigError:
+        return True
+    return False
 
 
 class LeasingStore(CheckpointStore, LeaseStore, Protocol):
