@@ -22,7 +22,7 @@ from agent_fsm.compaction import ContextPolicy
 from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore
-from agent_fsm.durable.leases import LeaseStore, check_ttl, default_worker_id
+from agent_fsm.durable.leases import LeaseStore, check_id, check_ttl, default_worker_id
 from agent_fsm.errors import (
     ConfigError,
     RunError,
@@ -32,7 +32,7 @@ from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound, with_builtin_guards
-from agent_fsm.messages import Message, ToolSpec, clean_text
+from agent_fsm.messages import Message, ToolSpec
 from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
@@ -160,7 +160,7 @@ def _residence(
             ``worker_id`` of the wrong kind.
     """
     if worker_id is not None:
-        _check_id("worker_id", worker_id)
+        _check_id("worker id", worker_id)
     if lease_s is None:
         return InProcess(time) if store is None else Stored(store, time)
     ttl_s = check_ttl(lease_s)
@@ -202,19 +202,16 @@ def _check_control_rows(machine: AgentMachine, offered: Sequence[Tool]) -> None:
 
 
 def _check_id(what: str, value: object) -> None:
-    """An id is text every store can keep and every log line can print: a non-empty str,
-    valid UTF-8 (no lone surrogate) and free of NUL, the same on every store.
+    """An id is text every store can keep and every log line can print: a non-empty str
+    that every store takes (``durable.leases.check_id``: valid UTF-8, no NUL, not too
+    long), checked before anything is claimed or written, whatever the store.
 
     Raises:
         ConfigError: naming what is wrong with it.
     """
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{what} must be a non-empty str, got {value!r}")
-    if clean_text(value) != value or "\x00" in value:
-        raise ConfigError(
-            f"{what} {value!r} is not valid text: it holds a NUL or a lone surrogate, which "
-            "no store can keep"
-        )
+        raise ConfigError(f"{what.replace(' ', '_')} must be a non-empty str, got {value!r}")
+    check_id(value, what)
 
 
 def _dead_guards(
@@ -535,7 +532,7 @@ class Agent:
         if not isinstance(user_input, str):
             raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
         if run_id is not None:
-            _check_id("run_id", run_id)
+            _check_id("run id", run_id)
             if self._residence.holds(run_id):
                 raise taken(run_id)
         if continues is not None:
@@ -581,7 +578,7 @@ class Agent:
         self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
     ) -> Run:
         """A stopped run, made ready to continue (not yet stepped): see ``resume``."""
-        _check_id("run_id", run_id)
+        _check_id("run id", run_id)
         config = self._config
         with self._residence.readmit(run_id) as (state, keeper):
             answered = reopen(state, config.machine, config.limits, reply, approvals)

@@ -344,14 +344,26 @@ def clean_message(message: _M) -> _M:
     if (
         isinstance(message, AssistantMessage)
         and message.tool_calls
-        and not all(call.name.isascii() and call.arguments.isascii() for call in message.tool_calls)
+        and not all(
+            call.id.isascii() and call.name.isascii() and call.arguments.isascii()
+            for call in message.tool_calls
+        )
     ):
         update["tool_calls"] = tuple(
             call.model_copy(
-                update={"name": clean_text(call.name), "arguments": clean_text(call.arguments)}
+                update={
+                    "id": clean_text(call.id),
+                    "name": clean_text(call.name),
+                    "arguments": clean_text(call.arguments),
+                }
             )
             for call in message.tool_calls
         )
+    if isinstance(message, ToolMessage) and not (
+        message.tool_call_id.isascii() and message.name.isascii()
+    ):
+        update["tool_call_id"] = clean_text(message.tool_call_id)
+        update["name"] = clean_text(message.name)
     if (
         isinstance(message, ToolMessage)
         and message.details is not None

@@ -17,6 +17,7 @@ from agent_fsm import (
     CustomState,
     KeepLastTurns,
     Limits,
+    MemoryStore,
     Row,
     SQLiteStore,
     StopReason,
@@ -249,11 +250,11 @@ def test_notes_that_are_not_json_are_a_table_error_naming_the_state(value: objec
 def test_ids_that_no_store_can_keep_are_refused_up_front(bad: str, tmp_path: Path) -> None:
     with SQLiteStore(tmp_path / "runs.sqlite3") as store:
         agent = Agent(model=ScriptedModel(["Done."]), store=store)
-        with pytest.raises(ConfigError, match="run_id"):
+        with pytest.raises(ConfigError, match="run id"):
             agent.start("Go.", run_id=bad)
-        with pytest.raises(ConfigError, match="worker_id"):
+        with pytest.raises(ConfigError, match="worker id"):
             Agent(model=ScriptedModel([]), store=store, lease_s=30, worker_id=bad)
-        with pytest.raises(ConfigError, match="run_id"):
+        with pytest.raises(ConfigError, match="run id"):
             agent.reopen(bad)
 
 
@@ -290,3 +291,16 @@ def test_a_retry_keeps_its_turns_number_in_the_request() -> None:
     result = agent.run_sync("Go.")
     assert (result.turns, result.retries) == (1, 1)
     assert [request.turn for request in model.requests] == [1, 1]
+
+
+def test_a_models_call_id_with_a_lone_surrogate_is_cleaned_like_its_text() -> None:
+    store = MemoryStore()
+    model = ScriptedModel(
+        [reply("", ToolCall(id="call\ud83d", name="echo", arguments='{"text": "x"}')), "Done."]
+    )
+    agent = Agent(model=model, tools=[echo], store=store)
+    result = agent.run_sync("Go.")
+    check_invariants(result, limits=agent.limits, bound=agent.bound)
+    (result_message,) = [m for m in result.messages if isinstance(m, ToolMessage)]
+    assert result_message.tool_call_id == "call\ufffd"
+    assert store.load(result.run_id).messages == list(result.messages)

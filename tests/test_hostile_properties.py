@@ -140,6 +140,6 @@ def test_notes_with_unclean_text_are_checkpointed_clean(value: Any) -> None:
 @given(bad=unclean_text())
 def test_an_id_no_store_can_keep_is_refused_up_front(bad: str) -> None:
     agent = Agent(model=ScriptedModel(["Done."]), store=MemoryStore())
-    with pytest.raises(ConfigError, match="run_id"):
+    with pytest.raises(ConfigError, match="run id"):
         agent.start("Go.", run_id=bad)
     assert agent.checkpoints.list_runs() == []

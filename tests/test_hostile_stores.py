@@ -239,13 +239,12 @@ def test_a_worker_id_no_store_could_keep_is_refused_before_the_run_starts(
     open_store: Opener,
 ) -> None:
     store = open_store()
-    agent = Agent(
-        model=ScriptedModel([reply("done")]),
-        store=store,
-        limits=limits(),
-        lease_s=30,
-        worker_id="worker \udcff",
-    )
     with pytest.raises(ConfigError, match="worker id 'worker \\\\udcff'"):
-        agent.start("go", run_id="r")
+        Agent(  # refused as the agent is built: it would lease every run under that id
+            model=ScriptedModel([reply("done")]),
+            store=store,
+            limits=limits(),
+            lease_s=30,
+            worker_id="worker \udcff",
+        )
     assert store.list_runs() == []
