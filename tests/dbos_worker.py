@@ -1,10 +1,10 @@
 """A worker of tests/test_dbos_crash.py, and the agent the DBOS tests share.
 
-``python -m tests.dbos_worker URL SCHEMA DBOS_SCHEMA WORKER_ID RUNS`` launches DBOS on the
-throwaway cluster (system tables in ``DBOS_SCHEMA``, executor id ``WORKER_ID``), registers the
-crash test's ``DBOSAgent``, keeps a liveness lease (``WorkerLiveness``) and takes runs from the
-queue until ``RUNS`` runs exist and none is left unfinished. Each run makes ``STEPS`` tool
-turns of two calls, as in tests/lease_worker.py:
+``python -m tests.dbos_worker URL SCHEMA DBOS_SCHEMA WORKER_ID RUNS`` registers the crash
+test's ``DBOSAgent`` and launches a ``DBOSWorker`` on the throwaway cluster (system tables in
+``DBOS_SCHEMA``, executor id ``WORKER_ID``, its liveness lease held from launch), and takes
+runs from the queue until ``RUNS`` runs exist and none is left unfinished. Each run makes
+``STEPS`` tool turns of two calls, as in tests/lease_worker.py:
 
 - ``send`` (not idempotent) inserts ``(run_id, step, worker)`` into ``effects``: the side
   effect that must never happen twice;
@@ -30,14 +30,20 @@ import psycopg
 from dbos import DBOS, DBOSConfig
 from psycopg import sql
 
-from agent_fsm import Agent
-from agent_fsm.dbos import DBOSAgent, RunQueue, WorkerLiveness
+from agent_fsm import Agent, MemoryStore
+from agent_fsm.dbos import DBOSAgent, DBOSWorker, RunQueue, WorkerLiveness
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.events import Event, RunFinished
 from tests.lease_worker import job_agent
 
 LIVENESS_TTL_S = 1.0
 QUEUE = RunQueue(name="crash_runs", worker_concurrency=4, polling_interval_s=0.05)
+PROCESS_LEASES = MemoryStore()
+"""Where a test process launched by ``launched`` keeps its liveness lease."""
+
+
+FAST_DBOS: DBOSConfig = {"notification_listener_polling_interval_sec": 0.05, "log_level": "WARNING"}
+"""DBOS settings of the tests' processes: quick to notice notifications, quiet."""
 
 
 def dbos_config(url: str, dbos_schema: str, executor_id: str, name: str) -> DBOSConfig:
@@ -47,8 +53,7 @@ def dbos_config(url: str, dbos_schema: str, executor_id: str, name: str) -> DBOS
         "system_database_url": url,
         "dbos_system_schema": dbos_schema,
         "executor_id": executor_id,
-        "notification_listener_polling_interval_sec": 0.05,
-        "log_level": "WARNING",
+        **FAST_DBOS,
     }
 
 
@@ -59,6 +64,9 @@ def launched(url: str, name: str) -> Iterator[str]:
     module's fixture: DBOS is one per process."""
     schema = f"dbos_{uuid.uuid4().hex[:12]}"
     DBOS(config=dbos_config(url, schema, "pytest", name))
+    # The process's liveness lives as long as its DBOS, in a store of its own: a test's
+    # journal store is closed when the test ends, and runs check the lease at every call.
+    WorkerLiveness(PROCESS_LEASES, ttl_s=LIVENESS_TTL_S).start()
     DBOS.launch()
     try:
         yield schema
@@ -97,15 +105,21 @@ def main(url: str, schema: str, dbos_schema: str, worker: str, runs: str) -> int
         psycopg.connect(url, autocommit=True) as effects,
     ):
         effects.execute("SELECT set_config('search_path', quote_ident(%s), false)", (schema,))
-        DBOS(config=dbos_config(url, dbos_schema, worker, "agent_fsm_crash"))
+        liveness = WorkerLiveness(journal, ttl_s=LIVENESS_TTL_S)
         agent = build_agent(journal, effects, worker)
-        DBOS.launch()
-        asyncio.run(QUEUE.register())
-        with WorkerLiveness(journal, ttl_s=LIVENESS_TTL_S) as liveness:
+        with DBOSWorker(
+            "agent_fsm_crash",
+            url,
+            liveness=liveness,
+            executor_id=worker,
+            pool_size=6,
+            dbos_schema=dbos_schema,
+            config=FAST_DBOS,
+        ):
+            asyncio.run(QUEUE.register())
             print("ready", flush=True)
             while work_left(int(runs)):
                 time.sleep(0.1)
-        DBOS.destroy()
         del agent
     print(f"recovered {','.join(liveness.recovered)}", flush=True)
     return 0

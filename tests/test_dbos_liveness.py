@@ -1,10 +1,13 @@
-"""WorkerLiveness (agent_fsm.dbos.recovery), driven by hand: a dead executor's PENDING runs
-are handed back and replayed once, by one live worker; a live executor's are left alone.
+"""Recovery scans (agent_fsm.dbos.recovery), driven by hand: a gone executor's PENDING runs
+are handed back and replayed once, by one live worker; a live executor's are left alone; an
+executor never seen is given its chance (a probation of ``ttl_s``) before it counts as gone.
+And this process losing its own lease (agent_fsm.dbos.liveness): an execution begun under
+it stops before its next call.
 
-Two runs of this process are held inside their non-idempotent tool call, then recorded in
-DBOS's tables as another executor's (``dead-1``, ``live-1``): as if two workers had died
-(or not) mid-call. Their liveness leases live in a ``MemoryStore`` on a clock the test moves,
-and the scans are called directly: nothing waits on real time but the runs themselves.
+Runs of this process are held inside their non-idempotent tool call, then recorded in DBOS's
+tables as another executor's (``dead-1``, ``live-1``, ...): as if workers had died (or not)
+mid-call. Their liveness leases live in a ``MemoryStore`` on a clock the test moves, and the
+scans are called directly: nothing waits on real time but the runs themselves.
 """
 
 from __future__ import annotations
@@ -21,15 +24,16 @@ import psycopg
 from dbos import DBOS
 from psycopg import sql
 
-from agent_fsm import MemoryStore
+from agent_fsm import MemoryStore, StopReason
 from agent_fsm.dbos import WorkerLiveness
-from agent_fsm.dbos.recovery import LEASE_PREFIX
+from agent_fsm.dbos.private import recover_executors
+from agent_fsm.dbos.recovery import LEASE_PREFIX, register
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage
-from agent_fsm.testing import call, reply
+from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
-from tests.dbos_worker import launched
-from tests.test_dbos import Tools, durable
+from tests.dbos_worker import PROCESS_LEASES, launched
+from tests.test_dbos import Tools, durable, step_names, two_turns
 
 UPPER_BOUND_S = 120.0
 """How long the held runs may take to reach their tool call: a limit for a hung test."""
@@ -85,6 +89,8 @@ async def test_a_dead_executors_runs_are_recovered_once_and_a_live_ones_left_alo
     leases = MemoryStore(clock=clock)
     dead = leases.claim(LEASE_PREFIX + "dead-1", "dbos", 10.0)
     live = leases.claim(LEASE_PREFIX + "live-1", "dbos", 10.0)
+    for executor in ("dead-1", "live-1"):  # as a WorkerLiveness does at its first claim
+        register(leases, executor)
     clock.now += 8.0
     leases.renew(live)  # live-1 renews; dead-1 has stopped renewing
     clock.now += 4.0
@@ -115,3 +121,89 @@ async def test_a_dead_executors_runs_are_recovered_once_and_a_live_ones_left_alo
     assert live_result.output == "done"
     assert (await (await agent.retrieve("dead-run")).result()).output == "done"
     assert tools.sent == [1, 1]
+
+
+async def test_an_executor_never_seen_is_given_ttl_s_before_its_runs_are_recovered(
+    journal: PostgresStore, dbos_schema: str, postgres_url: str
+) -> None:
+    """``ghost-1`` never held a lease: the first scan starts its probation, scans within
+    ``ttl_s`` leave it alone, and the first scan after recovers its run. ``late-1``, never
+    seen either, claims its lease during its probation: it is alive, and never recovered."""
+    tools = Tools()
+    tools.hold = asyncio.Event()
+    agent = durable(journal, send_once, tools)
+    for run_id in ("ghost-run", "late-run"):
+        await agent.enqueue("Do it.", run_id=run_id)
+    async with asyncio.timeout(UPPER_BOUND_S):
+        while len(tools.sent) < 2:  # both inside send, which holds them
+            await asyncio.sleep(0.01)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        for run_id, executor in (("ghost-run", "ghost-1"), ("late-run", "late-1")):
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {}.workflow_status SET executor_id = %s WHERE workflow_uuid = %s"
+                ).format(sql.Identifier(dbos_schema)),
+                (executor, run_id),
+            )
+
+    clock = Clock()
+    leases = MemoryStore(clock=clock)
+    scanner = WorkerLiveness(leases, ttl_s=10.0)
+    assert await asyncio.to_thread(scanner.recover_dead) == []  # both probations start
+    clock.now += 9.0
+    assert await asyncio.to_thread(scanner.recover_dead) == []  # within them
+    late = leases.claim(LEASE_PREFIX + "late-1", "dbos", 10.0)  # late-1 shows itself
+    register(leases, "late-1")
+    clock.now += 2.0
+    assert await asyncio.to_thread(scanner.recover_dead) == ["ghost-run"]
+    leases.renew(late)
+    clock.now += 30.0  # late-1 goes silent now: it was seen, so it is gone at once
+    assert await asyncio.to_thread(scanner.recover_dead) == ["late-run"]
+
+    tools.hold = None
+    tools.release()
+    for run_id in ("ghost-run", "late-run"):
+        result = await (await agent.retrieve(run_id)).result()
+        check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+        assert result.output == "done"
+    assert tools.sent == [1, 1]  # the replays answered "outcome unknown": nothing twice
+
+
+async def test_an_execution_whose_lease_was_lost_stops_before_its_next_call(
+    journal: PostgresStore,
+) -> None:
+    """This process's lease is taken over while one of its runs is inside ``send`` (as after
+    a stall past ``ttl_s``), and the process claims a fresh one. The execution begun under
+    the lost lease records its ``send`` and stops before its next call (the model's): it is
+    cancelled, and records nothing more. The run, handed back to the queue, is replayed here
+    under the fresh lease, and ``DBOSAgent.run()``'s caller gets the replay's result."""
+    tools = Tools()
+    tools.hold = asyncio.Event()
+    model = FunctionModel(two_turns)
+    agent = durable(journal, model, tools)
+    caller = asyncio.create_task(agent.run("Do it.", run_id="lost-1"))
+    async with asyncio.timeout(UPPER_BOUND_S):
+        while not tools.sent:
+            await asyncio.sleep(0.01)
+    name = LEASE_PREFIX + DBOS.executor_id
+    held = PROCESS_LEASES.lease(name)
+    assert held is not None
+    PROCESS_LEASES.release(held)  # it expired: a worker recovering this process claims it
+    taken = PROCESS_LEASES.claim(name, "recovery:elsewhere", 60.0)
+    PROCESS_LEASES.release(taken)
+    async with asyncio.timeout(UPPER_BOUND_S):  # this process claims a fresh lease
+        while (fresh := PROCESS_LEASES.lease(name)) is None or fresh.token <= taken.token:
+            await asyncio.sleep(0.01)
+    calls = len(model.requests)
+
+    tools.release()  # the stale execution's send returns and is recorded; then it stops
+    tools.hold = None
+    async with asyncio.timeout(UPPER_BOUND_S):
+        while len(await step_names("lost-1")) < 3:  # START, the model's, send's
+            await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(recover_executors, [DBOS.executor_id]) == ["lost-1"]
+    result = await caller
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert (result.output, result.stop_reason) == ("done", StopReason.FINAL_ANSWER)
+    assert tools.sent == [1, 2]  # each send once
+    assert len(model.requests) == calls + 2  # the stale execution asked the model nothing

@@ -105,11 +105,14 @@ LAYERS = [
     "diagrams",
     "otel",
     "agent",
+    "dbos.private",
+    "dbos.recovery",
+    "dbos.liveness",
     "dbos.replay",
     "dbos.steps",
     "dbos.pausing",
     "dbos.agent",
-    "dbos.recovery",
+    "dbos.worker",
     "dbos",
     "mcp",
     "testing.models",
@@ -163,14 +166,27 @@ ONLY_IN = {
         "testing.lease_contract",
         "testing.store_contract",
     },
-    "dbos": {"dbos.replay", "dbos.steps", "dbos.pausing", "dbos.agent", "dbos.recovery"},
+    "dbos": {
+        "dbos.private",
+        "dbos.recovery",
+        "dbos.liveness",
+        "dbos.replay",
+        "dbos.steps",
+        "dbos.pausing",
+        "dbos.agent",
+        "dbos.worker",
+    },
 }
 
 
 PRIVATE_USES_ALLOWED = {
-    # dbos has no public call that recovers another executor's workflows: a third-party
-    # private name, pinned by the dbos version range in pyproject.toml.
-    ("dbos.recovery", "DBOS._recover_pending_workflows"),
+    # dbos has no public call that recovers another executor's workflows, reads an
+    # execution's ownership of its workflow, or stops a thread with DBOS: third-party
+    # private names, all in dbos/private.py, pinned by the dbos range in pyproject.toml.
+    ("dbos.private", "DBOS._recover_pending_workflows"),
+    ("dbos.private", "dbos._datasource._still_owns"),
+    ("dbos.private", "dbos._dbos._get_dbos_instance"),
+    ("dbos.private", "instance._background_threads"),
 }
 """Uses of another module's underscored names that the test tolerates, each with why."""
 

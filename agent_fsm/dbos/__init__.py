@@ -12,11 +12,25 @@ The only package of agent_fsm that imports ``dbos``; the core never imports it.
   same on every replay;
 - ``agent_fsm.dbos.pausing``: where a paused run is kept, and how ``DBOSAgent.resume``
   continues it (once, however often it is called);
-- ``WorkerLiveness`` (``agent_fsm.dbos.recovery``): recovering the runs of a worker that died.
+- ``WorkerLiveness`` (``agent_fsm.dbos.liveness``): the lease that tells the fleet a process
+  lives, the fleet's clock, and the fence of every run's steps;
+- ``agent_fsm.dbos.recovery``: which executors are gone, and recovering their runs;
+- ``DBOSWorker`` (``agent_fsm.dbos.worker``): one process of a fleet, launched with its
+  connection pool sized and its liveness held from launch;
+- ``agent_fsm.dbos.private``: the private DBOS names relied on, in one place.
 """
 
 from agent_fsm.dbos.agent import DBOSAgent, RateLimit, RunHandle, RunQueue
-from agent_fsm.dbos.recovery import WorkerLiveness
+from agent_fsm.dbos.liveness import WorkerLiveness
 from agent_fsm.dbos.steps import StepModel
+from agent_fsm.dbos.worker import DBOSWorker
 
-__all__ = ["DBOSAgent", "RateLimit", "RunHandle", "RunQueue", "StepModel", "WorkerLiveness"]
+__all__ = [
+    "DBOSAgent",
+    "DBOSWorker",
+    "RateLimit",
+    "RunHandle",
+    "RunQueue",
+    "StepModel",
+    "WorkerLiveness",
+]

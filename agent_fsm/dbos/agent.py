@@ -21,7 +21,11 @@ The contract a user's code must keep, because it runs again on every replay:
   needs-input result, its state saved in the journal store; ``resume`` continues it as a
   workflow of its own, once however many times it is called (``agent_fsm.dbos.pausing``);
 - the agent has no ``store`` and no ``lease_s``: DBOS recovers its runs by replay, and
-  checkpoints would be a second recovery that disagrees with it.
+  checkpoints would be a second recovery that disagrees with it;
+- every process that executes its runs holds a liveness lease from the moment its first run
+  is admitted, before that run's first step (``agent_fsm.dbos.liveness``): the fleet takes
+  no run from a process that lives, and an execution whose run the fleet took from it (its
+  lease lost in a stall) stops before its next call.
 
 Register every ``DBOSAgent`` (construct it) before ``DBOS.launch()``, in every worker, under
 the same ``name``: DBOS finds a run's workflow function by that name when it recovers it.
@@ -38,10 +42,12 @@ from typing import Any
 from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
 
 from agent_fsm.agent import Agent
+from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
 from agent_fsm.dbos.replay import RunTime, record_start, running
 from agent_fsm.dbos.steps import ReplayedKeeper, durable_config
 from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.run.engine import Run, new_run_state
@@ -138,7 +144,18 @@ class RunHandle:
 
     async def result(self) -> RunResult:
         """Wait for the run to end (on whichever worker) and return its result."""
-        return await self._handle.get_result()
+        try:
+            return await self._handle.get_result()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller is being cancelled
+        # This process's execution of the run stopped (the fleet took the run on after
+        # this process lost its liveness lease): wait for the run's result where it runs.
+        handle: WorkflowHandleAsync[RunResult] = await DBOS.retrieve_workflow_async(
+            self.workflow_id
+        )
+        return await handle.get_result()
 
     async def status(self) -> str:
         """DBOS's status of the run's workflow: ``ENQUEUED``, ``PENDING``, ``SUCCESS``, ..."""
@@ -153,14 +170,16 @@ class DBOSAgent:
         agent: the agent; without ``store`` or ``lease_s``.
         journal: the store whose tool journal the tool steps keep (``store.journal(run_id)``),
             and where a run that stops resumable is saved for ``resume``: shared by every
-            worker, so a ``PostgresStore`` (on the database DBOS uses, say).
+            worker, so a ``PostgresStore`` (on the database DBOS uses, say). It keeps the
+            process's liveness lease too, unless a ``WorkerLiveness`` was started (or a
+            ``DBOSWorker`` launched) before the process's first run.
         name: names the workflow; the same in every worker, unique among DBOSAgents.
         queue: where ``enqueue`` puts runs.
 
     Raises:
         ConfigError: for an agent with a store or leases, a journal that is no
-            CheckpointStore, an invalid name or queue, or a context policy with a model
-            that cannot be wrapped.
+            CheckpointStore that leases, an invalid name or queue, or a context policy with a
+            model that cannot be wrapped.
     """
 
     def __init__(
@@ -178,9 +197,10 @@ class DBOSAgent:
                 "a DBOSAgent's agent takes no store and no lease_s: DBOS recovers its runs by "
                 "replaying their recorded steps, and checkpoints would be a second recovery"
             )
-        if not isinstance(journal, CheckpointStore):
+        if not isinstance(journal, CheckpointStore) or not isinstance(journal, LeaseStore):
             raise ConfigError(
-                f"journal must be a CheckpointStore (PostgresStore), got {type(journal).__name__}"
+                "journal must be a CheckpointStore that leases (PostgresStore), got"
+                f" {type(journal).__name__}"
             )
         if not isinstance(name, str) or not name:
             raise ConfigError(f"name must be a non-empty str, got {name!r}")
@@ -190,6 +210,7 @@ class DBOSAgent:
         self.name = name
         self.queue = queue if queue is not None else RunQueue()
         self._journal = journal
+        self._leases: LeaseStore = journal
         self._config = durable_config(agent.run_config)
         self._queue_registered: asyncio.Future[None] | None = None
 
@@ -207,7 +228,8 @@ class DBOSAgent:
     async def _drive(self, user_input: str, run_id: str) -> RunResult:
         """The workflow's body: the same run on every execution (``agent_fsm.dbos.replay``)."""
         config = self._config
-        started_at = await record_start()
+        admission = await self._admit()
+        started_at = await record_start(admission)
         state = new_run_state(
             run_id,
             self.agent.system_prompt,
@@ -216,7 +238,7 @@ class DBOSAgent:
             (),
             config.count_tokens,
         )
-        return await self._activate(run_id, state, started_at, 0, None)
+        return await self._activate(run_id, state, admission, started_at, 0, None)
 
     async def _drive_resume(
         self, run_id: str, resumes: int, reply: str | None, approvals: Decisions | None
@@ -224,17 +246,24 @@ class DBOSAgent:
         """A resume workflow's body: the stop it loaded the first time, reopened with the
         answer, driven on (``agent_fsm.dbos.pausing``)."""
         config = self._config
-        started_at = await record_start()
+        admission = await self._admit()
+        started_at = await record_start(admission)
         state = await load_stop(self._journal, run_id, resumes)
         answered = reopen(state, config.machine, config.limits, reply, approvals)
         return await self._activate(
-            resume_id(run_id, resumes), state, started_at, resumes, answered
+            resume_id(run_id, resumes), state, admission, started_at, resumes, answered
         )
+
+    async def _admit(self) -> Admission:
+        """This execution, admitted under the process's liveness lease (the default one on
+        the journal store started now if the process keeps none yet)."""
+        return await process_liveness(self._leases).admit()
 
     async def _activate(
         self,
         workflow_id: str,
         state: RunState,
+        admission: Admission,
         started_at: float,
         resumes: int,
         answered: str | None,
@@ -248,6 +277,7 @@ class DBOSAgent:
             config.limits.timeout_s,
             self._journal.journal(state.run_id),
             state,
+            admission,
             key_prefix=key_prefix(resumes),
             pause=self.agent.sleep,
         )

@@ -11,7 +11,10 @@ executions is made a function of the recorded outcomes here:
 - **the clock** (``RunConfig.clock``): seconds since the run's recorded start, advanced only
   by the end times that steps record (a step returns when it ended). It stands still between
   steps, so the engine's ``elapsed_s`` and the ``time_is_up`` guard read the same values on
-  every execution;
+  every execution. Every time recorded or compared is read on *one* clock, the fleet's
+  (``liveness.WorkerLiveness.now``: the lease store's), never a worker's own time of day: a
+  run started on a worker whose clock is an hour off and recovered on another one keeps
+  its deadline;
 - **the deadline** (``RunConfig.arm_deadline``): no real-time timer. Each step enforces the
   run's deadline itself (``remaining_s``), and a step cut by it records so; the clock then
   reads exactly ``Limits.timeout_s`` (``cut``), so the guard trips at the same point of
@@ -35,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 
 from dbos import DBOS, StepOptions
 
+from agent_fsm.dbos.liveness import Admission
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.errors import ConfigError
 from agent_fsm.models.base import ModelCallError
@@ -86,6 +89,7 @@ class RunTime:
     """
 
     __slots__ = (
+        "admission",
         "journal",
         "key_prefix",
         "now",
@@ -103,12 +107,16 @@ class RunTime:
         timeout_s: float,
         journal: ToolJournal,
         state: RunState,
+        admission: Admission,
         *,
         key_prefix: str = "",
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.started_at = started_at
-        """Unix time of the activation's start, as its first step recorded it."""
+        """The activation's start on the fleet's clock, as its first step recorded it."""
+        self.admission = admission
+        """This execution's admission: the fence its model and tool steps pass before a
+        call, and the fleet's clock (``agent_fsm.dbos.liveness``)."""
         self.timeout_s = timeout_s
         self.now = 0.0
         """Seconds since ``started_at`` at the latest recorded step end (the clock)."""
@@ -141,10 +149,14 @@ class RunTime:
         """A step was cut by the deadline: the clock reads the time limit exactly."""
         self.now = self.timeout_s
 
+    def fleet_now(self) -> float:
+        """The fleet's clock now (what steps record as their end). Read inside steps only."""
+        return self.admission.now()
+
     def remaining_s(self) -> float:
-        """Real seconds left before the deadline. Read inside steps only: outside, its
-        answer would differ between executions."""
-        return self.started_at + self.timeout_s - time.time()
+        """Real seconds left before the deadline, on the fleet's clock. Read inside steps
+        only: outside, its answer would differ between executions."""
+        return self.started_at + self.timeout_s - self.admission.now()
 
 
 _ACTIVE: ContextVar[RunTime] = ContextVar("agent_fsm_dbos_run")
@@ -176,9 +188,10 @@ def running(run: RunTime) -> Iterator[RunTime]:
         _ACTIVE.reset(token)
 
 
-async def record_start() -> float:
-    """The run's start time: now on the first execution, the recorded one on a replay."""
-    return await DBOS.run_step_async(options(START_STEP), time.time)
+async def record_start(admission: Admission) -> float:
+    """The run's start time on the fleet's clock: now on the first execution, the recorded
+    one on a replay."""
+    return await DBOS.run_step_async(options(START_STEP), admission.now)
 
 
 def interrupted(timeout_s: float) -> ModelCallError:
@@ -212,7 +225,7 @@ async def sleep(seconds: float) -> None:
     async def wait() -> Woke:
         left = run.remaining_s()
         await run.pause(max(min(seconds, left), 0.0))
-        return Woke(time.time(), cut=seconds >= left)
+        return Woke(run.fleet_now(), cut=seconds >= left)
 
     woke = await DBOS.run_step_async(options(SLEEP_STEP), wait)
     if woke.cut:

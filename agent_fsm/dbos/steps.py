@@ -19,6 +19,15 @@ backoff, and the tool journal (``durable.journal``), kept *inside* the step:
 DBOS records the step's outcome after that; a step with a record is never run again. So a
 non-idempotent call runs at most once, whichever worker replays the run.
 
+**A journal that fails** (the connection dropped) is tried once more (the store connects
+again), and then the step answers as the journal will answer any later execution of it, so
+that every execution agrees whichever one DBOS records: a look-up that fails may hide a call
+an earlier execution started, so a non-idempotent call is answered "outcome unknown" (never
+"not run"); a start that cannot be recorded is answered "not run" (the call was not made);
+an end that cannot be recorded leaves the journal saying "started", so a non-idempotent call
+is answered "outcome unknown" (never "failed": its effect happened). An idempotent call's
+answer is its own: running it again is allowed.
+
 ``durable_config`` is the agent's run configuration with these steps in place, and
 ``ReplayedKeeper`` is where such a run lives: the clock, sleep, random numbers and deadline of
 ``agent_fsm.dbos.replay``, and nothing saved by the engine (DBOS records the steps).
@@ -29,18 +38,20 @@ off (the step has the real ones). The stand-in returns the step's answer as a ``
 which the engine takes as it is.
 
 Both kinds of step enforce the run's deadline (``replay.RunTime.remaining_s``) and record
-when they ended, which is what the run's clock reads (``agent_fsm.dbos.replay``).
+when they ended, which is what the run's clock reads (``agent_fsm.dbos.replay``). Before a
+call, both pass the execution's fence (``liveness.Admission.check``): a call starts only
+while this process's liveness lease, the one the execution was admitted under, is fresh.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from dbos import DBOS
 
@@ -56,7 +67,7 @@ from agent_fsm.dbos.replay import (
 )
 from agent_fsm.durable.journal import CallStatus, ToolJournal
 from agent_fsm.errors import ConfigError
-from agent_fsm.failures import is_own_failure
+from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage, ToolStatus
 from agent_fsm.models.base import Model, ModelCallError
@@ -66,7 +77,7 @@ from agent_fsm.run.thinking import failure_from
 from agent_fsm.state import ModelFailure, RunState
 from agent_fsm.table import LAST_CALL_STATE, StopReason
 from agent_fsm.tools.execution import ABANDONED_NOTE, execute
-from agent_fsm.tools.results import ToolResult, error_result
+from agent_fsm.tools.results import ToolResult, error_result, skipped_result
 from agent_fsm.tools.tool import PreparedCall, Tool, ToolRegistry
 
 __all__ = [
@@ -143,25 +154,26 @@ class StepModel:
 
 async def _call(model: Model, request: ModelRequest, run: RunTime, last: bool) -> Replied:
     """The body of a model step. Must not raise for anything the model does."""
+    await run.admission.check()
     # The last answer's own limit is the engine's (see StepModel.request); others have the
     # run's deadline.
     left = 10.0**9 if last else run.remaining_s()
     if left <= 0:
-        return Replied(time.time(), cut=True)
+        return Replied(run.fleet_now(), cut=True)
     limit = asyncio.timeout(left)
     try:
         async with limit:
             response: object = await model.request(request)
     except BaseException as exc:
         if limit.expired() or (last and isinstance(exc, asyncio.CancelledError)):
-            return Replied(time.time(), cut=True)
+            return Replied(run.fleet_now(), cut=True)
         if not is_own_failure(exc):
             raise
-        return Replied(time.time(), failure=failure_from(exc))
+        return Replied(run.fleet_now(), failure=failure_from(exc))
     if not isinstance(response, ModelResponse):  # recorded as the engine would word it
         message = f"the model returned {type(response).__name__}, not a ModelResponse"
-        return Replied(time.time(), failure=ModelFailure(message=message, permanent=False))
-    return Replied(time.time(), response=response)
+        return Replied(run.fleet_now(), failure=ModelFailure(message=message, permanent=False))
+    return Replied(run.fleet_now(), response=response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,14 +213,13 @@ def stepped(tool: Tool, limits: Limits) -> Tool:
     return dataclasses.replace(tool, fn=step, timeout_s=STAND_IN_TIMEOUT_S, max_retries=0)
 
 
-def outcome_unknown(call: ToolCall) -> ToolMessage:
-    """The answer to a non-idempotent call that started before an interruption: worded as
-    the engine's own journal words it (``tools.scheduling``)."""
+def outcome_unknown(call: ToolCall, why: str = "it started before an interruption") -> ToolMessage:
+    """The answer to a non-idempotent call whose effect may have happened: worded as the
+    engine's own journal words it (``tools.scheduling``), ``why`` saying what is known."""
     return error_result(
         call,
-        f"The outcome of this call to '{call.name}' is unknown: it started before an "
-        "interruption and is not re-run because the tool is not idempotent. Check its effect "
-        "before calling it again.",
+        f"The outcome of this call to '{call.name}' is unknown: {why}, and it is not re-run"
+        " because the tool is not idempotent. Check its effect before calling it again.",
         {"runtime": {"outcome_unknown": True}},
     )
 
@@ -224,27 +235,48 @@ def _cancelled(call: ToolCall, tool: Tool) -> ToolMessage:
     return error_result(call, message, {"runtime": runtime})
 
 
+_T = TypeVar("_T")
+
+
+def _twice(write: Callable[..., _T], *args: Any) -> _T:
+    """A journal call, made once more if it raises (a dropped connection is made again)."""
+    try:
+        return write(*args)
+    except Exception:
+        return write(*args)
+
+
 async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: RunTime) -> Answered:
     """The body of a tool step: the journal around the call (see the module docstring).
-
-    A journal that fails raises: the step then records the failure, and the engine answers
-    the call with it (``tools.execution``), never running a call the journal cannot see."""
+    Must not raise for anything the journal does."""
+    await run.admission.check()
     step_id = DBOS.step_id
     assert step_id is not None  # inside the step
     key = run.journal_key(step_id)
     call = ToolCall(id=key, name=tool.name, arguments=json.dumps(values, default=str))
     journal = run.journal
-    entry = journal.lookup(key)
+    try:
+        entry, unread = _twice(journal.lookup, key), None
+    except Exception as exc:
+        entry, unread = None, exc
     if entry is not None and entry.status is CallStatus.FINISHED and entry.result is not None:
-        return Answered(time.time(), entry.result)
-    if entry is not None and not tool.idempotent:
+        return Answered(run.fleet_now(), entry.result)
+    if (entry is not None or unread is not None) and not tool.idempotent:
+        if unread is not None:
+            why = f"its journal could not be read ({describe(unread)}), so it may have run"
+            return Answered(run.fleet_now(), outcome_unknown(call, why))
         result = outcome_unknown(call)
-        journal.record_finished(key, result)
-        return Answered(time.time(), result)
+        with contextlib.suppress(Exception):  # then a later execution answers the same
+            _twice(journal.record_finished, key, result)
+        return Answered(run.fleet_now(), result)
     left = run.remaining_s()
     if left <= 0:  # the deadline came first: the call never starts
-        return Answered(time.time(), _cancelled(call, tool), cut=True)
-    journal.record_started(key, call)
+        return Answered(run.fleet_now(), _cancelled(call, tool), cut=True)
+    try:
+        _twice(journal.record_started, key, call)
+    except Exception as exc:
+        why = f"its start could not be recorded in the journal ({describe(exc)})"
+        return Answered(run.fleet_now(), skipped_result(call, f"{why}; nothing was done"))
     prepared = PreparedCall(call, tool, arguments=values, error=None, values=values)
     try:
         async with asyncio.timeout(left):
@@ -253,8 +285,13 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
         result, cut = _cancelled(call, tool), True
     else:
         cut = False
-    journal.record_finished(key, result)
-    return Answered(time.time(), result, cut)
+    try:
+        _twice(journal.record_finished, key, result)
+    except Exception as exc:
+        if not tool.idempotent:  # the journal says "started": any later execution says this
+            why = f"it ran, but the journal could not record its end ({describe(exc)})"
+            result = outcome_unknown(call, why)
+    return Answered(run.fleet_now(), result, cut)
 
 
 def durable_config(config: RunConfig) -> RunConfig:

@@ -1,0 +1,103 @@
+"""A DBOS worker's connections (issue 34, point 6): ``DBOSWorker(pool_size=...)`` is what it
+holds, all opened at launch, and a server with no room left for them is a clear
+``ConfigError`` at launch, not a worker stalling later on "too many clients".
+
+The server's limit is played by a role of the test's own with a ``CONNECTION LIMIT`` (the
+same refusal, SQLSTATE 53300, as a full ``max_connections``; superusers are exempt from
+both, so the test's usual role cannot be limited), owning a database of its own; both are
+dropped afterwards. DBOS runs in this process (one per process), launched by each test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("dbos")
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from agent_fsm import Agent, ConfigError
+from agent_fsm.dbos import DBOSAgent, DBOSWorker, WorkerLiveness
+from agent_fsm.durable.postgres import PostgresStore
+from agent_fsm.testing import FunctionModel, reply
+
+LIMIT = 6
+"""The role's connections: a store's 1, and DBOS's ``pool_size + 1``."""
+
+
+@pytest.fixture
+def limited_url(postgres_url: str) -> Iterator[str]:
+    """A database owned by a role that may hold ``LIMIT`` connections: its URL."""
+    name = f"pool_{uuid.uuid4().hex[:12]}"
+    password = secrets.token_hex(12)
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} CONNECTION LIMIT {}").format(
+                sql.Identifier(name), sql.Literal(password), sql.Literal(LIMIT)
+            )
+        )
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(*[sql.Identifier(name)] * 2))
+        try:
+            server = conninfo_to_dict(postgres_url)
+            host, port = server.get("host", "127.0.0.1"), server.get("port", 5432)
+            yield f"postgresql://{name}:{password}@{host}:{port}/{name}"
+        finally:
+            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def connections_of(url: str, admin_url: str) -> int:
+    """The connections ``url``'s role holds, counted by the test's own (unlimited) role."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s",
+            (conninfo_to_dict(url)["user"],),
+        ).fetchone()
+    return int(found[0]) if found else 0
+
+
+def agent_on(store: PostgresStore) -> DBOSAgent:
+    agent = Agent(model=FunctionModel(lambda request: reply(f"hello from {request.run_id}")))
+    return DBOSAgent(agent, journal=store, name=f"pools_{uuid.uuid4().hex[:8]}")
+
+
+def test_a_worker_holds_its_pool_and_its_listener_and_nothing_more(
+    limited_url: str, postgres_url: str
+) -> None:
+    with PostgresStore(limited_url, schema="agent_fsm") as store:
+        agent = agent_on(store)
+        worker = DBOSWorker(
+            "pools", limited_url, liveness=WorkerLiveness(store, ttl_s=5.0), pool_size=LIMIT - 2
+        )
+        assert worker.connections == LIMIT - 1
+        with worker:
+            result = asyncio.run(agent.run("Hello.", run_id="pooled-1"))
+            assert result.output == "hello from pooled-1"
+            assert connections_of(limited_url, postgres_url) <= 1 + worker.connections
+        assert connections_of(limited_url, postgres_url) == 1  # the store's
+
+
+def test_a_worker_that_does_not_fit_is_refused_at_launch_with_what_to_change(
+    limited_url: str, postgres_url: str
+) -> None:
+    with PostgresStore(limited_url, schema="agent_fsm") as store:
+        agent_on(store)
+        worker = DBOSWorker(
+            "pools", limited_url, liveness=WorkerLiveness(store, ttl_s=5.0), pool_size=8
+        )
+        with pytest.raises(ConfigError, match=r"connections are used up") as refused:
+            worker.launch()
+        message = str(refused.value)
+        assert "too many connections" in message  # the server's own words
+        assert "DBOSWorker(pool_size=8)" in message
+        assert "max_connections" in message
+        assert connections_of(limited_url, postgres_url) == 1  # it let go of what it had opened
+        assert store.lease("executor:" + worker.executor_id) is None
