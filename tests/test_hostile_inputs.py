@@ -250,11 +250,11 @@ def test_notes_that_are_not_json_are_a_table_error_naming_the_state(value: objec
 def test_ids_that_no_store_can_keep_are_refused_up_front(bad: str, tmp_path: Path) -> None:
     with SQLiteStore(tmp_path / "runs.sqlite3") as store:
         agent = Agent(model=ScriptedModel(["Done."]), store=store)
-        with pytest.raises(ConfigError, match="run.id"):
+        with pytest.raises(ConfigError, match=r"run.id"):
             agent.start("Go.", run_id=bad)
-        with pytest.raises(ConfigError, match="worker.id"):
+        with pytest.raises(ConfigError, match=r"worker.id"):
             Agent(model=ScriptedModel([]), store=store, lease_s=30, worker_id=bad)
-        with pytest.raises(ConfigError, match="run.id"):
+        with pytest.raises(ConfigError, match=r"run.id"):
             agent.reopen(bad)
 
 
