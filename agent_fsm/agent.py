@@ -575,17 +575,27 @@ class Agent:
         return self._residence.store
 
     def reopen(
-        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+        self,
+        run_id: str,
+        reply: str | None = None,
+        *,
+        approvals: Decisions | None = None,
+        pause: str | None = None,
     ) -> Run:
         """A stopped run, made ready to continue (not yet stepped): see ``resume``."""
         _check_id("run id", run_id)
         config = self._config
         with self._residence.readmit(run_id) as (state, keeper):
-            answered = reopen(state, config.machine, config.limits, reply, approvals)
+            answered = reopen(state, config.machine, config.limits, reply, approvals, pause)
         return Run(config, state, keeper, resumed=answered)
 
     async def resume(
-        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+        self,
+        run_id: str,
+        reply: str | None = None,
+        *,
+        approvals: Decisions | None = None,
+        pause: str | None = None,
     ) -> RunResult:
         """Continue a run from its last checkpoint, and run it to its next stop.
 
@@ -595,25 +605,36 @@ class Agent:
                 for an aborted or timed-out run).
             approvals: for a run paused on approvals: a decision per pending call id
                 (``True``, ``False`` or ``Approval(allow=..., reason=...)``; the reason is
-                shown to the model), or one decision for all of them.
+                shown to the model), or one decision for all of them (with ``pause``).
+            pause: the pause this answer is for (``RunResult.pending.pause``, or
+                ``RunPaused.pause``). Required with one decision for all the pending calls,
+                which names none of them; given with any answer, it is checked, so that an
+                answer arriving late (a double click, a retried request) is refused when the
+                run has paused again since, instead of answering a pause nobody saw.
 
         Raises:
             CheckpointError: no checkpoint for ``run_id`` in this agent's store.
             ResumeError: the run finished, or the answer does not fit its pause (a reply to
-                an approval, a missing decision, approvals for an ask_user).
+                an approval, a missing decision, approvals for an ask_user, another pause,
+                one decision for all without ``pause``).
             RunLeased: another worker holds the run's lease (``lease_s``), before or while
                 this one drives it.
 
         A run whose worker died (it has not stopped) continues from its last checkpoint:
         that is also how a worker takes over a run whose lease expired.
         """
-        return await self.reopen(run_id, reply, approvals=approvals).run()
+        return await self.reopen(run_id, reply, approvals=approvals, pause=pause).run()
 
     def resume_sync(
-        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+        self,
+        run_id: str,
+        reply: str | None = None,
+        *,
+        approvals: Decisions | None = None,
+        pause: str | None = None,
     ) -> RunResult:
         """``resume`` for synchronous code."""
-        return self._sync(self.resume(run_id, reply, approvals=approvals))
+        return self._sync(self.resume(run_id, reply, approvals=approvals, pause=pause))
 
     async def run(
         self,

@@ -280,7 +280,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     approvals: Decisions | None = None
     if args.approve or args.deny:
         approvals = _decisions(args.approve, args.deny)
-    result = agent.resume_sync(args.run_id, args.reply, approvals=approvals)
+    result = agent.resume_sync(args.run_id, args.reply, approvals=approvals, pause=args.pause)
     result = _settle(agent, result, args)
     return 1 if result.status is RunStatus.FAILED else 0
 
@@ -299,7 +299,9 @@ def _settle(agent: Agent, result: RunResult, args: argparse.Namespace) -> RunRes
 
     return run_until_settled(
         result,
-        lambda reply, approvals: agent.resume_sync(result.run_id, reply, approvals=approvals),
+        lambda reply, approvals, pause: agent.resume_sync(
+            result.run_id, reply, approvals=approvals, pause=pause
+        ),
         interactive=args.interactive,
         out=sys.stdout,
         summarise=lambda outcome: _summary(sys.stdout, outcome),
@@ -478,6 +480,8 @@ def _show_run(state: RunState, store: CheckpointStore, out: TextIO) -> None:
         print(f"lease:    {held}", file=out)
     if state.control is not None and state.state is AgentState.DONE:
         print(f"waiting:  {state.control.kind.value}: {state.control.text}", file=out)
+        if state.control.pause:
+            print(f"pause:    {state.control.pause}", file=out)
         for call in state.control.pending_calls:
             print(f"          {call.id}: {call.name}({call.arguments})", file=out)
     if state.error:
@@ -581,6 +585,12 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="refuse this call (repeatable), or `all`",
+    )
+    resume.add_argument(
+        "--pause",
+        metavar="PAUSE",
+        help="the pause this answer is for, as `agent-fsm runs RUN_ID` shows it (needed with "
+        "`--approve all` / `--deny all`: a repeated command must not approve a later pause)",
     )
     add_model_options(resume, store_required=True)
     resume.set_defaults(handler=_cmd_resume)

@@ -244,7 +244,8 @@ class StreamPrinter:
             self._open = False
 
 
-Resume = Callable[[str | None, Decisions | None], RunResult]
+Resume = Callable[[str | None, Decisions | None, str | None], RunResult]
+"""Answers the run's pause: ``resume(reply, approvals, pause)``."""
 
 
 def run_until_settled(
@@ -267,7 +268,7 @@ def run_until_settled(
             _how_to_resume(result, out, store)
             break
         reply, approvals = answer
-        result = resume(reply, approvals)
+        result = resume(reply, approvals, result.pending.pause if result.pending else None)
         summarise(result)
     return result
 
@@ -311,8 +312,9 @@ def _how_to_resume(result: RunResult, out: TextIO, store: str | None) -> None:
         return
     answer = "'your answer'" if pending and pending.kind is ControlKind.ASK_USER else ""
     approve = " --approve all (or --deny all)" if not answer else ""
+    pause = f" --pause {pending.pause}" if pending and pending.pause else ""
     print(
-        f"answer later: agent-fsm resume {result.run_id} {answer}{approve} --store {store} "
-        "(with the same --model and server options)".replace("  ", " "),
+        f"answer later: agent-fsm resume {result.run_id} {answer}{approve}{pause} --store "
+        f"{store} (with the same --model and server options)".replace("  ", " "),
         file=out,
     )

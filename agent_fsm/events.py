@@ -282,6 +282,8 @@ class RunPaused:
     """ask_user's question, or a summary of what awaits approval."""
     pending_calls: tuple[ToolCall, ...] = ()
     """The calls that await approval (empty for ask_user)."""
+    pause: str = ""
+    """Names this pause: give it back with the answer (``Agent.resume(..., pause=...)``)."""
 
 
 @quick_init

@@ -93,6 +93,12 @@ class ControlRequest(BaseModel):
     """The call that made the request."""
     pending_calls: tuple[ToolCall, ...] = ()
     """Calls waiting for approval (kind APPROVAL)."""
+    pause: str = ""
+    """Names the pause the run stopped at with this request (set when it stops: ``pause-N``,
+    N the transitions so far). An answer gives it back (``Agent.resume(..., pause=...)``),
+    and a decision on every pending call at once (``approvals=True``) must: a decision that
+    arrives late (a double click, a retried request) must not answer a pause nobody saw.
+    Empty for a checkpoint of an older agent_fsm."""
 
 
 class Approval(BaseModel):

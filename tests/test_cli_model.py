@@ -114,7 +114,7 @@ async def test_a_question_is_answered_later_with_resume(tmp_path: Path) -> None:
         assert paused.code == 0, paused.err
         line = next(ln for ln in paused.out.splitlines() if ln.startswith("answer later:"))
         run_id = line.split()[4]
-        assert f"agent-fsm resume {run_id} 'your answer' --store {store}" in line
+        assert f"agent-fsm resume {run_id} 'your answer' --pause pause-4 --store {store}" in line
         done = await agent_fsm("resume", run_id, "Oslo", *options, "--no-interactive")
     assert done.code == 0, done.err
     assert "final answer: Sunny in Oslo." in done.out
@@ -140,10 +140,13 @@ async def test_an_approval_is_given_at_the_terminal_or_later(tmp_path: Path) -> 
         server.reply(completion("I was not allowed to look."))
         stored = (*options, "--store", store, "--no-interactive")
         paused = await agent_fsm("run", "Paris?", *stored)
-        run_id = next(
-            ln for ln in paused.out.splitlines() if ln.startswith("answer later:")
-        ).split()[4]
-        denied = await agent_fsm("resume", run_id, "--deny", "all", *stored)
+        later = next(ln for ln in paused.out.splitlines() if ln.startswith("answer later:"))
+        run_id, pause = later.split()[4], later.split()[later.split().index("--pause") + 1]
+        # --deny all names no call: without the pause it is refused, with it it decides
+        refused = await agent_fsm("resume", run_id, "--deny", "all", *stored)
+        assert refused.code == 2
+        assert f"pass pause='{pause}'" in refused.err
+        denied = await agent_fsm("resume", run_id, "--deny", "all", "--pause", pause, *stored)
     assert denied.code == 0, denied.err
     assert "final answer: I was not allowed to look." in denied.out
     decided = server.bodies[-1]["messages"][-1]

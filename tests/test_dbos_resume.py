@@ -125,21 +125,26 @@ async def test_a_double_resume_of_an_approval_carries_the_call_out_once(
     assert transfers.made == []
 
     first, second = await asyncio.gather(
-        agent.resume("approve-1", approvals=True), agent.resume("approve-1", approvals=True)
+        agent.resume("approve-1", approvals=True, pause=paused.pending.pause),
+        agent.resume("approve-1", approvals=True, pause=paused.pending.pause),
     )
     same_run(first, second)
     assert (first.output, transfers.made) == ("done", [5])
     check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
     with pytest.raises(ResumeError, match="has finished"):  # a late third click
-        await agent.resume("approve-1", approvals=True)
+        await agent.resume("approve-1", approvals=True, pause=paused.pending.pause)
     assert transfers.made == [5]
 
 
 async def test_an_enqueued_resume_of_one_stop_is_one_workflow(journal: PostgresStore) -> None:
     transfers = Transfers()
     agent = durable(journal, transfer_then_answer, transfers.tools)
-    await agent.run("Pay Bob.", run_id="approve-2")
-    handles = [await agent.enqueue_resume("approve-2", approvals=True) for _ in range(2)]
+    paused = await agent.run("Pay Bob.", run_id="approve-2")
+    assert paused.pending is not None
+    pause = paused.pending.pause
+    handles = [
+        await agent.enqueue_resume("approve-2", approvals=True, pause=pause) for _ in range(2)
+    ]
     assert {h.workflow_id for h in handles} == {resume_id("approve-2", 1)}
     assert {h.run_id for h in handles} == {"approve-2"}
     results = [await h.result() for h in handles]
@@ -154,9 +159,12 @@ async def test_a_resume_cut_short_by_a_crash_runs_nothing_twice(journal: Postgre
     transfers = Transfers()
     model = FunctionModel(transfer_then_answer)
     agent = durable(journal, model, transfers.tools)
-    await agent.run("Pay Bob.", run_id="approve-3")
+    paused = await agent.run("Pay Bob.", run_id="approve-3")
+    assert paused.pending is not None
     transfers.hold = asyncio.Event()
-    crashed = asyncio.create_task(agent.resume("approve-3", approvals=True))
+    crashed = asyncio.create_task(
+        agent.resume("approve-3", approvals=True, pause=paused.pending.pause)
+    )
     await transfers.entered.wait()
     resumed = resume_id("approve-3", 1)
     names = await step_names(resumed)

@@ -72,7 +72,7 @@ async def test_resume_refuses_what_does_not_fit_and_changes_nothing(
     with pytest.raises(ResumeError, match="reply="):
         await agent.resume(paused.run_id)
     with pytest.raises(ResumeError, match="not approvals"):
-        await agent.resume(paused.run_id, approvals=True)
+        await agent.resume(paused.run_id, approvals=True, pause=paused.pending.pause)
     with pytest.raises(ResumeError, match="must be a str"):
         await agent.resume(paused.run_id, 42)  # type: ignore[arg-type]
     assert RUN_STATE_ADAPTER.dump_json(store.load(paused.run_id)) == before

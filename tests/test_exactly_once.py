@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_fsm import Agent, MemoryStore, tool
+import pytest
+
+from agent_fsm import Agent, MemoryStore, ResumeError, tool
 from agent_fsm.durable.journal import CallStatus, JournalEntry, ToolJournal
 from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
@@ -77,3 +79,43 @@ def test_a_started_call_whose_end_cannot_be_recorded_is_still_outcome_unknown() 
     assert EFFECTS == []
     assert "is unknown: it started before an interruption" in answer.content
     assert answer.details == {"runtime": {"outcome_unknown": True}}
+
+
+PAID: list[int] = []
+
+
+@tool(requires_approval=True)
+def pay(amount: int) -> str:
+    """Pay an amount (a person approves it first)."""
+    PAID.append(amount)
+    return f"paid {amount}"
+
+
+def test_a_late_approval_does_not_approve_a_pause_nobody_saw() -> None:
+    """A double click: the second "approve all" arrives after the first went through and the
+    run paused again for another payment. It names the pause it was clicked on, so it is
+    refused; one that names none is refused too, and so is a decision by the old call's id."""
+    PAID.clear()
+    model = ScriptedModel(
+        [reply("", call("pay", amount=5)), reply("", call("pay", amount=7)), "Done."]
+    )
+    agent = Agent(model=model, tools=[pay])
+    first = agent.run_sync("Pay the bills.")
+    assert first.pending is not None
+    assert first.pending.pause.startswith("pause-")
+    second = agent.resume_sync(first.run_id, approvals=True, pause=first.pending.pause)
+    assert second.pending is not None
+    assert second.pending.pause != first.pending.pause
+    assert PAID == [5]
+    with pytest.raises(ResumeError, match=f"for {first.pending.pause}, but the run waits at"):
+        agent.resume_sync(first.run_id, approvals=True, pause=first.pending.pause)
+    with pytest.raises(ResumeError, match="must name the pause it answers"):
+        agent.resume_sync(first.run_id, approvals=True)
+    old_call = first.pending.pending_calls[0].id
+    with pytest.raises(ResumeError, match="are not pending"):
+        agent.resume_sync(first.run_id, approvals={old_call: True})
+    assert PAID == [5]  # nothing nobody saw was approved
+    done = agent.resume_sync(first.run_id, approvals=True, pause=second.pending.pause)
+    assert done.output == "Done."
+    assert PAID == [5, 7]
+    check_invariants(done, limits=agent.limits, bound=agent.bound)

@@ -609,7 +609,7 @@ def test_before_tool_runs_before_approval_and_the_person_approves_the_new_argume
     refused, awaiting = tool_results(paused)
     assert refused.content == "Tool 'transfer' was not run: no refunds"
     assert runtime_of(awaiting)["arguments_changed"]["to"] == {"amount": 100}
-    done = agent.resume_sync(paused.run_id, approvals=True)
+    done = agent.resume_sync(paused.run_id, approvals=True, pause=paused.pending.pause)
     check_invariants(done, limits=agent.limits, bound=agent.bound)
     assert done.output == "done"
     assert ran == ["transfer 100"]

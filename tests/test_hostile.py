@@ -113,8 +113,8 @@ async def test_a_double_clicked_approval_pays_once(kind: str, tmp_path: Path) ->
     paused = await agent.run("Pay 5.")
     assert paused.stop_reason is StopReason.APPROVAL_REQUIRED
     outcomes = await asyncio.gather(
-        agent.resume(paused.run_id, approvals=True),
-        agent.resume(paused.run_id, approvals=True),
+        agent.resume(paused.run_id, approvals=True, pause=paused.pending.pause),
+        agent.resume(paused.run_id, approvals=True, pause=paused.pending.pause),
         return_exceptions=True,
     )
     assert SENT == ["paid 5"]
@@ -126,8 +126,8 @@ async def test_a_double_clicked_approval_pays_once(kind: str, tmp_path: Path) ->
 async def test_two_reopened_copies_of_one_pause_carry_it_out_once() -> None:
     agent = Agent(model=ScriptedModel([reply("", call("pay", amount=5)), "Paid."]), tools=[pay])
     paused = await agent.run("Pay 5.")
-    one = agent.reopen(paused.run_id, approvals=True)
-    other = agent.reopen(paused.run_id, approvals=True)
+    one = agent.reopen(paused.run_id, approvals=True, pause=paused.pending.pause)
+    other = agent.reopen(paused.run_id, approvals=True, pause=paused.pending.pause)
     assert (await one.run()).output == "Paid."
     with pytest.raises(ResumeError, match="is already being resumed"):
         await other.run()
@@ -142,8 +142,8 @@ async def test_two_reopened_copies_of_a_durable_pause_go_on_once(kind: str, tmp_
     model = ScriptedModel([reply("", call("pay", amount=5)), "Paid.", "Paid again."])
     agent = Agent(model=model, tools=[pay], store=_store(kind, tmp_path))
     paused = await agent.run("Pay 5.")
-    one = agent.reopen(paused.run_id, approvals=True)
-    other = agent.reopen(paused.run_id, approvals=True)
+    one = agent.reopen(paused.run_id, approvals=True, pause=paused.pending.pause)
+    other = agent.reopen(paused.run_id, approvals=True, pause=paused.pending.pause)
     assert (await one.run()).output == "Paid."
     with pytest.raises(ResumeError, match="has moved on since it was reopened"):
         await other.run()
@@ -157,8 +157,8 @@ async def test_a_reopened_copy_that_fell_behind_is_refused() -> None:
     script = [reply("", call("pay", amount=5)), reply("", call("pay", amount=7)), "Done."]
     agent = Agent(model=ScriptedModel(script), tools=[pay])
     paused = await agent.run("Pay 5, then 7.")
-    one = agent.reopen(paused.run_id, approvals=True)
-    stale = agent.reopen(paused.run_id, approvals=True)
+    one = agent.reopen(paused.run_id, approvals=True, pause=paused.pending.pause)
+    stale = agent.reopen(paused.run_id, approvals=True, pause=paused.pending.pause)
     again = await one.run()
     assert again.stop_reason is StopReason.APPROVAL_REQUIRED
     with pytest.raises(ResumeError, match="has moved on since it was reopened"):

@@ -88,7 +88,7 @@ async def test_approvals_allowed_then_denied() -> None:
     agent = agent.subscribe(events)
     paused = await agent.run("Clean up")
     assert paused.stop_reason is StopReason.APPROVAL_REQUIRED
-    again = await agent.resume(paused.run_id, approvals=True)
+    again = await agent.resume(paused.run_id, approvals=True, pause=paused.pending.pause)
     assert again.stop_reason is StopReason.APPROVAL_REQUIRED
     # the approved turn continues in ACT: the resume row goes from DONE to ACT there
     resumed = again.trace[again.resumed_at[0]]
@@ -98,7 +98,9 @@ async def test_approvals_allowed_then_denied() -> None:
         AgentState.ACT,
     )
     _check(again, agent, events)
-    final = await agent.resume(paused.run_id, approvals=Approval(allow=False, reason="no"))
+    final = await agent.resume(
+        paused.run_id, approvals=Approval(allow=False, reason="no"), pause=again.pending.pause
+    )
     assert final.output == "finished"
     _check(final, agent, events)
 

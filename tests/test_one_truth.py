@@ -132,7 +132,7 @@ def test_a_table_that_ranks_approval_first_pauses_before_anything_ends_the_run()
     status, text = _answers(result)["submit"]
     assert status is ToolStatus.SKIPPED
     assert "wait for a person's approval" in text
-    resumed = agent.resume_sync(result.run_id, approvals=True)
+    resumed = agent.resume_sync(result.run_id, approvals=True, pause=result.pending.pause)
     check_invariants(resumed, limits=agent.limits, bound=agent.bound, rows=agent.machine.rows)
     assert resumed.stop_reason is StopReason.TERMINAL_TOOL
     assert EFFECTS == ["pay 5", "submit r2"]

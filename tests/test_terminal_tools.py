@@ -161,7 +161,7 @@ def test_an_approved_terminal_tool_ends_the_run_when_carried_out() -> None:
     )
     paused = agent.run_sync("Publish it.")
     assert paused.stop_reason is StopReason.APPROVAL_REQUIRED
-    result = agent.resume_sync(paused.run_id, approvals=True)
+    result = agent.resume_sync(paused.run_id, approvals=True, pause=paused.pending.pause)
     assert (result.stop_reason, result.output) == (StopReason.TERMINAL_TOOL, "published: report")
     assert submitted == ["published report"]
 

@@ -218,9 +218,13 @@ class DBOSAgent:
             return await self._drive(user_input, run_id)
 
         async def resumed(
-            run_id: str, resumes: int, reply: str | None, approvals: Decisions | None
+            run_id: str,
+            resumes: int,
+            reply: str | None,
+            approvals: Decisions | None,
+            pause: str | None = None,  # a default: a workflow recorded before it replays
         ) -> RunResult:
-            return await self._drive_resume(run_id, resumes, reply, approvals)
+            return await self._drive_resume(run_id, resumes, reply, approvals, pause)
 
         self._workflow: Callable[..., Any] = DBOS.workflow(name=WORKFLOW_PREFIX + name)(workflow)
         self._resumed: Callable[..., Any] = DBOS.workflow(name=RESUME_PREFIX + name)(resumed)
@@ -241,7 +245,12 @@ class DBOSAgent:
         return await self._activate(run_id, state, admission, started_at, 0, None)
 
     async def _drive_resume(
-        self, run_id: str, resumes: int, reply: str | None, approvals: Decisions | None
+        self,
+        run_id: str,
+        resumes: int,
+        reply: str | None,
+        approvals: Decisions | None,
+        pause: str | None = None,
     ) -> RunResult:
         """A resume workflow's body: the stop it loaded the first time, reopened with the
         answer, driven on (``agent_fsm.dbos.pausing``)."""
@@ -249,7 +258,7 @@ class DBOSAgent:
         admission = await self._admit()
         started_at = await record_start(admission)
         state = await load_stop(self._journal, run_id, resumes)
-        answered = reopen(state, config.machine, config.limits, reply, approvals)
+        answered = reopen(state, config.machine, config.limits, reply, approvals, pause)
         return await self._activate(
             resume_id(run_id, resumes), state, admission, started_at, resumes, answered
         )
@@ -309,7 +318,12 @@ class DBOSAgent:
         return RunHandle(await DBOS.retrieve_workflow_async(run_id))
 
     async def resume(
-        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+        self,
+        run_id: str,
+        reply: str | None = None,
+        *,
+        approvals: Decisions | None = None,
+        pause: str | None = None,
     ) -> RunResult:
         """Continue a run that stopped resumable, in this worker, now, to its next stop, as
         ``Agent.resume`` does: a workflow of its own (``agent_fsm.dbos.pausing``).
@@ -319,7 +333,10 @@ class DBOSAgent:
             reply: the user's answer when the run paused on ask_user (optional extra input
                 for an aborted or timed-out run).
             approvals: for a run paused on approvals: a decision per pending call id
-                (``True``, ``False`` or ``Approval``), or one decision for all of them.
+                (``True``, ``False`` or ``Approval``), or one decision for all of them (with
+                ``pause``).
+            pause: the pause this answer is for (``RunResult.pending.pause``), as for
+                ``Agent.resume``: required with one decision for all, checked when given.
 
         Resuming the same stop again, here or in any worker, while or after the first resume
         runs, starts nothing: it returns the first resume's result (its answer is the one
@@ -330,19 +347,30 @@ class DBOSAgent:
                 stop (as ``Agent.resume``).
             CheckpointError: no run ``run_id``.
         """
-        handle = await self._start_resume(run_id, reply, approvals, queued=False)
+        handle = await self._start_resume(run_id, reply, approvals, pause, queued=False)
         return await handle.result()
 
     async def enqueue_resume(
-        self, run_id: str, reply: str | None = None, *, approvals: Decisions | None = None
+        self,
+        run_id: str,
+        reply: str | None = None,
+        *,
+        approvals: Decisions | None = None,
+        pause: str | None = None,
     ) -> RunHandle:
         """``resume``, started from the agent's queue by a worker within its limits; the
         handle's ``result`` is the resumed run's. Raises as ``resume`` does, at once."""
         await self._register_queue()
-        return await self._start_resume(run_id, reply, approvals, queued=True)
+        return await self._start_resume(run_id, reply, approvals, pause, queued=True)
 
     async def _start_resume(
-        self, run_id: str, reply: str | None, approvals: Decisions | None, *, queued: bool
+        self,
+        run_id: str,
+        reply: str | None,
+        approvals: Decisions | None,
+        pause: str | None,
+        *,
+        queued: bool,
     ) -> RunHandle:
         if not isinstance(run_id, str) or not run_id:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
@@ -351,10 +379,10 @@ class DBOSAgent:
         resumes = len(state.resumed_at) + 1
         # Checked here, so that an answer that does not fit is the caller's ResumeError; the
         # workflow reopens its own copy of the stop again, the same way.
-        reopen(state, config.machine, config.limits, reply, approvals)
+        reopen(state, config.machine, config.limits, reply, approvals, pause)
         if isinstance(approvals, Mapping):
             approvals = dict(approvals)  # a workflow argument: recorded, so picklable
-        args = (run_id, resumes, reply, approvals)
+        args = (run_id, resumes, reply, approvals, pause)
         handle = await self._launch(self._resumed, resume_id(run_id, resumes), args, queued)
         return RunHandle(handle, run_id)
 

@@ -49,7 +49,7 @@ def _take_request(state: RunState, stop_reason: StopReason) -> None:
     run's output. Any other stop leaves the turn's requests unanswered."""
     for request in state.requests:
         if CONTROL_STOPS[request.kind] is stop_reason:
-            state.control = request
+            state.control = request.model_copy(update={"pause": f"pause-{len(state.trace)}"})
             state.output = request.text
             return
 
@@ -136,6 +136,7 @@ def ending_events(state: RunState, row: Row, result: RunResult) -> list[Event]:
                 stop_reason=stop_reason,
                 question=state.control.text,
                 pending_calls=state.control.pending_calls,
+                pause=state.control.pause,
             )
         )
     events.append(

@@ -27,7 +27,7 @@ from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import clean_text
 from agent_fsm.run.approvals import Decisions, decide
 from agent_fsm.run.residence import finished
-from agent_fsm.state import Decision, RunState, reopen_fields
+from agent_fsm.state import Approval, ControlKind, Decision, RunState, reopen_fields
 from agent_fsm.table import CRASH_GUARD, STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
 
 __all__ = ["Decisions", "finished", "reopen"]
@@ -48,13 +48,20 @@ def reopen(
     limits: Limits,
     reply: str | None = None,
     approvals: Decisions | None = None,
+    pause: str | None = None,
 ) -> str:
     """Make ``state`` ready to continue; return what was answered ("reply", "approvals",
     "interrupted", "recovered" or "crashed").
 
+    Args:
+        pause: the pause the answer is for (``RunResult.pending.pause``): refused when the
+            run has moved on to another (a late answer must not answer a pause nobody saw);
+            required with a decision on every pending call at once (``approvals=True``),
+            which names no call.
+
     Raises:
         ResumeError: when the run cannot continue, or not with this answer, or was made with
-            another table. ``state`` is then unchanged.
+            another table, or the answer is for another pause. ``state`` is then unchanged.
     """
     if reply is not None and not isinstance(reply, str):
         raise ResumeError(f"reply must be a str, got {type(reply).__name__}")
@@ -64,7 +71,7 @@ def reopen(
             "table: resume it with an agent whose table has its states and rows"
         )
     if state.state not in TERMINAL_STATES:
-        if reply is not None or approvals is not None:
+        if reply is not None or approvals is not None or pause is not None:
             raise ResumeError(
                 f"run {state.run_id} was interrupted in {state.state}, not paused: resume it "
                 "without a reply or approvals"
@@ -76,10 +83,35 @@ def reopen(
             )
         answered = "crashed"
     else:
-        answered = _answer_stop(state, machine, limits, reply, approvals)
+        answered = _answer_stop(state, machine, limits, reply, approvals, pause)
     reopen_fields(state, stopped=False)
     state.resumed_at.append(len(state.trace))
     return answered
+
+
+def _check_pause(state: RunState, approvals: Decisions | None, pause: str | None) -> None:
+    """Refuse an answer for another pause than the one the run waits at, and a blanket
+    decision that names no pause at all.
+
+    Raises:
+        ResumeError: saying which pause the run waits at, if any.
+    """
+    control = state.control
+    waits_at = control.pause if control is not None else ""
+    if pause is not None and pause != waits_at:
+        now = f"waits at {waits_at}" if waits_at else "waits at no pause"
+        raise ResumeError(
+            f"run {state.run_id}: this answer is for {pause}, but the run {now}: it went on "
+            "after the pause answered (a late or repeated answer); look at it again"
+        )
+    blanket = isinstance(approvals, bool | Approval)
+    approving = control is not None and control.kind is ControlKind.APPROVAL
+    if blanket and approving and pause is None and waits_at:
+        raise ResumeError(
+            f"run {state.run_id}: a decision on every pending call at once must name the pause "
+            f"it answers: pass pause={waits_at!r} (RunResult.pending.pause, RunPaused.pause), "
+            "or decide each call by its id"
+        )
 
 
 def _answer_stop(
@@ -88,6 +120,7 @@ def _answer_stop(
     limits: Limits,
     reply: str | None,
     approvals: Decisions | None,
+    pause: str | None,
 ) -> str:
     """Put the answer into a stopped run and find the resume row that will take it; undo and
     raise when none will."""
@@ -97,6 +130,7 @@ def _answer_stop(
     candidates = _rows_leaving(machine.rows, state, stop)
     if not candidates:
         raise finished(state.run_id, stop.value if stop else str(state.state))
+    _check_pause(state, approvals, pause)
     decisions = _check_answer(state, candidates, reply, approvals)
     if reply is not None:
         state.pending_input.append(clean_text(reply))
