@@ -6,7 +6,8 @@
         agent = Agent(model=..., tools=[*server.tools, my_own_tool])
         result = await agent.run("...")
 
-``pip install 'agent-fsm[mcp]'``; this is the only module that imports ``mcp``. The contracts:
+``pip install 'agent-fsm[mcp]'``; this module and ``mcp_client`` (what it makes of what the
+server sends) are the only ones that import ``mcp``. The contracts:
 
 * **Lifetime.** The connection is the ``async with`` block: entering it starts the server
   (stdio) or opens the session (HTTP), completes the handshake and lists the tools; leaving it
@@ -15,12 +16,18 @@
 * **Tools.** A server tool becomes a ``Tool`` whose parameters are its ``inputSchema``, so
   agent_fsm validates every call before sending it. Names get ``prefix`` in front, and the
   characters providers refuse (MCP allows ``.``) become ``_``. A tool that cannot be offered
-  (a name over 64 characters or already taken, a schema ``Tool`` refuses) is left out with a
-  ``SkippedToolWarning``: the server is at fault, not the developer, and its other tools work.
+  is left out with a ``SkippedToolWarning``: the server is at fault, not the developer, and
+  its other tools work. That is a name over 64 characters or already taken, a name agent_fsm
+  gives its own tools (``ask_user``, ``finish_task``, ``final_result``: ``Agent`` would refuse
+  the list, and a prefix offers it), a listing entry MCP does not allow (an ``inputSchema``
+  that is not an object: the SDK would refuse the whole listing), or an input or output schema
+  that ``Tool``'s checks refuse (too deep, a ``$ref`` loop, a pattern no linear-time engine
+  takes).
 * **Results.** Text is what the model reads; structured content and what a model cannot read
   as text (images, audio, binary resources) go to ``details``, with a one-line note for the
   model. Structured content with no text is shown to the model as JSON. ``isError`` results
-  are tool errors.
+  are tool errors, and so is structured content its ``outputSchema`` refuses (validated with
+  patterns in linear time: the server writes both, and may be hostile).
 * **Failures are results.** A server that refuses a call, dies, hangs, answers with garbage or
   drops the connection makes an error result that says so, never an exception in the run. A
   dead connection stays dead: later calls say the server is unavailable, at once. Exceptions

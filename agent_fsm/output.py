@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonschema
-from jsonschema import Draft202012Validator
 from jsonschema.protocols import Validator
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
@@ -37,7 +36,7 @@ from agent_fsm.state import RunResult, RunStatus
 from agent_fsm.table import StopReason
 from agent_fsm.tools.patterns import backtracking_problem, schema_validator
 from agent_fsm.tools.results import ToolResult
-from agent_fsm.tools.schema_checks import depth_problem, evaluation_problem, unresolvable_refs
+from agent_fsm.tools.schema_checks import depth_problem, schema_problem
 from agent_fsm.tools.tool import NAME_PATTERN, Tool
 
 __all__ = [
@@ -215,30 +214,23 @@ def _schema_of(output_type: object) -> dict[str, Any]:
                 "be made"
             ) from None
     elif isinstance(output_type, Mapping):
-        problem = depth_problem(output_type)  # first: what follows recurses
+        problem = depth_problem(output_type)  # first: the copy below recurses
         if problem is not None:
             raise ConfigError(f"output_type: {problem}")
         schema = json.loads(json.dumps(output_type))  # a private copy, and JSON-able
-        try:
-            Draft202012Validator.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ConfigError(f"output_type is not a valid JSON Schema: {exc.message}") from None
     else:
         raise ConfigError(
             "output_type must be a pydantic model class or a JSON Schema (a dict), got "
             f"{output_type!r}"
         )
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise ConfigError(f"output_type: {problem}")
     if schema.get("type") != "object":
         raise ConfigError(
             'output_type must describe an object ("type": "object"): wrap a list or a '
             'scalar in one, e.g. {"type": "object", "properties": {"items": ...}}'
         )
-    problem = depth_problem(schema)
-    if problem is None and (unresolvable := unresolvable_refs(schema)):
-        problem = f"the schema refers to what it does not define: {', '.join(unresolvable)}"
-    problem = problem or evaluation_problem(schema)
-    if problem is not None:
-        raise ConfigError(f"output_type: {problem}")
     return schema
 
 

@@ -456,8 +456,8 @@ async def test_the_warning_names_the_tool_and_points_at_the_async_with() -> None
         await server.__aenter__()
     await server.__aexit__(None, None, None)
     dangling = (
-        "MCP server 'raw': tool 'dangling' is not offered to the model: parameters refer to "
-        "what they do not define: #/$defs/missing"
+        "MCP server 'raw': tool 'dangling' is not offered to the model: the schema's $refs "
+        "refer to what they do not define: #/$defs/missing"
     )
     assert any(str(warning.message).startswith(dangling) for warning in caught)
     assert {warning.filename for warning in caught} == {__file__}

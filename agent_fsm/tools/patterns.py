@@ -24,7 +24,13 @@ over 10 MB) has no bounded way to run, so it is refused before any validator is 
 ``pattern_problem`` says why, and ``tools.schema_checks`` turns that into a ``ConfigError``
 naming the pattern. jsonschema evaluates ``patternProperties`` with ``re`` in one more place,
 working out ``unevaluatedProperties``, beyond a keyword's reach: ``tools.schema_checks``
-refuses the two together.
+refuses the two together. And pydantic itself falls back to ``re`` for a pattern given
+compiled or under ``regex_engine="python-re"``: ``backtracking_problem`` finds those in a
+model, for ``Tool`` and the output type to refuse.
+
+What a pattern means stays what it meant under jsonschema: a search, not anchored; ``\\d``,
+``\\w`` and ``\\s`` Unicode-aware as in Python's ``re``; ECMA-262's ``\\uXXXX`` escapes
+understood. Text with lone surrogates is matched with each replaced by U+FFFD.
 """
 
 from __future__ import annotations

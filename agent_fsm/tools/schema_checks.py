@@ -17,9 +17,10 @@ server, whose author writes it.
   so is one longer than ``MAX_SCHEMA_DEPTH``: a recursive schema must descend into the value
   (``properties``, ``items``...) on its way round, as a tree's does.
 
-Each check says what is wrong in a sentence that callers put after whose schema it is, in a
-``ConfigError``; run them in that order, with jsonschema's own ``check_schema`` after the
-depth (it recurses) and before the rest (they assume valid JSON Schema).
+``schema_problem`` runs them all, in that order (jsonschema's own ``check_schema`` after the
+depth, which it would not survive, and before the rest, which assume valid JSON Schema), and
+says what is wrong in a sentence that callers put after whose schema it is, in a
+``ConfigError``.
 """
 
 from __future__ import annotations
@@ -36,13 +37,7 @@ from referencing.jsonschema import DRAFT202012
 
 from agent_fsm.tools.patterns import pattern_problem
 
-__all__ = [
-    "MAX_SCHEMA_DEPTH",
-    "depth_problem",
-    "evaluation_problem",
-    "schema_problem",
-    "unresolvable_refs",
-]
+__all__ = ["MAX_SCHEMA_DEPTH", "depth_problem", "schema_problem"]
 
 MAX_SCHEMA_DEPTH = 64
 """The deepest schema accepted: JSON objects and arrays nested within one another (a
@@ -53,8 +48,9 @@ exhausts the stack past ~190."""
 
 
 def schema_problem(schema: Mapping[str, Any]) -> str | None:
-    """Every check, in order, for a schema no one stands behind (an MCP server's output
-    schema, say): what is wrong with it, or None."""
+    """Every check, in order: what is wrong with ``schema``, or None. The depth first, before
+    anything recursive reads it; then jsonschema's own ``check_schema``; every ``$ref``
+    resolving inside it; then the patterns, loops and chains (``_evaluation_problem``)."""
     problem = depth_problem(schema)
     if problem is not None:
         return problem
@@ -62,11 +58,14 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
         Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        return f"it is not valid JSON Schema at {where}: {exc.message}"
-    unresolvable = unresolvable_refs(schema)
+        return f"the schema is not valid JSON Schema at {where}: {exc.message}"
+    unresolvable = _unresolvable_refs(schema)
     if unresolvable:
-        return f"it refers to what it does not define: {', '.join(unresolvable)}"
-    return evaluation_problem(schema)
+        return (
+            f"the schema's $refs refer to what they do not define: {', '.join(unresolvable)} "
+            "(every $ref must point inside the schema, e.g. #/$defs/...)"
+        )
+    return _evaluation_problem(schema)
 
 
 def depth_problem(document: object) -> str | None:
@@ -118,7 +117,7 @@ def _contents(node: object) -> list[object] | None:
     return None
 
 
-def unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
+def _unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
     """The ``$ref`` and ``$dynamicRef`` values of ``schema`` that do not resolve within it:
     found here, not when the model first calls the tool (where the validator would raise
     inside the run). Nothing is fetched: a run's validation never touches the network."""
@@ -242,7 +241,7 @@ def _join(base: str, where: str) -> str:
     return f"{base}/{where}" if base else where
 
 
-def evaluation_problem(schema: Mapping[str, Any]) -> str | None:
+def _evaluation_problem(schema: Mapping[str, Any]) -> str | None:
     """Why validating against ``schema`` (valid JSON Schema, no deeper than
     ``MAX_SCHEMA_DEPTH``) could stall or never end, or None: a pattern the linear engine
     refuses, ``unevaluatedProperties`` beside ``patternProperties``, a loop or an overlong

@@ -3,12 +3,15 @@
 A tool failure is an observation, not an exception: an unknown tool, arguments that are not
 JSON, a schema violation (every error, with its path) or arguments that do not convert to the
 function's types each become an error ``ToolMessage`` that tells the model how to correct
-itself. Running a prepared call (timeouts, threads, retries, output limits) is
-``execution.py``'s job.
+itself (worded in ``arguments.py``). Running a prepared call (timeouts, threads, retries,
+output limits) is ``execution.py``'s job.
 
 Invalid *definitions* are the developer's mistake and raise ``ConfigError`` when the tool is
-defined: a name providers reject, a parameters schema that is not valid JSON Schema, a
-signature that cannot be described, a bad timeout or retry setting, two tools with one name.
+defined: a name providers reject, a parameters schema that is not valid JSON Schema or that
+validation could not survive (too deep, a ``$ref`` loop, a pattern no linear-time engine
+takes: ``schema_checks.py``), a signature that cannot be described, a bad timeout or retry
+setting, two tools with one name. Validation matches patterns in linear time
+(``patterns.py``), so no argument can hold the event loop.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, overload
 
-import jsonschema
-from jsonschema import Draft202012Validator
 from jsonschema.protocols import Validator
 from pydantic import BaseModel, JsonValue
 from pydantic import ValidationError as PydanticValidationError
@@ -39,7 +40,7 @@ from agent_fsm.tools.arguments import (
 )
 from agent_fsm.tools.patterns import backtracking_problem, schema_validator
 from agent_fsm.tools.results import ToolResult, error_result, serialise_output, skipped_result
-from agent_fsm.tools.schema_checks import depth_problem, evaluation_problem, unresolvable_refs
+from agent_fsm.tools.schema_checks import schema_problem
 from agent_fsm.tools.schemas import (
     derive_schema,
     describe_function,
@@ -154,33 +155,14 @@ class Tool:
 
     def _check_schema(self) -> None:
         """Refuse a parameters schema that is not JSON Schema, or that validation could not
-        survive (``tools.patterns``): the depth first, before anything recursive reads it;
-        then jsonschema's own check; every ``$ref`` resolving inside it; the type; the
-        patterns, loops and chains."""
-        problem = depth_problem(self.parameters)
-        if problem is not None:
-            raise ConfigError(f"tool {self.name!r}: {problem}")
-        try:
-            Draft202012Validator.check_schema(self.parameters)
-        except jsonschema.SchemaError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-            raise ConfigError(
-                f"tool {self.name!r}: parameters are not valid JSON Schema at {where}: "
-                f"{exc.message}"
-            ) from None
-        unresolvable = unresolvable_refs(self.parameters)
-        if unresolvable:
-            raise ConfigError(
-                f"tool {self.name!r}: parameters refer to what they do not define: "
-                f"{', '.join(unresolvable)} (every $ref must point inside the schema, e.g. "
-                "#/$defs/...)"
+        survive (``schema_problem``); one that is not an object's; and an arguments model
+        that would match a pattern with Python's ``re`` (``backtracking_problem``)."""
+        problem = schema_problem(self.parameters)
+        if problem is None and self.parameters.get("type") != "object":
+            problem = (
+                'the parameters schema must have "type": "object" (tool arguments are always '
+                "a JSON object)"
             )
-        if self.parameters.get("type") != "object":
-            raise ConfigError(
-                f'tool {self.name!r}: the parameters schema must have "type": "object" '
-                "(tool arguments are always a JSON object)"
-            )
-        problem = evaluation_problem(self.parameters)
         model = self.arguments_model
         if problem is None and isinstance(model, type) and issubclass(model, BaseModel):
             problem = backtracking_problem(model)
