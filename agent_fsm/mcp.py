@@ -6,7 +6,8 @@
         agent = Agent(model=..., tools=[*server.tools, my_own_tool])
         result = await agent.run("...")
 
-``pip install 'agent-fsm[mcp]'``; this is the only module that imports ``mcp``. The contracts:
+``pip install 'agent-fsm[mcp]'``; this module and ``mcp_client`` (what it makes of what the
+server sends) are the only ones that import ``mcp``. The contracts:
 
 * **Lifetime.** The connection is the ``async with`` block: entering it starts the server
   (stdio) or opens the session (HTTP), completes the handshake and lists the tools; leaving it
@@ -15,12 +16,18 @@
 * **Tools.** A server tool becomes a ``Tool`` whose parameters are its ``inputSchema``, so
   agent_fsm validates every call before sending it. Names get ``prefix`` in front, and the
   characters providers refuse (MCP allows ``.``) become ``_``. A tool that cannot be offered
-  (a name over 64 characters or already taken, a schema ``Tool`` refuses) is left out with a
-  ``SkippedToolWarning``: the server is at fault, not the developer, and its other tools work.
+  is left out with a ``SkippedToolWarning``: the server is at fault, not the developer, and
+  its other tools work. That is a name over 64 characters or already taken, a name agent_fsm
+  gives its own tools (``ask_user``, ``finish_task``, ``final_result``: ``Agent`` would refuse
+  the list, and a prefix offers it), a listing entry MCP does not allow (an ``inputSchema``
+  that is not an object: the SDK would refuse the whole listing), or an input or output schema
+  that ``Tool``'s checks refuse (too deep, a ``$ref`` loop, a pattern no linear-time engine
+  takes).
 * **Results.** Text is what the model reads; structured content and what a model cannot read
   as text (images, audio, binary resources) go to ``details``, with a one-line note for the
   model. Structured content with no text is shown to the model as JSON. ``isError`` results
-  are tool errors.
+  are tool errors, and so is structured content its ``outputSchema`` refuses (validated with
+  patterns in linear time: the server writes both, and may be hostile).
 * **Failures are results.** A server that refuses a call, dies, hangs, answers with garbage or
   drops the connection makes an error result that says so, never an exception in the run. A
   dead connection stays dead: later calls say the server is unavailable, at once. Exceptions
@@ -42,24 +49,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import math
 import os
 import re
 import shlex
-import sys
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 from typing import Any, Self, TextIO
 
-import anyio
 import httpx2
 import mcp.types as mcp_types
-from mcp import ClientSession, MCPError, StdioServerParameters
+from mcp import MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import JsonValue, ValidationError
@@ -67,8 +69,21 @@ from pydantic import JsonValue, ValidationError
 from agent_fsm.errors import AgentFSMError, ConfigError
 from agent_fsm.failures import describe
 from agent_fsm.logs import get_logger
+from agent_fsm.mcp_client import (
+    Inbound,
+    LinearSession,
+    Listing,
+    ListingScreen,
+    handshake,
+    reason,
+    server_stderr,
+    to_tool_result,
+)
+from agent_fsm.output import DEFAULT_TOOL_NAME
+from agent_fsm.tools.patterns import schema_validator
 from agent_fsm.tools.results import ToolResult
-from agent_fsm.tools.tool import NAME_PATTERN, Tool
+from agent_fsm.tools.schema_checks import schema_problem
+from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, NAME_PATTERN, Tool
 
 __all__ = ["MCPConnection", "MCPConnectionError", "SkippedToolWarning"]
 
@@ -80,6 +95,9 @@ _CLOSE_GRACE_S = 10.0
 before cancelling the owner task (the SDK bounds its own steps: a stdio server is killed)."""
 _UNSAFE_NAME_CHARACTERS = re.compile(r"[^a-zA-Z0-9_-]")
 _PREFIX = re.compile(r"^[a-zA-Z0-9_-]{0,63}$")
+_RESERVED = frozenset({ASK_USER.name, FINISH_TASK.name, DEFAULT_TOOL_NAME})
+"""Names an agent gives its own tools: a server's tool named so would make ``Agent(...)``
+refuse the whole list (two tools with one name), or pass for the runtime's own."""
 
 
 class MCPConnectionError(AgentFSMError):
@@ -97,53 +115,6 @@ _Transport = Callable[[contextlib.AsyncExitStack], Awaitable[tuple[Any, Any]]]
 """Opens the read and write streams of one connection, inside the stack that closes them."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Listing:
-    """What the handshake and the tool listing found."""
-
-    server_name: str
-    tools: list[mcp_types.Tool]
-
-
-class _EndWatch:
-    """The transport's read stream, calling ``on_end`` when it ends: the server closed the
-    connection (a stdio server that exited). The SDK fails the calls in flight then, but
-    holds the dead connection until it is closed; this lets the owner task close it at once,
-    and later calls say why without trying."""
-
-    def __init__(self, stream: Any, on_end: Callable[[], None]) -> None:
-        self._stream = stream
-        self._on_end = on_end
-
-    def __getattr__(self, name: str) -> Any:  # last_context, on the HTTP transport's stream
-        return getattr(self._stream, name)
-
-    async def receive(self) -> Any:
-        try:
-            return await self._stream.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._on_end()
-            raise
-
-    def __aiter__(self) -> _EndWatch:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    async def __aenter__(self) -> _EndWatch:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
 def _check_seconds(option: str, value: float | None) -> None:
     if value is None:
         return
@@ -151,106 +122,6 @@ def _check_seconds(option: str, value: float | None) -> None:
         raise ConfigError(f"{option} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{option} must be a finite number of seconds > 0, got {value!r}")
-
-
-def _server_stderr(given: TextIO | None, stack: contextlib.AsyncExitStack) -> TextIO:
-    """Where a stdio server's stderr goes: ``given``, else ours when it is a real file (a
-    subprocess needs a file descriptor; pytest's capsys and notebooks may give none), else
-    nowhere."""
-    if given is not None:
-        return given
-    try:
-        sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return stack.enter_context(open(os.devnull, "w"))
-    return sys.stderr
-
-
-def _reason(exc: BaseException) -> str:
-    """A failure in one line: the first exception that is not a cancellation, found inside
-    exception groups (the transports' task groups wrap what went wrong)."""
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            if not isinstance(inner, asyncio.CancelledError):
-                return _reason(inner)
-    if isinstance(exc, MCPError):
-        return f"{exc.message} (MCP error {exc.code})"
-    if isinstance(exc, ValidationError):
-        return f"the server sent what is not valid MCP ({_first_problem(exc)})"
-    return _described_with_cause(exc)
-
-
-def _described_with_cause(exc: BaseException) -> str:
-    """``describe(exc)``; for an exception with no message of its own ("ReadError"), the
-    first message found among its causes, after its name."""
-    said = describe(exc)
-    cause = exc.__cause__ or exc.__context__
-    seen = {id(exc)}
-    while said == type(exc).__name__ and cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if describe(cause) != type(cause).__name__:
-            return f"{said} ({describe(cause)})"
-        cause = cause.__cause__ or cause.__context__
-    return said
-
-
-def _first_problem(exc: ValidationError) -> str:
-    """Where the first problem of a pydantic error is, and what it is, in one line."""
-    problems = exc.errors(include_url=False)
-    if not problems:
-        return str(exc)
-    where = ".".join(str(part) for part in problems[0]["loc"])
-    return f"{where}: {problems[0]['msg']}" if where else problems[0]["msg"]
-
-
-def _size(base64_text: str) -> int:
-    """Bytes encoded by ``base64_text``, without decoding it."""
-    return len(base64_text.rstrip("=")) * 3 // 4
-
-
-def _read_for_the_model(block: Any) -> tuple[str, bool]:
-    """What the model reads of one content block, and whether the block itself must be kept
-    in the details because the model cannot read it (images, audio, binary resources)."""
-    if isinstance(block, mcp_types.TextContent):
-        return block.text, False
-    if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
-        kind = "image" if isinstance(block, mcp_types.ImageContent) else "audio"
-        return f"[{kind} {block.mime_type}, {_size(block.data)} bytes: not shown to you]", True
-    if isinstance(block, mcp_types.EmbeddedResource):
-        resource = block.resource
-        if isinstance(resource, mcp_types.TextResourceContents):
-            return f"[resource {resource.uri}]\n{resource.text}", False
-        size = _size(resource.blob) if isinstance(resource, mcp_types.BlobResourceContents) else 0
-        return f"[resource {resource.uri}, {size} bytes: not shown to you]", True
-    if isinstance(block, mcp_types.ResourceLink):
-        return f"[resource link {block.name}: {block.uri}]", True
-    return f"[{getattr(block, 'type', 'unknown')} content: not shown to you]", True
-
-
-def _to_tool_result(server: str, tool: str, result: mcp_types.CallToolResult) -> ToolResult:
-    """A ``CallToolResult`` as agent_fsm answers it: text for the model, the rest in details.
-
-    ``details`` holds ``server`` and ``tool`` (the server's own name for it), and, when there
-    are any, ``structured_content`` and ``content`` (the blocks the model cannot read, as the
-    server sent them).
-    """
-    texts: list[str] = []
-    kept: list[JsonValue] = []
-    for block in result.content:
-        text, keep = _read_for_the_model(block)
-        texts.append(text)
-        if keep:
-            kept.append(block.model_dump(mode="json", by_alias=True, exclude_none=True))
-    structured = result.structured_content
-    output = "\n".join(texts)
-    if not texts and structured is not None:
-        output = json.dumps(structured, ensure_ascii=False)
-    details: dict[str, JsonValue] = {"server": server, "tool": tool}
-    if structured is not None:
-        details["structured_content"] = structured
-    if kept:
-        details["content"] = kept
-    return ToolResult(output or "(the tool returned no content)", details, result.is_error)
 
 
 class MCPConnection:
@@ -287,7 +158,8 @@ class MCPConnection:
         self._prefix = prefix
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
-        self._session: ClientSession | None = None
+        self._session: LinearSession | None = None
+        self._screen = ListingScreen()
         self._owner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()
@@ -338,7 +210,7 @@ class MCPConnection:
         )
 
         async def transport(stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
-            errlog = _server_stderr(stderr, stack)
+            errlog = server_stderr(stderr, stack)
             return await stack.enter_async_context(stdio_client(parameters, errlog=errlog))
 
         return cls(
@@ -431,7 +303,7 @@ class MCPConnection:
                 "new MCPConnection for a new connection"
             )
         self._loop = asyncio.get_running_loop()
-        ready: asyncio.Future[_Listing] = self._loop.create_future()
+        ready: asyncio.Future[Listing] = self._loop.create_future()
         self._owner = owner = asyncio.create_task(self._own(ready), name=f"mcp {self._label}")
         try:
             await asyncio.wait(
@@ -463,15 +335,15 @@ class MCPConnection:
         self._closed = True
         await self._shut_down(cancel=False)
 
-    async def _own(self, ready: asyncio.Future[_Listing]) -> None:
+    async def _own(self, ready: asyncio.Future[Listing]) -> None:
         """The owner task: enters the transport and the session, lists the tools, then holds
         the connection until told to stop. Never raises: a failure becomes ``_failure``."""
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await self._transport(stack)
-                watched = _EndWatch(read, self._server_left)
-                session = await stack.enter_async_context(ClientSession(watched, write))
-                listing = await _handshake(session)
+                watched = Inbound(read, self._server_left, self._screen)
+                session = await stack.enter_async_context(LinearSession(watched, write))
+                listing = await handshake(session)
                 self._session = session
                 if not ready.done():
                     ready.set_result(listing)
@@ -480,7 +352,7 @@ class MCPConnection:
             raise
         except BaseException as exc:  # an ExceptionGroup from a transport's task group, too
             if self._failure is None:  # the server may have been seen to leave first
-                self._failure = _reason(exc)
+                self._failure = reason(exc)
             if self._session is not None and not self._closed:
                 get_logger(__name__).warning(
                     "mcp_connection_lost", server=self._label, reason=self._failure
@@ -514,7 +386,12 @@ class MCPConnection:
 
     def _offer(self, listed: list[mcp_types.Tool]) -> tuple[Tool, ...]:
         """Each listed tool as a ``Tool``; the ones that cannot be are skipped, with a
-        warning that names them."""
+        warning that names them: those the listing screen took out first, then those whose
+        name or schemas do not fit. Each costs only itself."""
+        for remote_name, why in self._screen.refused.items():
+            self._skip(remote_name, why)
+        session = self._session
+        assert session is not None
         offered: dict[str, tuple[str, Tool]] = {}
         for remote in listed:
             name = self._prefix + _UNSAFE_NAME_CHARACTERS.sub("_", remote.name)
@@ -524,6 +401,18 @@ class MCPConnection:
                 continue
             if not NAME_PATTERN.match(name):
                 self._skip(remote.name, f"its name {name!r} is not 1 to 64 characters long")
+                continue
+            if name in _RESERVED:
+                self._skip(
+                    remote.name,
+                    f"its name {name!r} is one agent_fsm gives its own tools "
+                    f"({', '.join(sorted(_RESERVED))}); a prefix= on the connection offers it",
+                )
+                continue
+            output_schema = remote.output_schema
+            problem = None if output_schema is None else schema_problem(output_schema)
+            if problem is not None:
+                self._skip(remote.name, f"its output schema cannot be used: {problem}")
                 continue
             description = (
                 remote.description or remote.title or f"{remote.name}, of MCP server {self._label}"
@@ -540,6 +429,8 @@ class MCPConnection:
                 self._skip(remote.name, str(exc).removeprefix(f"tool {name!r}: "))
                 continue
             offered[name] = (remote.name, made)
+            if output_schema is not None:
+                session.output_validators[remote.name] = schema_validator(output_schema)
         return tuple(made for _, made in offered.values())
 
     def _skip(self, remote: str, why: str) -> None:
@@ -567,11 +458,11 @@ class MCPConnection:
                 await asyncio.wait((self._owner,), timeout=_SETTLE_S)
             return self._error(name, remote, self._explain(exc), code=exc.code)
         except ValidationError as exc:
-            return self._error(name, remote, _reason(exc))
+            return self._error(name, remote, reason(exc))
         except Exception as exc:
             return self._error(name, remote, f"the MCP client failed ({describe(exc)})")
         try:
-            return _to_tool_result(self._label, remote, result)
+            return to_tool_result(self._label, remote, result)
         except Exception as exc:  # details that are not JSON, say
             return self._error(name, remote, f"its result cannot be read ({describe(exc)})")
 
@@ -605,19 +496,3 @@ class MCPConnection:
         return ToolResult(
             f"Tool {name!r} of MCP server {self._label!r} failed: {why}.", details, True
         )
-
-
-async def _handshake(session: ClientSession) -> _Listing:
-    """Initialize the session and list every tool, page by page."""
-    initialized = await session.initialize()
-    tools: list[mcp_types.Tool] = []
-    if initialized.capabilities.tools is not None:
-        cursor: str | None = None
-        while True:
-            params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await session.list_tools(params=params)
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                break
-    return _Listing(server_name=initialized.server_info.name, tools=tools)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonschema
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
@@ -34,14 +34,26 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.messages import OutputFormat, ToolMessage
 from agent_fsm.state import RunResult, RunStatus
 from agent_fsm.table import StopReason
+from agent_fsm.tools.patterns import backtracking_problem, schema_validator
 from agent_fsm.tools.results import ToolResult
+from agent_fsm.tools.schema_checks import depth_problem, schema_problem
 from agent_fsm.tools.tool import NAME_PATTERN, Tool
 
-__all__ = ["OutputInvalid", "OutputMode", "OutputSpec", "OutputType", "typed_result"]
+__all__ = [
+    "DEFAULT_TOOL_NAME",
+    "OutputInvalid",
+    "OutputMode",
+    "OutputSpec",
+    "OutputType",
+    "typed_result",
+]
 
 OutputType = type[BaseModel] | Mapping[str, Any]
 """A pydantic model class, or a JSON Schema (Draft 2020-12) of an object."""
 OutputMode = Literal["tool", "native"]
+
+DEFAULT_TOOL_NAME = "final_result"
+"""The output tool's name unless ``OutputSpec(tool_name=...)`` says otherwise."""
 
 _MAX_ERRORS_SHOWN = 8
 
@@ -61,9 +73,9 @@ class OutputSpec:
 
     output_type: OutputType
     mode: OutputMode = "tool"
-    tool_name: str = "final_result"
+    tool_name: str = DEFAULT_TOOL_NAME
     schema: dict[str, Any] = field(init=False, repr=False)
-    _validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+    _validator: Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in ("tool", "native"):
@@ -72,7 +84,7 @@ class OutputSpec:
             raise ConfigError(f"output tool name {self.tool_name!r} is invalid")
         schema = _schema_of(self.output_type)
         object.__setattr__(self, "schema", schema)
-        object.__setattr__(self, "_validator", Draft202012Validator(schema))
+        object.__setattr__(self, "_validator", schema_validator(schema))
 
     @property
     def model(self) -> type[BaseModel] | None:
@@ -108,6 +120,8 @@ class OutputSpec:
             data = json.loads(text)
         except ValueError as exc:
             raise OutputInvalid(f"the reply is not JSON ({exc})") from None
+        except RecursionError:
+            raise OutputInvalid("the reply is nested too deeply to be read as JSON") from None
         return self._validate(data)
 
     def correction(self, problem: str | None) -> str:
@@ -131,7 +145,11 @@ class OutputSpec:
         return ToolResult(_dump(value))
 
     def _validate(self, data: Any) -> Any:
-        errors = sorted(self._validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+        try:  # linear-time patterns, a checked schema: only a value past the stack can raise
+            found = list(self._validator.iter_errors(data))
+        except RecursionError:
+            raise OutputInvalid("the result is nested too deeply to validate") from None
+        errors = sorted(found, key=lambda e: list(e.absolute_path))
         if errors:
             raise OutputInvalid(_describe(errors))
         model = self.model
@@ -180,19 +198,34 @@ def _ending_result(result: RunResult) -> ToolMessage | None:
 
 
 def _schema_of(output_type: object) -> dict[str, Any]:
+    """The output type's JSON Schema, checked as a tool's parameters are (``Tool``): deep
+    schemas, unresolvable references, patterns the linear engine refuses, loops, and a
+    pydantic model that would match with Python's ``re`` are refused here, at construction,
+    never met in a run."""
     if isinstance(output_type, type) and issubclass(output_type, BaseModel):
-        schema = output_type.model_json_schema()
-    elif isinstance(output_type, Mapping):
-        schema = json.loads(json.dumps(output_type))  # a private copy, and JSON-able
+        problem = backtracking_problem(output_type)
+        if problem is not None:
+            raise ConfigError(f"output_type {output_type.__name__}: {problem}")
         try:
-            Draft202012Validator.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ConfigError(f"output_type is not a valid JSON Schema: {exc.message}") from None
+            schema = output_type.model_json_schema()
+        except RecursionError:
+            raise ConfigError(
+                f"output_type {output_type.__name__}: its JSON Schema is nested too deeply to "
+                "be made"
+            ) from None
+    elif isinstance(output_type, Mapping):
+        problem = depth_problem(output_type)  # first: the copy below recurses
+        if problem is not None:
+            raise ConfigError(f"output_type: {problem}")
+        schema = json.loads(json.dumps(output_type))  # a private copy, and JSON-able
     else:
         raise ConfigError(
             "output_type must be a pydantic model class or a JSON Schema (a dict), got "
             f"{output_type!r}"
         )
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise ConfigError(f"output_type: {problem}")
     if schema.get("type") != "object":
         raise ConfigError(
             'output_type must describe an object ("type": "object"): wrap a list or a '

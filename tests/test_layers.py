@@ -53,6 +53,9 @@ LAYERS = [
     "durable",
     # tools/: a tool call from definition to answer
     "tools.schemas",
+    "tools.patterns",
+    "tools.schema_checks",
+    "tools.arguments",
     "tools.results",
     "tools.tool",
     "tools.hooks",
@@ -114,6 +117,7 @@ LAYERS = [
     "dbos.agent",
     "dbos.worker",
     "dbos",
+    "mcp_client",
     "mcp",
     "testing.models",
     "testing.invariants",
@@ -146,7 +150,8 @@ ONLY_IN = {
     "openai": {"models.openai_chat", "models.openai_responses"},
     "anthropic": {"models.anthropic_messages"},
     "google": {"models.gemini"},
-    "mcp": {"mcp"},
+    "mcp": {"mcp_client", "mcp"},
+    "mcp_types": {"mcp_client"},
     "hypothesis": {
         "testing.strategies",
         "testing.hostile",

@@ -118,13 +118,14 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[MCPConnection]
 
 
 @asynccontextmanager
-async def raw_server(*args: str, **options: Any) -> AsyncIterator[MCPConnection]:
-    """raw_server.py, connected over stdio (its listing always has tools to skip)."""
+async def raw_server(*args: str, skipped: int = 3, **options: Any) -> AsyncIterator[MCPConnection]:
+    """raw_server.py, connected over stdio (its listing always has tools to skip: ``skipped``
+    of them, each with a warning)."""
     connected = MCPConnection.stdio(sys.executable, [RAW_SERVER, *args], **options)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         await connected.__aenter__()
-    assert [warning.category for warning in caught] == [SkippedToolWarning] * 3
+    assert [warning.category for warning in caught] == [SkippedToolWarning] * skipped
     try:
         yield connected
     finally:
@@ -455,16 +456,28 @@ async def test_the_warning_names_the_tool_and_points_at_the_async_with() -> None
         await server.__aenter__()
     await server.__aexit__(None, None, None)
     dangling = (
-        "MCP server 'raw': tool 'dangling' is not offered to the model: parameters refer to "
-        "what they do not define: #/$defs/missing"
+        "MCP server 'raw': tool 'dangling' is not offered to the model: the schema's $refs "
+        "refer to what they do not define: #/$defs/missing"
     )
     assert any(str(warning.message).startswith(dangling) for warning in caught)
     assert {warning.filename for warning in caught} == {__file__}
 
 
-async def test_a_listing_the_sdk_refuses_fails_the_connection_clearly() -> None:
-    with pytest.raises(MCPConnectionError, match=r"not valid MCP \(tools\.\d+\.inputSchema"):
-        async with MCPConnection.stdio(sys.executable, [RAW_SERVER, "--scalar"]):
+async def test_a_tool_the_sdk_refuses_costs_only_itself() -> None:
+    # MCP requires an object schema; the SDK validates the whole listing at once, so before
+    # the listing was screened entry by entry this one tool failed the connection
+    async with raw_server("--scalar", skipped=4) as server:
+        assert [t.name for t in server.tools] == ["files_read", "noisy", "malformed", "silent"]
+        answered = await call_directly(server.tools, "noisy", text="a")
+        assert answered.output == "noisy answered"
+    assert server.skipped["scalar"] == (
+        "its listing is not valid MCP (inputSchema.type: Input should be 'object')"
+    )
+
+
+async def test_a_listing_the_sdk_refuses_as_a_whole_fails_the_connection_clearly() -> None:
+    with pytest.raises(MCPConnectionError, match=r"not valid MCP \(tools: Input should be"):
+        async with MCPConnection.stdio(sys.executable, [RAW_SERVER, "--broken-listing"]):
             pass
 
 

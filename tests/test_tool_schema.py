@@ -290,7 +290,7 @@ def test_explicit_schema_is_used_as_given() -> None:
     assert find.arguments_model is None
     assert _answer(find, q="ab").content == "{'q': 'ab'}"
     assert "- at q: 'a' is too short" in _answer(find, q="a").content
-    with pytest.raises(ConfigError, match="tool 'bad': parameters are not valid JSON Schema"):
+    with pytest.raises(ConfigError, match="tool 'bad': the schema is not valid JSON Schema"):
         tool(name="bad", parameters={"type": "object", "properties": 3})(find.fn)
 
 

@@ -200,7 +200,7 @@ async def test_the_openai_adapter_sends_the_schema_as_response_format() -> None:
     ("options", "says"),
     [
         ({"output_type": {"type": "array"}}, "must describe an object"),
-        ({"output_type": {"type": "object", "properties": 3}}, "not a valid JSON Schema"),
+        ({"output_type": {"type": "object", "properties": 3}}, "not valid JSON Schema"),
         ({"output_type": int}, "a pydantic model class or a JSON Schema"),
         ({"output_type": Invoice, "output_mode": "xml"}, "output_mode must be"),
     ],

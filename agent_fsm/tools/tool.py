@@ -3,37 +3,44 @@
 A tool failure is an observation, not an exception: an unknown tool, arguments that are not
 JSON, a schema violation (every error, with its path) or arguments that do not convert to the
 function's types each become an error ``ToolMessage`` that tells the model how to correct
-itself. Running a prepared call (timeouts, threads, retries, output limits) is
-``execution.py``'s job.
+itself (worded in ``arguments.py``). Running a prepared call (timeouts, threads, retries,
+output limits) is ``execution.py``'s job.
 
 Invalid *definitions* are the developer's mistake and raise ``ConfigError`` when the tool is
-defined: a name providers reject, a parameters schema that is not valid JSON Schema, a
-signature that cannot be described, a bad timeout or retry setting, two tools with one name.
+defined: a name providers reject, a parameters schema that is not valid JSON Schema or that
+validation could not survive (too deep, a ``$ref`` loop, a pattern no linear-time engine
+takes: ``schema_checks.py``), a signature that cannot be described, a bad timeout or retry
+setting, two tools with one name. Validation matches patterns in linear time
+(``patterns.py``), so no argument can hold the event loop.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, overload
 
-import jsonschema
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 from pydantic import BaseModel, JsonValue
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import from_json
-from referencing import Registry
-from referencing.exceptions import Unresolvable
-from referencing.jsonschema import DRAFT202012
 
 from agent_fsm.errors import ConfigError
-from agent_fsm.messages import ToolCall, ToolSpec, clean_json
+from agent_fsm.messages import ToolCall, ToolSpec
 from agent_fsm.state import ControlKind
+from agent_fsm.tools.arguments import (
+    UNPARSED,
+    conversion_errors,
+    quoted,
+    schema_errors,
+    with_lone_surrogates,
+)
+from agent_fsm.tools.patterns import backtracking_problem, schema_validator
 from agent_fsm.tools.results import ToolResult, error_result, serialise_output, skipped_result
+from agent_fsm.tools.schema_checks import schema_problem
 from agent_fsm.tools.schemas import (
     derive_schema,
     describe_function,
@@ -62,30 +69,6 @@ ToolFunction = Callable[..., Any] | Callable[..., Awaitable[Any]]
 
 ApprovalPredicate = Callable[[dict[str, Any]], bool]
 """Decides from a call's validated JSON arguments whether a person must approve it first."""
-
-
-def _unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
-    """The ``$ref`` values of ``schema`` that do not resolve within it: found here, not when
-    the model first calls the tool (where the validator would raise inside the run)."""
-    resolver = Registry().with_resource("", DRAFT202012.create_resource(schema)).resolver("")
-    refs: list[str] = []
-    stack: list[Any] = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Mapping):
-            ref = node.get("$ref")
-            if isinstance(ref, str):
-                refs.append(ref)
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    bad = []
-    for ref in refs:
-        try:
-            resolver.lookup(ref)
-        except Unresolvable:
-            bad.append(ref)
-    return bad
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +121,9 @@ class Tool:
     requires_approval: bool | ApprovalPredicate = False
     arguments_model: type[BaseModel] | None = field(default=None, repr=False)
     terminal: bool = False
-    validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+    validator: Validator = field(init=False, repr=False, compare=False)
+    """Validates arguments against ``parameters``, matching its patterns in linear time
+    (``tools.patterns``)."""
     fast_check: Callable[[dict[str, Any]], bool] | None = field(
         init=False, repr=False, compare=False
     )
@@ -161,31 +146,28 @@ class Tool:
             raise ConfigError(f"tool {self.name!r}: fn must be callable, got {self.fn!r}")
         if not isinstance(self.parameters, Mapping):
             raise ConfigError(f"tool {self.name!r}: parameters must be a JSON Schema object")
-        try:
-            Draft202012Validator.check_schema(self.parameters)
-        except jsonschema.SchemaError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-            raise ConfigError(
-                f"tool {self.name!r}: parameters are not valid JSON Schema at {where}: "
-                f"{exc.message}"
-            ) from None
-        unresolvable = _unresolvable_refs(self.parameters)
-        if unresolvable:
-            raise ConfigError(
-                f"tool {self.name!r}: parameters refer to what they do not define: "
-                f"{', '.join(unresolvable)} (every $ref must point inside the schema, e.g. "
-                "#/$defs/...)"
-            )
-        if self.parameters.get("type") != "object":
-            raise ConfigError(
-                f'tool {self.name!r}: the parameters schema must have "type": "object" '
-                "(tool arguments are always a JSON object)"
-            )
+        self._check_schema()
         self._check_options()
-        object.__setattr__(self, "validator", Draft202012Validator(self.parameters))
+        object.__setattr__(self, "validator", schema_validator(self.parameters))
         object.__setattr__(self, "fast_check", fast_check(self.parameters))
         object.__setattr__(self, "is_async", _is_async(self.fn))
         object.__setattr__(self, "integer_parameters", integer_parameters(self.parameters))
+
+    def _check_schema(self) -> None:
+        """Refuse a parameters schema that is not JSON Schema, or that validation could not
+        survive (``schema_problem``); one that is not an object's; and an arguments model
+        that would match a pattern with Python's ``re`` (``backtracking_problem``)."""
+        problem = schema_problem(self.parameters)
+        if problem is None and self.parameters.get("type") != "object":
+            problem = (
+                'the parameters schema must have "type": "object" (tool arguments are always '
+                "a JSON object)"
+            )
+        model = self.arguments_model
+        if problem is None and isinstance(model, type) and issubclass(model, BaseModel):
+            problem = backtracking_problem(model)
+        if problem is not None:
+            raise ConfigError(f"tool {self.name!r}: {problem}")
 
     def _check_options(self) -> None:
         problems: list[str] = []
@@ -371,57 +353,6 @@ class PreparedCall:
     a ``before_tool`` hook's change of the arguments (``tools.hooks``)."""
 
 
-def _where(path: Iterable[Any]) -> str:
-    return "/".join(str(p) for p in path) or "(arguments)"
-
-
-_UNPARSED: Any = object()
-"""What ``_with_lone_surrogates`` returns for text that is not JSON at all."""
-
-
-def _with_lone_surrogates(raw: str) -> Any:
-    """Arguments whose only fault is a lone surrogate escape (``"\\ud83d"``: JSON allows the
-    escape, pydantic_core refuses it), parsed with each one replaced by U+FFFD, as the
-    transcript holds text (``clean_text``); ``_UNPARSED`` for anything else."""
-    if "\\ud" not in raw.lower():
-        return _UNPARSED
-    try:
-        return clean_json(json.loads(raw))
-    except ValueError:
-        return _UNPARSED
-
-
-_QUOTE_CHARS = 200
-"""How much of unparseable arguments an error result quotes back to the model."""
-
-
-def _quoted(raw: str) -> str:
-    """The model's own argument text, quoted (and cut short): the history sends it back as
-    ``{}`` (``replayable_arguments``), so this result is where the model sees what it wrote."""
-    if len(raw) <= _QUOTE_CHARS:
-        return f"you sent {raw!r}"
-    return f"you sent {raw[:_QUOTE_CHARS]!r}... ({len(raw)} characters)"
-
-
-def _format_schema_errors(tool_name: str, errors: list[jsonschema.ValidationError]) -> str:
-    lines = [f"Invalid arguments for tool '{tool_name}':"]
-    for err in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path]):
-        lines.append(f"- at {_where(err.absolute_path)}: {err.message}")
-    lines.append("Call the tool again with arguments that match its schema.")
-    return "\n".join(lines)
-
-
-def _format_conversion_errors(tool_name: str, exc: PydanticValidationError) -> str:
-    lines = [f"Invalid arguments for tool '{tool_name}':"]
-    for err in exc.errors(include_url=False):
-        got = json.dumps(err.get("input"), default=repr, ensure_ascii=False)
-        if len(got) > 200:
-            got = got[:200] + "…"
-        lines.append(f"- at {_where(err['loc'])}: {err['msg']} (got {got})")
-    lines.append("Call the tool again with arguments that match its schema.")
-    return "\n".join(lines)
-
-
 class ToolRegistry:
     """The tools of one agent, by name; validators are built once, when tools are defined."""
 
@@ -470,27 +401,23 @@ class ToolRegistry:
             # pydantic_core's parser: the same values as json.loads, at a sixth of the cost.
             arguments = from_json(call.arguments) if call.arguments.strip() else {}
         except ValueError as exc:
-            arguments, problem = _with_lone_surrogates(call.arguments), str(exc)
-        if arguments is _UNPARSED:
+            arguments, problem = with_lone_surrogates(call.arguments), str(exc)
+        if arguments is UNPARSED:
             return PreparedCall(
                 call, found, None,
                 f"The arguments for tool '{call.name}' are not valid JSON ({problem}): "
-                f"{_quoted(call.arguments)}. Send them as one JSON object that matches the "
+                f"{quoted(call.arguments)}. Send them as one JSON object that matches the "
                 "tool's schema.",
             )  # fmt: skip
         if not isinstance(arguments, dict):
             return PreparedCall(
                 call, found, None,
                 f"The arguments for tool '{call.name}' must be a JSON object, "
-                f"not {type(arguments).__name__}: {_quoted(call.arguments)}.",
+                f"not {type(arguments).__name__}: {quoted(call.arguments)}.",
             )  # fmt: skip
-        fast = found.fast_check
-        if fast is None or not fast(arguments):
-            errors = list(found.validator.iter_errors(arguments))
-            if errors:
-                return PreparedCall(
-                    call, found, arguments, _format_schema_errors(call.name, errors)
-                )
+        invalid = schema_errors(call.name, found.validator, found.fast_check, arguments)
+        if invalid is not None:
+            return PreparedCall(call, found, arguments, invalid)
         model = found.arguments_model
         if model is None:
             for name in found.integer_parameters:
@@ -501,7 +428,7 @@ class ToolRegistry:
         try:
             converted = model.model_validate(arguments)
         except PydanticValidationError as exc:
-            return PreparedCall(call, found, arguments, _format_conversion_errors(call.name, exc))
+            return PreparedCall(call, found, arguments, conversion_errors(call.name, exc))
         except Exception as exc:  # a user validator that raised something else
             return PreparedCall(
                 call, found, arguments,

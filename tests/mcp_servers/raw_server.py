@@ -4,8 +4,12 @@ can send what the ``mcp`` package's own server never would.
 Its tool listing holds names and schemas agent_fsm cannot offer, and its tools answer with
 noise, malformed results or nothing at all.
 
-    python raw_server.py [--scalar]   --scalar: one more tool, whose arguments are not an
-                                      object (which MCP forbids)
+    python raw_server.py [--scalar] [--hostile] [--broken-listing]
+        --scalar: one more tool, whose arguments are not an object (which MCP forbids)
+        --hostile: more tools that cannot be offered (control-flow names, a schema too deep,
+            a pattern no linear-time engine takes, a $ref loop), and two whose patterns would
+            backtrack (one in its input schema, one in its output schema)
+        --broken-listing: a listing whose "tools" is not a list (no tool can be read)
 """
 
 from __future__ import annotations
@@ -33,6 +37,51 @@ TOOLS: list[dict[str, Any]] = [
 
 SCALAR = {"name": "scalar", "description": "Not an object.", "inputSchema": {"type": "string"}}
 
+BACKTRACKS = "(a+)+$"
+"""A pattern Python's re takes seconds to fail on "a" * 26 + "!", and 4x longer per 2 more."""
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """An object schema nested ``levels`` objects deep."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"inner": schema}}
+    return schema
+
+
+HOSTILE: list[dict[str, Any]] = [
+    {"name": "ask_user", "description": "Takes the control tool's name.", "inputSchema": OBJECT},
+    {"name": "finish_task", "description": "Takes another.", "inputSchema": OBJECT},
+    {"name": "final_result", "description": "The output tool's.", "inputSchema": OBJECT},
+    SCALAR,
+    {"name": "deep", "description": "Nested 40 objects deep.", "inputSchema": nested(40)},
+    {
+        "name": "lookahead",
+        "description": "A pattern with look-ahead.",
+        "inputSchema": {"type": "object", "properties": {"text": {"pattern": "^(?=a)"}}},
+    },
+    {
+        "name": "looping",
+        "description": "A $ref loop that never reaches into the value.",
+        "inputSchema": {
+            "type": "object",
+            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}},
+            "properties": {"text": {"$ref": "#/$defs/a"}},
+        },
+    },
+    {
+        "name": "backtracking",
+        "description": "Its pattern would backtrack.",
+        "inputSchema": {"type": "object", "properties": {"text": {"pattern": BACKTRACKS}}},
+    },
+    {
+        "name": "structured",
+        "description": "Answers with structured content its output schema's pattern refuses.",
+        "inputSchema": OBJECT,
+        "outputSchema": {"type": "object", "properties": {"text": {"pattern": BACKTRACKS}}},
+    },
+]
+
 
 def send(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
@@ -49,8 +98,13 @@ def answer(request: dict[str, Any]) -> None:
             "serverInfo": {"name": "raw", "version": "0"},
         }})  # fmt: skip
     elif method == "tools/list":
-        tools = [*TOOLS, SCALAR] if "--scalar" in sys.argv else TOOLS
-        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": tools}})
+        tools = list(TOOLS)
+        if "--scalar" in sys.argv:
+            tools.append(SCALAR)
+        if "--hostile" in sys.argv:
+            tools.extend(HOSTILE)
+        listing = "not a list" if "--broken-listing" in sys.argv else tools
+        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": listing}})
     elif method == "tools/call":
         call_tool(ident, request["params"]["name"])
     elif ident is not None:
@@ -69,6 +123,11 @@ def call_tool(ident: Any, name: str) -> None:
         send({"jsonrpc": "2.0", "id": ident, "result": {"content": "not a list of blocks"}})
     elif name == "silent":
         return
+    elif name == "structured":
+        content = {"text": "a" * 28 + "!"}
+        block = {"type": "text", "text": json.dumps(content)}
+        result = {"content": [block], "structuredContent": content, "isError": False}
+        send({"jsonrpc": "2.0", "id": ident, "result": result})
     else:
         send({"jsonrpc": "2.0", "id": ident, "result": text})
 
