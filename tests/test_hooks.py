@@ -437,6 +437,26 @@ def test_before_tool_denies_a_call_with_a_reason_the_model_reads() -> None:
     assert refused in model.requests[1].messages  # the model reads the reason
 
 
+def test_a_long_deny_reason_is_cut_at_the_tools_limit_not_the_turns() -> None:
+    """Issue 33: the reason stands where the tool's output would, so the tool's limit holds
+    (20,000 characters by default), not the turn's (60,000)."""
+
+    def verbose(call: ToolCall, arguments: dict[str, Any]) -> Deny | None:
+        return Deny(reason="no. " * 20_000) if call.name == "secret" else None
+
+    agent, _ = hooked_agent(
+        [reply("", call("secret", key="db")), "done"], StepHooks(before_tool=verbose)
+    )
+    result, _ = run_checked(agent)
+    (refused,) = tool_results(result)
+    secret = agent.registry.get("secret")
+    assert secret is not None
+    limit = secret.max_output_chars or agent.limits.tool_max_output_chars
+    assert limit < agent.limits.turn_max_output_chars
+    assert len(refused.content) < limit + 200
+    assert f"[the reason was cut: {80_000 - limit:,} of 80,000 characters]" in refused.content
+
+
 def test_before_tool_changes_arguments_and_the_change_is_recorded() -> None:
     def clamp(call: ToolCall, arguments: dict[str, Any]) -> dict[str, Any] | None:
         if call.name == "add" and arguments["b"] > 10:

@@ -18,9 +18,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from agent_fsm.models.common import resolve_ref
+from agent_fsm.tools.patterns import schema_validator
 
 __all__ = ["strict_obstacle", "strict_schema", "without_strict_nulls"]
 
@@ -181,7 +180,7 @@ class _NullStripper:
 
     def __init__(self, root: Mapping[str, Any]) -> None:
         self._root = root
-        self._validator = Draft202012Validator(root)
+        self._validator = schema_validator(root)
         self.removed = 0
 
     def clean(self, value: Any, node: Any, followed: frozenset[str] = frozenset()) -> Any:

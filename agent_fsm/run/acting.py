@@ -230,8 +230,10 @@ async def _screened(
             if tool is None or item.error is not None or (tool.terminal and terminal):
                 continue
             if _asks_hook(ctx, index, item, approved):
-                timeout_s = tool.timeout_s or ctx.limits.tool_timeout_s
-                screened = await screen_call(hook, item, registry, timeout_s)
+                limits = ctx.limits
+                timeout_s = tool.timeout_s or limits.tool_timeout_s
+                limit = tool.max_output_chars or limits.tool_max_output_chars
+                screened = await screen_call(hook, item, registry, timeout_s, limit)
                 if isinstance(screened, ToolMessage):
                     turn.results[index] = screened
                     _log_hook_failure(ctx, screened)

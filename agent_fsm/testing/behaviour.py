@@ -19,8 +19,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from jsonschema import Draft202012Validator
-
 from agent_fsm.errors import ConfigError
 from agent_fsm.limits import Limits
 from agent_fsm.messages import (
@@ -33,6 +31,7 @@ from agent_fsm.messages import (
 )
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.testing.models import reply
+from agent_fsm.tools.patterns import schema_validator
 from agent_fsm.tools.results import ToolResult
 from agent_fsm.tools.tool import Tool
 
@@ -369,7 +368,7 @@ def argument_variants(schema: Mapping[str, Any]) -> list[Any]:
     (``example_arguments``), then the example with one property at a time set to each of a
     few telling values of its type (and each optional property filled in). Only what the
     schema's validator accepts is kept, the example first; empty when nothing is valid."""
-    validator = Draft202012Validator(dict(schema))
+    validator = schema_validator(dict(schema))
     example = example_arguments(schema)
     candidates = [example]
     if isinstance(example, dict):
@@ -390,7 +389,7 @@ _WRONG_VALUES: tuple[Any, ...] = (None, 3, "x", [1], {"a": 1}, True, -1, "")
 def invalid_argument_texts(schema: Mapping[str, Any]) -> list[str]:
     """JSON objects (as text) a tool's schema rejects: missing required arguments, wrong
     types, unexpected names; sorted, and empty for a schema that accepts every object."""
-    validator = Draft202012Validator(dict(schema))
+    validator = schema_validator(dict(schema))
     candidates: list[dict[str, Any]] = [{}, {"unexpected_argument": 1}]
     example = example_arguments(schema)
     for name in schema.get("properties", {}):

@@ -34,7 +34,6 @@ from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
-from jsonschema import Draft202012Validator
 
 from agent_fsm.agent import Agent
 from agent_fsm.compaction import ClearToolResults, ContextPolicy, KeepLastTurns, Summarize
@@ -68,6 +67,7 @@ from agent_fsm.testing.behaviour import (
     user_tools,
 )
 from agent_fsm.testing.models import reply
+from agent_fsm.tools.patterns import schema_validator
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK
 
 __all__ = [
@@ -264,7 +264,7 @@ def _values(schema: Any) -> st.SearchStrategy[Any]:
 @lru_cache(maxsize=256)
 def _arguments(schema_json: str) -> st.SearchStrategy[str]:
     schema = json.loads(schema_json)
-    validator = Draft202012Validator(schema)
+    validator = schema_validator(schema)
     example = example_arguments(schema)
     generated = _values(schema).filter(validator.is_valid).map(json.dumps)
     if validator.is_valid(example):

@@ -89,7 +89,14 @@ async def call_hook(hook: Callable[..., Any], timeout_s: float | None, *args: An
     return answer
 
 
-def _denied(call: ToolCall, reason: str) -> ToolMessage:
+def _denied(call: ToolCall, reason: str, limit: int) -> ToolMessage:
+    """The answer of a denied call, the reason held to the tool's output limit (``limit``):
+    it stands where the tool's output would, and must not take the whole turn's room."""
+    if len(reason) > limit:
+        reason = (
+            f"{reason[:limit]}\n[the reason was cut: {len(reason) - limit:,} of "
+            f"{len(reason):,} characters]"
+        )
     return error_result(
         call, f"Tool '{call.name}' was not run: {reason}", {"runtime": {"denied": reason}}
     )
@@ -110,7 +117,11 @@ _WITHHELD = "ran, but its output is withheld"
 
 
 async def screen_call(
-    hook: BeforeTool, item: PreparedCall, registry: ToolRegistry, timeout_s: float
+    hook: BeforeTool,
+    item: PreparedCall,
+    registry: ToolRegistry,
+    timeout_s: float,
+    limit: int = 20_000,
 ) -> PreparedCall | ToolMessage:
     """Put a valid call to ``before_tool``: the call to go on with (``item``, or the call
     prepared again with the hook's arguments, the change in its ``runtime``), or the answer
@@ -118,7 +129,7 @@ async def screen_call(
     own cancellation.
 
     The hook gets a copy of the arguments: a change it makes in place counts only when it
-    returns them.
+    returns them. A ``Deny`` reason longer than ``limit`` (the tool's output limit) is cut.
     """
     call = item.call
     try:
@@ -131,7 +142,7 @@ async def screen_call(
         if not isinstance(answer.reason, str):
             problem = f"its Deny reason is a {type(answer.reason).__name__}, not a str"
             return _hook_failed(call, "before_tool", problem, _NOT_RUN)
-        return _denied(call, clean_text(answer.reason))
+        return _denied(call, clean_text(answer.reason), limit)
     if not isinstance(answer, dict):
         problem = f"it returned {type(answer).__name__}, not None, Deny or a dict of arguments"
         return _hook_failed(call, "before_tool", problem, _NOT_RUN)
