@@ -143,3 +143,51 @@ def test_an_id_no_store_can_keep_is_refused_up_front(bad: str) -> None:
     with pytest.raises(ConfigError, match="run id"):
         agent.start("Go.", run_id=bad)
     assert agent.checkpoints.list_runs() == []
+
+
+_CATASTROPHIC = ["(a+)+$", "(a|a)*$", "(a|aa)+$", "^(a+)+b", "(\\w+\\s?)+$", "([a-z]*)*$"]
+"""Patterns Python's ``re`` takes exponential time to reject near-misses with."""
+
+
+@SHARE
+@given(
+    pattern=st.sampled_from(_CATASTROPHIC),
+    keyword=st.sampled_from(["pattern", "propertyNames", "patternProperties"]),
+    length=st.integers(20, 10_000),
+    tail=st.sampled_from(["!", "b", " !", ""]),
+)
+def test_a_backtracking_pattern_never_holds_a_run(
+    pattern: str, keyword: str, length: int, tail: str
+) -> None:
+    """Whatever pattern, keyword and near-miss: the call is answered and the run ends as
+    its script says (on Python's ``re`` the first of these took seconds at 28 characters,
+    four times more per two characters more)."""
+    text = "a" * length + tail
+    if keyword == "pattern":
+        parameters = {
+            "type": "object",
+            "properties": {"value": {"type": "string", "pattern": pattern}},
+            "required": ["value"],
+        }
+        arguments = {"value": text}
+    elif keyword == "propertyNames":
+        parameters = {"type": "object", "propertyNames": {"pattern": pattern}}
+        arguments = {text: 1}
+    else:
+        parameters = {
+            "type": "object",
+            "patternProperties": {pattern: {"type": "integer"}},
+        }
+        arguments = {text: "not an integer"}
+
+    def take(**values: Any) -> str:
+        return "taken"
+
+    hostile = tool(take, name="take", description="Take a value.", parameters=parameters)
+    model = ScriptedModel([reply("", call("take", **arguments)), "Done."])
+    agent = Agent(model=model, tools=[hostile], limits=Limits(max_turns=4))
+    result = agent.run_sync("Take it.")
+    check_invariants(result, limits=agent.limits, bound=agent.bound)
+    assert result.output == "Done."
+    (answer,) = [m for m in result.messages if isinstance(m, ToolMessage)]
+    assert answer.content  # answered, valid or not
