@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -85,7 +86,7 @@ from agent_fsm.tools.results import ToolResult
 from agent_fsm.tools.schema_checks import schema_problem
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, NAME_PATTERN, Tool
 
-__all__ = ["MCPConnection", "MCPConnectionError", "SkippedToolWarning"]
+__all__ = ["MCPConnection", "MCPConnectionError", "SkippedToolWarning", "offer_listed"]
 
 _SETTLE_S = 1.0
 """How long a call whose connection closed waits for the owner task to learn why (a failed
@@ -122,6 +123,49 @@ def _check_seconds(option: str, value: float | None) -> None:
         raise ConfigError(f"{option} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{option} must be a finite number of seconds > 0, got {value!r}")
+
+
+def offer_listed(
+    remote: str,
+    description: str,
+    input_schema: Any,
+    output_schema: Any,
+    *,
+    prefix: str = "",
+    taken: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+) -> tuple[str, Tool | str]:
+    """How one tool a server lists is offered to the model: the name it gets, and the
+    ``Tool`` (whose function the connection fills in) or why it cannot be offered (then it
+    is skipped, and costs only itself). Never raises, whatever the listing holds.
+
+    Args:
+        taken: names offered already, each with the server's name for its tool.
+    """
+    name = prefix + _UNSAFE_NAME_CHARACTERS.sub("_", remote)
+    first = (taken or {}).get(name)
+    if first is not None:
+        return name, f"its name would be {name!r}, which {first!r} has already"
+    if not NAME_PATTERN.match(name):
+        return name, f"its name {name!r} is not 1 to 64 characters long"
+    if name in _RESERVED:
+        return name, (
+            f"its name {name!r} is one agent_fsm gives its own tools "
+            f"({', '.join(sorted(_RESERVED))}); a prefix= on the connection offers it"
+        )
+    problem = None if output_schema is None else schema_problem(output_schema)
+    if problem is not None:
+        return name, f"its output schema cannot be used: {problem}"
+    try:
+        made = Tool(name, description, input_schema, _not_connected, timeout_s=timeout_s)
+    except ConfigError as exc:
+        return name, str(exc).removeprefix(f"tool {name!r}: ")
+    return name, made
+
+
+async def _not_connected(**arguments: Any) -> ToolResult:
+    """A listed tool's function before its connection gives it one."""
+    raise RuntimeError("this tool is not connected to its server")
 
 
 class MCPConnection:
@@ -394,43 +438,25 @@ class MCPConnection:
         assert session is not None
         offered: dict[str, tuple[str, Tool]] = {}
         for remote in listed:
-            name = self._prefix + _UNSAFE_NAME_CHARACTERS.sub("_", remote.name)
-            if name in offered:
-                first = offered[name][0]
-                self._skip(remote.name, f"its name would be {name!r}, which {first!r} has already")
-                continue
-            if not NAME_PATTERN.match(name):
-                self._skip(remote.name, f"its name {name!r} is not 1 to 64 characters long")
-                continue
-            if name in _RESERVED:
-                self._skip(
-                    remote.name,
-                    f"its name {name!r} is one agent_fsm gives its own tools "
-                    f"({', '.join(sorted(_RESERVED))}); a prefix= on the connection offers it",
-                )
-                continue
-            output_schema = remote.output_schema
-            problem = None if output_schema is None else schema_problem(output_schema)
-            if problem is not None:
-                self._skip(remote.name, f"its output schema cannot be used: {problem}")
-                continue
             description = (
                 remote.description or remote.title or f"{remote.name}, of MCP server {self._label}"
             )
-            try:
-                made = Tool(
-                    name,
-                    description,
-                    remote.input_schema,
-                    partial(self._call, name, remote.name),
-                    timeout_s=self._timeout_s,
-                )
-            except ConfigError as exc:
-                self._skip(remote.name, str(exc).removeprefix(f"tool {name!r}: "))
+            name, made = offer_listed(
+                remote.name,
+                description,
+                remote.input_schema,
+                remote.output_schema,
+                prefix=self._prefix,
+                taken={taken: first for taken, (first, _) in offered.items()},
+                timeout_s=self._timeout_s,
+            )
+            if isinstance(made, str):
+                self._skip(remote.name, made)
                 continue
+            made = dataclasses.replace(made, fn=partial(self._call, name, remote.name))
             offered[name] = (remote.name, made)
-            if output_schema is not None:
-                session.output_validators[remote.name] = schema_validator(output_schema)
+            if remote.output_schema is not None:
+                session.output_validators[remote.name] = schema_validator(remote.output_schema)
         return tuple(made for _, made in offered.values())
 
     def _skip(self, remote: str, why: str) -> None:

@@ -19,9 +19,11 @@ from agent_fsm import (
     MemoryStore,
     Row,
     Table,
+    Tool,
     tool,
 )
 from agent_fsm.events import Event, ModelRequested
+from agent_fsm.mcp import offer_listed
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, UserMessage
 from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
 from agent_fsm.testing.hostile import LyingPolicy, histories, lying_policies, unclean_text
@@ -191,3 +193,56 @@ def test_a_backtracking_pattern_never_holds_a_run(
     assert result.output == "Done."
     (answer,) = [m for m in result.messages if isinstance(m, ToolMessage)]
     assert answer.content  # answered, valid or not
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"inner": schema}}
+    return schema
+
+
+_LISTED_NAMES = st.sampled_from(
+    ["ask_user", "finish_task", "final_result", "lookup", "lookup", "x" * 70, "bad name!", "é"]
+)
+_LISTED_SCHEMAS = st.sampled_from(
+    [
+        {"type": "object", "properties": {"q": {"type": "string"}}},
+        {"type": "object", "properties": {"q": {"type": "string", "pattern": "(a+)+$"}}},
+        {"type": "object", "properties": {"q": {"type": "string", "pattern": "(?=a)a"}}},
+        {"type": "string"},
+        {"type": "object", "properties": {"q": {"$ref": "#/$defs/missing"}}},
+        {"$ref": "#"},
+        _deep(100),
+        {"type": "object", "additionalProperties": {"type": "nonsense"}},
+    ]
+)
+
+
+@SHARE
+@given(
+    listing=st.lists(
+        st.tuples(_LISTED_NAMES, _LISTED_SCHEMAS, st.none() | _LISTED_SCHEMAS), max_size=8
+    ),
+    prefix=st.sampled_from(["", "srv_"]),
+)
+def test_a_hostile_mcp_listing_costs_only_its_bad_tools(
+    listing: list[tuple[str, Any, Any]], prefix: str
+) -> None:
+    """Control-tool names, clashing and unsafe names, non-object, dangling, looping, deep
+    and backtracking schemas: each listed tool becomes a Tool or a reason it is skipped,
+    never an exception, and what is offered makes an agent."""
+    offered: dict[str, str] = {}
+    tools: list[Tool] = []
+    for remote, input_schema, output_schema in listing:
+        name, made = offer_listed(
+            remote, f"{remote}, listed", input_schema, output_schema, prefix=prefix, taken=offered
+        )
+        if isinstance(made, str):
+            assert made  # the reason it is skipped
+            continue
+        assert name not in offered
+        assert name not in ("ask_user", "finish_task", "final_result")
+        offered[name] = remote
+        tools.append(made)
+    Agent(model=ScriptedModel([]), tools=tools)  # builds: every offered tool is valid
