@@ -433,7 +433,7 @@ def test_runs_never_prints_a_password(
         (postgres_url, "no agent_fsm checkpoint store at"),  # no such schema: none is made
         (wrong, "password authentication failed"),
         (refused, "nothing accepts connections there"),
-        ("postgresql://agents:hunter 2@db.internal/agents", "not a PostgreSQL connection"),
+        ("postgresql://agents:hunter2@db%zz/agents", "not a PostgreSQL connection"),
     ]:
         assert main(["runs", "--store", url, "--schema", postgres_schema]) == 2
         captured = capsys.readouterr()

@@ -210,7 +210,8 @@ def test_errors_name_the_store_but_never_its_password(postgres_url: str) -> None
 @pytest.mark.parametrize(
     "url",
     [
-        "postgresql://agents:hunter 2@db.internal/agents",  # a space: libpq quotes it back
+        # (a space in the password is refused by the libpq of psycopg 3.3 only: not here)
+        "postgresql://agents:hunter2@db%zz/agents",  # a bad escape: libpq quotes it back
         "postgresql://agents:hunter2@[::1/agents",  # libpq quotes the whole URL
         "host=db.internal password=hunter2 port",
         "host=db.internal password='hunter 2' junk",
