@@ -121,7 +121,8 @@ async def answer_calls(
             (and without the ``before_tool`` hook, which saw them before they were asked).
     """
     state, config = ctx.state, ctx.config
-    state.requests = []
+    if state.requests:  # the last turn's: a new list only when there were some
+        state.requests = []
     prepared = [config.tools.prepare(call) for call in calls]
     hooks = config.hooks
     turn = TurnCalls(ctx, prepared, None if hooks is None else _reviewer(ctx, hooks.after_tool))

@@ -100,6 +100,7 @@ class Run:
         self._state = state
         self._keeper = keeper
         """Where the run lives: saves it, journals its calls, keeps its time."""
+        self._saved = keeper.saved  # bound once: called after every transition
         # Asked once per run: the transition line is built only when it will be written.
         # Filtered out, building it still cost 6% of a turn's wall time (the interpreter's
         # call and keyword dict; callgrind counts 3% of instructions).
@@ -121,6 +122,9 @@ class Run:
         self._result: RunResult | None = None
         self._announced = False
         self._resumed = resumed
+        self._reopen_pending = resumed is not None
+        """Reopened (after a stop or a crash), and the resume row not taken yet: the first
+        step takes it."""
         self._repaired = repaired
         """What was repaired in the history the run started from, announced with its start."""
         self._entries: list[TraceEntry] = []
@@ -142,7 +146,7 @@ class Run:
     @property
     def done(self) -> bool:
         """The run has stopped and is not waiting to take its resume row."""
-        return self._state.state in TERMINAL_STATES and not self._resumed_from_stop
+        return self._state.state in TERMINAL_STATES and not self._reopen_pending
 
     @property
     def resumable(self) -> bool:
@@ -150,12 +154,6 @@ class Run:
         stop asks for): a row of the table's resume rows leaves it."""
         config = self._config
         return self.done and config.machine.can_resume(self._state, config.limits)
-
-    @property
-    def _resumed_from_stop(self) -> bool:
-        """Reopened (after a stop or a crash), and the resume row is still to be taken: the
-        first step takes it."""
-        return self._resumed is not None and not self._entries
 
     @property
     def result(self) -> RunResult:
@@ -244,7 +242,7 @@ class Run:
     async def _advance(self) -> Row:
         """Do the current state's work and fire one trigger; return the row taken."""
         state, config = self._state, self._config
-        reopened = self._resumed_from_stop
+        reopened = self._reopen_pending
         if state.state in TERMINAL_STATES and not reopened:
             raise RunError(f"run {state.run_id} has already ended in {state.state}", self._result)
         if reopened:
@@ -257,6 +255,7 @@ class Run:
             row = config.machine.resume(self._handle)
             if row is None:  # reopen checked that one accepts it; nothing changed since
                 raise RunError(f"run {state.run_id}: no resume row accepts it any more")
+            self._reopen_pending = False
             if row.source in TERMINAL_STATES:
                 reopen_fields(state, stopped=True)
         else:
@@ -384,7 +383,7 @@ class Run:
         if row.dest in TERMINAL_STATES:
             self._finish(row)
         else:
-            self._keeper.saved(state)
+            self._saved(state)
 
     def _finish(self, row: Row) -> None:
         state, config = self._state, self._config

@@ -54,7 +54,7 @@ async def summarise(ctx: RunContext) -> None:
         request = request_without_tools(ctx, messages, model=model.name, estimate=calibrated)
         return await model.request(request), estimate
 
-    made = await make_call(ctx, call)
+    made = await make_call(ctx, call())
     if made is not None:
         _take_summary(ctx, *made)
 

@@ -9,7 +9,8 @@ the THINK guards read (retry, give up, or stop with ``aborted``/``timeout``).
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from agent_fsm.cancellation import StopScope
 from agent_fsm.constructors import builder
@@ -122,7 +123,7 @@ async def think(ctx: RunContext) -> None:
     if previous is STOPPED:
         return
     estimate = state.prompt_tokens_estimate + state.tools_tokens_estimate
-    made = await make_call(ctx, lambda: _call_model(ctx, previous, estimate))
+    made = await make_call(ctx, _call_model(ctx, previous, estimate))
     if made is not None:
         _take_reply(ctx, *made)
 
@@ -148,17 +149,17 @@ def begin_call(ctx: RunContext) -> ModelFailure | None:
 
 
 async def make_call(
-    ctx: RunContext, call: Callable[[], Awaitable[tuple[object, int]]]
+    ctx: RunContext, call: Coroutine[Any, Any, tuple[object, int]]
 ) -> tuple[ModelResponse, int] | None:
-    """Await ``call`` (a model call and the estimate of its prompt) inside the run's stop
-    scope. Returns the reply, or None when there is none: the failure (an exception, the
-    deadline or ``abort()``, something that is not a ``ModelResponse``) is then recorded as
-    ``RunState.model_failure`` for the guards. Raises only for a cancellation of the whole
-    run from outside, or a ``KeyboardInterrupt``."""
+    """Await ``call`` (a model call, not started yet, giving the reply and the estimate of
+    its prompt) inside the run's stop scope. Returns the reply, or None when there is none:
+    the failure (an exception, the deadline or ``abort()``, something that is not a
+    ``ModelResponse``) is then recorded as ``RunState.model_failure`` for the guards. Raises
+    only for a cancellation of the whole run from outside, or a ``KeyboardInterrupt``."""
     scope = StopScope(ctx.stop)
     try:
         with scope:
-            response, estimate = await call()
+            response, estimate = await call
     except BaseException as exc:
         if scope.stopped:  # the model turned our cancellation into an error of its own
             _interrupted(ctx)
@@ -369,8 +370,14 @@ def _one_sane_request(usage: Usage) -> Usage:
 
 
 def _entered_by_retry(ctx: RunContext) -> bool:
-    row = ctx.entering_row()
-    return row is not None and row.outcome is Verb.RETRY
+    trace = ctx.state.trace
+    if not trace:
+        return False
+    row = ctx.config.machine.rows[trace[-1][0]]
+    if row.restarts:  # the step is done again after a crash: the row before counts
+        found = ctx.entering_row()
+        return found is not None and found.outcome is Verb.RETRY
+    return row.outcome is Verb.RETRY
 
 
 def request_aside(
