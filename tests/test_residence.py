@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import dataclasses
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -50,7 +50,7 @@ class Notebook:
         self.snapshots: list[tuple[str, int]] = []
         self.refuse_stop = refuse_stop
 
-    def activated(self) -> None:
+    def activated(self, abort: Callable[[str], None]) -> None:
         self.calls.append("activated")
 
     def claim_stop(self, state: RunState) -> None:

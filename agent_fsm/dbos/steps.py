@@ -343,7 +343,7 @@ class ReplayedKeeper:
     time = REPLAYED_TIME
     journal: ToolJournal | None = None
 
-    def activated(self) -> None:
+    def activated(self, abort: Callable[[str], None]) -> None:
         return None
 
     def claim_stop(self, state: RunState) -> None:

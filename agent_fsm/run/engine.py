@@ -330,7 +330,7 @@ class Run:
         # A new run was saved as it was admitted, where it is kept (``Residence.admit``); a
         # reopened run is saved once its resume row is taken: until then its answer is not
         # accepted, and a crash leaves the checkpoint as it was.
-        self._keeper.activated()
+        self._keeper.activated(self.abort)
 
     def _release(self) -> None:
         """Let the run go where it lives (a leased run gives its lease up)."""

@@ -88,8 +88,11 @@ class RunKeeper(Protocol):
     """Records every tool call before and after it runs, so that a run continued after a
     crash does not run a side effect twice; None where nothing outlives the process."""
 
-    def activated(self) -> None:
-        """The run's first step of this activation is about to be taken."""
+    def activated(self, abort: Callable[[str], None]) -> None:
+        """The run's first step of this activation is about to be taken. ``abort(reason)``
+        stops the run as ``Run.abort`` does (at its next transition, ``aborted``, resumable):
+        a keeper that learns the run was asked to stop from outside (another process, a
+        person) calls it, from the run's event loop."""
         ...
 
     def claim_stop(self, state: RunState) -> None:
@@ -267,7 +270,7 @@ class _InProcessKeeper:
         self.time = home.time
         self.journal: ToolJournal | None = None
 
-    def activated(self) -> None:
+    def activated(self, abort: Callable[[str], None]) -> None:
         return None
 
     def claim_stop(self, state: RunState) -> None:

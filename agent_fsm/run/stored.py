@@ -15,7 +15,7 @@ flight (``run.leasing``), and it is released when the run stops or its driver gi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.journal import ToolJournal
@@ -66,7 +66,7 @@ class _StoredKeeper:
         self.time = time
         self.journal: ToolJournal | None = store.journal(run_id)
 
-    def activated(self) -> None:
+    def activated(self, abort: Callable[[str], None]) -> None:
         return None
 
     def claim_stop(self, state: RunState) -> None:
@@ -166,7 +166,7 @@ class _LeasedKeeper:
         self.time = time
         self.journal: ToolJournal | None = lease.journal(run_id)
 
-    def activated(self) -> None:
+    def activated(self, abort: Callable[[str], None]) -> None:
         self._lease.start()
 
     def claim_stop(self, state: RunState) -> None:
