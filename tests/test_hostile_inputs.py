@@ -14,11 +14,9 @@ from pydantic import BaseModel
 from agent_fsm import (
     Agent,
     ConfigError,
-    CustomState,
     KeepLastTurns,
     Limits,
     MemoryStore,
-    Row,
     SQLiteStore,
     StopReason,
     Table,
@@ -34,6 +32,7 @@ from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
 from agent_fsm.testing.invariants import transcript_problems
 from agent_fsm.tools import ToolResult
 from tests.conftest import echo
+from tests.custom_tables import once
 
 # -- history ids -----------------------------------------------------------------------------
 
@@ -212,19 +211,7 @@ def _noting(value: object) -> Table:
     def note(step: Any) -> None:
         step.notes["f"] = value
 
-    def note_wanted(state: Any, limits: Limits) -> bool:
-        return "f" not in state.notes
-
-    return (
-        Table.default()
-        .with_states(CustomState("NOTE", trigger="noted", work=note))
-        .with_guards(note_wanted=note_wanted)
-        .insert(
-            [Row("observed", "OBSERVE", "NOTE", ("note_wanted",), "note")],
-            before=("OBSERVE", "think"),
-        )
-        .insert([Row("noted", "NOTE", "THINK", (), "think")], before=("OBSERVE", "aborted"))
-    )
+    return once("NOTE", note, mark="f")
 
 
 def test_notes_with_a_lone_surrogate_are_cleaned_on_every_store(tmp_path: Path) -> None:

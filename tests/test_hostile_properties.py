@@ -13,11 +13,9 @@ from hypothesis import strategies as st
 from agent_fsm import (
     Agent,
     ConfigError,
-    CustomState,
     KeepLastTurns,
     Limits,
     MemoryStore,
-    Row,
     Table,
     Tool,
     tool,
@@ -30,6 +28,7 @@ from agent_fsm.testing.hostile import LyingPolicy, histories, lying_policies, un
 from agent_fsm.testing.invariants import transcript_problems
 from agent_fsm.tools import ToolResult
 from tests.conftest import echo
+from tests.custom_tables import once
 
 SHARE = settings(max_examples=max(50, settings.default.max_examples // 8))
 """An eighth of the profile's examples for each property here (250 in CI)."""
@@ -103,19 +102,7 @@ def _noting(value: Any) -> Table:
     def note(step: Any) -> None:
         step.notes["f"] = value
 
-    def note_wanted(state: Any, limits: Limits) -> bool:
-        return "f" not in state.notes
-
-    return (
-        Table.default()
-        .with_states(CustomState("NOTE", trigger="noted", work=note))
-        .with_guards(note_wanted=note_wanted)
-        .insert(
-            [Row("observed", "OBSERVE", "NOTE", ("note_wanted",), "note")],
-            before=("OBSERVE", "think"),
-        )
-        .insert([Row("noted", "NOTE", "THINK", (), "think")], before=("OBSERVE", "aborted"))
-    )
+    return once("NOTE", note, mark="f")
 
 
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), unclean_text(nul=False), st.text())

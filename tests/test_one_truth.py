@@ -34,6 +34,7 @@ from agent_fsm.table import TABLE
 from agent_fsm.testing import InvariantViolation, ScriptedModel, call, check_invariants, reply
 from agent_fsm.tools import ToolResult
 from tests.conftest import Recorder
+from tests.custom_tables import once
 
 S = AgentState
 
@@ -406,27 +407,8 @@ def test_a_reflector_that_writes_the_run_is_logged_and_changes_nothing() -> None
 
 
 def _waiting_table(work: Any) -> Table:
-    """OBSERVE -> WAIT (the user's work) -> THINK, once per run."""
-
-    def wait_wanted(state: Any, limits: Limits) -> bool:
-        return "waited" not in state.notes
-
-    return (
-        Table.default()
-        .with_states(CustomState("WAIT", trigger="waited", work=work))
-        .with_guards(wait_wanted=wait_wanted)
-        .insert(
-            [Row("observed", "OBSERVE", "WAIT", ("wait_wanted",), "wait")],
-            before=("OBSERVE", "think"),
-        )
-        .insert(
-            [
-                Row("waited", "WAIT", "ERROR", ("abort_requested",), "aborted"),
-                Row("waited", "WAIT", "THINK", (), "think"),
-            ],
-            before=("OBSERVE", "aborted"),
-        )
-    )
+    """OBSERVE -> WAIT (the user's work, which notes "waited") -> THINK, once per run."""
+    return once("WAIT", work, mark="waited", abortable=True)
 
 
 def test_the_deadline_cancels_a_custom_states_work() -> None:
