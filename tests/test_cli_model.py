@@ -15,6 +15,8 @@ import pytest
 from tests.local_server import LocalServer, refused_url
 from tests.openai_payloads import chunks_for, completion, tool_call
 
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
 KEY = "sk-from-my-variable-0123456789"
 
 

@@ -31,7 +31,10 @@ TRIALS = int(os.environ.get("AGENT_FSM_CRASH_TRIALS", "6"))
 MAX_KILLS = 3
 SEED = 20261122
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
+pytestmark = [
+    pytest.mark.slow,  # real processes: make check leaves it out
+    pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL"),
+]
 
 
 def _child(store: Opener, log: Path, run_id: str) -> subprocess.Popen[str]:

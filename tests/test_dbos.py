@@ -35,6 +35,8 @@ from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
 from tests.dbos_worker import launched
 
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
 FAST = RunQueue(name="unit_runs", polling_interval_s=0.05)
 
 

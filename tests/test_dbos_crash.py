@@ -49,7 +49,10 @@ SEED = int(os.environ.get("AGENT_FSM_DBOS_CRASH_SEED", "20261124"))
 UPPER_BOUND_S = 600.0
 """How long the whole queue may take, at most: a limit for a hung test, not a measure."""
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
+pytestmark = [
+    pytest.mark.slow,  # real processes: make check leaves it out
+    pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL"),
+]
 
 
 @pytest.fixture

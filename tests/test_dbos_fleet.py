@@ -45,7 +45,10 @@ TTL_S = 2.0
 UPPER_BOUND_S = 120.0
 """How long any awaited outcome may take: a limit for a hung test, not a measure."""
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGSTOP and SIGKILL")
+pytestmark = [
+    pytest.mark.slow,  # real processes: make check leaves it out
+    pytest.mark.skipif(sys.platform == "win32", reason="needs SIGSTOP and SIGKILL"),
+]
 
 
 @pytest.fixture

@@ -32,6 +32,8 @@ from agent_fsm.testing.invariants import check_invariants
 from tests.dbos_worker import launched
 from tests.test_dbos import durable
 
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
 UNKNOWN = "The outcome of this call to 'send' is unknown"
 
 

@@ -35,6 +35,8 @@ from agent_fsm.testing.invariants import check_invariants
 from tests.dbos_worker import PROCESS_LEASES, launched
 from tests.test_dbos import Tools, durable, step_names, two_turns
 
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
 UPPER_BOUND_S = 120.0
 """How long the held runs may take to reach their tool call: a limit for a hung test."""
 

@@ -29,6 +29,8 @@ from agent_fsm.dbos import DBOSAgent, DBOSWorker, WorkerLiveness
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.testing import FunctionModel, reply
 
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
 LIMIT = 6
 """The role's connections: a store's 1, and DBOS's ``pool_size + 1``."""
 

@@ -26,6 +26,8 @@ from agent_fsm.testing.invariants import check_invariants
 from tests.dbos_worker import launched
 from tests.test_dbos import durable, replay, same_run, step_names
 
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
 
 @pytest.fixture(scope="module")
 def dbos_schema(postgres_url: str) -> Iterator[str]:

@@ -13,6 +13,8 @@ import pytest
 from agent_fsm.diagrams import render
 from agent_fsm.table import TABLE
 
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

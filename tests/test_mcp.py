@@ -40,6 +40,8 @@ from agent_fsm.mcp import MCPConnection, MCPConnectionError, SkippedToolWarning
 from agent_fsm.messages import ToolMessage, ToolStatus
 from agent_fsm.testing import ScriptedModel, ScriptItem, call, check_invariants, reply
 
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
 SERVERS = Path(__file__).resolve().parent / "mcp_servers"
 TOOLS_SERVER = str(SERVERS / "tools_server.py")
 RAW_SERVER = str(SERVERS / "raw_server.py")
