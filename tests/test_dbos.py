@@ -316,13 +316,11 @@ async def test_the_queue_keeps_its_worker_concurrency(journal: PostgresStore) ->
 
 
 async def test_the_queue_keeps_its_rate_limit(journal: PostgresStore) -> None:
-    starts: list[float] = []
-
-    def stamped(request: ModelRequest) -> ModelResponse:
-        starts.append(time.monotonic())
-        return reply("done")
-
-    agent = Agent(model=FunctionModel(stamped))
+    """Read from what DBOS records as each run leaves the queue (``dequeued_at``), not from
+    when its model call happened to start: on a busy machine the first run's call can come
+    late and the third's early, whatever the queue did (issue 40: this test was red 4 of 4
+    times on a loaded machine when it timed the calls)."""
+    agent = Agent(model=FunctionModel(lambda request: reply("done")))
     limited = DBOSAgent(
         agent,
         journal=journal,
@@ -336,10 +334,12 @@ async def test_the_queue_keeps_its_rate_limit(journal: PostgresStore) -> None:
     handles = [await limited.enqueue(f"run {n}") for n in range(4)]
     for handle in handles:
         await handle.result()
-    starts.sort()
-    # The third run starts a whole window after the first (slack for the clock's reading
-    # the start a little after DBOS let it go).
-    assert starts[2] - starts[0] >= 0.9
+    statuses = [await DBOS.get_workflow_status_async(h.workflow_id) for h in handles]
+    dequeued = sorted(s.dequeued_at for s in statuses if s is not None and s.dequeued_at)
+    assert len(dequeued) == 4
+    # at most two starts in any one-second window: the third a whole window after the first
+    assert dequeued[2] - dequeued[0] >= 1000
+    assert dequeued[3] - dequeued[1] >= 1000
 
 
 def test_misuse_is_a_config_error(journal: PostgresStore) -> None:

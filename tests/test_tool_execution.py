@@ -120,7 +120,8 @@ def test_run_sync_returns_promptly_with_a_sync_tool_that_sleeps_far_past_its_tim
     finally:
         release.set()
     assert result.stop_reason is StopReason.FINAL_ANSWER
-    assert elapsed < 5, f"run_sync waited {elapsed:.1f} s for an abandoned thread"
+    # bounds only a hang (the thread holds on for 60 s): no claim on the machine's speed
+    assert elapsed < 45, f"run_sync waited {elapsed:.1f} s for an abandoned thread"
     assert "abandoned" in result.messages[-2].content
 
 
