@@ -28,6 +28,7 @@ from agent_fsm.agent import Agent
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.events import Event, MessageUpdated, ModelResponded
+from agent_fsm.limits import Limits
 from agent_fsm.messages import clean_json, clean_text
 from agent_fsm.models.base import Model
 from agent_fsm.models.registry import PROVIDERS, Provider
@@ -85,17 +86,29 @@ def add_model_options(parser: argparse.ArgumentParser, *, store_required: bool) 
     )
     model.add_argument("--stream", action="store_true", help="print the reply as it arrives")
     run = parser.add_argument_group("run")
-    run.add_argument("--max-turns", type=int, default=10)
-    run.add_argument("--token-budget", type=int, default=100_000)
+    run.add_argument(
+        "--max-turns",
+        type=int,
+        default=10,
+        help="model calls the run may make, retries aside (Limits.max_turns; default 10)",
+    )
+    run.add_argument(
+        "--token-budget",
+        type=int,
+        default=100_000,
+        help="tokens the run may spend, prompts and replies (Limits.token_budget; default 100000)",
+    )
     run.add_argument(
         "--retries",
         type=int,
-        default=4,
-        help="retries of a failed model call before the run stops (default 4)",
+        default=Limits().model_retries,
+        help="retries of a failed model call before the run stops (Limits.model_retries; "
+        f"default {Limits().model_retries})",
     )
     run.add_argument(
         "--system",
         default="Answer the user's question. Use the tools; do arithmetic with the calculator.",
+        help="the system prompt (default: the demo's, which names its tools)",
     )
     run.add_argument(
         "--require-approval",

@@ -82,3 +82,25 @@ def test_a_model_by_name_is_its_providers_adapter_with_its_key_checked_now(
         Agent(model="gpt-4o-mini")
     with pytest.raises(ConfigError, match="'provider:model'"):
         Agent(model="nowhere:model-x")
+
+
+def test_a_decorated_function_can_still_be_called_directly() -> None:
+    from agent_fsm.tools.tool import ASK_USER
+
+    assert lookup("Oslo") == "Oslo"
+    assert lookup(city="Paris") == "Paris"
+    with pytest.raises(TypeError, match="run by the engine itself"):
+        ASK_USER(question="?")
+
+
+def test_the_command_lines_run_options_say_what_they_are() -> None:
+    import argparse
+
+    from agent_fsm.cli_model import add_model_options
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser, store_required=False)
+    options = {a.dest: a for a in parser._actions}
+    for name in ("max_turns", "token_budget", "retries", "system"):
+        assert options[name].help, name
+    assert options["retries"].default == Limits().model_retries  # not a number of its own

@@ -212,6 +212,18 @@ class Tool:
             name=self.name, description=self.description, parameters=dict(self.parameters)
         )
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the function itself, as if ``@tool`` had not wrapped it (a test, or code that
+        uses the function directly): no validation, timeout or retry, which only calls the
+        model makes get. An async function gives its coroutine.
+
+        Raises:
+            TypeError: for a control-flow tool, which has no function of its own.
+        """
+        if self.fn is None:
+            raise TypeError(f"tool {self.name!r} is run by the engine itself: it has no function")
+        return self.fn(*args, **kwargs)
+
     def needs_approval(self, arguments: dict[str, Any]) -> bool:
         """Whether a call with these (validated) arguments must wait for a person.
 
