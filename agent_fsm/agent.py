@@ -723,7 +723,7 @@ class Agent:
     @overload
     def diagram(
         self,
-        format: Literal["mermaid", "dot", "svg"] = "mermaid",
+        format: Literal["mermaid", "dot", "html", "svg"] = "mermaid",
         *,
         run: RunOverlay | str | None = None,
         path_only: bool = False,
@@ -750,8 +750,10 @@ class Agent:
         """The agent's state machine: mermaid ``stateDiagram-v2`` text by default.
 
         Args:
-            format: ``"mermaid"`` or ``"dot"`` (text, no system program needed), ``"svg"``
-                (text) or ``"png"`` (bytes), which need the graphviz ``dot`` program.
+            format: ``"mermaid"`` or ``"dot"`` (text, no system program needed), ``"html"``
+                (a page that draws it in a browser, with no network and no graphviz),
+                ``"svg"`` (text) or ``"png"`` (bytes), which need the graphviz ``dot``
+                program.
             run: a ``RunResult``, a ``RecordedRun`` read from a trace file
                 (``agent_fsm.durable.tracefile.read_run``), or the id of a run in this agent's
                 checkpoint store, to overlay: visited states, how many times each edge was

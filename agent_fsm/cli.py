@@ -63,7 +63,7 @@ from agent_fsm.version import __version__
 __all__ = ["main"]
 
 _SUFFIX_FORMATS = {".mmd": "mermaid", ".mermaid": "mermaid", ".dot": "dot", ".gv": "dot"}
-_SUFFIX_FORMATS.update({".svg": "svg", ".png": "png"})
+_SUFFIX_FORMATS.update({".svg": "svg", ".png": "png", ".html": "html", ".htm": "html"})
 _CLEAR_LINE = "\r\x1b[2K"
 
 

@@ -7,8 +7,10 @@ which a person's answer takes out of a stop, are dashed (DOT, SVG, PNG) or marke
 (mermaid, which cannot dash a single edge).
 
 Formats: ``mermaid`` (``stateDiagram-v2`` text, renders on GitHub, needs nothing) and ``dot``
-(Graphviz text) are pure Python; ``svg`` and ``png`` pipe the DOT text through the graphviz
-``dot`` program, which must be on PATH.
+(Graphviz text) are pure Python; ``html`` is a page that draws the mermaid text in the
+browser with the mermaid.js it carries (``agent_fsm/assets``: no network, no graphviz);
+``svg`` and ``png`` pipe the DOT text through the graphviz ``dot`` program, which must be on
+PATH.
 
 An overlay (``run=`` a ``RunResult`` or a ``tracefile.RecordedRun``) highlights the states the
 run visited, labels every edge it took with how many times (``×3``), and marks the state it
@@ -19,10 +21,12 @@ dest, guards, label), so the count is per row, not per pair of states.
 from __future__ import annotations
 
 import hashlib
+import html
 import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from typing import Literal, Protocol, overload
 
 from agent_fsm.errors import DiagramError
@@ -38,13 +42,14 @@ __all__ = [
     "edge_counts",
     "render",
     "to_dot",
+    "to_html",
     "to_mermaid",
     "to_png",
     "to_svg",
 ]
 
-Format = Literal["mermaid", "dot", "svg", "png"]
-FORMATS: tuple[Format, ...] = ("mermaid", "dot", "svg", "png")
+Format = Literal["mermaid", "dot", "html", "svg", "png"]
+FORMATS: tuple[Format, ...] = ("mermaid", "dot", "html", "svg", "png")
 
 INSTALL_GRAPHVIZ = (
     "install graphviz (Debian/Ubuntu: `apt-get install graphviz`, Fedora: `dnf install "
@@ -272,6 +277,54 @@ def to_dot(rows: Sequence[Row], run: RunOverlay | None = None, *, path_only: boo
     return "\n".join(lines) + "\n"
 
 
+_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5rem; }}
+pre.mermaid {{ background: none; }}
+details {{ margin-top: 1rem; }}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+<pre class="mermaid">
+{drawn}</pre>
+<details><summary>mermaid source</summary><pre>{diagram}</pre></details>
+<script>
+{script}
+</script>
+<script>
+mermaid.initialize({{ startOnLoad: true, securityLevel: "strict", maxTextSize: 1000000,
+  stateDiagram: {{ useMaxWidth: false }} }});
+</script>
+</body>
+</html>
+"""
+
+
+def to_html(
+    rows: Sequence[Row],
+    run: RunOverlay | None = None,
+    *,
+    path_only: bool = False,
+    title: str = "agent_fsm",
+) -> str:
+    """A page that draws the diagram in a browser (see ``to_mermaid`` for the overlay and
+    ``path_only``): the mermaid text, and mermaid.js inlined from ``agent_fsm/assets``, so
+    it needs neither a network nor graphviz. Open the file, or serve it."""
+    source = to_mermaid(rows, run, path_only=path_only)
+    script = (files("agent_fsm") / "assets" / "mermaid.min.js").read_text(encoding="utf-8")
+    # a colon in a label is mermaid's entity #58; here (browsers' fonts may lack the "﹕"
+    # the text form uses, which GitHub's renderer draws)
+    drawn = html.escape(source.replace("﹕", "#58;"))
+    return _PAGE.format(
+        title=html.escape(title), drawn=drawn, diagram=html.escape(source), script=script
+    )
+
+
 def _graphviz(dot_text: str, output: Literal["svg", "png"]) -> bytes:
     """``dot -T<output>`` with the DOT text on stdin."""
     binary = shutil.which("dot")
@@ -324,7 +377,7 @@ def to_png(rows: Sequence[Row], run: RunOverlay | None = None, *, path_only: boo
 @overload
 def render(
     rows: Sequence[Row],
-    format: Literal["mermaid", "dot", "svg"] = "mermaid",
+    format: Literal["mermaid", "dot", "html", "svg"] = "mermaid",
     *,
     run: RunOverlay | None = None,
     path_only: bool = False,
@@ -365,6 +418,8 @@ def render(
         return to_mermaid(rows, run, path_only=path_only)
     if format == "dot":
         return to_dot(rows, run, path_only=path_only)
+    if format == "html":
+        return to_html(rows, run, path_only=path_only)
     if format == "svg":
         return to_svg(rows, run, path_only=path_only)
     if format == "png":
