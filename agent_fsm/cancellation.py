@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 __all__ = ["REGRACE_S", "StopEvent", "StopScope"]
 
@@ -104,6 +105,8 @@ class StopScope:
         self._inside = False
         self._cancels = 0
         self._again: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._callback: Callable[[], None] | None = None
 
     # Entering and leaving run twice per turn, so they touch the event's callback list
     # directly (same module) and ask the task for its loop only when a stop arrives.
@@ -124,15 +127,18 @@ class StopScope:
         return self
 
     def _on_stop(self) -> None:
-        self._task.get_loop().call_soon(self._cancel)
+        task = self._task
+        if task is not None:
+            task.get_loop().call_soon(self._cancel)
 
     def _cancel(self) -> None:
-        if not self._inside:  # the work finished before the stop reached it: its result stands
-            return
+        task = self._task
+        if not self._inside or task is None:  # the work finished before the stop reached it
+            return  # its result stands
         self.stopped = True
         self._cancels += 1
-        self._task.cancel()
-        self._again = self._task.get_loop().call_later(REGRACE_S, self._cancel)
+        task.cancel()
+        self._again = task.get_loop().call_later(REGRACE_S, self._cancel)
 
     def __exit__(
         self,
@@ -141,17 +147,23 @@ class StopScope:
         traceback: TracebackType | None,
     ) -> bool:
         self._inside = False
-        callbacks = self._stop._callbacks
-        if callbacks and callbacks[-1] is self._callback:  # the usual case: still the latest
+        callback, callbacks = self._callback, self._stop._callbacks
+        if callbacks and callbacks[-1] is callback:  # the usual case: still the latest
             callbacks.pop()
-        else:
-            self._stop.remove_callback(self._callback)
+        elif callback is not None:
+            self._stop.remove_callback(callback)
+        # The bound method held the scope (a reference cycle for the collector, two per
+        # turn), and the task held the scope in its frame: let both go now.
+        self._callback = None
+        task, self._task = self._task, None
         if not self._cancels:  # the usual case: the stop never reached the work
             return False
+        assert task is not None  # a cancel came while the scope was entered
         if self._again is not None:
             self._again.cancel()
-        remaining = self._task.cancelling()
+            self._again = None
+        remaining = task.cancelling()
         for _ in range(self._cancels):
-            remaining = self._task.uncancel()
+            remaining = task.uncancel()
         # Absorb the CancelledError only when every cancellation it carries was ours.
         return exc_type is asyncio.CancelledError and remaining <= self._base

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any
 
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.constructors import builder
@@ -108,7 +110,8 @@ class Run:
         self._ctx = RunContext(
             state=state,
             config=config,
-            bus=EventBus(config.handlers, on_handler_error=self._handler_failed),
+            # not a method of this Run: a bus holding one would make every Run a cycle
+            bus=EventBus(config.handlers, on_handler_error=partial(_handler_failed, log)),
             stop=StopEvent(),
             journal=keeper.journal,
             log=log,
@@ -346,11 +349,6 @@ class Run:
         event their scopes watch."""
         self._ctx.stop.set()
 
-    # -- events -----------------------------------------------------------------------
-
-    def _handler_failed(self, event: Event) -> None:
-        self._ctx.log.exception("event_handler_failed", kind=event.kind)
-
     # -- after a transition -----------------------------------------------------------
 
     def _after(self, row: Row) -> None:
@@ -410,6 +408,11 @@ class Run:
         if emit is not None:
             for event in ending_events(state, row, result):
                 emit(event)
+
+
+def _handler_failed(log: Any, event: Event) -> None:
+    """An event handler raised: log it with its traceback; the run goes on."""
+    log.exception("event_handler_failed", kind=event.kind)
 
 
 def new_run_state(
