@@ -140,6 +140,7 @@ LAYERS = [
     "testing.adapter_contract",
     "testing",
     "demo",
+    "loading",
     "cli_model",
     "cli",
     "",  # agent_fsm/__init__.py
