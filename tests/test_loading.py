@@ -93,7 +93,7 @@ def test_every_wrong_reference_is_a_config_error_naming_it(
 def test_a_file_that_fails_to_import_says_why_and_can_be_fixed(tmp_path: Path) -> None:
     path = tmp_path / "bad_agent.py"
     path.write_text("import surely_not_installed_anywhere\n")
-    with pytest.raises(ConfigError, match="running .* failed: ModuleNotFoundError"):
+    with pytest.raises(ConfigError, match=r"running .* failed: ModuleNotFoundError"):
         load_agent(f"{path}:agent")
     path.write_text(AGENT_FILE)  # fixed: the failed load left nothing behind
     assert load_agent(f"{path}:agent").system_prompt == "file agent"
