@@ -361,15 +361,11 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
     if format is None:
         suffix = Path(args.output).suffix.lower() if args.output else ""
         format = _SUFFIX_FORMATS.get(suffix, "mermaid")
-    if args.run_id and not args.trace:
-        raise _UsageError("--run-id needs --trace FILE")
-    if args.run and args.trace:
-        raise _UsageError("give --run ID (a checkpointed run) or --trace FILE, not both")
     rows = _table_rows(args.table) if args.table else TABLE
     run: RecordedRun | StoredRunOverlay | None = None
     if args.trace:
         runs = recorded_runs(read_trace(args.trace))
-        run = select_run(runs, args.run_id, args.trace, option="--run-id ID")
+        run = select_run(runs, args.run, args.trace, option="--run ID")
     elif args.run:
         with closing(_open_store(args.store, args.schema)) as store:
             run = StoredRunOverlay.of(store.load(args.run), rows)
@@ -409,7 +405,7 @@ def _replay(run: RecordedRun, out: TextIO) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     runs = recorded_runs(read_trace(args.file))
-    chosen = [select_run(runs, args.run_id, args.file)] if args.run_id else runs
+    chosen = [select_run(runs, args.run, args.file)] if args.run else runs
     if not chosen:
         raise _UsageError(f"{args.file}: no events")
     codes = []
@@ -615,8 +611,12 @@ def _parser() -> argparse.ArgumentParser:
         "the default loop",
     )
     diagram.add_argument("--trace", metavar="FILE", help="overlay the run recorded in FILE")
-    diagram.add_argument("--run-id", help="which run of a trace file holding several")
-    diagram.add_argument("--run", metavar="ID", help="overlay the checkpointed run ID")
+    diagram.add_argument(
+        "--run",
+        metavar="ID",
+        help="overlay run ID: with --trace, which run of the file (when it holds several); "
+        "without, the run checkpointed in --store",
+    )
     diagram.add_argument("--store", default=default_store, help=store_help)
     diagram.add_argument("--schema", default="agent_fsm", help=schema_help)
     diagram.add_argument("-o", "--output", metavar="FILE", help="write to FILE, not stdout")
@@ -631,7 +631,7 @@ def _parser() -> argparse.ArgumentParser:
         "calls, then the outcome. Exits 1 if the recorded run failed or never finished.",
     )
     replay.add_argument("file", metavar="FILE", help="a JSON Lines trace file")
-    replay.add_argument("--run-id", help="replay only this run of the file")
+    replay.add_argument("--run", metavar="ID", help="replay only run ID of the file")
     replay.set_defaults(handler=_cmd_replay)
 
     runs = commands.add_parser(
@@ -656,6 +656,8 @@ def _parser() -> argparse.ArgumentParser:
         "state's name",
     )
     runs.set_defaults(handler=_cmd_runs)
+    for command in commands.choices.values():
+        command.set_defaults(command_parser=command)  # for errors in its own words
     return parser
 
 
@@ -666,7 +668,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # escaped, never a UnicodeEncodeError halfway through the output.
         if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
             stream.reconfigure(errors="backslashreplace")
-    args = _parser().parse_args(argv)
+    args, unknown = _parser().parse_known_args(argv)
+    if unknown:  # said with the command's own usage, not the top level's
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     _configure_logging(args.verbose)
     try:
         code: int = args.handler(args)
