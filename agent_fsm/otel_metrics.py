@@ -5,7 +5,9 @@ Opt-in and free when unused: nothing is counted until an application makes a
 ``FleetMetrics`` and its metric reader collects; then one ``list_runs`` per collection
 counts every gauge (each gauge's callback reads the same listing: the first callback of a
 collection lists, the others read what it counted). A listing reads the summary of every
-stored run, so collect a store of many runs at a relaxed interval (a minute, say).
+stored run, so collect a store of many runs at a relaxed interval (a minute, say), and give
+``FleetMetrics`` a store object of its own: a store's calls are serialised on its one
+connection, and a worker's saves should not wait for a listing.
 
 The gauges (unit ``{run}``):
 
