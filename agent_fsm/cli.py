@@ -4,8 +4,9 @@ Commands: ``demo`` (an offline run of the weather/calculator agent, printing eve
 transition, tool call and result), ``run`` and ``resume`` (the same tools against a real
 OpenAI-compatible server, ``cli_model``), ``diagram`` (the machine as mermaid, DOT, SVG or
 PNG, optionally overlaid with a recorded or checkpointed run), ``replay`` (alias ``trace``:
-a recorded run, step by step) and ``runs`` (the runs of a checkpoint store, SQLite or
-PostgreSQL, with their leases and the stuck ones flagged; or one of them).
+a recorded run, step by step), ``runs`` (the runs of a checkpoint store, SQLite or
+PostgreSQL, with their leases and the stuck ones flagged; or one of them) and ``cancel``
+(ask whoever drives a run of a store to stop it: ``durable.queue``).
 Exit codes: 0 success, 1 the run failed (or, for replay, the recorded run failed or never
 finished), 2 bad usage or unreadable input. Errors go to stderr, one line each, never a
 traceback for what a user typed or pointed at (a file that is not Python, a module that
@@ -36,6 +37,7 @@ from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore, RunSummary, redacted
 from agent_fsm.durable.leases import LeaseStore
+from agent_fsm.durable.queue import RunCancels
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.durable.tracefile import (
     RecordedRun,
@@ -448,6 +450,8 @@ def _list_runs(runs: list[RunSummary], out: TextIO) -> None:
     )
     for run in runs:
         flag = "  STUCK" if run.stuck else ""
+        if run.cancel_requested is not None:
+            flag += f"  CANCELLING: {run.cancel_requested}"
         if run.unreadable:
             flag = f"  UNREADABLE: {run.unreadable}"
         print(
@@ -460,7 +464,7 @@ def _list_runs(runs: list[RunSummary], out: TextIO) -> None:
     if stuck:
         print(
             f"\n{stuck} stuck: not stopped, and no worker holds a live lease on them (their"
-            " worker died or gave up); a worker's resume(RUN_ID) takes each over",
+            " worker died or gave up); a worker's take_next() or resume(RUN_ID) takes each over",
             file=out,
         )
 
@@ -507,6 +511,22 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    with closing(_open_store(args.store, args.schema)) as store:
+        if not isinstance(store, RunCancels):
+            raise _UsageError(f"{type(store).__name__} takes no cancel requests")
+        asked = store.cancel(args.run_id, args.reason)
+    if asked:
+        print(
+            f"cancel requested: run {args.run_id} stops at its next transition (ERROR"
+            " aborted, resumable), or at once when a worker takes it",
+            file=sys.stdout,
+        )
+    else:
+        print(f"run {args.run_id} has already stopped: nothing to cancel", file=sys.stdout)
+    return 0
+
+
 _EPILOG = """\
 examples:
   agent-fsm demo --trace run.jsonl           run offline, record every event
@@ -517,6 +537,7 @@ examples:
   agent-fsm runs --store runs.sqlite3        the checkpointed runs, newest first
   agent-fsm runs --store postgresql://HOST/DB --state THINK   a fleet's runs in THINK
   agent-fsm diagram --run ID --store runs.sqlite3  the path of one checkpointed run
+  agent-fsm cancel ID --store postgresql://HOST/DB   stop a run wherever it is driven
 
 exit codes: 0 ok, 1 the run failed, 2 bad usage or unreadable input"""
 
@@ -656,6 +677,21 @@ def _parser() -> argparse.ArgumentParser:
         "state's name",
     )
     runs.set_defaults(handler=_cmd_runs)
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="stop a run of a checkpoint store, wherever a worker drives it",
+        description="Ask whoever drives RUN_ID (a worker with lease_s, on any machine) to "
+        "stop it at its next transition: it ends in ERROR aborted, with REASON as its error, "
+        "and can be resumed. A run no worker drives now stops at once when one takes it. A "
+        "run that has stopped is left as it is (exit 0, saying so). Exits 2 for an unknown "
+        "run.",
+    )
+    cancel.add_argument("run_id", metavar="RUN_ID", help="the run to stop")
+    cancel.add_argument("--reason", default="cancelled", help="why (the run's error)")
+    cancel.add_argument("--store", default=default_store, help=store_help)
+    cancel.add_argument("--schema", default="agent_fsm", help=schema_help)
+    cancel.set_defaults(handler=_cmd_cancel)
     for command in commands.choices.values():
         command.set_defaults(command_parser=command)  # for errors in its own words
     return parser

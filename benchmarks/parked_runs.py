@@ -139,11 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         bare_traced, _ = asyncio.run(_measure(runs, _bare_tasks(runs), True, 0))
         print(f"{runs} runs of one agent, parked in tool call {args.turns}:")
         print(f"  RSS per run:    {rss / 1024:6.1f} KiB   (bare task {bare_rss / 1024:.1f} KiB)")
-        print(f"  traced per run: {traced / 1024:6.1f} KiB   (bare task {bare_traced / 1024:.1f} KiB)")
+        print(
+            f"  traced per run: {traced / 1024:6.1f} KiB   (bare task {bare_traced / 1024:.1f} KiB)"
+        )
         for stat in sites:
             frame = stat.traceback[0]
             where = f"{os.path.relpath(frame.filename)}:{frame.lineno}"
-            print(f"    {stat.size_diff / runs:7.0f} B/run {stat.count_diff / runs:5.1f} blocks  {where}")
+            per_run, blocks = stat.size_diff / runs, stat.count_diff / runs
+            print(f"    {per_run:7.0f} B/run {blocks:5.1f} blocks  {where}")
     return 0
 
 

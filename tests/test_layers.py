@@ -38,13 +38,16 @@ LAYERS = [
     # durable/: what outlives a process
     "durable.journal",
     "durable.leases",
+    "durable.queue",
     "durable.encoding",
+    "durable.listing",
     "durable.checkpoint",
     "durable.sqlite_leases",
     "durable.sqlite_file",
     "durable.sqlite_journal",
     "durable.sqlite",
     "durable.postgres_rows",
+    "durable.postgres_queue",
     "durable.postgres_leases",
     "durable.postgres_database",
     "durable.postgres_journal",
@@ -87,6 +90,7 @@ LAYERS = [
     "hooks",
     # run/: one run
     "run.context",
+    "run.live",
     "run.residence",
     "run.observing",
     "run.compacting",
@@ -106,6 +110,7 @@ LAYERS = [
     "run",
     # the top
     "diagrams",
+    "otel_metrics",
     "otel",
     "agent",
     "dbos.private",
@@ -135,6 +140,7 @@ LAYERS = [
     "testing.store_kit",
     "testing.journal_contract",
     "testing.lease_contract",
+    "testing.queue_contract",
     "testing.store_contract",
     "testing.wire",
     "testing.adapter_contract",
@@ -161,7 +167,7 @@ ONLY_IN = {
         "testing.plugin",
     },
     "hypothesis_jsonschema": {"testing.strategies"},
-    "opentelemetry": {"otel"},
+    "opentelemetry": {"otel_metrics", "otel"},
     "psycopg": {"durable.postgres_database"},
     # only users' test runs import pytest: the plugin (loaded by pytest) and the contracts
     "pytest": {
@@ -170,6 +176,7 @@ ONLY_IN = {
         "testing.store_kit",
         "testing.journal_contract",
         "testing.lease_contract",
+        "testing.queue_contract",
         "testing.store_contract",
     },
     "dbos": {
