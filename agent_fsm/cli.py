@@ -45,6 +45,7 @@ from agent_fsm.durable.tracefile import (
     select_run,
 )
 from agent_fsm.errors import AgentFSMError
+from agent_fsm.evals.cli import add_eval_command
 from agent_fsm.events import (
     Event,
     ModelRequested,
@@ -656,6 +657,7 @@ def _parser() -> argparse.ArgumentParser:
         "state's name",
     )
     runs.set_defaults(handler=_cmd_runs)
+    add_eval_command(commands)
     return parser
 
 

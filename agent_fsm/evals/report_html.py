@@ -33,6 +33,7 @@ svg text { font: 12px system-ui, sans-serif; fill: #222; }
 .ci { stroke: #222; stroke-width: 2; } .cost { fill: #34a853; } .p90 { fill: #0b6e2a; }
 pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }
 .verdict-broken { color: #d93025; font-weight: bold; }
+.note { color: #555; font-size: 0.9em; }
 """
 
 
@@ -173,8 +174,12 @@ def report_html(report: EvalReport) -> str:
             f'<p id="headline">{escape(headline)}</p>',
             "<h2>Pass rate per case</h2>",
             rate_plot(summaries),
+            '<p class="note">Each bar: the share of runs that passed; the line across it: its '
+            f"{round(report.confidence * 100)}% interval (Wilson). Red: a run broke a run "
+            "invariant; amber: the whole interval is below one half.</p>",
             "<h2>Cost per case</h2>" if overall.cost is not None else "<h2>Tokens per case</h2>",
             cost_plot(summaries),
+            '<p class="note">Each bar: the median per run; the dark tick: the p90.</p>',
             "<h2>Summary</h2>",
             f"<pre>{escape(report_text(report))}</pre>",
             "<h2>Every run</h2>",
