@@ -243,3 +243,43 @@ async def test_assert_pass_rate_works_inside_a_running_event_loop() -> None:
     assert report.overall.runs == 4
     direct = await evaluate(agent_of(coin(5, 1.0)), CAPITAL, repeats=2)
     assert direct.overall.passed == 4
+
+
+def test_a_run_that_raises_is_recorded_as_an_error_and_fails() -> None:
+    from tests.custom_tables import once
+
+    def crashes(step: Any) -> None:
+        raise RuntimeError("the custom state's work is buggy")
+
+    agent = agent_of(FunctionModel(lambda r: "Paris"), table=once("CHECK", crashes, mark="m"))
+    report = evaluate_sync(agent, CAPITAL, repeats=2)
+    assert (report.overall.passed, report.overall.errors) == (0, 4)
+    trial = report.trials[0]
+    assert trial.error is not None
+    assert "TableError" in trial.error
+    assert "buggy" in trial.error
+    assert (trial.status, trial.verdicts) == (None, ())
+    assert report.overall.stop_reasons == {"none": 4}
+    assert any(line.startswith("error: TableError") for line in report.cases[0].failures)
+
+
+def test_the_progress_bar_redraws_on_a_terminal_and_logs_tenths_elsewhere() -> None:
+    import io
+
+    from agent_fsm.evals import ProgressBar
+
+    live, log = io.StringIO(), io.StringIO()
+    bars = [ProgressBar(live, width=10, live=True), ProgressBar(log, width=10, live=False)]
+    report = evaluate_sync(
+        agent_of(coin(4, 1.0)),
+        CAPITAL,
+        repeats=10,
+        on_trial=lambda record, done, total: [bar(record, done, total) for bar in bars],
+    )
+    assert report.overall.runs == 20
+    assert live.getvalue().count("\r\x1b[2K") == 20
+    assert live.getvalue().endswith("[##########] 20/20 passed 20 failed 0 broken 0\n")
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 11  # 0/10 of the way is never drawn: the first trial is 1/20
+    assert lines[0] == "[..........] 1/20 passed 1 failed 0 broken 0"
+    assert lines[-1] == "[##########] 20/20 passed 20 failed 0 broken 0"
