@@ -36,6 +36,8 @@ __all__ = ["add_eval_command", "run_eval_command"]
 
 DEFAULT_STORE = "agent_fsm.sqlite3"
 """Where results go by default: the file ``agent-fsm runs`` reads too."""
+STORE_VARIABLE = "AGENT_FSM_EVAL_STORE"
+"""The environment variable that names another default (a SQLite file)."""
 
 
 class _Commands(Protocol):
@@ -62,13 +64,17 @@ def add_eval_command(commands: _Commands) -> None:
         metavar="MODULE:ATTR",
         help="the agent: module:attr or path/file.py:attr (a function is called to build it)",
     )
-    command.add_argument("--repeats", type=int, default=1, help="runs per case (default 1)")
-    command.add_argument("--concurrency", type=int, default=4, help="runs at once (default 4)")
+    command.add_argument(
+        "--repeats", type=int, default=1, metavar="N", help="runs per case (default 1)"
+    )
+    command.add_argument(
+        "--concurrency", type=int, default=4, metavar="N", help="runs at once (default 4)"
+    )
     command.add_argument(
         "--judge", metavar="MODULE:ATTR", help="the model LLM judges call (a Model, or a function)"
     )
     command.add_argument(
-        "--max-judge-calls", type=int, help="the most judge calls the eval may make"
+        "--max-judge-calls", type=int, metavar="N", help="the most judge calls the eval may make"
     )
     command.add_argument(
         "--price",
@@ -79,9 +85,10 @@ def add_eval_command(commands: _Commands) -> None:
     )
     command.add_argument(
         "--store",
-        default=os.environ.get("AGENT_FSM_EVAL_STORE", DEFAULT_STORE),
+        default=os.environ.get(STORE_VARIABLE) or DEFAULT_STORE,
         metavar="PATH",
-        help=f"the SQLite file each finished run is recorded in (default {DEFAULT_STORE})",
+        help="the SQLite file each finished run is recorded in (default: "
+        f"${STORE_VARIABLE}, else {DEFAULT_STORE})",
     )
     command.add_argument(
         "--eval-id", metavar="ID", help="continue eval ID of the store (a new one by default)"
@@ -94,7 +101,9 @@ def add_eval_command(commands: _Commands) -> None:
     command.add_argument(
         "--at-least", type=float, metavar="RATE", help="fail below this overall pass rate"
     )
-    command.add_argument("--confidence", type=float, default=0.95, help="of the intervals")
+    command.add_argument(
+        "--confidence", type=float, default=0.95, metavar="P", help="of the intervals (0.95)"
+    )
     command.add_argument("--no-progress", action="store_true", help="no progress bar")
     command.set_defaults(handler=run_eval_command)
 
