@@ -47,6 +47,7 @@ from agent_fsm.durable.tracefile import (
     select_run,
 )
 from agent_fsm.errors import AgentFSMError
+from agent_fsm.evals.cli import add_eval_command
 from agent_fsm.events import (
     Event,
     ModelRequested,
@@ -692,6 +693,7 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("--store", default=default_store, help=store_help)
     cancel.add_argument("--schema", default="agent_fsm", help=schema_help)
     cancel.set_defaults(handler=_cmd_cancel)
+    add_eval_command(commands)
     for command in commands.choices.values():
         command.set_defaults(command_parser=command)  # for errors in its own words
     return parser

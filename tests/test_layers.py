@@ -147,6 +147,25 @@ LAYERS = [
     "testing",
     "demo",
     "loading",
+    # evals/: datasets run against an agent, judged, reported and gated
+    "evals.stats",
+    "evals.context",
+    "evals.evaluators",
+    "evals.trajectory",
+    "evals.judge",
+    "evals.dataset",
+    "evals.records",
+    "evals.trial",
+    "evals.report",
+    "evals.store",
+    "evals.runner",
+    "evals.progress",
+    "evals.report_text",
+    "evals.report_html",
+    "evals.gate",
+    "evals.assertions",
+    "evals",
+    "evals.cli",
     "cli_model",
     "cli",
     "",  # agent_fsm/__init__.py
@@ -168,6 +187,7 @@ ONLY_IN = {
     },
     "hypothesis_jsonschema": {"testing.strategies"},
     "opentelemetry": {"otel_metrics", "otel"},
+    "yaml": {"evals.dataset"},
     "psycopg": {"durable.postgres_database"},
     # only users' test runs import pytest: the plugin (loaded by pytest) and the contracts
     "pytest": {
