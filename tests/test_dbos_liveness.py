@@ -24,8 +24,10 @@ import psycopg
 from dbos import DBOS
 from psycopg import sql
 
-from agent_fsm import MemoryStore, StopReason
+from agent_fsm import Agent, MemoryStore, StopReason
 from agent_fsm.dbos import WorkerLiveness
+from agent_fsm.dbos.liveness import Admission, process_liveness
+from agent_fsm.dbos.pausing import save_stop
 from agent_fsm.dbos.private import recover_executors
 from agent_fsm.dbos.recovery import LEASE_PREFIX, register
 from agent_fsm.durable.postgres import PostgresStore
@@ -209,3 +211,24 @@ async def test_an_execution_whose_lease_was_lost_stops_before_its_next_call(
     assert (result.output, result.stop_reason) == ("done", StopReason.FINAL_ANSWER)
     assert tools.sent == [1, 2]  # each send once
     assert len(model.requests) == calls + 2  # the stale execution asked the model nothing
+
+
+async def test_an_execution_whose_lease_was_lost_never_saves_its_stop(
+    journal: PostgresStore,
+) -> None:
+    """Found by the chaos test (issue 34): a worker SIGSTOPped as its run stopped at an
+    approval woke after the fleet had replayed the run, the approval had resumed it and it
+    had finished; its late save of the old stop overwrote the finished checkpoint, which
+    then showed the run waiting for an approval for ever. The save of a stop passes the
+    fence first: an execution superseded meanwhile stops instead (and only this save is
+    made; a fresh execution's saves)."""
+    liveness = await asyncio.to_thread(process_liveness, journal)
+    fresh = await liveness.admit()
+    agent = Agent(model=FunctionModel(lambda request: reply("done")))
+    state = agent.start("Pay Bob.", run_id="stale-stop").state
+    stale = Admission(liveness, fresh.token - 1, None)  # admitted under a lease since lost
+    with pytest.raises(asyncio.CancelledError):
+        await save_stop(journal, state, stale)
+    assert not journal.exists("stale-stop")
+    await save_stop(journal, state, fresh)
+    assert journal.load("stale-stop").messages == state.messages

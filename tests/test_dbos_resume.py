@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -136,6 +137,80 @@ async def test_a_double_resume_of_an_approval_carries_the_call_out_once(
     with pytest.raises(ResumeError, match="has finished"):  # a late third click
         await agent.resume("approve-1", approvals=True, pause=paused.pending.pause)
     assert transfers.made == [5]
+
+
+async def test_a_resume_while_the_store_is_away_fails_and_is_never_refused_as_finished(
+    journal: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos test (issue 34): a person's approval that arrived while the
+    journal store was unreachable (PostgreSQL restarting) was refused as "run has finished
+    (approval_required)", read from the first workflow's paused result, and never tried
+    again: the run waited for ever. Only a run the store does not hold is looked up among
+    the workflows; a failed load is the caller's CheckpointError, to try again."""
+    transfers = Transfers()
+    agent = durable(journal, transfer_then_answer, transfers.tools)
+    paused = await agent.run("Pay Bob.", run_id="approve-away")
+    assert paused.pending is not None
+    real_load = PostgresStore.load
+
+    def away(store: PostgresStore, run_id: str) -> Any:
+        raise CheckpointError("checkpoint store: cannot connect (the server is away)")
+
+    monkeypatch.setattr(PostgresStore, "load", away)
+    pause = paused.pending.pause
+    with pytest.raises(CheckpointError, match="cannot connect"):
+        await agent.resume("approve-away", approvals=True, pause=pause)
+    with pytest.raises(CheckpointError, match="cannot connect"):
+        await agent.enqueue_resume("approve-away", approvals=True, pause=pause)
+    monkeypatch.setattr(PostgresStore, "load", real_load)
+    assert transfers.made == []
+    done = await agent.resume("approve-away", approvals=True, pause=pause)
+    assert (done.output, transfers.made) == ("done", [5])
+
+
+async def test_a_stop_saved_and_loaded_while_the_store_blinks_is_not_lost(
+    journal: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos test (issue 34): PostgreSQL restarting while a resume workflow
+    loaded its stop (or a workflow saved one) failed that step, so the workflow ended in
+    ERROR; every later resume of the stop names the same workflow id and got that error
+    back: the run could never go on. The save and load steps try again while the store
+    fails (they are idempotent), so a short outage only delays them."""
+    transfers = Transfers()
+    agent = durable(journal, transfer_then_answer, transfers.tools)
+    real_load, real_save = PostgresStore.load, PostgresStore.save
+    failures = {"load": 0, "save": 0}
+
+    def blinking(kind: str, real: Any) -> Any:
+        def call(store: PostgresStore, *args: Any, **kwargs: Any) -> Any:
+            if failures[kind] < 2:  # twice in a row, then the server is back
+                failures[kind] += 1
+                raise CheckpointError(f"cannot {kind}: terminating connection (restart)")
+            return real(store, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(PostgresStore, "save", blinking("save", real_save))
+    paused = await agent.run("Pay Bob.", run_id="approve-blink")
+    assert failures["save"] == 2
+    assert paused.pending is not None
+    pause = paused.pending.pause
+    assert journal.load("approve-blink").control == paused.pending  # the stop was saved
+
+    calls = 0
+
+    def load_in_the_workflow(store: PostgresStore, run_id: str) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls in (2, 3):  # the caller's look (stop_of) passes; the step's fails twice
+            raise CheckpointError("cannot load run: terminating connection (restart)")
+        return real_load(store, run_id)
+
+    monkeypatch.setattr(PostgresStore, "load", load_in_the_workflow)
+    done = await agent.resume("approve-blink", approvals=True, pause=pause)
+    assert calls >= 4
+    assert (done.output, transfers.made) == ("done", [5])
+    check_invariants(done, limits=agent.agent.limits, bound=agent.agent.bound)
 
 
 async def test_an_enqueued_resume_of_one_stop_is_one_workflow(journal: PostgresStore) -> None:

@@ -293,7 +293,7 @@ class DBOSAgent:
         with running(run):
             result = await Run(config, state, ReplayedKeeper(), resumed=answered).run()
         if resumes or result.stop_reason in config.machine.resumable:
-            await save_stop(self._journal, state)
+            await save_stop(self._journal, state, admission)
         return result
 
     async def run(self, user_input: str, *, run_id: str | None = None) -> RunResult:

@@ -31,8 +31,14 @@ made after the run has stopped again continues that new stop, as ``Agent.resume`
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 from dbos import DBOS
 
+from agent_fsm.dbos.liveness import Admission
 from agent_fsm.dbos.replay import options
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.errors import CheckpointError, ResumeError
@@ -43,6 +49,11 @@ __all__ = ["LOAD_STEP", "SAVE_STEP", "key_prefix", "load_stop", "resume_id", "sa
 
 LOAD_STEP = "agent_fsm.load"
 SAVE_STEP = "agent_fsm.save"
+STORE_RETRY_S = 120.0
+"""How long the save and load steps try again while the store fails (a server restart, a
+connection cut), before the step fails, and its workflow with it."""
+
+T = TypeVar("T")
 
 
 def resume_id(run_id: str, resumes: int) -> str:
@@ -59,13 +70,21 @@ def key_prefix(resumes: int) -> str:
 async def stop_of(store: CheckpointStore, run_id: str) -> RunState:
     """The checkpoint of the run's latest stop, read by a caller about to resume it.
 
+    Only a run the store does not hold is looked up among the workflows (one that finished
+    without a stop kept nothing there): a load that failed otherwise (the server away) is
+    the caller's to try again, never taken for "finished", which would refuse for good the
+    answer to a pause the run still waits at.
+
     Raises:
         ResumeError: the run has not stopped yet, or finished without a stop to resume.
-        CheckpointError: no run ``run_id`` (neither in the store nor among the workflows).
+        CheckpointError: no run ``run_id`` (neither in the store nor among the workflows),
+            or the store cannot be read now.
     """
     try:
         return store.load(run_id)
     except CheckpointError:
+        if store.exists(run_id):  # raises CheckpointError too while the store is away
+            raise
         status = await DBOS.get_workflow_status_async(run_id)
         if status is None:
             raise
@@ -81,15 +100,17 @@ async def stop_of(store: CheckpointStore, run_id: str) -> RunState:
 
 async def load_stop(store: CheckpointStore, run_id: str, resumes: int) -> RunState:
     """Step: the stop that resume number ``resumes`` continues, as the store held it when
-    the resume first ran (a replay gets the same one back).
+    the resume first ran (a replay gets the same one back). A load that fails is tried
+    again (``_persisting``).
 
     Raises:
         ResumeError: the checkpoint is not that stop (it has moved on, which the workflow
             ids of resumes make impossible unless the store was written by other means).
+        CheckpointError: the store failed for ``STORE_RETRY_S``.
     """
 
-    def load() -> RunState:
-        return store.load(run_id)
+    async def load() -> RunState:
+        return await _persisting(lambda: store.load(run_id))
 
     state = await DBOS.run_step_async(options(LOAD_STEP), load)
     if len(state.resumed_at) != resumes - 1:
@@ -100,10 +121,48 @@ async def load_stop(store: CheckpointStore, run_id: str, resumes: int) -> RunSta
     return state
 
 
-async def save_stop(store: CheckpointStore, state: RunState) -> None:
-    """Step: save the stopped run as its checkpoint, for a resume to load."""
+async def save_stop(store: CheckpointStore, state: RunState, admission: Admission) -> None:
+    """Step: save the stopped run as its checkpoint, for a resume to load, once the
+    execution passed its fence (``Admission.check``, before each attempt): an execution
+    superseded meanwhile (its process stalled or lost its lease, and the fleet replays the
+    run elsewhere) stops instead of saving, since by then the run may have moved on (resumed
+    and finished), and its old stop would overwrite the newer checkpoint. A save that fails
+    is tried again (``_persisting``).
 
-    def save() -> None:
-        store.save(state)
+    Raises:
+        CheckpointError: the store failed for ``STORE_RETRY_S``.
+        asyncio.CancelledError: the execution was superseded (``Admission.superseded``).
+    """
+
+    async def save() -> None:
+        await _persisting(lambda: store.save(state), before=admission.check)
 
     await DBOS.run_step_async(options(SAVE_STEP), save)
+
+
+async def _persisting(
+    work: Callable[[], T], before: Callable[[], Awaitable[None]] | None = None
+) -> T:
+    """``work()`` (a load or save of the store, in a thread), tried again while it raises
+    ``CheckpointError``, for up to ``STORE_RETRY_S``, with growing pauses; ``before`` is
+    awaited before each attempt (a fence).
+
+    Why inside the step: a step that fails is recorded failed, and its workflow with it;
+    the workflow id of a resume is fixed by the stop it continues, so every later resume
+    of that stop would get the failure back and the run could never go on. A load and a
+    save of one checkpoint may be made again (the save writes the same state), and a
+    store that failed (PostgreSQL restarting, a connection cut) is usually back within
+    seconds.
+    """
+    deadline = time.monotonic() + STORE_RETRY_S
+    pause_s = 0.05
+    while True:
+        if before is not None:
+            await before()
+        try:
+            return await asyncio.to_thread(work)
+        except CheckpointError:
+            if time.monotonic() + pause_s > deadline:
+                raise
+            await asyncio.sleep(pause_s)
+            pause_s = min(2 * pause_s, 2.0)
