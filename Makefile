@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test check test-lowest lint typecheck pytest quick-pytest format diagrams bench thorough clean
+.PHONY: demo test check test-lowest lint typecheck pytest quick-pytest format diagrams bench thorough chaos clean
 
 PHASE := scripts/phase.sh
 
@@ -81,6 +81,14 @@ diagrams: $(STAMP_RUN)
 
 bench: $(STAMP_RUN)
 	$(BIN)/python benchmarks/overhead.py
+
+# The chaos test's full profile (issue 34): a fleet of worker processes on a PostgreSQL
+# cluster of its own (scripts/postgres.sh), leases-only then DBOS, under SIGKILLs, a server
+# restart, a SIGSTOP, skewed clocks and double approvals; tests/test_chaos.py runs a small
+# profile in the suite. Options: make chaos CHAOS_ARGS="--runs 300 --workers 6"
+# (scripts/chaos.py --help lists them).
+chaos: $(STAMP_DEV)
+	$(BIN)/python scripts/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VENV_LOWEST) .pytest_cache .mypy_cache .ruff_cache .hypothesis
