@@ -24,14 +24,14 @@ import psycopg
 from dbos import DBOS
 from psycopg import sql
 
-from agent_fsm import Agent, MemoryStore, StopReason
+from agent_fsm import Agent, MemoryStore, StopReason, tool
 from agent_fsm.dbos import WorkerLiveness
 from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import save_stop
 from agent_fsm.dbos.private import recover_executors
 from agent_fsm.dbos.recovery import LEASE_PREFIX, register
 from agent_fsm.durable.postgres import PostgresStore
-from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, UserMessage
 from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
 from tests.dbos_worker import PROCESS_LEASES, launched
@@ -232,3 +232,37 @@ async def test_an_execution_whose_lease_was_lost_never_saves_its_stop(
     assert not journal.exists("stale-stop")
     await save_stop(journal, state, fresh)
     assert journal.load("stale-stop").messages == state.messages
+
+
+async def test_a_replayed_save_of_an_old_stop_leaves_the_run_where_it_is(
+    journal: PostgresStore,
+) -> None:
+    """Found by the chaos test's full profile (issue 34): a worker killed between saving a
+    run's first stop and DBOS recording that step; the stop was approved and resumed to the
+    end meanwhile; the fleet then replayed the first workflow, whose save step (unrecorded)
+    ran again and put the old stop back over the finished checkpoint. A save of a stop
+    behind the stored checkpoint is not made."""
+    liveness = await asyncio.to_thread(process_liveness, journal)
+    admission = await liveness.admit()
+    agent = durable(journal, approve_then_answer, [transfer])
+    paused = await agent.run("Pay Bob.", run_id="old-stop")
+    assert paused.pending is not None
+    first_stop = journal.load("old-stop")
+    done = await agent.resume("old-stop", approvals=True, pause=paused.pending.pause)
+    assert done.output == "done"
+    await save_stop(journal, first_stop, admission)  # the replay's save
+    assert journal.load("old-stop").messages == list(done.messages)
+    await save_stop(journal, journal.load("old-stop"), admission)  # the same point: saved
+    assert journal.load("old-stop").messages == list(done.messages)
+
+
+@tool(requires_approval=True)
+def transfer(amount: int) -> str:
+    """Transfer money (a person approves each call)."""
+    return f"sent {amount}"
+
+
+def approve_then_answer(request: ModelRequest) -> ModelResponse:
+    if any(isinstance(m, UserMessage) and "Decisions" in str(m.content) for m in request.messages):
+        return reply("done")
+    return reply("", call("transfer", amount=5))

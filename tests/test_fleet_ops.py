@@ -194,6 +194,36 @@ async def test_a_dead_workers_run_is_taken_once_its_lease_expires(fleet: Fleet) 
     assert not transcript_problems(result.messages)
 
 
+async def test_a_worker_that_stalls_between_taking_a_run_and_its_first_step_gets_run_leased(
+    fleet: Fleet,
+) -> None:
+    """Found by the chaos test (issue 34): a worker SIGSTOPped right after ``take_next``
+    handed it a run its last worker had left mid-run woke after another worker had taken
+    the run over and moved it on, and its ``run()`` raised ``ResumeError`` ("moved on since
+    it was reopened") instead of ``RunLeased``: a worker loop written as the README's, which
+    catches ``RunLeased``, died of it. Under a lease, a run moved on means the lease was
+    taken over: the driver says so, and writes nothing."""
+    effects: Effects = []
+    dead = worker(fleet.first, "alice", effects, lease_s=fleet.lease_s)
+    run = dead.start("go", run_id="r1")
+    while run.state.state is not AgentState.ACT:
+        await run.step()  # then alice dies
+    fleet.let_expire("r1")
+    stalled = worker(fleet.another(), "bob", effects, lease_s=fleet.lease_s).take_next()
+    assert stalled is not None  # bob took it, then stalled past his lease
+    fleet.let_expire("r1")
+    carol = worker(fleet.another(), "carol", effects)
+    taken = carol.take_next()
+    assert taken is not None
+    assert taken.run_id == "r1"
+    result = await taken.run()
+    assert result.output == "done by carol"
+    with pytest.raises(RunLeased, match="carol"):
+        await stalled.run()
+    assert effects == [("r1", "carol")]
+    assert fleet.first.load("r1").messages == list(result.messages)  # bob wrote nothing
+
+
 async def test_a_run_another_agent_cannot_continue_is_set_aside(
     fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:

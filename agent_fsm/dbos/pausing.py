@@ -122,8 +122,9 @@ async def load_stop(store: CheckpointStore, run_id: str, resumes: int) -> RunSta
 
 
 async def save_stop(store: CheckpointStore, state: RunState, admission: Admission) -> None:
-    """Step: save the stopped run as its checkpoint, for a resume to load, once the
-    execution passed its fence (``Admission.check``, before each attempt): an execution
+    """Step: save the stopped run as its checkpoint, for a resume to load, unless the store
+    holds a later point of the run (``_behind``), once the execution passed its fence
+    (``Admission.check``, before each attempt): an execution
     superseded meanwhile (its process stalled or lost its lease, and the fleet replays the
     run elsewhere) stops instead of saving, since by then the run may have moved on (resumed
     and finished), and its old stop would overwrite the newer checkpoint. A save that fails
@@ -134,10 +135,28 @@ async def save_stop(store: CheckpointStore, state: RunState, admission: Admissio
         asyncio.CancelledError: the execution was superseded (``Admission.superseded``).
     """
 
+    def save_unless_behind() -> None:
+        if not _behind(store, state):
+            store.save(state)
+
     async def save() -> None:
-        await _persisting(lambda: store.save(state), before=admission.check)
+        await _persisting(save_unless_behind, before=admission.check)
 
     await DBOS.run_step_async(options(SAVE_STEP), save)
+
+
+def _behind(store: CheckpointStore, state: RunState) -> bool:
+    """Whether the store holds a later point of the run than ``state``: a later activation
+    (more resumes), or further along the same one. A workflow replayed after the run went on
+    (its worker died between saving its stop and DBOS recording that step, and the stop was
+    resumed meanwhile, maybe to the end) makes its save again; the checkpoint must stay
+    where the run is. The read and the write are two statements of the store's: a later
+    point saved between them (a resume saving its stop at that very moment) would still be
+    overwritten; a store that saved conditionally would close that window."""
+    if not store.exists(state.run_id):
+        return False
+    stored = store.load(state.run_id)
+    return (len(stored.resumed_at), len(stored.trace)) > (len(state.resumed_at), len(state.trace))
 
 
 async def _persisting(

@@ -56,6 +56,18 @@ class RunLease:
         """
         self._heard(self._leases.save(state, lease=self._lease))
 
+    def confirm(self) -> None:
+        """Renew the lease now, to learn whether it still holds (a run found moved on under
+        it was taken over: a store moves a leased run only for its holder).
+
+        Raises:
+            RunLeased: the lease was taken over.
+            CheckpointError: the store cannot be reached.
+        """
+        lease = self._lease
+        if lease is not None:
+            self._heard(self._leases.renew(lease))
+
     def start(self, abort: Callable[[str], None]) -> None:
         """Start the heartbeat (call from the run's event loop); ``abort(reason)`` stops the
         run when a cancel is reported, now if the claim found one."""

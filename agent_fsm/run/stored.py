@@ -260,7 +260,14 @@ class _LeasedKeeper:
         self._lease.start(abort)
 
     def claim_stop(self, state: RunState) -> None:
-        _check_still_where_reopened(self._store, state)
+        """As ``Stored``'s; but under a lease, a run found moved on was moved by the worker
+        that took the lease over while this one stalled: that is ``RunLeased``, which a
+        worker's loop expects, not a ``ResumeError``."""
+        try:
+            _check_still_where_reopened(self._store, state)
+        except ResumeError:
+            self._lease.confirm()  # raises RunLeased when taken over
+            raise
         self._stop.left_stop()
 
     def during(self, work: Awaitable[None]) -> Awaitable[None]:
