@@ -10,6 +10,7 @@ import math
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -370,3 +371,49 @@ def test_a_save_of_a_run_the_store_knows_is_one_statement(
     assert len(sent) == 1
     assert sent[0].startswith("WITH fence AS (UPDATE leases")
     assert pg.load("run-1") == state
+
+
+def test_a_worker_frozen_inside_a_transaction_holds_up_only_its_own_runs(
+    postgres_url: str, postgres_schema: str
+) -> None:
+    """Found by the chaos test's full profile (issue 34): a DBOS worker SIGSTOPped between
+    a statement of its lease renewal and the commit kept its lease's row locked (a pipelined
+    transaction never counts as idle on the server, so nothing ends it); every worker that
+    came to recover its runs waited on that lock with the thread renewing its own lease,
+    and the whole fleet stood still until the frozen worker was continued. A store's
+    statement waits ``LOCK_WAIT_S`` for a lock, then fails, and the store goes on."""
+    with (
+        PostgresStore(postgres_url, schema=postgres_schema) as frozen,
+        PostgresStore(postgres_url, schema=postgres_schema) as other,
+    ):
+        frozen.claim("executor:w1", "w1", 0.5)
+        locked, thaw = threading.Event(), threading.Event()
+
+        def freeze() -> None:  # inside a renewal's transaction, then SIGSTOPped
+            with frozen._db.transaction("renew the lease of run 'executor:w1'") as conn:
+                conn.execute(
+                    "SELECT 1 FROM leases WHERE run_id = %s FOR UPDATE", ("executor:w1",)
+                ).fetchone()
+                locked.set()
+                thaw.wait(2 * UPPER_BOUND_S)  # until the test ends
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            frozen_worker = pool.submit(freeze)
+            try:
+                assert locked.wait(UPPER_BOUND_S)
+                while other.lease("executor:w1") is not None:  # it expires: w1 looks dead
+                    time.sleep(0.05)
+                recovery = pool.submit(other.claim, "executor:w1", "recovery", 60.0)
+                with pytest.raises(CheckpointError, match="lock timeout"):
+                    recovery.result(timeout=UPPER_BOUND_S)  # a bound for a hang
+                other.save(sample_state())  # the recovering worker goes on
+                assert other.load("run-1") == sample_state()
+            finally:
+                thaw.set()
+                frozen_worker.result()
+        taken = other.claim("executor:w1", "recovery", 60.0)  # w1 woke: its lock is gone
+        assert taken.owner == "recovery"
+
+
+UPPER_BOUND_S = 120.0
+"""How long a thread of these tests may wait: a limit for a hang, not a measure."""

@@ -39,6 +39,18 @@ CONNECT_TIMEOUT_S = 10.0
 ``connect_timeout`` says: long enough for a slow network, short enough that a worker whose
 database is gone says so instead of hanging."""
 
+LOCK_WAIT_S = 2.0
+"""How long a statement of a store waits for a row lock another session holds before it
+fails (``lock_timeout``, set once the layout is ready: laying it out may wait longer for
+the other workers starting at once). The store's own transactions hold their locks for a
+round trip or two; a lock held longer belongs to a process frozen inside a transaction
+(SIGSTOPped, swapped out, its machine suspended), and PostgreSQL keeps it for as long as the
+process stays frozen: a pipelined transaction never counts as idle on the server. Without the
+limit, every worker that came to take the frozen one's runs over would wait on it, with the
+thread renewing its own lease, and a whole fleet would stand still. With it, the waiting
+call fails (``CheckpointError``) and is tried again later; the frozen worker's runs wait for
+it to wake or die."""
+
 _NO_SLOTS = re.compile(r"too many (connections|clients)|connection slots are reserved")
 
 
@@ -111,6 +123,10 @@ class PostgresDatabase:
                     (self.schema, "on" if self._synchronous_saves else "off"),
                 )
                 self._prepare_layout(conn)
+                conn.execute(
+                    "SELECT set_config('lock_timeout', %s, false)",
+                    (f"{round(LOCK_WAIT_S * 1000)}ms",),
+                )
             except BaseException:
                 conn.close()
                 raise
