@@ -57,6 +57,7 @@ from agent_fsm.events import (
     ToolFinished,
     ToolStarted,
 )
+from agent_fsm.extras import install_hint
 from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import RunResult, RunState, RunStatus
@@ -326,7 +327,7 @@ def _open_store(location: str, schema: str) -> CheckpointStore:
             from agent_fsm.durable.postgres import PostgresStore
         except ImportError:
             raise _UsageError(
-                "a PostgreSQL store needs psycopg: pip install 'agent-fsm[postgres]'"
+                f"a PostgreSQL store needs psycopg: {install_hint('postgres')}"
             ) from None
         return PostgresStore(location, schema=schema, create=False)
     if not Path(location).is_file():

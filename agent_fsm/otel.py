@@ -23,7 +23,7 @@ run's error as the description. Message content (the input, replies, tool argume
 results) is recorded only with ``capture_content=True``: traces often leave the team that
 owns the data.
 
-Only ``opentelemetry-api`` is imported (``pip install 'agent-fsm[otel]'``); which SDK,
+Only ``opentelemetry-api`` is imported (``pip install -e '.[otel]'``); which SDK,
 processor and exporter receive the spans is the application's choice, through the global
 tracer provider or the one passed in.
 """
