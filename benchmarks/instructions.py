@@ -11,7 +11,9 @@ default): what the engine itself costs, events aside; traced, with ``OtelTracer`
 subscriber, recording spans with the OpenTelemetry SDK (a ``TracerProvider`` and no processor:
 what tracing costs the run, traced minus unsubscribed); and exported, the same with a simple
 processor handing each ended span to an in-memory exporter (what the SDK's export path adds
-on top, which depends on the application's processor, not on agent_fsm).
+on top, which depends on the application's processor, not on agent_fsm); and durable, the
+unsubscribed agent checkpointed in a ``SQLiteStore`` (a file in a temporary directory): what
+a durable turn costs, saves and the tool journal included.
 
     python benchmarks/instructions.py [--turns 10 110] [--only VARIANT]
 
@@ -33,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 CHILD_FLAG = "--child"
-VARIANTS = ("subscribed", "unsubscribed", "traced", "exported")
+VARIANTS = ("subscribed", "unsubscribed", "traced", "exported", "durable")
 
 
 def _tracer(exported: bool) -> object:
@@ -81,9 +83,15 @@ def _workload(turns: int, variant: str = "subscribed") -> None:
         handlers.append(count)
     elif variant in ("traced", "exported"):
         handlers.append(_tracer(exported=variant == "exported"))
+    store = None
+    if variant == "durable":
+        from agent_fsm.durable import SQLiteStore
+
+        store = SQLiteStore(os.path.join(tempfile.mkdtemp(), "runs.sqlite3"))
     agent = Agent(
         model=ScriptedModel(script),
         tools=[step],
+        store=store,
         limits=Limits(max_turns=turns + 1, token_budget=10**9),
         handlers=handlers,
     )
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         choices=VARIANTS,
         help="measure one variant: with an event subscriber, without, traced by OtelTracer, "
-        "or traced and exported (default: all four)",
+        "traced and exported, or durable (default: all five)",
     )
     args = parser.parse_args(argv)
     short, long = args.turns
@@ -158,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant, cost in per_turn.items():
         print(f"per turn ({short} -> {long}), {variant}: {cost:,.0f} instructions")
     if "unsubscribed" in per_turn:
-        for variant in ("traced", "exported"):
+        for variant in ("traced", "exported", "durable"):
             if variant in per_turn:
                 added = per_turn[variant] - per_turn["unsubscribed"]
                 print(f"{variant} adds {added:,.0f} instructions per turn")
