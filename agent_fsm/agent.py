@@ -686,7 +686,9 @@ class Agent:
         _check_id("run id", run_id)
         config = self._config
         with self._residence.readmit(run_id) as (state, keeper):
-            answered = reopen(state, config.machine, config.limits, reply, approvals, pause)
+            answered = reopen(
+                state, config.machine, config.limits, reply, approvals, pause, tools=config.tools
+            )
         return Run(config, state, keeper, resumed=answered)
 
     async def resume(

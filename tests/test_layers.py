@@ -167,6 +167,18 @@ LAYERS = [
     "evals",
     "evals.cli",
     "cli_model",
+    "cli_stores",
+    # ui/: the ui extra; only its app and its command's server start import Starlette/uvicorn
+    "ui.runs",
+    "ui.steps",
+    "ui.layout",
+    "ui.agui",
+    "ui.live",
+    "ui.security",
+    "ui.pages",
+    "ui.app",
+    "ui.cli",
+    "ui",
     "cli",
     "",  # agent_fsm/__init__.py
 ]
@@ -189,6 +201,8 @@ ONLY_IN = {
     "opentelemetry": {"otel_metrics", "otel"},
     "yaml": {"evals.dataset"},
     "psycopg": {"durable.postgres_database"},
+    "starlette": {"ui.app"},
+    "uvicorn": {"ui.cli"},
     # only users' test runs import pytest: the plugin (loaded by pytest) and the contracts
     "pytest": {
         "testing.plugin",
