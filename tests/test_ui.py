@@ -364,3 +364,14 @@ def test_a_run_followed_from_its_checkpoints_streams_what_each_save_adds(tmp_pat
     assert "TEXT_MESSAGE_CONTENT" in kinds
     assert kinds[-1] == "RUN_FINISHED"
     assert events[-1]["result"] == "Working on it."
+
+
+def test_the_readme_shows_the_pictures_the_browser_test_takes() -> None:
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    pictures = re.findall(r"!\[[^\]]*\]\((docs/ui/[^)]+\.png)\)", readme)
+    assert pictures == ["docs/ui/runs.png", "docs/ui/run.png"]
+    browser_test = (root / "tests" / "test_ui_browser.py").read_text(encoding="utf-8")
+    for picture in pictures:
+        assert (root / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f'"{Path(picture).name}"' in browser_test

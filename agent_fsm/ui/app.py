@@ -153,7 +153,8 @@ def _page(ui: _Ui, state: RunState, step: int | None, problem: str | None = None
         svg = drawing.svg
     except DiagramError as exc:
         svg = f'<p class="problem">{exc}</p>'
-    running = state.state not in TERMINAL_STATES
+    # a run the ui was just told to go on may not have saved yet: it is followed all the same
+    running = state.state not in TERMINAL_STATES or ui.live.driving(state.run_id)
     page = RunPage(
         state=state,
         stop=stop,
@@ -389,7 +390,7 @@ async def _driven(ui: _Ui, request: Request, run_id: str) -> AsyncIterator[str]:
                     return
                 continue
             for mapped in stream(event):
-                if mapped["type"] in ("RUN_STARTED",) and mapped.get("resumed") is None:
+                if mapped["type"] == "RUN_STARTED":  # said once, above
                     continue
                 yield sse(mapped)
             if event.kind == "run_finished":

@@ -23,7 +23,7 @@ _GAP = 190
 _BOX_W = 118
 _BOX_H = 34
 _MARGIN = 70
-_STEP = 34
+_STEP = 22
 """How much higher an arc reaches for each state it spans, and for each arc beside it."""
 
 
@@ -70,6 +70,7 @@ def draw_path(
     taken = [i for i, count in enumerate(counts) if count]
     above: dict[int, int] = {}
     below: dict[int, int] = {}
+    loops: dict[str, int] = {}
     arcs: list[str] = []
     labels: list[str] = []
     reach_up, reach_down = 40, 40
@@ -81,8 +82,8 @@ def draw_path(
         resumes = " resume" if row.resumes else ""
         first, second = _label(row, counts[index])
         if x0 == x1:
-            level = above.get(0, 0)
-            above[0] = level + 1
+            level = loops.get(str(row.source), 0)
+            loops[str(row.source)] = level + 1
             lift = 44 + level * 26
             top = -_BOX_H // 2
             path = (
@@ -94,9 +95,10 @@ def draw_path(
         else:
             forward = x1 > x0
             side = above if forward else below
-            level = side.get(span, 0)
-            side[span] = level + 1
-            lift = 30 + span * _STEP * 2 + level * 30
+            pair = min(x0, x1) * 10_000 + max(x0, x1)  # parallel arcs of one pair stack up
+            level = side.get(pair, 0)
+            side[pair] = level + 1
+            lift = 22 + span * _STEP + level * 28
             edge_y = -_BOX_H // 2 if forward else _BOX_H // 2
             control = edge_y - 2 * lift if forward else edge_y + 2 * lift
             shift = 10 if forward else -10

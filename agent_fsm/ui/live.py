@@ -10,6 +10,7 @@ did not start is followed from its store instead (``app``).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -22,9 +23,11 @@ __all__ = ["LiveRuns"]
 class LiveRuns:
     """The runs this server drives (their tasks) and the queues listening to them."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 2000) -> None:
         self.tasks: dict[str, asyncio.Task[RunResult]] = {}
         self._queues: dict[str, set[asyncio.Queue[Event]]] = {}
+        self._history: dict[str, deque[Event]] = {}
+        self._keep = keep
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -33,11 +36,16 @@ class LiveRuns:
 
     def publish(self, event: Event) -> None:
         """An event handler (``Agent.subscribe``): must not raise."""
-        queues = self._queues.get(event.run_id)
-        if not queues or self._loop is None:
-            return
-        for queue in list(queues):
-            self._loop.call_soon_threadsafe(queue.put_nowait, event)
+        if self._loop is not None and event.run_id in self._history:
+            self._loop.call_soon_threadsafe(self._deliver, event)
+
+    def _deliver(self, event: Event) -> None:
+        """In the loop: keep the event for later listeners, and hand it to the present."""
+        history = self._history.get(event.run_id)
+        if history is not None:
+            history.append(event)
+        for queue in self._queues.get(event.run_id, ()):
+            queue.put_nowait(event)
 
     def driving(self, run_id: str) -> bool:
         """This server drives ``run_id`` now."""
@@ -46,8 +54,11 @@ class LiveRuns:
 
     @contextmanager
     def listen(self, run_id: str) -> Iterator[asyncio.Queue[Event]]:
-        """A queue of ``run_id``'s events while the block runs."""
+        """A queue of ``run_id``'s events while the block runs, from the start of this
+        server's drive of it: a page that opens after the run went on misses nothing."""
         queue: asyncio.Queue[Event] = asyncio.Queue()
+        for event in self._history.get(run_id, ()):
+            queue.put_nowait(event)
         self._queues.setdefault(run_id, set()).add(queue)
         try:
             yield queue
@@ -60,7 +71,9 @@ class LiveRuns:
     def start(self, run_id: str, task: asyncio.Task[RunResult]) -> None:
         """Keep the task of a run this server now drives."""
         self.tasks = {key: t for key, t in self.tasks.items() if not t.done()}
+        self._history = {key: h for key, h in self._history.items() if key in self.tasks}
         self.tasks[run_id] = task
+        self._history[run_id] = deque(maxlen=self._keep)
 
     async def stop_all(self, cancel: Callable[[str], object]) -> None:
         """Stop every run still driven (server shutdown) with ``cancel`` (``Agent.cancel``:

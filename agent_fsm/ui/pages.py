@@ -146,7 +146,7 @@ def _message(message: Message) -> str:
     if isinstance(message, AssistantMessage):
         calls = "".join(
             f'<div class="call"><code>{_e(call.name)}</code> '
-            f"<code>{_e(json.dumps(call.arguments, ensure_ascii=False))}</code></div>"
+            f"<code>{_e(call.arguments)}</code></div>"
             for call in message.tool_calls
         )
         text = f"<p>{_e(message.content)}</p>" if message.content else ""

@@ -10,7 +10,8 @@
   host is refused too.
 - **Nothing runs in the page but the packaged script**: a Content-Security-Policy of
   ``'self'`` only, no inline script or style, no framing (``X-Frame-Options: DENY``), no
-  caching of pages, no referrer.
+  caching of pages, no referrer sent to another site (a same-origin one, so that a form's
+  ``Origin`` is its own and not ``null``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ SECURITY_HEADERS = [
     ),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
 
