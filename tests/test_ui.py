@@ -375,3 +375,21 @@ def test_the_readme_shows_the_pictures_the_browser_test_takes() -> None:
     for picture in pictures:
         assert (root / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f'"{Path(picture).name}"' in browser_test
+
+
+def test_a_stop_filter_reads_on_in_growing_batches_until_enough_match(runs: Runs) -> None:
+    import copy
+
+    finished = runs.store.load(runs.finished)
+    for number in range(40):  # newer than the paused runs: the filter must read past them
+        state = copy.deepcopy(finished)
+        state.run_id = f"newer-{number:02d}"
+        runs.store.save(state)
+    asking, more = run_rows(runs.store, TABLE, stop="ask_user", limit=1)
+    assert [row.run_id for row in asking] == [runs.asking]
+    assert not more
+    done, more = run_rows(runs.store, TABLE, stop="final_answer", limit=5)
+    assert len(done) == 5
+    assert more
+    assert run_rows(runs.store, TABLE, stop="running") == ([], False)
+    assert run_rows(runs.store, TABLE, stop="timeout", state="DONE") == ([], False)

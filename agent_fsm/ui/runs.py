@@ -87,14 +87,38 @@ def run_rows(
     """The runs of ``store`` newest first, at most ``limit``, and whether more matched: in
     ``state`` only (a state's name, case as the table spells it) and with stop reason
     ``stop`` only ("running" for the runs that have not stopped), when given. ``rows`` is
-    the table the runs were made with (the default one, or the ``--agent``'s)."""
+    the table the runs were made with (the default one, or the ``--agent``'s).
+
+    The store filters by state and limits; a stop reason is the table's, so it is read
+    here: only from the states its rows lead to, newest first, in batches that grow until
+    enough match (a common stop costs one batch; one that matches few runs, a pass over
+    the runs in its states)."""
     states = [state] if state else None
+    if stop:
+        ends = _states_of(rows, stop)
+        states = [s for s in ends if s == state] if state else ends
+        if not states:
+            return [], False
     if not stop:  # the store does the limit: one more tells whether there are more
         found = [_row(summary, rows) for summary in store.list_runs(limit + 1, states=states)]
-    else:
+        return found[:limit], len(found) > limit
+    batch = 4 * (limit + 1)
+    while True:
+        summaries = store.list_runs(batch, states=states)
         found = [
             row
-            for row in (_row(summary, rows) for summary in store.list_runs(states=states))
+            for row in (_row(summary, rows) for summary in summaries)
             if row.stop == stop or (stop == "running" and row.tone == "running")
         ]
-    return found[:limit], len(found) > limit
+        if len(found) > limit or len(summaries) < batch:
+            return found[:limit], len(found) > limit
+        batch *= 4
+
+
+def _states_of(rows: Sequence[Row], stop: str) -> list[str]:
+    """The states a run with stop reason ``stop`` can be in ("running": every state that
+    is not terminal)."""
+    if stop == "running":
+        every = dict.fromkeys(str(s) for row in rows for s in (row.source, row.dest))
+        return [s for s in every if s not in TERMINAL_STATES]
+    return list(dict.fromkeys(str(row.dest) for row in rows if row.label == stop))
