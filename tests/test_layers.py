@@ -103,6 +103,7 @@ LAYERS = [
     "run.answering",
     "run.outcome",
     "run.resuming",
+    "run.forking",
     "run.history",
     "run.leasing",
     "run.stored",

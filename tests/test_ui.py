@@ -16,7 +16,7 @@ from agent_fsm.cli import main
 from agent_fsm.diagrams import edge_counts
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.events import RunFinished, RunPaused, RunStarted, StateChanged, ToolStarted
-from agent_fsm.messages import AssistantMessage, ToolCall, Usage, UserMessage
+from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, Usage, UserMessage
 from agent_fsm.state import ControlKind, RunStatus
 from agent_fsm.table import TABLE, AgentState, StopReason
 from agent_fsm.ui.agui import agui_events
@@ -393,3 +393,25 @@ def test_a_stop_filter_reads_on_in_growing_batches_until_enough_match(runs: Runs
     assert more
     assert run_rows(runs.store, TABLE, stop="running") == ([], False)
     assert run_rows(runs.store, TABLE, stop="timeout", state="DONE") == ([], False)
+
+
+def test_fork_from_a_step_of_the_page_starts_a_new_run_there(runs: Runs) -> None:
+    parent = runs.store.load(runs.finished)
+    to_act = next(n for n, e in enumerate(trace_of(parent, TABLE), 1) if e.dest == "ACT")
+    with ui(runs) as base:
+        _, page, _ = get(f"{base}/runs/{runs.finished}?step={to_act}")
+        assert 'id="fork"' in page
+        fields = {"csrf": _csrf(page), "at": str(to_act)}
+        status, _, headers = post(f"{base}/runs/{runs.finished}/fork", fields)
+        assert status == 303
+        fork_id = headers["location"].removeprefix("/runs/")
+        assert fork_id != runs.finished
+        assert _settled(runs, fork_id, StopReason.ASK_USER) is AgentState.DONE
+        status, _, _ = post(f"{base}/runs/{runs.finished}/fork", {**fields, "at": "99"})
+        assert status == 400
+    fork = runs.store.load(fork_id)
+    assert fork.trace[:to_act] == parent.trace[:to_act]
+    results = [m for m in fork.messages if isinstance(m, ToolMessage)]
+    assert results[0].content == "sunny in Paris"
+    assert results[0].details == {"runtime": {"replayed": True}}  # from the copied journal
+    assert runs.store.load(runs.finished).output == "It is sunny in Paris."

@@ -7,9 +7,9 @@
 - ``GET /runs/{id}/events``: the run as AG-UI events over Server-Sent Events: the engine's
   typed events while this server drives the run (``live``), else what its checkpoints show
   as they change (the run driven elsewhere: a worker, another process), until it stops;
-- ``POST /runs/{id}/answer``, ``/approve``, ``/abort``: steering (an answer or approvals
-  need ``agent``; abort works for a run this server drives, or through a store that takes
-  cancel requests);
+- ``POST /runs/{id}/answer``, ``/approve``, ``/abort``, ``/fork``: steering (an answer,
+  approvals and a fork need ``agent``; abort works for a run this server drives, or
+  through a store that takes cancel requests);
 - ``GET /static/{name}``: the page's stylesheet and script, from the package.
 
 The run the ui resumes is driven in the server's event loop, by ``agent`` with the ui's
@@ -236,6 +236,28 @@ async def _answer(request: Request) -> Response:
     return _back(run_id)
 
 
+async def _fork(request: Request) -> Response:
+    """A new run from where this one stood after step ``at`` (``Agent.fork``), driven here;
+    the page goes to it."""
+    ui = _ui(request)
+    run_id = request.path_params["run_id"]
+    fields = await _form(request)
+    if isinstance(fields, Response):
+        return fields
+    if ui.agent is None:
+        return _refused(ui, run_id, "start the ui with --agent to fork runs")
+    try:
+        at = int(fields.get("at", ""))
+        run = ui.agent.fork(run_id, at=at)
+    except ValueError:
+        return _refused(ui, run_id, "fork at a step: its number")
+    except AgentFSMError as exc:
+        return _refused(ui, run_id, str(exc))
+    fork_id = run.state.run_id
+    ui.live.start(fork_id, asyncio.get_running_loop().create_task(run.run()))
+    return _back(fork_id)
+
+
 def _decisions(state: RunState, fields: dict[str, str]) -> dict[str, bool | Approval]:
     """The approvals a form gives: per pending call, allow or deny, the reason, and the
     arguments when the person changed them.
@@ -456,6 +478,7 @@ def create_app(
             Route("/runs/{run_id:path}/answer", _answer, methods=["POST"]),
             Route("/runs/{run_id:path}/approve", _approve, methods=["POST"]),
             Route("/runs/{run_id:path}/abort", _abort, methods=["POST"]),
+            Route("/runs/{run_id:path}/fork", _fork, methods=["POST"]),
             Route("/runs/{run_id:path}", _run),
             Route("/static/{name}", _static),
         ],

@@ -19,7 +19,7 @@ from urllib.parse import quote, urlencode
 
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage
 from agent_fsm.state import ControlKind, RunState
-from agent_fsm.table import AgentState, StopReason
+from agent_fsm.table import TERMINAL_STATES, AgentState, StopReason
 from agent_fsm.ui.runs import RunRow
 from agent_fsm.ui.steps import Step
 
@@ -165,7 +165,19 @@ def _message(message: Message) -> str:
     )
 
 
-def _step_detail(step: Step) -> str:
+def _fork_form(page: RunPage, step: Step) -> str:
+    if not page.steerable or str(step.entry.dest) in TERMINAL_STATES:
+        return ""
+    run = quote(page.state.run_id, safe="")
+    return (
+        f'<form class="fork" method="post" action="/runs/{run}/fork">'
+        f'<input type="hidden" name="csrf" value="{_e(page.csrf)}">'
+        f'<input type="hidden" name="at" value="{step.number}">'
+        '<button type="submit" id="fork">fork a new run from this step</button></form>'
+    )
+
+
+def _step_detail(step: Step, fork: str = "") -> str:
     entry = step.entry
     guards = " ∧ ".join(entry.guards) or "else"
     prompt = "".join(_message(m) for m in step.prompt) or '<p class="empty">no model call yet</p>'
@@ -181,7 +193,7 @@ def _step_detail(step: Step) -> str:
         f'<details class="prompt"><summary>prompt sent ({len(step.prompt)} messages)</summary>'
         f"{prompt}</details>"
         f'<h3>reply</h3><div class="reply">{reply}</div>'
-        f'<h3>tool results</h3><div class="results">{results}</div></section>'
+        f'<h3>tool results</h3><div class="results">{results}</div>{fork}</section>'
     )
 
 
@@ -269,7 +281,7 @@ def run_page(page: RunPage, *, store: str) -> str:
         f'<a href="/runs/{run}?{urlencode({"step": number})}#step">{_e(line)}</a></li>'
         for number, line in page.steps
     )
-    detail = _step_detail(page.step) if page.step is not None else ""
+    detail = _step_detail(page.step, _fork_form(page, page.step)) if page.step is not None else ""
     transcript = "".join(_message(m) for m in state.messages)
     live = (
         f'<section class="live" id="live" data-events="/runs/{run}/events">'
