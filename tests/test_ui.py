@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from agent_fsm import Agent, tool
 from agent_fsm.cli import main
 from agent_fsm.diagrams import edge_counts
 from agent_fsm.durable.sqlite import SQLiteStore
@@ -19,10 +21,12 @@ from agent_fsm.events import RunFinished, RunPaused, RunStarted, StateChanged, T
 from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, Usage, UserMessage
 from agent_fsm.state import ControlKind, RunStatus
 from agent_fsm.table import TABLE, AgentState, StopReason
+from agent_fsm.testing import ScriptedModel, call, reply
 from agent_fsm.ui.agui import agui_events
 from agent_fsm.ui.layout import draw_path
 from agent_fsm.ui.runs import run_rows
 from agent_fsm.ui.steps import step_at, trace_of
+from tests.conftest import limits
 from tests.ui_support import Runs, get, make_runs, paid, post, sqlite_runs, ui
 
 
@@ -415,3 +419,106 @@ def test_fork_from_a_step_of_the_page_starts_a_new_run_there(runs: Runs) -> None
     assert results[0].content == "sunny in Paris"
     assert results[0].details == {"runtime": {"replayed": True}}  # from the copied journal
     assert runs.store.load(runs.finished).output == "It is sunny in Paris."
+
+
+gate = threading.Event()
+
+
+@tool
+def slow_lookup() -> str:
+    """Waits for the test's go."""
+    gate.wait()
+    return "looked up"
+
+
+def _slow_run(tmp_path: Path) -> Runs:
+    gate.clear()
+    store = SQLiteStore(tmp_path / "runs.sqlite3")
+    model = ScriptedModel(
+        [reply("", call("ask_user", question="Go?")), reply("", call("slow_lookup")), "Done."]
+    )
+    agent = Agent(model=model, tools=[slow_lookup], limits=limits(), store=store)
+    run_id = agent.run_sync("Start").run_id
+    return Runs(store, agent, run_id, run_id, run_id)
+
+
+def _answered_and_acting(runs: Runs, base: str) -> str:
+    """Answer the slow run's question in the ui; once it waits in ACT, the page's CSRF."""
+    run_id = runs.asking
+    _, page, _ = get(f"{base}/runs/{run_id}")
+    control = runs.store.load(run_id).control
+    assert control is not None
+    fields = {"csrf": _csrf(page), "reply": "go", "pause": control.pause}
+    assert post(f"{base}/runs/{run_id}/answer", fields)[0] == 303
+    while runs.store.load(run_id).state is not AgentState.ACT:
+        time.sleep(0.01)
+    return _csrf(page)
+
+
+def _aborted_validly(runs: Runs, reason: str) -> None:
+    stopped = runs.store.load(runs.asking)
+    assert (stopped.state, stopped.stop_reason) == (AgentState.ERROR, StopReason.ABORTED)
+    assert stopped.error == reason
+    calls = [
+        c.id for m in stopped.messages if isinstance(m, AssistantMessage) for c in m.tool_calls
+    ]
+    answered = [m.tool_call_id for m in stopped.messages if isinstance(m, ToolMessage)]
+    assert answered == calls  # every call answered, once, in order
+
+
+def test_a_run_the_ui_drives_is_aborted_with_a_valid_transcript_when_the_ui_stops(
+    tmp_path: Path,
+) -> None:
+    runs = _slow_run(tmp_path)
+    try:
+        with ui(runs) as base:
+            _answered_and_acting(runs, base)
+        # the server stopped: the run it drove was cancelled, not left mid-step
+        _aborted_validly(runs, "the ui stopped")
+    finally:
+        gate.set()
+
+
+def test_abort_from_the_page_stops_a_run_the_ui_drives(tmp_path: Path) -> None:
+    runs = _slow_run(tmp_path)
+    try:
+        with ui(runs) as base:
+            csrf = _answered_and_acting(runs, base)
+            _, page, _ = get(f"{base}/runs/{runs.asking}")
+            assert 'id="abort"' in page
+            assert post(f"{base}/runs/{runs.asking}/abort", {"csrf": csrf})[0] == 303
+            _settled(runs, runs.asking, StopReason.ASK_USER)
+            _aborted_validly(runs, "aborted from the ui")
+    finally:
+        gate.set()
+
+
+def test_a_bind_beyond_loopback_gets_a_token(monkeypatch: pytest.MonkeyPatch, runs: Runs) -> None:
+    import uvicorn
+
+    from agent_fsm.ui.cli import is_loopback
+
+    assert is_loopback("127.0.0.1")
+    assert is_loopback("::1")
+    assert is_loopback("localhost")
+    assert not is_loopback("0.0.0.0")
+    assert not is_loopback("192.168.1.5")
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.append((app, options)))
+    path = str(tmp_path_of(runs))
+    assert main(["ui", "--store", path, "--host", "0.0.0.0", "--port", "9"]) == 0
+    app, options = served[0]  # type: ignore[misc]
+    assert options["host"] == "0.0.0.0"
+    assert app.token is not None  # type: ignore[attr-defined]
+    assert app.hosts is None  # type: ignore[attr-defined]
+    assert main(["ui", "--store", path, "--token", "given"]) == 0
+    app, options = served[1]  # type: ignore[misc]
+    assert options["host"] == "127.0.0.1"
+    assert app.token == "given"  # type: ignore[attr-defined]
+    assert "127.0.0.1" in app.hosts  # type: ignore[attr-defined]
+
+
+def tmp_path_of(runs: Runs) -> Path:
+    store = runs.store
+    assert isinstance(store, SQLiteStore)
+    return Path(store.path)
