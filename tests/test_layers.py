@@ -175,6 +175,7 @@ LAYERS = [
     "ui.layout",
     "ui.agui",
     "ui.live",
+    "ui.streams",
     "ui.security",
     "ui.pages",
     "ui.app",

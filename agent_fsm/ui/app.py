@@ -43,35 +43,20 @@ from agent_fsm.diagrams import edge_counts
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.queue import RunCancels
 from agent_fsm.errors import AgentFSMError, DiagramError, ResumeError
-from agent_fsm.messages import AssistantMessage, ToolMessage
 from agent_fsm.state import Approval, ControlKind, RunState
-from agent_fsm.table import TABLE, TERMINAL_STATES, AgentState, Row, StopReason
-from agent_fsm.ui.agui import (
-    AgUiEvent,
-    AgUiStream,
-    fsm_snapshot,
-    interrupt,
-    run_error,
-    sse,
-    text_message,
-    tool_call,
-    tool_result,
-)
+from agent_fsm.table import TABLE, TERMINAL_STATES, Row, StopReason
 from agent_fsm.ui.layout import draw_path, tone_of
 from agent_fsm.ui.live import LiveRuns
 from agent_fsm.ui.pages import RunPage, error_page, run_page, runs_page, step_line
 from agent_fsm.ui.runs import PAUSES, run_rows
 from agent_fsm.ui.security import Guard, same_origin, tokens_match
 from agent_fsm.ui.steps import step_at, trace_of
+from agent_fsm.ui.streams import driven, followed
 
 __all__ = ["create_app"]
 
 _STATIC = {"ui.css": "text/css", "ui.js": "text/javascript"}
 _MAX_FORM = 1_000_000
-THREAD = "agent_fsm"
-"""The AG-UI thread id of every run's stream (agent_fsm's runs are their own threads)."""
-POLL_S = 0.25
-"""How often a stream of a run driven elsewhere reads its checkpoint."""
 
 
 class _Ui:
@@ -328,108 +313,15 @@ async def _abort(request: Request) -> Response:
     return _back(run_id)
 
 
-def _derived(state: RunState, seen: int) -> list[AgUiEvent]:
-    """The AG-UI events of the messages a checkpoint added after the first ``seen``."""
-    found: list[AgUiEvent] = []
-    for number, message in enumerate(state.messages[seen:], start=seen):
-        message_id = f"{state.run_id}:message:{number}"
-        if isinstance(message, AssistantMessage):
-            if message.content:
-                found += text_message(message_id, message.content)
-            for call in message.tool_calls:
-                found += tool_call(call, message_id)
-        elif isinstance(message, ToolMessage):
-            found.append(tool_result(message_id, message.tool_call_id, message.content))
-    return found
-
-
-def _ending(ui: _Ui, state: RunState) -> list[AgUiEvent]:
-    """How a stopped run's stream ends: its last snapshot, and RUN_FINISHED (an interrupt
-    for a pause) or RUN_ERROR."""
-    stop = ui.stop(state)
-    snapshot = fsm_snapshot(
-        state.run_id, str(state.state), state.turns, stop.value if stop else None
-    )
-    if state.state is AgentState.ERROR or stop is None:
-        return [snapshot, run_error(state.error or "", stop.value if stop else "")]
-    finished: AgUiEvent = {"type": "RUN_FINISHED", "threadId": THREAD, "runId": state.run_id}
-    control = state.control
-    if stop in PAUSES and control is not None:
-        asked = interrupt(control.pause or state.run_id, stop, control.text, control.pending_calls)
-        finished.update(outcome="interrupt", interrupt=asked)
-    else:
-        finished.update(outcome="success", result=state.output)
-    return [snapshot, finished]
-
-
-async def _followed(ui: _Ui, request: Request, run_id: str) -> AsyncIterator[str]:
-    """A run driven elsewhere, from its checkpoints: a snapshot, then what each new save
-    adds, until the run stops (or the page goes away)."""
-    state = ui.store.load(run_id)
-    yield sse({"type": "RUN_STARTED", "threadId": THREAD, "runId": run_id})
-    yield sse(fsm_snapshot(run_id, str(state.state), state.turns))
-    seen, where = len(state.messages), (str(state.state), len(state.trace))
-    while state.state not in TERMINAL_STATES:
-        if ui.live.driving(run_id):  # the ui took it over meanwhile (a resume)
-            async for line in _driven(ui, request, run_id):
-                yield line
-            return
-        if await request.is_disconnected():
-            return
-        await asyncio.sleep(POLL_S)
-        state = await asyncio.to_thread(ui.store.load, run_id)
-        for event in _derived(state, seen):
-            yield sse(event)
-        seen = len(state.messages)
-        now = (str(state.state), len(state.trace))
-        if now != where:
-            where = now
-            yield sse(
-                {
-                    "type": "STATE_DELTA",
-                    "delta": [
-                        {"op": "replace", "path": "/fsm/state", "value": now[0]},
-                        {"op": "replace", "path": "/fsm/turn", "value": state.turns},
-                    ],
-                }
-            )
-    for event in _ending(ui, state):
-        yield sse(event)
-
-
-async def _driven(ui: _Ui, request: Request, run_id: str) -> AsyncIterator[str]:
-    """A run this server drives, from the engine's typed events."""
-    stream = AgUiStream(THREAD)
-    with ui.live.listen(run_id) as queue:
-        state = ui.store.load(run_id)
-        yield sse({"type": "RUN_STARTED", "threadId": THREAD, "runId": run_id})
-        yield sse(fsm_snapshot(run_id, str(state.state), state.turns))
-        while ui.live.driving(run_id) or not queue.empty():
-            try:
-                event = await asyncio.wait_for(queue.get(), timeout=1.0)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    return
-                continue
-            for mapped in stream(event):
-                if mapped["type"] == "RUN_STARTED":  # said once, above
-                    continue
-                yield sse(mapped)
-            if event.kind == "run_finished":
-                return
-    for ending in _ending(ui, ui.store.load(run_id)):
-        yield sse(ending)
-
-
 async def _events(request: Request) -> Response:
     ui = _ui(request)
     run_id = request.path_params["run_id"]
     loaded = _load(ui, run_id)
     if isinstance(loaded, Response):
         return loaded
-    source = _driven if ui.live.driving(run_id) else _followed
+    source = driven if ui.live.driving(run_id) else followed
     return StreamingResponse(
-        source(ui, request, run_id),
+        source(ui.store, ui.live, ui.stop, request.is_disconnected, run_id),
         media_type="text/event-stream",
         headers={"x-accel-buffering": "no"},
     )
