@@ -54,7 +54,7 @@ test-lowest:
 	VIRTUAL_ENV=$(VENV_LOWEST) $(VENV_LOWEST)/bin/uv pip install --quiet \
 		--resolution lowest-direct -e '.[dev]'
 	$(VENV_LOWEST)/bin/python -m pip list --format=freeze | grep -iE \
-		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|pytest.xdist|hypothesis|hypothesis.jsonschema|mypy|opentelemetry.api|opentelemetry.sdk|mcp|anthropic|google.genai|httpx|httpx2|psycopg|psycopg.binary|dbos)=='
+		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|pytest.xdist|hypothesis|hypothesis.jsonschema|mypy|opentelemetry.api|opentelemetry.sdk|mcp|anthropic|google.genai|httpx|httpx2|psycopg|psycopg.binary|dbos|starlette|uvicorn|selenium)=='
 	$(VENV_LOWEST)/bin/pytest -q -n auto
 
 # The thorough hypothesis profile: many more examples; run by hand.

@@ -96,5 +96,6 @@ def run_ui_command(args: argparse.Namespace) -> int:
         shown = f"[{args.host}]" if ":" in args.host else args.host
         address = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
         print(f"agent-fsm ui: {address}  (Ctrl-C stops it)", file=sys.stderr)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        # no websockets: the ui speaks HTTP and Server-Sent Events only
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", ws="none")
     return 0
