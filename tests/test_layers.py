@@ -174,6 +174,7 @@ LAYERS = [
     "ui.steps",
     "ui.layout",
     "ui.agui",
+    "ui.recorded",
     "ui.live",
     "ui.streams",
     "ui.security",

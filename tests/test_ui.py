@@ -17,6 +17,7 @@ from agent_fsm import Agent, tool
 from agent_fsm.cli import main
 from agent_fsm.diagrams import edge_counts
 from agent_fsm.durable.sqlite import SQLiteStore
+from agent_fsm.errors import CheckpointError
 from agent_fsm.events import RunFinished, RunPaused, RunStarted, StateChanged, ToolStarted
 from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, Usage, UserMessage
 from agent_fsm.state import ControlKind, RunStatus
@@ -24,6 +25,7 @@ from agent_fsm.table import TABLE, AgentState, StopReason
 from agent_fsm.testing import ScriptedModel, call, reply
 from agent_fsm.ui.agui import agui_events
 from agent_fsm.ui.layout import draw_path
+from agent_fsm.ui.recorded import TraceRuns
 from agent_fsm.ui.runs import run_rows
 from agent_fsm.ui.steps import step_at, trace_of
 from tests.conftest import limits
@@ -522,3 +524,85 @@ def tmp_path_of(runs: Runs) -> Path:
     store = runs.store
     assert isinstance(store, SQLiteStore)
     return Path(store.path)
+
+
+# -- trace files -------------------------------------------------------------------------
+
+
+def _traced(tmp_path: Path) -> tuple[Path, TraceRuns]:
+    from agent_fsm.durable.tracefile import TraceWriter
+
+    path = tmp_path / "runs.jsonl"
+    writer = TraceWriter(path)
+    model = ScriptedModel(
+        [
+            reply("", call("get_weather", city="Oslo")),
+            "Cold in Oslo.",
+            reply("", call("ask_user", question="Which day?")),
+        ]
+    )
+    from tests.ui_support import get_weather
+
+    agent = Agent(model=model, tools=[get_weather], limits=limits()).subscribe(writer)
+    agent.run_sync("Weather in Oslo?")
+    agent.run_sync("Weather?")
+    writer.close()
+    return path, TraceRuns(path, TABLE)
+
+
+def test_a_trace_file_is_a_source_of_runs_with_usage_per_step(tmp_path: Path) -> None:
+    _, traced = _traced(tmp_path)
+    listed = traced.list_runs()
+    assert [s.state for s in listed] == [AgentState.DONE, AgentState.DONE]
+    asking, answered = listed
+    assert [stop_of_row.stop for stop_of_row in run_rows(traced, TABLE)[0]] == [
+        "ask_user",
+        "final_answer",
+    ]
+    state = traced.load(answered.run_id)
+    assert [m.role for m in state.messages] == ["user", "assistant", "tool", "assistant"]
+    assert state.output == "Cold in Oslo."
+    by_turn = traced.usage_by_turn(answered.run_id)
+    assert 0 < by_turn[1].total_tokens < by_turn[2].total_tokens == state.usage.total_tokens
+    step = step_at(state, TABLE, 2)
+    assert step.reply is not None
+    assert step.reply.tool_calls[0].name == "get_weather"
+    with pytest.raises(CheckpointError, match="no run 'nope'"):
+        traced.load("nope")
+    assert traced.list_runs(states=["ERROR"]) == []
+    assert asking.last_row is not None
+
+
+def test_the_ui_over_a_trace_file_shows_each_steps_usage_and_does_not_steer(
+    tmp_path: Path,
+) -> None:
+    from agent_fsm.ui.app import create_app
+    from tests.ui_support import serving
+
+    path, traced = _traced(tmp_path)
+    answered = traced.list_runs()[1].run_id
+    asking = traced.list_runs()[0].run_id
+    tokens = traced.usage_by_turn(answered)[1].total_tokens
+    agent = Agent(model=ScriptedModel([]))
+    with serving(create_app(traced, store_name=str(path), agent=agent)) as base:
+        status, page, _ = get(f"{base}/runs/{answered}?step=2")
+        assert status == 200
+        assert f'<dd id="step-tokens">{tokens:,} ' in page
+        _, paused, _ = get(f"{base}/runs/{asking}")
+        assert 'action="/runs/' not in paused  # a trace is read, never answered
+        listing = get(base + "/")[1]
+        assert listing.count('<tr class="run') == 2
+
+
+def test_the_cli_serves_a_trace_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uvicorn
+
+    path, _ = _traced(tmp_path)
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.append(app))
+    assert main(["ui", "--trace", str(path)]) == 0
+    assert len(served) == 1
+    assert main(["ui", "--trace", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no trace file" in capsys.readouterr().err

@@ -43,12 +43,14 @@ from agent_fsm.diagrams import edge_counts
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.queue import RunCancels
 from agent_fsm.errors import AgentFSMError, DiagramError, ResumeError
+from agent_fsm.messages import Usage
 from agent_fsm.state import Approval, ControlKind, RunState
 from agent_fsm.table import TABLE, TERMINAL_STATES, Row, StopReason
 from agent_fsm.ui.layout import draw_path, tone_of
 from agent_fsm.ui.live import LiveRuns
 from agent_fsm.ui.pages import RunPage, error_page, run_page, runs_page, step_line
-from agent_fsm.ui.runs import PAUSES, run_rows
+from agent_fsm.ui.recorded import TraceRuns
+from agent_fsm.ui.runs import PAUSES, RunSource, run_rows
 from agent_fsm.ui.security import Guard, same_origin, tokens_match
 from agent_fsm.ui.steps import step_at, trace_of
 from agent_fsm.ui.streams import driven, followed
@@ -64,7 +66,7 @@ class _Ui:
 
     def __init__(
         self,
-        store: CheckpointStore,
+        store: RunSource,
         store_name: str,
         agent: Agent | None,
         csrf: str,
@@ -155,8 +157,19 @@ def _page(ui: _Ui, state: RunState, step: int | None, problem: str | None = None
         live=running,
         abortable=running and (ui.live.driving(state.run_id) or isinstance(ui.store, RunCancels)),
         problem=problem,
+        step_usage=_usage_at(ui, state, chosen.model_calls) if chosen is not None else None,
     )
     return run_page(page, store=ui.store_name)
+
+
+def _usage_at(ui: _Ui, state: RunState, turn: int) -> Usage | None:
+    """The usage of the run's model calls as of ``turn``, where the source keeps it per
+    call (a trace file); None for a checkpoint, which keeps the run's total only."""
+    if not isinstance(ui.store, TraceRuns):
+        return None
+    by_turn = ui.store.usage_by_turn(state.run_id)
+    known = [t for t in by_turn if t <= turn]
+    return by_turn[max(known)] if known else None
 
 
 async def _run(request: Request) -> Response:
@@ -336,7 +349,7 @@ async def _static(request: Request) -> Response:
 
 
 def create_app(
-    store: CheckpointStore,
+    store: RunSource,
     *,
     store_name: str,
     agent: Agent | None = None,
@@ -346,14 +359,16 @@ def create_app(
 ) -> Guard:
     """The ui over ``store`` (named ``store_name`` on its pages: pass it through
     ``checkpoint.redacted``), steering with ``agent`` (its store replaced by ``store``)
-    when given.
+    when given and ``store`` is a checkpoint store (a trace file, ``recorded.TraceRuns``,
+    is only read).
 
     Args:
         token: required of every request when given (see ``security``).
         hosts: the ``Host`` names answered; None to answer any (a token must then guard it).
         csrf: the forms' token (a random one by default).
     """
-    driver = agent.replace(store=store) if agent is not None else None
+    steerable = agent is not None and isinstance(store, CheckpointStore)
+    driver = agent.replace(store=store) if steerable and agent is not None else None
     ui = _Ui(store, store_name, driver, csrf or secrets.token_urlsafe(32))
 
     @asynccontextmanager

@@ -14,6 +14,7 @@ import os
 import secrets
 import sys
 from contextlib import closing
+from pathlib import Path
 from typing import Any, Protocol
 
 from agent_fsm.errors import ConfigError
@@ -38,6 +39,12 @@ def add_ui_command(commands: _Commands, *, store_default: str, store_help: str) 
         "Binds 127.0.0.1; another --host needs a token.",
     )
     command.add_argument("--store", default=store_default, help=store_help)
+    command.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="show the runs recorded in a trace file (--trace of run/demo) instead of a store: "
+        "read only, followed as it grows, with each model call's usage",
+    )
     command.add_argument("--schema", default="agent_fsm", help="the schema of a PostgreSQL store")
     command.add_argument("--port", type=int, default=8765, metavar="N", help="(default 8765)")
     command.add_argument(
@@ -79,16 +86,26 @@ def run_ui_command(args: argparse.Namespace) -> int:
     from agent_fsm.cli_stores import open_store
     from agent_fsm.durable.checkpoint import redacted
     from agent_fsm.loading import load_agent
+    from agent_fsm.table import TABLE
+    from agent_fsm.ui.recorded import TraceRuns
+    from agent_fsm.ui.runs import RunSource
 
     loopback = is_loopback(args.host)
     token = args.token or os.environ.get(TOKEN_VARIABLE) or None
     if not loopback and token is None:
         token = secrets.token_urlsafe(24)
     agent = load_agent(args.agent) if args.agent else None
-    with closing(open_store(args.store, args.schema)) as store:
+    source: RunSource
+    if args.trace:
+        if not Path(args.trace).is_file():
+            raise ConfigError(f"no trace file at {args.trace}")
+        source = TraceRuns(args.trace, agent.machine.rows if agent is not None else TABLE)
+    else:
+        source = open_store(args.store, args.schema)
+    with closing(source) as store:
         app = create_app(
             store,
-            store_name=redacted(args.store),
+            store_name=redacted(args.trace or args.store),
             agent=agent,
             token=token,
             hosts=("127.0.0.1", "localhost", "::1", args.host) if loopback else None,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
-from agent_fsm.messages import AssistantMessage, Message, ToolMessage
+from agent_fsm.messages import AssistantMessage, Message, ToolMessage, Usage
 from agent_fsm.state import ControlKind, RunState
 from agent_fsm.table import TERMINAL_STATES, AgentState, StopReason
 from agent_fsm.ui.runs import RunRow
@@ -138,7 +138,9 @@ class RunPage:
     """The run has not stopped: the page follows it."""
     abortable: bool
     problem: str | None = None
-    tool_schemas: dict[str, object] | None = None
+    step_usage: Usage | None = None
+    """The usage of the model calls as of the chosen step, where the source keeps it (a
+    trace file; a checkpoint keeps the run's total only)."""
 
 
 def _message(message: Message) -> str:
@@ -177,7 +179,19 @@ def _fork_form(page: RunPage, step: Step) -> str:
     )
 
 
-def _step_detail(step: Step, fork: str = "") -> str:
+def _usage_line(usage: Usage | None) -> str:
+    if usage is None:
+        return (
+            '<dt>tokens as of this step</dt><dd class="hint">a checkpoint keeps the run\'s total '
+            "only (above); a trace file (--trace) keeps each call's</dd>"
+        )
+    return (
+        f'<dt>tokens as of this step</dt><dd id="step-tokens">{usage.total_tokens:,} '
+        f"({usage.input_tokens:,} in, {usage.output_tokens:,} out)</dd>"
+    )
+
+
+def _step_detail(step: Step, fork: str = "", usage: str = "") -> str:
     entry = step.entry
     guards = " ∧ ".join(entry.guards) or "else"
     prompt = "".join(_message(m) for m in step.prompt) or '<p class="empty">no model call yet</p>'
@@ -189,7 +203,7 @@ def _step_detail(step: Step, fork: str = "") -> str:
         f"<dl><dt>row</dt><dd><code>{_e(str(entry.trigger))}</code> "
         f"[{_e(guards)}] {_e(entry.label)}</dd>"
         f"<dt>state after</dt><dd>{_e(str(entry.dest))}</dd>"
-        f"<dt>model calls as of this step</dt><dd>{step.model_calls}</dd></dl>"
+        f"<dt>model calls as of this step</dt><dd>{step.model_calls}</dd>{usage}</dl>"
         f'<details class="prompt"><summary>prompt sent ({len(step.prompt)} messages)</summary>'
         f"{prompt}</details>"
         f'<h3>reply</h3><div class="reply">{reply}</div>'
@@ -281,7 +295,9 @@ def run_page(page: RunPage, *, store: str) -> str:
         f'<a href="/runs/{run}?{urlencode({"step": number})}#step">{_e(line)}</a></li>'
         for number, line in page.steps
     )
-    detail = _step_detail(page.step, _fork_form(page, page.step)) if page.step is not None else ""
+    detail = ""
+    if page.step is not None:
+        detail = _step_detail(page.step, _fork_form(page, page.step), _usage_line(page.step_usage))
     transcript = "".join(_message(m) for m in state.messages)
     live = (
         f'<section class="live" id="live" data-events="/runs/{run}/events">'

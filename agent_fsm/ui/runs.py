@@ -10,14 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from agent_fsm.durable.checkpoint import RunLister, RunSummary
+from agent_fsm.state import RunState
 from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
 
-__all__ = ["PAUSES", "RunRow", "run_rows", "stop_of"]
+__all__ = ["PAUSES", "RunRow", "RunSource", "run_rows", "stop_of"]
 
 PAUSES = frozenset({StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED})
 """The stops that wait for a person: the page makes them stand out."""
+
+
+@runtime_checkable
+class RunSource(RunLister, Protocol):
+    """What the ui reads runs from: a checkpoint store, or a trace file
+    (``recorded.TraceRuns``)."""
+
+    def load(self, run_id: str) -> RunState:
+        """The run's last known state; ``CheckpointError`` for an unknown run."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from agent_fsm.durable.checkpoint import RunOpener
 from agent_fsm.messages import AssistantMessage, ToolMessage
 from agent_fsm.state import RunState
 from agent_fsm.table import TERMINAL_STATES, AgentState, StopReason
@@ -31,7 +30,7 @@ from agent_fsm.ui.agui import (
     tool_result,
 )
 from agent_fsm.ui.live import LiveRuns
-from agent_fsm.ui.runs import PAUSES
+from agent_fsm.ui.runs import PAUSES, RunSource
 
 __all__ = ["POLL_S", "THREAD", "driven", "followed"]
 
@@ -79,7 +78,7 @@ def _ending(stop_of: StopOf, state: RunState) -> list[AgUiEvent]:
 
 
 async def followed(
-    store: RunOpener, live: LiveRuns, stop_of: StopOf, disconnected: Disconnected, run_id: str
+    store: RunSource, live: LiveRuns, stop_of: StopOf, disconnected: Disconnected, run_id: str
 ) -> AsyncIterator[str]:
     """A run driven elsewhere, from its checkpoints: a snapshot, then what each new save
     adds, until the run stops (or the page goes away)."""
@@ -116,7 +115,7 @@ async def followed(
 
 
 async def driven(
-    store: RunOpener, live: LiveRuns, stop_of: StopOf, disconnected: Disconnected, run_id: str
+    store: RunSource, live: LiveRuns, stop_of: StopOf, disconnected: Disconnected, run_id: str
 ) -> AsyncIterator[str]:
     """A run this server drives, from the engine's typed events."""
     stream = AgUiStream(THREAD)
