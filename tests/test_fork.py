@@ -111,3 +111,34 @@ def test_a_fork_must_name_a_transition_that_did_not_end_the_run(tmp_path: Path) 
         agent.fork(run_id, at=last)
     with pytest.raises(ConfigError):
         agent.fork(run_id, at=1, fork_id=run_id)  # a run the store holds
+
+
+def test_a_fork_at_every_transition_keeps_the_run_invariants_and_runs_no_call_twice(
+    tmp_path: Path,
+) -> None:
+    agent = Agent(
+        model=ScriptedModel(
+            [
+                reply("", call("charge", amount=10)),
+                reply("", call("charge", amount=20), call("charge", amount=5)),
+                "Charged 35.",
+            ]
+        ),
+        tools=[charge],
+        limits=limits(),
+        store=SQLiteStore(tmp_path / "runs.sqlite3"),
+    )
+    stored = agent.run_sync("Charge 10, then 20 and 5.")
+    assert charged == [10, 20, 5]
+    forks = 0
+    for at, entry in enumerate(stored.trace, start=1):
+        if entry.dest in (AgentState.DONE, AgentState.ERROR):
+            continue
+        other = agent.replace(model=ScriptedModel(["Fork answer."] * 3))
+        result = _drive(other.fork(stored.run_id, at=at))
+        check_invariants(result, limits=other.limits, bound=other.bound)
+        assert result.output == "Fork answer.", (at, entry)
+        assert result.trace[:at] == stored.trace[:at]
+        assert charged == [10, 20, 5], (at, entry)  # every call the stored run made: no more
+        forks += 1
+    assert forks == len(stored.trace) - 1

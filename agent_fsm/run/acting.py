@@ -141,7 +141,7 @@ async def answer_calls(
     if asked:
         _answer_control(ctx, asked, prepared, turn.results)
     elif hooks is None or await _screened(
-        ctx, hooks.before_tool, turn, set(approved) - set(unscreened)
+        ctx, hooks.before_tool, turn, set(approved) - set(unscreened) if unscreened else approved
     ):
         runnable, pending = _gate(turn.prepared, approved, turn.results, machine.approval_first)
         if runnable:

@@ -106,7 +106,10 @@ async def _runs(request: Request) -> Response:
         limit = min(max(int(query.get("limit", "200")), 1), 10_000)
     except ValueError:
         limit = 200
-    runs, more = run_rows(ui.store, ui.rows, state=state, stop=stop, limit=limit)
+    # in a thread: a long listing must not stall the runs this server drives
+    runs, more = await asyncio.to_thread(
+        run_rows, ui.store, ui.rows, state=state, stop=stop, limit=limit
+    )
     page = runs_page(
         runs, store=ui.store_name, states=ui.states(), state=state, stop=stop, more=more
     )
