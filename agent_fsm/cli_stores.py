@@ -8,6 +8,7 @@ from pathlib import Path
 from agent_fsm.durable.checkpoint import CheckpointStore, redacted
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
+from agent_fsm.extras import install_hint
 
 __all__ = ["open_store"]
 
@@ -24,7 +25,7 @@ def open_store(location: str, schema: str) -> CheckpointStore:
             from agent_fsm.durable.postgres import PostgresStore
         except ImportError:
             raise ConfigError(
-                "a PostgreSQL store needs psycopg: pip install 'agent-fsm[postgres]'"
+                f"a PostgreSQL store needs psycopg: {install_hint('postgres')}"
             ) from None
         return PostgresStore(location, schema=schema, create=False)
     if not Path(location).is_file():

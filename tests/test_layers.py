@@ -16,6 +16,7 @@ LAYERS = [
     # the bottom: plain data and the vocabulary every package shares
     "version",
     "errors",
+    "extras",
     "constructors",
     "table",
     "custom_table",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent_fsm.errors import ConfigError
+from agent_fsm.extras import install_hint
 
 __all__ = ["TOKEN_VARIABLE", "add_ui_command", "is_loopback", "run_ui_command"]
 
@@ -32,7 +33,7 @@ def add_ui_command(commands: _Commands, *, store_default: str, store_help: str) 
     """Add ``ui`` to the command line's subcommands."""
     command = commands.add_parser(
         "ui",
-        help="watch and steer the runs of a store in a browser (pip install 'agent-fsm[ui]')",
+        help="watch and steer the runs of a store in a browser (the ui extra)",
         description="Serve a local web app over a checkpoint store: the runs list, each "
         "run's path on the table with a step-through and its transcript, running runs live "
         "(AG-UI events over SSE), and, with --agent, answers to ask_user and approvals. "
@@ -81,7 +82,7 @@ def run_ui_command(args: argparse.Namespace) -> int:
         from agent_fsm.ui.app import create_app
     except ImportError as exc:
         raise ConfigError(
-            f"agent-fsm ui needs the ui extra ({exc.name} is missing): pip install 'agent-fsm[ui]'"
+            f"agent-fsm ui needs the ui extra ({exc.name} is missing): {install_hint('ui')}"
         ) from None
     from agent_fsm.cli_stores import open_store
     from agent_fsm.durable.checkpoint import redacted
