@@ -606,3 +606,19 @@ def test_the_cli_serves_a_trace_file(
     assert len(served) == 1
     assert main(["ui", "--trace", str(tmp_path / "missing.jsonl")]) == 2
     assert "no trace file" in capsys.readouterr().err
+
+
+def test_a_run_of_another_table_is_named_not_a_server_error(runs: Runs) -> None:
+    import copy
+
+    state = copy.deepcopy(runs.store.load(runs.finished))
+    state.run_id = "custom-table"
+    state.trace.append((len(TABLE) + 5, 2))  # a row this table does not have
+    runs.store.save(state)
+    with ui(runs) as base:
+        status, page, _ = get(f"{base}/runs/custom-table")
+        assert status == 409
+        assert "--agent" in page
+        assert get(f"{base}/runs/custom-table/events")[0] == 409
+        listing = get(base + "/")[1]
+        assert "custom-table" in listing

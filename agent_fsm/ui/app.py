@@ -117,12 +117,23 @@ async def _runs(request: Request) -> Response:
 
 
 def _load(ui: _Ui, run_id: str) -> RunState | Response:
+    """The run, or the page that says why it cannot be shown: an unknown run, or one whose
+    trace names rows this table does not have (made with another table)."""
     try:
-        return ui.store.load(run_id)
+        state = ui.store.load(run_id)
     except AgentFSMError as exc:
         return HTMLResponse(
             error_page(str(exc), store=ui.store_name, status="no such run"), status_code=404
         )
+    if any(not 0 <= index < len(ui.rows) for index, _ in state.trace):
+        problem = (
+            f"run {run_id} was made with another table than this one (its trace names rows "
+            "it does not have): start the ui with --agent MODULE:ATTR, the agent that made it"
+        )
+        return HTMLResponse(
+            error_page(problem, store=ui.store_name, status="another table"), status_code=409
+        )
+    return state
 
 
 def _page(ui: _Ui, state: RunState, step: int | None, problem: str | None = None) -> str:
@@ -205,11 +216,10 @@ def _back(run_id: str) -> Response:
 
 
 def _refused(ui: _Ui, run_id: str, problem: str) -> Response:
-    try:
-        state = ui.store.load(run_id)
-    except AgentFSMError as exc:
-        return HTMLResponse(error_page(str(exc), store=ui.store_name), status_code=404)
-    return HTMLResponse(_page(ui, state, None, problem), status_code=400)
+    loaded = _load(ui, run_id)
+    if isinstance(loaded, Response):
+        return loaded
+    return HTMLResponse(_page(ui, loaded, None, problem), status_code=400)
 
 
 def _drive(ui: _Ui, run_id: str, reply: str | None, approvals: Any, pause: str | None) -> None:
