@@ -248,6 +248,9 @@ def test_a_token_guards_every_request_and_is_kept_in_a_cookie(runs: Runs) -> Non
         assert headers["location"] == "/?state=DONE"
         assert "HttpOnly" in headers["set-cookie"]
         assert "SameSite=Strict" in headers["set-cookie"]
+        status, _, headers = get(f"{base}/runs/caf%C3%A9%0D%0Aset-cookie:x?token=s3cret")
+        assert status == 303
+        assert headers["location"] == "/runs/caf%C3%A9%0D%0Aset-cookie%3Ax"
         assert get(base + "/", {"Cookie": "agent_fsm_ui=s3cret"})[0] == 200
         assert get(base + "/", {"Authorization": "Bearer s3cret"})[0] == 200
 

@@ -20,7 +20,7 @@ import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 __all__ = ["COOKIE", "SECURITY_HEADERS", "Guard", "same_origin", "tokens_match"]
 
@@ -90,7 +90,7 @@ class Guard:
             query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
             if tokens_match(query.get("token"), self.token):
                 del query["token"]
-                target = scope["path"] + (f"?{urlencode(query)}" if query else "")
+                target = quote(scope["path"]) + (f"?{urlencode(query)}" if query else "")
                 cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
                 await _redirect(send, target, cookie)
                 return
