@@ -16,6 +16,7 @@ LAYERS = [
     # the bottom: plain data and the vocabulary every package shares
     "version",
     "errors",
+    "extras",
     "constructors",
     "table",
     "custom_table",
@@ -103,6 +104,7 @@ LAYERS = [
     "run.answering",
     "run.outcome",
     "run.resuming",
+    "run.forking",
     "run.history",
     "run.leasing",
     "run.stored",
@@ -167,6 +169,20 @@ LAYERS = [
     "evals",
     "evals.cli",
     "cli_model",
+    "cli_stores",
+    # ui/: the ui extra; only its app and its command's server start import Starlette/uvicorn
+    "ui.runs",
+    "ui.steps",
+    "ui.layout",
+    "ui.agui",
+    "ui.recorded",
+    "ui.live",
+    "ui.streams",
+    "ui.security",
+    "ui.pages",
+    "ui.app",
+    "ui.cli",
+    "ui",
     "cli",
     "",  # agent_fsm/__init__.py
 ]
@@ -189,6 +205,8 @@ ONLY_IN = {
     "opentelemetry": {"otel_metrics", "otel"},
     "yaml": {"evals.dataset"},
     "psycopg": {"durable.postgres_database"},
+    "starlette": {"ui.app"},
+    "uvicorn": {"ui.cli"},
     # only users' test runs import pytest: the plugin (loaded by pytest) and the contracts
     "pytest": {
         "testing.plugin",
