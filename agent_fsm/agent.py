@@ -38,6 +38,7 @@ from agent_fsm.messages import Message, ToolSpec
 from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
+from agent_fsm.pricing import Pricing
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import HistoryRepair, prepare_history
 from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
@@ -229,6 +230,8 @@ def _dead_guards(
     dead: set[str] = set()
     if not limits.last_answer:
         dead.add("last_answer_wanted")
+    if limits.cost_budget is None:
+        dead.update(("prompt_exceeds_cost_budget", "cost_budget_spent"))
     if limits.context_window is None:
         dead.add("prompt_exceeds_window")
     if not limits.loop_detection:
@@ -249,6 +252,24 @@ def _dead_guards(
     if all(item.requires_approval is False for item in offered):
         dead.add("approval_pending")
     return frozenset(dead)
+
+
+def _pricing(limits: Limits, model: Model) -> Pricing | None:
+    """The price of the agent's model's tokens, when the limits have prices.
+
+    Raises:
+        ConfigError: the limits have prices but none for the agent's model: its calls could
+            not be counted against the money budget, nor its cost reported.
+    """
+    if not limits.prices:
+        return None
+    pricing = limits.price_of(model.name)
+    if pricing is None:
+        raise ConfigError(
+            f"Limits.prices has no price for the agent's model {model.name!r} (it prices "
+            f"{[name for name, _ in limits.prices]})"
+        )
+    return pricing
 
 
 def _token_counter(model: Model) -> TextCounter:
@@ -394,6 +415,7 @@ class Agent:
         _review_tool_schemas(model, registry.specs)
         machine = machine_for(self.table)
         _check_control_rows(machine, offered)
+        pricing = _pricing(limits, model)
         config = RunConfig(
             model=model,
             tools=registry,
@@ -408,6 +430,7 @@ class Agent:
             last_answer_prompt=prompt,
             parallel_tool_calls=self.parallel_tool_calls,
             handlers=tuple(self.handlers),
+            pricing=pricing,
             dead_guards=_dead_guards(limits, offered, output, self.reflector, policies),
         )
         _set(self, "_config", config)

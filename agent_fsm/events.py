@@ -167,6 +167,8 @@ class ModelResponded:
     """Usage of this call (estimated when the server reported none)."""
     last_answer: bool = False
     """The reply is the last answer written as a limit ended the run."""
+    cost: float | None = None
+    """What this call cost (``Limits.prices``); None when the agent has no prices."""
 
 
 @quick_init
@@ -267,6 +269,8 @@ class RunFinished:
     output: str | None
     error: str | None = None
     """For failed runs, what went wrong (the same text as RunResult.error)."""
+    cost: float | None = None
+    """What the run's model calls cost (``RunResult.cost``); None without prices."""
 
 
 @quick_init

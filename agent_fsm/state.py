@@ -216,6 +216,8 @@ class RunState:
     turn_retry_wait_s: float = _declared(L.RUN, "run.thinking", 0.0)
     """Seconds the current turn has waited before its retries."""
     usage: Usage = _declared(L.RUN, "run.thinking", factory=Usage)
+    cost: float | None = _declared(L.RUN, "run.thinking", None)
+    """What the model calls cost so far (``Limits.prices``); None while none was priced."""
     messages: list[Message] = _declared(
         L.RUN, "run.context durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
@@ -408,6 +410,9 @@ class RunResult(BaseModel):
     turns: int
     """Turns taken: model calls that were not retries."""
     usage: Usage
+    cost: float | None = None
+    """What the run's model calls cost (``Limits.prices``), its sub-agents' included; None
+    when the agent has no prices."""
     messages: tuple[Message, ...]
     trace: tuple[TraceEntry, ...]
     pending: ControlRequest | None = None
@@ -464,6 +469,7 @@ class RunResult(BaseModel):
             error=state.error,
             turns=state.turns,
             usage=state.usage,
+            cost=state.cost,
             messages=tuple(state.messages),
             trace=trace,
             pending=state.control if status is RunStatus.NEEDS_INPUT else None,

@@ -109,6 +109,9 @@ class StopReason(StrEnum):
     """The final answer failed to validate against the output type more often than
     ``Limits.output_retries`` allows."""
     TOKEN_BUDGET = "token_budget"
+    COST_BUDGET = "cost_budget"
+    """The money budget (``Limits.cost_budget``) is spent, or the next prompt would pass it
+    (stopped before the call)."""
     CONTEXT_WINDOW = "context_window"
     """The prompt cannot be made to fit the model's context window (stopped before the call)."""
     MAX_TURNS = "max_turns"
@@ -347,6 +350,7 @@ def _failed_call_rows(trigger: Trigger, source: AgentState, budget: str) -> tupl
         Row(trigger, source, S.ERROR, (failed, "no_retries_left"), R.MODEL_ERROR),
         *_last_answer_before(trigger, source, failed, budget),
         Row(trigger, source, S.ERROR, (failed, budget), R.TOKEN_BUDGET),
+        Row(trigger, source, S.ERROR, (failed, "prompt_exceeds_cost_budget"), R.COST_BUDGET),
     )
 
 
@@ -365,6 +369,7 @@ TABLE: tuple[Row, ...] = (
     Row(T.OBSERVED, S.OBSERVE, S.COMPACT, ("prompt_exceeds_window",), V.COMPACT),
     *_last_answer_before(T.OBSERVED, S.OBSERVE, "prompt_exceeds_budget"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
+    Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_cost_budget",), R.COST_BUDGET),
     *_last_answer_before(T.OBSERVED, S.OBSERVE, "no_turns_left"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     Row(T.OBSERVED, S.OBSERVE, S.THINK, (), V.THINK),
@@ -384,10 +389,12 @@ TABLE: tuple[Row, ...] = (
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     *_last_answer_before(T.COMPACTED, S.COMPACT, "budget_exhausted"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("cost_budget_spent",), R.COST_BUDGET),
     Row(T.COMPACTED, S.COMPACT, S.SUMMARISE, ("summary_requested",), V.SUMMARISE),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_window",), R.CONTEXT_WINDOW),
     *_last_answer_before(T.COMPACTED, S.COMPACT, "prompt_exceeds_budget"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_cost_budget",), R.COST_BUDGET),
     Row(T.COMPACTED, S.COMPACT, S.THINK, (), V.THINK),
     # SUMMARISE: the model call of this turn wrote the summary a policy asked for (or failed:
     # then the same ways out as a failed call in THINK, retries included).
@@ -433,6 +440,7 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("output_retries_exhausted",), R.INVALID_OUTPUT),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
+    Row(T.REFLECTED, S.REFLECT, S.ERROR, ("cost_budget_spent",), R.COST_BUDGET),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "no_turns_left"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "time_is_up"),

@@ -23,6 +23,7 @@ LAYERS = [
     "prompt",
     "tokens",
     "failures",
+    "pricing",
     "limits",
     "state",
     "views",

@@ -32,6 +32,22 @@ def prompt_exceeds_budget(state: RunState, limits: Limits) -> bool:
     return state.usage.total_tokens + calibrated_prompt_tokens(state) > limits.token_budget
 
 
+def prompt_exceeds_cost_budget(state: RunState, limits: Limits) -> bool:
+    """The next prompt (by the calibrated estimate), priced at the highest input price
+    known, does not fit in the money left: do not start the call."""
+    budget = limits.cost_budget
+    if budget is None:
+        return False
+    spent = state.cost or 0.0
+    return spent + calibrated_prompt_tokens(state) * limits.most_per_input_token >= budget
+
+
+def cost_budget_spent(state: RunState, limits: Limits) -> bool:
+    """Reported usage, priced, has reached the money budget."""
+    budget = limits.cost_budget
+    return budget is not None and (state.cost or 0.0) >= budget
+
+
 def prompt_exceeds_window(state: RunState, limits: Limits) -> bool:
     """The next prompt (by the calibrated estimate) leaves less than ``reply_tokens`` of the
     model's context window: the call would fail, or its reply would be cut."""
@@ -164,8 +180,9 @@ def reflector_says_done(state: RunState, limits: Limits) -> bool:
 
 
 def last_answer_wanted(state: RunState, limits: Limits) -> bool:
-    """A limit that ends the run should first let the model write a last answer."""
-    return limits.last_answer
+    """A limit that ends the run should first let the model write a last answer; not once
+    the money budget is spent (a last answer is a call like any other)."""
+    return limits.last_answer and not cost_budget_spent(state, limits)
 
 
 def last_answer_due(state: RunState, limits: Limits) -> bool:
@@ -246,6 +263,8 @@ GUARDS: dict[str, Guard] = {
         abort_requested,
         prompt_exceeds_window,
         prompt_exceeds_budget,
+        prompt_exceeds_cost_budget,
+        cost_budget_spent,
         summary_requested,
         summary_written,
         output_rejected,

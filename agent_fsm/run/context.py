@@ -24,6 +24,7 @@ from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import Message
 from agent_fsm.models.base import Model
 from agent_fsm.output import OutputSpec
+from agent_fsm.pricing import Pricing
 from agent_fsm.prompt import ContextEdits, prompt_messages
 from agent_fsm.state import RunState
 from agent_fsm.table import Row
@@ -62,6 +63,9 @@ class RunConfig:
     ``{reason}`` in it becomes why. None: ``run.answering.LAST_ANSWER_PROMPT``."""
     parallel_tool_calls: bool = True
     handlers: tuple[EventHandler, ...] = ()
+    pricing: Pricing | None = None
+    """What the agent's model's tokens cost (``Limits.prices``); None without prices, so
+    an agent without a price pays one attribute check per model call."""
     dead_guards: frozenset[str] = frozenset()
     """Guards that are false on every run of this agent, because it does not use the
     feature they read (``Agent``: no last answer, no context window, no reflector, no

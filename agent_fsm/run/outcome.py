@@ -106,12 +106,8 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
                 f"{state.consecutive_errors} consecutive errors "
                 f"(limit {limits.max_consecutive_errors})"
             )
-        case StopReason.TOKEN_BUDGET:
-            return (
-                f"token budget of {limits.token_budget} exhausted: used "
-                f"{state.usage.total_tokens}, next prompt needs about "
-                f"{calibrated_prompt_tokens(state)}"
-            )
+        case StopReason.TOKEN_BUDGET | StopReason.COST_BUDGET:
+            return _budget_spent(reason, state, limits)
         case StopReason.CONTEXT_WINDOW:
             return _context_window(state, limits)
         case StopReason.MAX_TURNS:
@@ -122,6 +118,21 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
             return f"loop detected: {state.loop.detected}"
         case _:
             return reason.value
+
+
+def _budget_spent(reason: StopReason, state: RunState, limits: Limits) -> str:
+    """Why the token or the money budget stopped the run: what was spent, and what the next
+    prompt needs."""
+    prompt = calibrated_prompt_tokens(state)
+    if reason is StopReason.TOKEN_BUDGET:
+        return (
+            f"token budget of {limits.token_budget} exhausted: used "
+            f"{state.usage.total_tokens}, next prompt needs about {prompt}"
+        )
+    return (
+        f"cost budget of {limits.cost_budget or 0.0:g} spent: used {state.cost or 0.0:.6g}, "
+        f"next prompt costs about {prompt * limits.most_per_input_token:.6g}"
+    )
 
 
 def ending_events(state: RunState, row: Row, result: RunResult) -> list[Event]:
@@ -154,6 +165,7 @@ def ending_events(state: RunState, row: Row, result: RunResult) -> list[Event]:
             usage=state.usage,
             output=result.output,
             error=result.error,
+            cost=state.cost,
         )
     )
     return events

@@ -435,11 +435,16 @@ def take_response(
     ctx: RunContext, response: ModelResponse, estimate: int, *, last_answer: bool = False
 ) -> AssistantMessage:
     """Take in the reply of one model call: its message cleaned, its usage added to the
-    run's (``_take_usage``), and the reply announced (``ModelResponded``). Returns the
-    cleaned message, which the caller records as it needs."""
+    run's (``_take_usage``) and priced (``RunConfig.pricing``), and the reply announced
+    (``ModelResponded``). Returns the cleaned message, which the caller records as it
+    needs."""
     state = ctx.state
     message = clean_message(response.message)  # output and loop detection read it too
     usage = _take_usage(ctx, response, message, estimate)
+    pricing, cost = ctx.config.pricing, None
+    if pricing is not None:
+        cost = pricing.cost(usage)
+        state.cost = (state.cost or 0.0) + cost
     emit = ctx.bus.emitter
     if emit is not None:
         emit(
@@ -451,6 +456,7 @@ def take_response(
                 finish_reason=response.finish_reason,
                 usage=usage,
                 last_answer=last_answer,
+                cost=cost,
             )
         )
     return message

@@ -206,13 +206,15 @@ class _StageModel:
 
     supports_native_output = True  # it plays generated replies: valid output or not
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "harness") -> None:
         self.current = BehaviourModel(Behaviour(steps=(), cycle=False))
         self.by_run: dict[str, BehaviourModel] = {}
+        self._name = name
 
     @property
     def name(self) -> str:
-        return "harness"
+        """The staged agent's own model's name: its price (``Limits.prices``) applies."""
+        return self._name
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         return await self.by_run.get(request.run_id, self.current).request(request)
@@ -257,7 +259,7 @@ class Stage:
     ) -> None:
         self.user_input = user_input
         self.real_tools = real_tools
-        self._model = _StageModel()
+        self._model = _StageModel(agent.run_config.model.name)
         self._clock = FakeClock()
         self._outcomes: dict[str, tuple[ToolOutcome, ...]] = {}
         self._calls: dict[str, int] = {}
