@@ -39,6 +39,7 @@ from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.pricing import Pricing
+from agent_fsm.run.delegation import Delegable, delegate_of, delegation_tool
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import HistoryRepair, prepare_history
 from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
@@ -272,6 +273,47 @@ def _pricing(limits: Limits, model: Model) -> Pricing | None:
     return pricing
 
 
+def _check_sub_agents(agent: Agent, registry: ToolRegistry, limits: Limits) -> bool:
+    """Whether the agent has sub-agent tools (``Agent.as_tool``), checked: no agent is
+    reachable from itself through them (an unbounded recursion), and, when the agent has
+    prices, every agent of the tree has a price for its model (its calls are counted in the
+    parent's money).
+
+    Raises:
+        ConfigError: naming the cycle, or the sub-agent whose model has no price.
+    """
+    found = False
+    stack: list[tuple[Delegable, tuple[Delegable, ...], tuple[str, ...], Limits]] = [
+        (agent, (), (), limits)
+    ]
+    while stack:
+        node, path, names, inherited = stack.pop()
+        tools = registry.tools if node is agent else node.run_config.tools.tools
+        for item in tools:
+            delegate = delegate_of(item)
+            if delegate is None:
+                continue
+            found = True
+            child = delegate.agent
+            where = " -> ".join([*names, item.name])
+            if child is agent or child in path:
+                raise ConfigError(
+                    f"sub-agent {where} leads back to an agent that calls it: an unbounded "
+                    "recursion (each call would start another)"
+                )
+            config = child.run_config
+            own = config.limits
+            prices = dict(inherited.prices) | dict(own.prices)
+            if inherited.prices and config.model.name not in prices:
+                raise ConfigError(
+                    f"sub-agent {where}: the limits price models {sorted(prices)}, but not its "
+                    f"model {config.model.name!r}: its calls could not be counted"
+                )
+            merged = Limits(**{**own.model_dump(exclude={"prices"}), "prices": prices})
+            stack.append((child, (*path, node), (*names, item.name), merged))
+    return found
+
+
 def _token_counter(model: Model) -> TextCounter:
     """The model's own tokenizer (a ``count_tokens(text) -> int`` method), or the estimate."""
     count = getattr(model, "count_tokens", None)
@@ -416,6 +458,7 @@ class Agent:
         machine = machine_for(self.table)
         _check_control_rows(machine, offered)
         pricing = _pricing(limits, model)
+        delegates = _check_sub_agents(self, registry, limits)
         config = RunConfig(
             model=model,
             tools=registry,
@@ -431,6 +474,7 @@ class Agent:
             parallel_tool_calls=self.parallel_tool_calls,
             handlers=tuple(self.handlers),
             pricing=pricing,
+            delegates=delegates,
             dead_guards=_dead_guards(limits, offered, output, self.reflector, policies),
         )
         _set(self, "_config", config)
@@ -515,8 +559,46 @@ class Agent:
 
     @property
     def bound(self) -> TerminationBound:
-        """What every run of this agent is guaranteed to stay within."""
-        return self._config.machine.bound(self._config.limits)
+        """What every run of this agent is guaranteed to stay within; with sub-agents
+        (``as_tool``), their bounds nested in it and the whole tree's transitions."""
+        limits = self._config.limits
+        own = self._config.machine.bound(limits)
+        children = tuple(
+            (item.name, delegate.agent.bound)
+            for item in self._config.tools.tools
+            if (delegate := delegate_of(item)) is not None
+        )
+        if not children:
+            return own
+        widest = max(bound.tree_transitions for _, bound in children)
+        return dataclasses.replace(
+            own,
+            nested=children,
+            tree_transitions=own.transitions + limits.max_turns * widest,
+        )
+
+    def as_tool(self, *, name: str, description: str, timeout_s: float | None = None) -> Tool:
+        """This agent as a tool of another (a sub-agent): a call runs it on the ``task``
+        the model gives, and answers with its output (``run.delegation``).
+
+        The child's limits are carved from what its parent has left when the call starts
+        (turns, retries, tokens, money, time: the smaller of its own and the parent's
+        remainder), and what it spends is counted in the parent's, so the parent's limits
+        bound the whole tree and ``bound`` composes. A child that fails answers the call
+        as an error, with its stop reason in ``details``; the parent's abort or deadline
+        aborts it. Sub-agent calls of one reply run one at a time.
+
+        Args:
+            name: the tool's name, as the model calls it.
+            description: when the model should call it.
+            timeout_s: a backstop for the whole call; by default the child's own time
+                limit and its last answer's, and 30 s more (the carved time limit ends the
+                child first).
+
+        Raises:
+            ConfigError: an invalid name or description.
+        """
+        return delegation_tool(self, name=name, description=description, timeout_s=timeout_s)
 
     def start(
         self,
@@ -834,8 +916,8 @@ class Agent:
         try:
             while (event := await queue.get()) is not None:
                 yield event
-                if isinstance(event, RunFinished):
-                    break
+                if isinstance(event, RunFinished) and event.run_id == run.run_id:
+                    break  # not a sub-agent's: the run's own
             await task  # re-raises a programming error from the run, if any
         finally:
             if not task.done():

@@ -41,6 +41,7 @@ __all__ = [
     "RunFinished",
     "RunStarted",
     "StateChanged",
+    "SubAgentStarted",
     "ToolFinished",
     "ToolRetried",
     "ToolStarted",
@@ -339,6 +340,22 @@ class AbortRequested:
     turn: int
 
 
+@quick_init
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubAgentStarted:
+    """A sub-agent tool (``Agent.as_tool``) started a child run; the child's own events
+    follow, each with the child's ``run_id``, and the call's ``ToolFinished`` ends it."""
+
+    kind: Literal["sub_agent_started"] = "sub_agent_started"
+    run_id: str
+    """The parent run."""
+    sub_agent_run_id: str
+    """The child run, whose events follow."""
+    tool: str
+    """The sub-agent tool that started it."""
+    turn: int
+
+
 Event = Annotated[
     RunStarted
     | HistoryRepaired
@@ -357,6 +374,7 @@ Event = Annotated[
     | SteeringQueued
     | FollowUpQueued
     | AbortRequested
+    | SubAgentStarted
     | RunFinished,
     Field(discriminator="kind"),
 ]

@@ -108,6 +108,7 @@ LAYERS = [
     "run.leasing",
     "run.stored",
     "run.engine",
+    "run.delegation",
     "run",
     # the top
     "diagrams",

@@ -110,6 +110,15 @@ class TerminationBound:
     last_answers: int = 0
     """Model calls each activation may make beyond the run's turns and retries: 1 under
     ``Limits.last_answer`` (its last answer), else 0."""
+    nested: tuple[tuple[str, TerminationBound], ...] = ()
+    """The bound of each sub-agent tool's agent (``Agent.as_tool``), by tool name, itself
+    nested. Its model calls are carved from this run's and counted in them, so
+    ``model_calls`` bounds the whole tree."""
+    tree_transitions: int = 0
+    """Transitions of this run and of every sub-agent run it makes, when it is never
+    resumed: each sub-agent call uses at least one of its turns, so it makes at most
+    ``max_turns`` of them, each within its agent's ``tree_transitions``. Equal to
+    ``transitions`` for an agent without sub-agents."""
 
     def with_resumes(self, resumes: int) -> int:
         """The transitions bound of a run resumed ``resumes`` times (after stops)."""
@@ -542,4 +551,5 @@ def termination_bound(
         per_resume=per_resume,
         formula=f"{1 + b}·{calls} + {first}",
         last_answers=last_answers,
+        tree_transitions=m * (1 + b) + first,
     )

@@ -52,7 +52,7 @@ from agent_fsm.run.approvals import (
     needs_approval,
     outcome_message,
 )
-from agent_fsm.run.context import RunContext
+from agent_fsm.run.context import RunContext, acting_for
 from agent_fsm.state import CONTROL_STOPS, ControlKind, ControlRequest
 from agent_fsm.table import StopReason
 from agent_fsm.tools.hooks import AfterTool, BeforeTool, review_result, screen_call
@@ -87,7 +87,16 @@ _CONTROL_ANSWER = {
 
 
 async def act(ctx: RunContext) -> None:
-    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls."""
+    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls.
+    The sub-agent tools of an agent that has some see the run as their parent."""
+    if ctx.config.delegates:
+        with acting_for(ctx):
+            await _act(ctx)
+    else:
+        await _act(ctx)
+
+
+async def _act(ctx: RunContext) -> None:
     state = ctx.state
     if state.decisions:
         await carry_out(ctx)

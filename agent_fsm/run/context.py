@@ -9,8 +9,10 @@ RunState field has the writers ``state.py`` declares.
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,7 @@ from agent_fsm.table import Row
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 from agent_fsm.tools.tool import ToolRegistry
 
-__all__ = ["Reflector", "RunConfig", "RunContext"]
+__all__ = ["PARENT_RUN", "Reflector", "RunConfig", "RunContext", "acting_for"]
 
 Reflector = Callable[[RunState], bool | Awaitable[bool]]
 """Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
@@ -63,6 +65,9 @@ class RunConfig:
     ``{reason}`` in it becomes why. None: ``run.answering.LAST_ANSWER_PROMPT``."""
     parallel_tool_calls: bool = True
     handlers: tuple[EventHandler, ...] = ()
+    delegates: bool = False
+    """Some tool is a sub-agent (``Agent.as_tool``): ACT lets the tools see the run
+    (``run.delegation.acting_for``). False costs one attribute check per ACT."""
     pricing: Pricing | None = None
     """What the agent's model's tokens cost (``Limits.prices``); None without prices, so
     an agent without a price pays one attribute check per model call."""
@@ -94,6 +99,10 @@ class RunContext:
     """The run's backoff sleep (``Timekeeping.sleep``)."""
     random: Callable[[], float] = random.random
     """The jitter of the model-retry backoff (``Timekeeping.random``)."""
+    started_at: float = 0.0
+    """When this activation started by ``clock``, less the run's elapsed time before it:
+    ``clock() - started_at`` is the run's time so far (a sub-agent's is carved from what
+    is left)."""
 
     def entering_row(self) -> Row | None:
         """The row that took the run into the state it is in (``entering_index``)."""
@@ -155,3 +164,19 @@ class RunContext:
         if self.state.abort_reason is not None:
             return self.state.abort_reason
         return f"the run's time limit of {self.limits.timeout_s:g} s was reached"
+
+
+PARENT_RUN: ContextVar[RunContext | None] = ContextVar("agent_fsm_parent_run", default=None)
+"""The run whose ACT is calling tools, while it does: a sub-agent tool's parent
+(``run.delegation``). Set only for agents that have sub-agent tools (``RunConfig.delegates``)."""
+
+
+@contextlib.contextmanager
+def acting_for(ctx: RunContext) -> Iterator[None]:
+    """While the block runs, sub-agent tools called in it (and the tasks it starts, which
+    copy the context) are children of ``ctx``'s run."""
+    token = PARENT_RUN.set(ctx)
+    try:
+        yield
+    finally:
+        PARENT_RUN.reset(token)

@@ -298,6 +298,7 @@ class Run:
         self._announced = True
         time = self._keeper.time
         self._started_at = time.clock() - state.elapsed_s
+        self._ctx.started_at = self._started_at
         remaining = max(config.limits.timeout_s - state.elapsed_s, 0.0)
         self._deadline = time.arm_deadline(remaining, self._time_up)
         bus = self._ctx.bus

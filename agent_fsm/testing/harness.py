@@ -23,12 +23,14 @@ import contextlib
 import gc
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from agent_fsm.agent import Agent
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.events import Event
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.models.base import Model
+from agent_fsm.run.delegation import delegate_of
 from agent_fsm.run.engine import Run
 from agent_fsm.state import RunResult
 from agent_fsm.testing.behaviour import (
@@ -42,9 +44,6 @@ from agent_fsm.testing.behaviour import (
 from agent_fsm.testing.invariants import InvariantViolation, check_invariants, prompt_problems
 from agent_fsm.testing.reproducer import reproducer
 from agent_fsm.tools.tool import Tool
-
-if TYPE_CHECKING:
-    from agent_fsm.agent import Agent
 
 __all__ = [
     "DEFAULT_INPUT",
@@ -220,6 +219,24 @@ class _StageModel:
         return await self.by_run.get(request.run_id, self.current).request(request)
 
 
+class _StageChild:
+    """The model of a staged sub-agent: the staged agent's, under the sub-agent's own model
+    name (its price applies)."""
+
+    supports_native_output = True
+
+    def __init__(self, root: _StageModel, name: str) -> None:
+        self._root = root
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self._root.current.request(request)
+
+
 STAND_IN = ToolOutcome("returns", "ok")
 """What a tool double answers where the real tool would have run (``Stage(real_tools=False)``,
 the default)."""
@@ -266,12 +283,34 @@ class Stage:
         self.tool_names = tuple(t.name for t in user_tools(agent))
         self.agent = agent.replace(
             model=through(self._model) if through is not None else self._model,
-            tools=[self._double(t) for t in user_tools(agent)],
+            tools=[self._staged(t) for t in user_tools(agent)],
             clock=self._clock,
             sleep=self._clock.sleep,
             store=store,
         )
         self._bound = self.agent.bound  # computed from the limits on every access
+
+    def _staged(self, tool: Tool) -> Tool:
+        """A tool of the staged agent: a double, or, for a sub-agent tool (``as_tool``), the
+        sub-agent staged too: the same behaviour plays its model (its requests go on the
+        same script), its tools are doubles, and the same clock keeps its time."""
+        delegate = delegate_of(tool)
+        if delegate is None:
+            return self._double(tool)
+        child = delegate.agent
+        if not isinstance(child, Agent):  # only Agent.as_tool makes sub-agent tools
+            return self._double(tool)
+        staged = child.replace(
+            model=_StageChild(self._model, child.run_config.model.name),
+            tools=[self._staged(t) for t in user_tools(child)],
+            clock=self._clock,
+            sleep=self._clock.sleep,
+            store=None,
+            lease_s=None,
+        )
+        return staged.as_tool(
+            name=tool.name, description=tool.description, timeout_s=tool.timeout_s
+        )
 
     def _double(self, tool: Tool) -> Tool:
         async def double(**arguments: Any) -> Any:

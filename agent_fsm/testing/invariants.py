@@ -483,6 +483,7 @@ def _usage_problems(result: RunResult, limits: Limits, events: Sequence[Event]) 
         for event in events:
             if (
                 isinstance(event, ModelRequested)
+                and event.run_id == result.run_id  # a sub-agent's model has its own window
                 and event.estimated_prompt_tokens + limits.reply_tokens > window
             ):
                 problems.append(
@@ -499,13 +500,14 @@ def _cost_problems(
     """The run's cost is the sum of its calls' (``Limits.prices``), and no call started
     with the money budget spent (a last answer neither: a run out of money makes no more
     calls), so it is overshot by at most the call in flight."""
-    costs = [e.cost for e in responded]
-    if result.cost is None:
+    own = [e.cost for e in responded if e.run_id == result.run_id]
+    if result.cost is None:  # an unpriced run counts no sub-agent's cost either
         return (
             []
-            if all(cost is None for cost in costs)
+            if all(cost is None for cost in own)
             else ["calls were priced but the run reports no cost"]
         )
+    costs = [e.cost for e in responded]
     if any(cost is None for cost in costs):
         return [f"the run reports a cost of {result.cost} but some calls were not priced"]
     problems: list[str] = []
