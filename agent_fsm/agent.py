@@ -31,6 +31,7 @@ from agent_fsm.errors import (
     ToolSchemaWarning,
 )
 from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
+from agent_fsm.guardrails import Guardrail, GuardrailFunction, guardrails_of
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound, with_builtin_guards
@@ -46,7 +47,15 @@ from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
 from agent_fsm.state import ControlKind, RunResult, RunState
-from agent_fsm.table import CONTROL_GUARDS, TABLE, AgentState, Row, StopReason
+from agent_fsm.table import (
+    CONTROL_GUARDS,
+    INPUT_GUARDRAIL_GUARD,
+    OUTPUT_GUARDRAIL_GUARD,
+    TABLE,
+    AgentState,
+    Row,
+    StopReason,
+)
 from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
 
@@ -233,6 +242,7 @@ def _dead_guards(
         dead.add("last_answer_wanted")
     if limits.cost_budget is None:
         dead.update(("prompt_exceeds_cost_budget", "cost_budget_spent"))
+    dead.update((INPUT_GUARDRAIL_GUARD, OUTPUT_GUARDRAIL_GUARD))  # live: _guardrail_guards
     if limits.context_window is None:
         dead.add("prompt_exceeds_window")
     if not limits.loop_detection:
@@ -271,6 +281,38 @@ def _pricing(limits: Limits, model: Model) -> Pricing | None:
             f"{[name for name, _ in limits.prices]})"
         )
     return pricing
+
+
+def _guardrail_guards(inputs: Sequence[Guardrail], outputs: Sequence[Guardrail]) -> set[str]:
+    """The guards an agent's guardrails make live: the rows of the ones it has; a rewrite
+    is a correction (``output_rejected``)."""
+    live: set[str] = set()
+    if inputs:
+        live.add(INPUT_GUARDRAIL_GUARD)
+    if outputs:
+        live.update((OUTPUT_GUARDRAIL_GUARD, "output_rejected"))
+    return live
+
+
+def _check_guardrail_rows(
+    machine: AgentMachine, inputs: Sequence[Guardrail], outputs: Sequence[Guardrail]
+) -> None:
+    """The table has a row for each kind of guardrail the agent has: without one, a
+    guardrail that trips would be ignored.
+
+    Raises:
+        ConfigError: naming the guard of the missing row.
+    """
+    named = {guard for row in machine.rows for guard in row.guards}
+    for kind, have, guard in (
+        ("input", inputs, INPUT_GUARDRAIL_GUARD),
+        ("output", outputs, OUTPUT_GUARDRAIL_GUARD),
+    ):
+        if have and guard not in named:
+            raise ConfigError(
+                f"{kind} guardrails need a row guarded by {guard!r} ending the run with "
+                f"guardrail_tripped; the table has none"
+            )
 
 
 def _check_sub_agents(agent: Agent, registry: ToolRegistry, limits: Limits) -> bool:
@@ -400,6 +442,14 @@ class Agent:
     arguments are the output; works with every model) or ``"native"`` (the schema is sent
     with each request and the reply's text validated; for models with
     ``supports_native_output``)."""
+    input_guardrails: Sequence[GuardrailFunction | Guardrail] = ()
+    """Checks of each user message as the run takes it in, before any model call or tool
+    sees it (``agent_fsm.guardrails``): one that does not pass stops the run in ERROR
+    ``guardrail_tripped``."""
+    output_guardrails: Sequence[GuardrailFunction | Guardrail] = ()
+    """Checks of an answer that would end the run, before it does: one may trip (ERROR
+    ``guardrail_tripped``) or ask for a rewrite (``Rewrite``, at most
+    ``Limits.guardrail_rewrites`` times)."""
     _config: RunConfig = field(init=False, repr=False)
     _residence: Residence = field(init=False, repr=False)
 
@@ -459,6 +509,11 @@ class Agent:
         _check_control_rows(machine, offered)
         pricing = _pricing(limits, model)
         delegates = _check_sub_agents(self, registry, limits)
+        inputs = guardrails_of(self.input_guardrails)
+        outputs = guardrails_of(self.output_guardrails)
+        _check_guardrail_rows(machine, inputs, outputs)
+        _set(self, "input_guardrails", inputs)
+        _set(self, "output_guardrails", outputs)
         config = RunConfig(
             model=model,
             tools=registry,
@@ -475,7 +530,10 @@ class Agent:
             handlers=tuple(self.handlers),
             pricing=pricing,
             delegates=delegates,
-            dead_guards=_dead_guards(limits, offered, output, self.reflector, policies),
+            input_guardrails=inputs,
+            output_guardrails=outputs,
+            dead_guards=_dead_guards(limits, offered, output, self.reflector, policies)
+            - _guardrail_guards(inputs, outputs),
         )
         _set(self, "_config", config)
         time = Timekeeping(clock=self.clock, sleep=self.sleep)

@@ -70,6 +70,10 @@ class Limits(BaseModel):
     """Final answers that did not validate against ``Agent(output_type=...)``, sent back to the
     model with the errors, before the run stops in ERROR ``invalid_output``. Each correction
     is a model call, counted as a turn."""
+    guardrail_rewrites: int = Field(default=2, ge=0)
+    """Rewrites of a final answer the output guardrails may ask for (``Rewrite``), over
+    the run; one more, and the guardrail trips. Each rewrite is a model call, counted as a
+    turn."""
     timeout_s: float = Field(default=600.0, gt=0)
     """Wall-clock seconds a run may take, checked at every REFLECT."""
     tool_timeout_s: float = Field(default=60.0, gt=0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, TypeAdapter
 
@@ -33,6 +33,7 @@ __all__ = [
     "Approval",
     "ControlKind",
     "ControlRequest",
+    "GuardrailTrip",
     "Decision",
     "Lifetime",
     "LoopState",
@@ -99,6 +100,19 @@ class ControlRequest(BaseModel):
     and a decision on every pending call at once (``approvals=True``) must: a decision that
     arrives late (a double click, a retried request) must not answer a pause nobody saw.
     Empty for a checkpoint of an older agent_fsm."""
+
+
+class GuardrailTrip(BaseModel):
+    """A guardrail that did not pass (``agent_fsm.guardrails``): read by the
+    ``input_guardrail_tripped`` and ``output_guardrail_tripped`` rows."""
+
+    model_config = _FROZEN
+
+    kind: Literal["input", "output"]
+    guardrail: str
+    """Its name."""
+    reason: str = ""
+    """Why, as it said (or how it failed)."""
 
 
 class Approval(BaseModel):
@@ -246,12 +260,17 @@ class RunState:
     """The last model call wrote the summary a policy asked for."""
     context_problem: str | None = _declared(L.STOP, "run.compacting", None)
     """Why the last compaction left the prompt too big (a policy failed or found nothing)."""
-    correction: str | None = _declared(L.RUN, "run.thinking run.observing", None)
+    correction: str | None = _declared(L.RUN, "run.thinking run.observing run.guarding", None)
     """What to tell the model about a final answer that did not validate against the
     agent's output type (the ``output_rejected`` row); observed, like user input, next."""
     output_failures: int = _declared(L.RUN, "run.thinking run.acting", 0)
     """Final answers that did not validate against the agent's output type, over the run
     (``Limits.output_retries`` bounds them)."""
+    guardrail_trip: GuardrailTrip | None = _declared(L.STOP, "run.guarding", None)
+    """The guardrail that did not pass (``agent_fsm.guardrails``); its row stops the run."""
+    guardrail_rewrites: int = _declared(L.RUN, "run.guarding", 0)
+    """Rewrites the output guardrails asked for, over the run
+    (``Limits.guardrail_rewrites`` bounds them)."""
     consecutive_errors: int = _declared(L.STOP, "run.context", 0)
     """All-failed tool turns in a row (``RunContext.count_failure``)."""
     last_finish_reason: FinishReason | None = _declared(L.STOP, "run.thinking", None)

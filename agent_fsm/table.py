@@ -29,6 +29,8 @@ __all__ = [
     "trigger_named",
     "CLOSING_GUARDS",
     "INITIAL_STATE",
+    "INPUT_GUARDRAIL_GUARD",
+    "OUTPUT_GUARDRAIL_GUARD",
     "LAST_ANSWER_DUE_GUARD",
     "LAST_ANSWER_GUARD",
     "LAST_CALL_STATE",
@@ -117,6 +119,9 @@ class StopReason(StrEnum):
     MAX_TURNS = "max_turns"
     TIMEOUT = "timeout"
     LOOP_DETECTED = "loop_detected"
+    GUARDRAIL_TRIPPED = "guardrail_tripped"
+    """An input guardrail stopped a user message before any model call saw it, or an output
+    guardrail stopped an answer before the run ended with it (``agent_fsm.guardrails``)."""
     REFLECTOR_DONE = "reflector_done"
     REJECTED = "rejected"
     """A check of the user's own loop (a judge, say) rejected the result and ended the run."""
@@ -276,6 +281,16 @@ written for the stop it names: the run then ends with the stop that fired, not w
 the last call's own tokens or time would trip. The last row out, unguarded, takes the one
 remaining way in: loop detection."""
 
+INPUT_GUARDRAIL_GUARD = "input_guardrail_tripped"
+"""The guard of the row that stops a run whose input a guardrail did not pass: it leaves
+``INITIAL_STATE`` (OBSERVE, whose work takes the input in), after nothing but rows that end
+the run, so no way on skips it (the verifier checks)."""
+
+OUTPUT_GUARDRAIL_GUARD = "output_guardrail_tripped"
+"""The guard of the row that stops a run whose answer a guardrail did not pass: it leaves
+``TURN_STATE`` (THINK, whose work takes the reply in), before any row into DONE (the
+verifier checks)."""
+
 RESUME_TRIGGER = T.RESUMED
 """The trigger of the resume rows: fired only on a reopened run, by ``Agent.resume``."""
 
@@ -366,6 +381,8 @@ TABLE: tuple[Row, ...] = (
     # Every stop for the token budget, max_turns, the time limit or a loop, here and below,
     # is preceded by its row into LAST_ANSWER (``Limits.last_answer``; the verifier's rule 5).
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("abort_requested",), R.ABORTED),
+    # The input guardrails read what OBSERVE took in: nothing runs before they pass.
+    Row(T.OBSERVED, S.OBSERVE, S.ERROR, (INPUT_GUARDRAIL_GUARD,), R.GUARDRAIL_TRIPPED),
     Row(T.OBSERVED, S.OBSERVE, S.COMPACT, ("prompt_exceeds_window",), V.COMPACT),
     *_last_answer_before(T.OBSERVED, S.OBSERVE, "prompt_exceeds_budget"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
@@ -418,6 +435,9 @@ TABLE: tuple[Row, ...] = (
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_filtered",), R.CONTENT_FILTER),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_refused",), R.REFUSED),
     Row(T.THOUGHT, S.THINK, S.ACT, ("reply_has_tool_calls",), V.ACT),
+    # The output guardrails read an answer that would end the run, before any row ends it
+    # (a rewrite they ask for is a correction: the next row).
+    Row(T.THOUGHT, S.THINK, S.ERROR, (OUTPUT_GUARDRAIL_GUARD,), R.GUARDRAIL_TRIPPED),
     # A final answer that did not validate against the output type: the correction goes back
     # to the model (through REFLECT, whose limits decide, ``output_retries`` among them).
     Row(T.THOUGHT, S.THINK, S.REFLECT, ("output_rejected",), V.CORRECT),

@@ -127,7 +127,7 @@ def test_diagram_with_a_trace_overlays_the_run(
     assert main(["diagram", "--trace", str(path)]) == 0
     out = capsys.readouterr().out
     assert out == render(TABLE, "mermaid", run=read_run(path))
-    assert "OBSERVE --> THINK : observed #8 [else] think ×4" in out
+    assert "OBSERVE --> THINK : observed #9 [else] think ×4" in out
     assert "THINK --> ACT : thought #15 [reply_has_tool_calls] act ×3" in out
     assert "class DONE stopped_ok" in out
     assert "note right of DONE : stopped﹕ final_answer, 4 turns" in out

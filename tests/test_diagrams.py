@@ -37,13 +37,14 @@ GOLDEN_MERMAID = """\
 stateDiagram-v2
     [*] --> OBSERVE
     OBSERVE --> ERROR : observed #1 [abort_requested] aborted
-    OBSERVE --> COMPACT : observed #2 [prompt_exceeds_window] compact
-    OBSERVE --> LAST_ANSWER : observed #3 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
-    OBSERVE --> ERROR : observed #4 [prompt_exceeds_budget] token_budget
-    OBSERVE --> ERROR : observed #5 [prompt_exceeds_cost_budget] cost_budget
-    OBSERVE --> LAST_ANSWER : observed #6 [last_answer_wanted ∧ no_turns_left] last_answer
-    OBSERVE --> ERROR : observed #7 [no_turns_left] max_turns
-    OBSERVE --> THINK : observed #8 [else] think
+    OBSERVE --> ERROR : observed #2 [input_guardrail_tripped] guardrail_tripped
+    OBSERVE --> COMPACT : observed #3 [prompt_exceeds_window] compact
+    OBSERVE --> LAST_ANSWER : observed #4 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
+    OBSERVE --> ERROR : observed #5 [prompt_exceeds_budget] token_budget
+    OBSERVE --> ERROR : observed #6 [prompt_exceeds_cost_budget] cost_budget
+    OBSERVE --> LAST_ANSWER : observed #7 [last_answer_wanted ∧ no_turns_left] last_answer
+    OBSERVE --> ERROR : observed #8 [no_turns_left] max_turns
+    OBSERVE --> THINK : observed #9 [else] think
     COMPACT --> ERROR : compacted #1 [abort_requested] aborted
     COMPACT --> LAST_ANSWER : compacted #2 [last_answer_wanted ∧ last_answer_due] last_answer
     COMPACT --> LAST_ANSWER : compacted #3 [last_answer_wanted ∧ no_turns_left] last_answer
@@ -84,10 +85,11 @@ stateDiagram-v2
     THINK --> ERROR : thought #13 [reply_was_filtered] content_filter
     THINK --> ERROR : thought #14 [reply_was_refused] refused
     THINK --> ACT : thought #15 [reply_has_tool_calls] act
-    THINK --> REFLECT : thought #16 [output_rejected] correct
-    THINK --> REFLECT : thought #17 [input_waiting] follow_up
-    THINK --> DONE : thought #18 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #19 [else] final_answer
+    THINK --> ERROR : thought #16 [output_guardrail_tripped] guardrail_tripped
+    THINK --> REFLECT : thought #17 [output_rejected] correct
+    THINK --> REFLECT : thought #18 [input_waiting] follow_up
+    THINK --> DONE : thought #19 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #20 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
@@ -197,12 +199,12 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
     assert sum(counts) == len(result.trace)
 
     mermaid = render(TABLE, "mermaid", run=result)
-    assert "    OBSERVE --> THINK : observed #8 [else] think ×3\n" in mermaid
+    assert "    OBSERVE --> THINK : observed #9 [else] think ×3\n" in mermaid
     assert "    THINK --> ACT : thought #15 [reply_has_tool_calls] act ×2\n" in mermaid
     assert "    REFLECT --> OBSERVE : reflected #22 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #19 [else] final_answer ×1\n" in mermaid
+    assert "    THINK --> DONE : thought #20 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #18 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #19 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -219,11 +221,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 def test_dot_overlay_colours_and_counts() -> None:
     result, _ = _two_tool_turns()
     dot = to_dot(TABLE, result)
-    think = _line(dot, 'OBSERVE -> THINK [label="observed #8')
+    think = _line(dot, 'OBSERVE -> THINK [label="observed #9')
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #18')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #19')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot
@@ -498,9 +500,9 @@ def test_a_runs_path_alone_is_drawn_with_path_only() -> None:
     mermaid = agent.diagram(run=result, path_only=True)
     edges = [line for line in mermaid.splitlines() if " --> " in line and "[*]" not in line]
     assert edges == [
-        "    OBSERVE --> THINK : observed #8 [else] think ×3",
+        "    OBSERVE --> THINK : observed #9 [else] think ×3",
         "    THINK --> ACT : thought #15 [reply_has_tool_calls] act ×2",
-        "    THINK --> DONE : thought #19 [else] final_answer ×1",
+        "    THINK --> DONE : thought #20 [else] final_answer ×1",
         "    ACT --> REFLECT : acted #1 [else] reflect ×2",
         "    REFLECT --> OBSERVE : reflected #22 [else] continue ×2",
     ]

@@ -89,8 +89,10 @@ LAYERS = [
     # context policies: a Summarize policy may have a model of its own (models.base)
     "compaction",
     "hooks",
+    "guardrails",
     # run/: one run
     "run.context",
+    "run.guarding",
     "run.live",
     "run.residence",
     "run.observing",

@@ -71,6 +71,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
     last = "last_answer_wanted"
     assert _rows(S.OBSERVE) == [
         (("abort_requested",), "aborted"),
+        (("input_guardrail_tripped",), "guardrail_tripped"),
         (("prompt_exceeds_window",), "compact"),
         ((last, "prompt_exceeds_budget"), "last_answer"),
         (("prompt_exceeds_budget",), "token_budget"),
@@ -125,6 +126,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("reply_was_filtered",), "content_filter"),
         (("reply_was_refused",), "refused"),
         (("reply_has_tool_calls",), "act"),
+        (("output_guardrail_tripped",), "guardrail_tripped"),
         (("output_rejected",), "correct"),
         (("input_waiting",), "follow_up"),
         (("reply_was_truncated",), "max_tokens"),
@@ -469,6 +471,8 @@ def test_rows_of_features_an_agent_does_not_use_are_not_tried() -> None:
         "approval_pending",
         "prompt_exceeds_cost_budget",
         "cost_budget_spent",
+        "input_guardrail_tripped",
+        "output_guardrail_tripped",
     } <= dead
     assert not {"ask_user_called", "finish_task_called", "no_turns_left"} & dead
     machine = AgentMachine(TABLE, {name: counted(name) for name in GUARDS})

@@ -174,6 +174,18 @@ def is_looping(state: RunState, limits: Limits) -> bool:
     return state.loop.detected is not None
 
 
+def input_guardrail_tripped(state: RunState, limits: Limits) -> bool:
+    """An input guardrail did not pass a user message the run took in."""
+    trip = state.guardrail_trip
+    return trip is not None and trip.kind == "input"
+
+
+def output_guardrail_tripped(state: RunState, limits: Limits) -> bool:
+    """An output guardrail did not pass the answer (or kept asking for rewrites)."""
+    trip = state.guardrail_trip
+    return trip is not None and trip.kind == "output"
+
+
 def reflector_says_done(state: RunState, limits: Limits) -> bool:
     """The agent's optional reflector hook judged the task done."""
     return state.reflector_done
@@ -287,6 +299,8 @@ GUARDS: dict[str, Guard] = {
         time_is_up,
         is_looping,
         reflector_says_done,
+        input_guardrail_tripped,
+        output_guardrail_tripped,
         last_answer_wanted,
         last_answer_due,
         closing_on_token_budget,

@@ -20,6 +20,7 @@ from agent_fsm.cancellation import StopEvent
 from agent_fsm.compaction import ContextPolicy
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.events import EventBus, EventHandler
+from agent_fsm.guardrails import Guardrail
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
@@ -65,6 +66,10 @@ class RunConfig:
     ``{reason}`` in it becomes why. None: ``run.answering.LAST_ANSWER_PROMPT``."""
     parallel_tool_calls: bool = True
     handlers: tuple[EventHandler, ...] = ()
+    input_guardrails: tuple[Guardrail, ...] = ()
+    """Check each user message OBSERVE takes in (``agent_fsm.guardrails``)."""
+    output_guardrails: tuple[Guardrail, ...] = ()
+    """Check an answer that would end the run, in THINK."""
     delegates: bool = False
     """Some tool is a sub-agent (``Agent.as_tool``): ACT lets the tools see the run
     (``run.delegation.acting_for``). False costs one attribute check per ACT."""

@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from agent_fsm.messages import UserMessage
 from agent_fsm.run.context import RunContext
+from agent_fsm.run.guarding import screen_input
 from agent_fsm.state import LoopState
 
 __all__ = ["observe"]
 
 
-def observe(ctx: RunContext) -> None:
+def observe(ctx: RunContext) -> Awaitable[None] | None:
+    """OBSERVE's work (``take_input``), then, for an agent with input guardrails, their
+    check of each user message taken in (``run.guarding``): the rows decide."""
+    if not ctx.config.input_guardrails:
+        take_input(ctx)
+        return None
+    return _take_and_screen(ctx)
+
+
+async def _take_and_screen(ctx: RunContext) -> None:
+    state = ctx.state
+    before = len(state.messages)
+    ours = state.correction  # a correction is the engine's text, not the user's
+    take_input(ctx)
+    texts = [
+        message.content
+        for message in state.messages[before:]
+        if isinstance(message, UserMessage) and message.content != ours
+    ]
+    if texts:
+        await screen_input(ctx, texts)
+
+
+def take_input(ctx: RunContext) -> None:
     """OBSERVE's work: every queued user message (input, steering, a resume's reply, approval
     outcomes, then the correction of an answer that did not validate) joins the transcript;
     when there is none and the last reply would have ended the run, one follow-up does. New

@@ -84,18 +84,24 @@ def _context_window(state: RunState, limits: Limits) -> str:
     )
 
 
+_SAID = {
+    StopReason.CONTENT_FILTER: "the provider's content filter withheld the reply",
+    StopReason.REFUSED: "the model declined the request",
+}
+"""What ``RunResult.error`` says for the stops that have no numbers to report."""
+
+
 def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str:
     """``RunResult.error`` for a run that stopped in ERROR with ``reason``: what went wrong,
     with the numbers that tripped the guard (only the one asked for is worked out)."""
+    fixed = _SAID.get(reason)
+    if fixed is not None:
+        return fixed
     match reason:
         case StopReason.ABORTED:
             return state.abort_reason or "aborted"
         case StopReason.MODEL_ERROR:
             return _model_error(state, limits)
-        case StopReason.CONTENT_FILTER:
-            return "the provider's content filter withheld the reply"
-        case StopReason.REFUSED:
-            return "the model declined the request"
         case StopReason.INVALID_OUTPUT:
             return (
                 f"the final answer did not validate {state.output_failures} times "
@@ -116,6 +122,10 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
             return f"timed out after {state.elapsed_s:.3g} s (limit {limits.timeout_s:g} s)"
         case StopReason.LOOP_DETECTED:
             return f"loop detected: {state.loop.detected}"
+        case StopReason.GUARDRAIL_TRIPPED if state.guardrail_trip is not None:
+            trip = state.guardrail_trip
+            why = f": {trip.reason}" if trip.reason else ""
+            return f"the {trip.kind} guardrail {trip.guardrail!r} tripped{why}"
         case _:
             return reason.value
 

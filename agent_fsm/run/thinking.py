@@ -37,6 +37,7 @@ from agent_fsm.models.base import ModelCallError
 from agent_fsm.output import OutputInvalid
 from agent_fsm.prompt import prompt_messages
 from agent_fsm.run.context import RunContext
+from agent_fsm.run.guarding import screen_output
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import Verb
 from agent_fsm.tokens import calibrate, estimate_message_tokens, estimate_tools_tokens
@@ -126,6 +127,22 @@ async def think(ctx: RunContext) -> None:
     made = await make_call(ctx, _call_model(ctx, previous, estimate))
     if made is not None:
         _take_reply(ctx, *made)
+        if ctx.config.output_guardrails and _would_end_the_run(ctx):
+            await screen_output(ctx, state.output or "")
+
+
+def _would_end_the_run(ctx: RunContext) -> bool:
+    """The reply just taken is an answer a row into DONE would end the run with: text, no
+    tool calls, no correction due, no input waiting, not withheld by the provider."""
+    state = ctx.state
+    return (
+        state.model_failure is None
+        and not state.last_tool_calls
+        and state.correction is None
+        and not state.pending_input
+        and not state.follow_ups
+        and state.last_finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    )
 
 
 STOPPED = ModelFailure(message="stopped before the call", permanent=True)
