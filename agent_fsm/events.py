@@ -57,6 +57,9 @@ class RunStarted:
     run_id: str
     input: str
     """The user's message that started the run."""
+    path: tuple[str, ...] = ()
+    """For a sub-agent's run (``Agent.as_tool``), the runs that started it, outermost
+    first (its parent last); empty for a run of its own."""
 
 
 @quick_init
@@ -354,6 +357,9 @@ class SubAgentStarted:
     tool: str
     """The sub-agent tool that started it."""
     turn: int
+    path: tuple[str, ...] = ()
+    """The runs above the parent, outermost first (the child's path is this and
+    ``run_id``)."""
 
 
 Event = Annotated[

@@ -13,7 +13,9 @@ generative AI:
 * under it, one span per model call, ``chat {model}``, with token usage and finish reasons
   (a failed call is a span with status ERROR, and its retry a span of its own);
 * and one span per tool call, ``execute_tool {tool}``, whose status is ERROR when the call
-  was answered as failed, with each retry as a span event.
+  was answered as failed, with each retry as a span event; a sub-agent's run
+  (``Agent.as_tool``, whose events reach the parent's handlers) is an ``invoke_agent`` span
+  under the ``execute_tool`` span of the call that started it.
 
 A failed run ends its span with status ERROR, ``error.type`` set to the stop reason and the
 run's error as the description. Message content (the input, replies, tool arguments and
@@ -51,6 +53,7 @@ from agent_fsm.events import (
     RunStarted,
     StateChanged,
     SteeringQueued,
+    SubAgentStarted,
     ToolFinished,
     ToolRetried,
     ToolStarted,
@@ -69,6 +72,8 @@ class _RunSpans:
     run: Span
     model: Span | None = None
     tools: dict[str, Span] = field(default_factory=dict)
+    tool_names: dict[str, str] = field(default_factory=dict)
+    """The tool of each open call, by call id: a sub-agent's run nests under its call."""
 
     def end_open_children(self, why: str) -> None:
         """End spans whose closing event never came (the run ended around them)."""
@@ -103,6 +108,9 @@ class OtelTracer:
         self._agent_name = agent_name
         self._content = capture_content
         self._runs: dict[str, _RunSpans] = {}
+        self._callers: dict[str, Span] = {}
+        """The ``execute_tool`` span of the call that started each sub-agent run, until that
+        run's span is opened under it."""
         self._on: dict[str, Callable[[Any], None]] = {
             "run_started": self._run_started,
             "run_resumed": self._run_resumed,
@@ -121,6 +129,7 @@ class OtelTracer:
             "steering_queued": self._queued,
             "follow_up_queued": self._queued,
             "abort_requested": self._abort_requested,
+            "sub_agent_started": self._sub_agent_started,
         }
 
     def __call__(self, event: Event) -> None:
@@ -136,8 +145,10 @@ class OtelTracer:
         if previous is not None:  # an activation that never finished (its process moved on)
             previous.end_open_children("the run was reopened")
             previous.run.end()
+        caller = self._callers.pop(run_id, None)
         span = self._tracer.start_span(
             f"invoke_agent {self._agent_name}",
+            context=None if caller is None else trace.set_span_in_context(caller),
             kind=SpanKind.INTERNAL,
             attributes={
                 "gen_ai.operation.name": "invoke_agent",
@@ -349,6 +360,20 @@ class OtelTracer:
         if self._content:
             attributes["gen_ai.tool.call.arguments"] = call.arguments
         spans.tools[call.id] = self._child(spans, f"execute_tool {call.name}", attributes)
+        spans.tool_names[call.id] = call.name
+
+    def _sub_agent_started(self, event: SubAgentStarted) -> None:
+        """A sub-agent's run nests under the call that started it: its tool's open call
+        (a sub-agent tool's calls run one at a time, so there is one)."""
+        spans = self._runs.get(event.run_id)
+        if spans is None:
+            return
+        for call_id, name in reversed(spans.tool_names.items()):
+            span = spans.tools.get(call_id)
+            if name == event.tool and span is not None:
+                if len(self._callers) < 10_000:  # runs that never start must not pile up
+                    self._callers[event.sub_agent_run_id] = span
+                return
 
     def _tool_retried(self, event: ToolRetried) -> None:
         spans = self._runs.get(event.run_id)
@@ -366,6 +391,8 @@ class OtelTracer:
     def _tool_finished(self, event: ToolFinished) -> None:
         spans = self._runs.get(event.run_id)
         span = spans.tools.pop(event.call_id, None) if spans is not None else None
+        if spans is not None:
+            spans.tool_names.pop(event.call_id, None)
         if span is None:
             return
         span.set_attributes(

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from agent_fsm import Agent, ConfigError, Limits, Pricing, StopReason, tool
-from agent_fsm.events import ModelResponded, RunFinished, SubAgentStarted, ToolFinished
+from agent_fsm.events import (
+    ModelResponded,
+    RunFinished,
+    RunStarted,
+    SubAgentStarted,
+    ToolFinished,
+)
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, ToolStatus
 from agent_fsm.run import delegation
 from agent_fsm.state import RunResult, RunState, RunStatus
@@ -354,3 +360,30 @@ def test_a_child_that_fails_answers_with_its_stop_reason() -> None:
     assert answer.content.startswith("The sub-agent work stopped without finishing: model_error")
     details: Any = answer.details
     assert (details["status"], details["stop_reason"]) == ("failed", "model_error")
+
+
+def test_events_carry_the_path_of_nested_runs() -> None:
+    """A grandchild's events reach the top run's listeners; its RunStarted carries the ids
+    of the runs above it, outermost first."""
+    leaf = Agent(model=ScriptedModel(["leaf done"], name="worker"))
+    middle = Agent(
+        model=ScriptedModel([reply("", call("leaf", task="a")), "middle done"], name="worker"),
+        tools=[leaf.as_tool(name="leaf", description="Leaf.")],
+    )
+    top = Agent(
+        model=ScriptedModel([reply("", call("middle", task="b")), "top done"], name="boss"),
+        tools=[middle.as_tool(name="middle", description="Middle.")],
+        limits=Limits(**FAST),
+    )
+    events, result = run(top)
+    starts = {e.run_id: e.path for e in events if isinstance(e, RunStarted)}
+    assert len(starts) == 3
+    (middle_id,) = [run_id for run_id, path in starts.items() if path == (result.run_id,)]
+    (leaf_id,) = [run_id for run_id, path in starts.items() if path == (result.run_id, middle_id)]
+    assert starts[result.run_id] == ()
+    assert result.turns == 5  # two of its own, the middle's two and the leaf's one
+    assert top.bound.nested[0][1].nested[0][0] == "leaf"
+    linked = [
+        (e.run_id, e.sub_agent_run_id, e.path) for e in events if isinstance(e, SubAgentStarted)
+    ]
+    assert linked == [(result.run_id, middle_id, ()), (middle_id, leaf_id, (result.run_id,))]

@@ -104,6 +104,9 @@ class RunContext:
     """The run's backoff sleep (``Timekeeping.sleep``)."""
     random: Callable[[], float] = random.random
     """The jitter of the model-retry backoff (``Timekeeping.random``)."""
+    path: tuple[str, ...] = ()
+    """The runs that started this one (a sub-agent's), outermost first; empty for a run of
+    its own."""
     started_at: float = 0.0
     """When this activation started by ``clock``, less the run's elapsed time before it:
     ``clock() - started_at`` is the run's time so far (a sub-agent's is carved from what

@@ -230,7 +230,8 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
         (),
         child_config.count_tokens,
     )
-    run = Run(child_config, state, agent.residence.admit(state))
+    path = () if parent is None else (*parent.path, parent.state.run_id)
+    run = Run(child_config, state, agent.residence.admit(state), path=path)
     if parent is not None and parent.bus.emitter is not None:
         bus = parent.bus
         bus.emit(
@@ -239,6 +240,7 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
                 sub_agent_run_id=run_id,
                 tool=delegate.name,
                 turn=parent.state.turns,
+                path=parent.path,
             )
         )
         run.subscribe(bus.emit)

@@ -95,6 +95,7 @@ class Run:
         *,
         resumed: str | None = None,
         repaired: HistoryRepair | None = None,
+        path: tuple[str, ...] = (),
     ) -> None:
         log = get_logger("agent_fsm").bind(run_id=state.run_id)
         time = keeper.time
@@ -119,6 +120,7 @@ class Run:
             clock=time.clock,
             sleep=time.sleep,
             random=time.random,
+            path=path,
         )
         self._started_at = time.clock() - state.elapsed_s
         self._handle: RunHandle | None = None
@@ -304,7 +306,7 @@ class Run:
         bus = self._ctx.bus
         if self._resumed is None:
             first = state.pending_input[0] if state.pending_input else ""
-            bus.emit(RunStarted(run_id=state.run_id, input=first))
+            bus.emit(RunStarted(run_id=state.run_id, input=first, path=self._ctx.path))
             repaired = self._repaired
             if repaired:
                 bus.emit(
