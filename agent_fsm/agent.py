@@ -658,6 +658,20 @@ class Agent:
         """
         return delegation_tool(self, name=name, description=description, timeout_s=timeout_s)
 
+    def as_handoff(self, *, name: str, description: str, timeout_s: float | None = None) -> Tool:
+        """This agent as a handoff of another: a call passes it the conversation so far
+        (and the model's ``note``), and its answer ends the calling run, with stop reason
+        ``terminal_tool`` (the tool is terminal: a row of the table ends the run, no special
+        path). Limits, spend, cascades and the bound are a sub-agent's (``as_tool``); a
+        failed handoff answers the call as an error and the calling run goes on.
+
+        Raises:
+            ConfigError: an invalid name or description.
+        """
+        return delegation_tool(
+            self, name=name, description=description, timeout_s=timeout_s, handoff=True
+        )
+
     def start(
         self,
         user_input: str,

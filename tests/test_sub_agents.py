@@ -318,7 +318,7 @@ def _supervisor() -> Agent:
         model=ScriptedModel([], name="m"),
         tools=[
             alpha.as_tool(name="alpha", description="Researches."),
-            beta.as_tool(name="beta", description="Computes."),
+            beta.as_handoff(name="beta", description="Takes over the conversation."),
         ],
         limits=Limits(max_turns=6, token_budget=20_000, cost_budget=0.2, prices=prices),
     )
@@ -326,8 +326,9 @@ def _supervisor() -> Agent:
 
 def test_a_parent_with_two_children_terminates_whatever_the_models_do() -> None:
     """The harness plays generated behaviours through the parent and both children (one
-    script, shared): every run ends within its bound, and the tree's turns, tokens and money
-    stay within the parent's limits (its invariants count the children's spend)."""
+    script, shared; one child is a sub-agent, the other a handoff): every run ends within
+    its bound, and the tree's turns, tokens and money stay within the parent's limits (its
+    invariants count the children's spend)."""
     assert_terminates(_supervisor(), max_examples=300)
 
 
@@ -387,3 +388,40 @@ def test_events_carry_the_path_of_nested_runs() -> None:
         (e.run_id, e.sub_agent_run_id, e.path) for e in events if isinstance(e, SubAgentStarted)
     ]
     assert linked == [(result.run_id, middle_id, ()), (middle_id, leaf_id, (result.run_id,))]
+
+
+def test_a_handoff_takes_the_conversation_over_and_its_answer_ends_the_run() -> None:
+    refunds_model = ScriptedModel(["Your refund of order 42 is on its way."], name="worker")
+    refunds = Agent(model=refunds_model, system_prompt="You handle refunds.")
+    triage_model = ScriptedModel(
+        [reply("", call("refunds", note="order 42, damaged")), "never"], name="boss"
+    )
+    triage = Agent(
+        model=triage_model,
+        system_prompt="You route questions.",
+        tools=[refunds.as_handoff(name="refunds", description="Refund questions.")],
+        limits=Limits(**FAST),
+    )
+    _, result = run(triage, "My order 42 arrived broken, I want my money back.")
+    assert result.stop_reason is StopReason.TERMINAL_TOOL
+    assert result.output == "Your refund of order 42 is on its way."
+    assert len(triage_model.requests) == 1
+    seen = refunds_model.requests[0].messages
+    assert [m.role for m in seen] == ["system", "user", "user"]
+    assert seen[0].content == "You handle refunds."
+    assert seen[1].content == "My order 42 arrived broken, I want my money back."
+    assert "order 42, damaged" in seen[2].content
+    assert result.turns == 2
+
+
+def test_a_failed_handoff_goes_back_to_the_model() -> None:
+    broken = Agent(model=ScriptedModel([RuntimeError("down")], name="worker"))
+    triage = Agent(
+        model=ScriptedModel([reply("", call("refunds")), "I will answer myself."], name="boss"),
+        tools=[broken.as_handoff(name="refunds", description="Refund questions.")],
+        limits=Limits(**FAST),
+    )
+    _, result = run(triage)
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "I will answer myself.")
+    (answer,) = tool_results(result)
+    assert answer.status is ToolStatus.ERROR

@@ -19,6 +19,10 @@ it. The promises of a run hold for the whole tree:
   spent is still counted.
 - **A child's failure is a tool result**: answered as an error, with the child's stop reason,
   status, run id, turns, usage and cost in ``details`` (never shown to the model).
+- **Handoffs** (``Agent.as_handoff``): the child takes the conversation over (the parent's
+  transcript, its own system prompt first) and its answer ends the parent's run: the tool
+  is terminal, so the ``terminal_tool`` row ends the run with it; a child that fails
+  answers the call as an error, and the parent goes on.
 - **Events**: while the parent's run has listeners, the child's events are delivered to them
   too (each carries the child's ``run_id``; ``SubAgentStarted`` links it to the parent's call).
 
@@ -47,9 +51,10 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.events import SubAgentStarted
 from agent_fsm.limits import Limits
 from agent_fsm.loop.verify import TerminationBound
-from agent_fsm.messages import Usage
+from agent_fsm.messages import AssistantMessage, Message, Usage
 from agent_fsm.run.context import PARENT_RUN, RunConfig, RunContext
 from agent_fsm.run.engine import Run, new_run_state
+from agent_fsm.run.history import prepare_history
 from agent_fsm.run.residence import Residence
 from agent_fsm.state import RunResult, RunStatus
 from agent_fsm.tools.tool import Tool, ToolResult
@@ -65,6 +70,20 @@ __all__ = [
 ]
 
 _COST_GUARDS = frozenset({"prompt_exceeds_cost_budget", "cost_budget_spent"})
+
+HANDOFF_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "note": {
+            "type": "string",
+            "description": "What the next agent should know, beyond the conversation.",
+        }
+    },
+    "additionalProperties": False,
+}
+
+HANDOFF_INPUT = "(handed over by the previous agent) {note}"
+"""The user message a handoff's child starts with, after the conversation."""
 
 TASK_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -95,6 +114,8 @@ class Delegate:
 
     agent: Delegable
     name: str
+    handoff: bool = False
+    """The child takes the conversation over (``Agent.as_handoff``), rather than a task."""
 
 
 def delegate_of(tool: Tool) -> Delegate | None:
@@ -222,12 +243,16 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
         )
     child_config = _child_config(config, left.limits)
     run_id = uuid.uuid4().hex
+    history: list[Message] = []
+    if delegate.handoff:
+        history = _conversation(parent)
+        task = HANDOFF_INPUT.format(note=task or "Take over the conversation.")
     state = new_run_state(
         run_id,
         agent.system_prompt,
         task,
         child_config.tools_tokens,
-        (),
+        history,
         child_config.count_tokens,
     )
     path = () if parent is None else (*parent.path, parent.state.run_id)
@@ -260,14 +285,30 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
     return _answer(delegate.name, result)
 
 
+def _conversation(parent: RunContext | None) -> list[Message]:
+    """The parent's conversation for a handoff's child: its transcript without the reply
+    that hands off (whose calls are not answered yet), repaired (``run.history``: the
+    child's own system prompt leads it)."""
+    if parent is None:
+        return []
+    messages = list(parent.state.messages)
+    if messages and isinstance(messages[-1], AssistantMessage) and messages[-1].tool_calls:
+        messages.pop()
+    repaired, _ = prepare_history(messages)
+    return repaired
+
+
 def delegation_tool(
     agent: Delegable,
     *,
     name: str,
     description: str,
     timeout_s: float | None = None,
+    handoff: bool = False,
 ) -> Tool:
-    """A tool that runs ``agent`` on the task the model gives it (``Agent.as_tool``).
+    """A tool that runs ``agent`` on the task the model gives it (``Agent.as_tool``), or,
+    as a ``handoff``, on the conversation so far (``Agent.as_handoff``): a terminal tool,
+    whose child's answer ends the parent run (the ``terminal_tool`` row).
 
     Raises:
         ConfigError: an invalid name or description (as for any tool), or a timeout that is
@@ -275,21 +316,25 @@ def delegation_tool(
     """
     if not isinstance(description, str) or not description.strip():
         raise ConfigError(f"sub-agent tool {name!r} needs a description for the model")
-    delegate = Delegate(agent=agent, name=name)
+    delegate = Delegate(agent=agent, name=name, handoff=handoff)
     own = agent.run_config.limits
 
     async def call_sub_agent(task: str) -> ToolResult:
         return await run_child(delegate, task)
 
-    fn: Callable[..., Any] = call_sub_agent
+    async def hand_off(note: str = "") -> ToolResult:
+        return await run_child(delegate, note)
+
+    fn: Callable[..., Any] = hand_off if handoff else call_sub_agent
     fn.delegate = delegate  # type: ignore[attr-defined]  # read by delegate_of
     # Its own deadline ends the child first: the tool's timeout is only a backstop.
     backstop = own.timeout_s + own.last_answer_timeout_s + 30.0 if timeout_s is None else timeout_s
     return Tool(
         name,
         description,
-        TASK_SCHEMA,
+        HANDOFF_SCHEMA if handoff else TASK_SCHEMA,
         fn,
         timeout_s=backstop,
         sequential=True,
+        terminal=handoff,
     )

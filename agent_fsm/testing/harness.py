@@ -298,7 +298,7 @@ class Stage:
         if delegate is None:
             return self._double(tool)
         child = delegate.agent
-        if not isinstance(child, Agent):  # only Agent.as_tool makes sub-agent tools
+        if not isinstance(child, Agent):  # only Agent.as_tool/as_handoff make them
             return self._double(tool)
         staged = child.replace(
             model=_StageChild(self._model, child.run_config.model.name),
@@ -308,9 +308,8 @@ class Stage:
             store=None,
             lease_s=None,
         )
-        return staged.as_tool(
-            name=tool.name, description=tool.description, timeout_s=tool.timeout_s
-        )
+        make = staged.as_handoff if delegate.handoff else staged.as_tool
+        return make(name=tool.name, description=tool.description, timeout_s=tool.timeout_s)
 
     def _double(self, tool: Tool) -> Tool:
         async def double(**arguments: Any) -> Any:
