@@ -6,13 +6,15 @@ tree."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from agent_fsm import Agent, ConfigError, Limits, Pricing, StopReason, tool
+from agent_fsm import Agent, ConfigError, Limits, Pricing, SQLiteStore, StopReason, tool
 from agent_fsm.events import (
     ModelResponded,
     RunFinished,
@@ -425,3 +427,51 @@ def test_a_failed_handoff_goes_back_to_the_model() -> None:
     assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "I will answer myself.")
     (answer,) = tool_results(result)
     assert answer.status is ToolStatus.ERROR
+
+
+def test_a_crash_during_a_sub_agent_call_never_runs_it_twice(tmp_path: Path) -> None:
+    """The parent's task is cancelled from outside while its child works, as a dying driver
+    leaves it (the call is journaled as started, then answered "cancelled"); reopened from
+    its store by a new process's agent, the parent answers the call from its journal, and
+    the child's side effect does not happen again."""
+    effects: list[str] = []
+    entered = asyncio.Event()
+
+    @tool
+    async def charge_card(amount: int) -> str:
+        """Charge the card (not idempotent)."""
+        effects.append(f"charged {amount}")
+        entered.set()
+        await asyncio.sleep(3600)
+        return "charged"
+
+    def build(*script: ModelResponse | str) -> Agent:
+        worker = Agent(
+            model=ScriptedModel([reply("", call("charge_card", amount=5)), "ok"], name="worker"),
+            tools=[charge_card],
+        )
+        return Agent(
+            model=ScriptedModel(list(script), name="boss"),
+            tools=[worker.as_tool(name="pay", description="Pays.")],
+            store=SQLiteStore(tmp_path / "runs.db"),
+            limits=Limits(**FAST),
+        )
+
+    async def crash() -> None:
+        started = build(reply("", call("pay", task="charge 5"))).start("pay 5", run_id="crashy")
+        task = asyncio.ensure_future(started.run())
+        await entered.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(crash())
+    resumed = build("Could not tell whether it paid; not trying again.")
+    result = resumed.resume_sync("crashy")
+    check_invariants(result, limits=resumed.limits, bound=resumed.bound)
+    assert effects == ["charged 5"]
+    (answer,) = tool_results(result)
+    assert answer.status is ToolStatus.ERROR
+    details: Any = answer.details
+    assert details["runtime"]["replayed"] is True
+    assert result.stop_reason is StopReason.FINAL_ANSWER

@@ -36,7 +36,8 @@ request of the row that fires becomes ``RunState.control`` and the run's output,
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Coroutine, Sequence
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -86,13 +87,17 @@ _CONTROL_ANSWER = {
 }
 
 
-async def act(ctx: RunContext) -> None:
+def act(ctx: RunContext) -> Coroutine[Any, Any, None]:
     """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls.
-    The sub-agent tools of an agent that has some see the run as their parent."""
+    The sub-agent tools of an agent that has some see the run as their parent. (A plain
+    function that returns the work: an agent without sub-agents pays no extra coroutine.)"""
     if ctx.config.delegates:
-        with acting_for(ctx):
-            await _act(ctx)
-    else:
+        return _act_as_parent(ctx)
+    return _act(ctx)
+
+
+async def _act_as_parent(ctx: RunContext) -> None:
+    with acting_for(ctx):
         await _act(ctx)
 
 

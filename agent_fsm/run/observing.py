@@ -13,40 +13,21 @@ __all__ = ["observe"]
 
 
 def observe(ctx: RunContext) -> Awaitable[None] | None:
-    """OBSERVE's work (``take_input``), then, for an agent with input guardrails, their
-    check of each user message taken in (``run.guarding``): the rows decide."""
-    if not ctx.config.input_guardrails:
-        take_input(ctx)
-        return None
-    return _take_and_screen(ctx)
-
-
-async def _take_and_screen(ctx: RunContext) -> None:
-    state = ctx.state
-    before = len(state.messages)
-    ours = state.correction  # a correction is the engine's text, not the user's
-    take_input(ctx)
-    texts = [
-        message.content
-        for message in state.messages[before:]
-        if isinstance(message, UserMessage) and message.content != ours
-    ]
-    if texts:
-        await screen_input(ctx, texts)
-
-
-def take_input(ctx: RunContext) -> None:
     """OBSERVE's work: every queued user message (input, steering, a resume's reply, approval
     outcomes, then the correction of an answer that did not validate) joins the transcript;
     when there is none and the last reply would have ended the run, one follow-up does. New
     words from the user change the situation, so repeats before them are no loop: the loop
-    detector starts over."""
+    detector starts over. For an agent with input guardrails, the user's messages taken in
+    are then checked (``run.guarding``), and the rows decide; without, nothing is awaited."""
     state = ctx.state
-    taken = bool(state.pending_input) or state.correction is not None
+    guarded = ctx.config.input_guardrails
+    before = len(state.messages) if guarded else 0
+    ours = state.correction  # a correction is the engine's text, not the user's
+    taken = bool(state.pending_input) or ours is not None
     while state.pending_input:
         ctx.append(UserMessage(content=state.pending_input.pop(0)))
-    if state.correction is not None:  # a typed answer that did not validate (``correct``)
-        ctx.append(UserMessage(content=state.correction))
+    if ours is not None:  # a typed answer that did not validate (``correct``)
+        ctx.append(UserMessage(content=ours))
         state.correction = None
     # A follow-up waits for a reply that would end the run: not a tool turn, not a summary.
     ended = not state.last_tool_calls and not state.summarised
@@ -55,3 +36,11 @@ def take_input(ctx: RunContext) -> None:
         taken = True
     if taken and state.turns:
         state.loop = LoopState()
+    if not guarded or not taken:
+        return None
+    texts = [
+        message.content
+        for message in state.messages[before:]
+        if isinstance(message, UserMessage) and message.content != ours
+    ]
+    return screen_input(ctx, texts) if texts else None
