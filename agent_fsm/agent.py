@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from agent_fsm.compaction import ContextPolicy
+from agent_fsm.composition import to_mermaid_composition
 from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore
@@ -657,6 +658,13 @@ class Agent:
             ConfigError: an invalid name or description.
         """
         return delegation_tool(self, name=name, description=description, timeout_s=timeout_s)
+
+    def composition(self, name: str = "agent") -> str:
+        """The mermaid ``flowchart`` of this agent and the agents it can call (sub-agents
+        solid, handoffs dotted), each with its limits and bound
+        (``composition.to_mermaid_composition``); each agent's own loop is its
+        ``diagram()``."""
+        return to_mermaid_composition(self, name)
 
     def as_handoff(self, *, name: str, description: str, timeout_s: float | None = None) -> Tool:
         """This agent as a handoff of another: a call passes it the conversation so far

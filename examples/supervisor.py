@@ -118,6 +118,7 @@ def main() -> None:
     assert result.cost is not None
     assert 0 < result.cost < 0.05
     assert [name for name, _ in bound.nested] == ["research", "calculate"]
+    print(supervisor.composition("supervisor"))
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ LAYERS = [
     "run",
     # the top
     "diagrams",
+    "composition",
     "otel_metrics",
     "otel",
     "agent",
