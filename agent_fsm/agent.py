@@ -228,6 +228,22 @@ def _check_id(what: str, value: object) -> None:
     check_id(value, what)
 
 
+def _dead_by_limits(limits: Limits) -> set[str]:
+    """The guards the limits alone make false on every run (``_dead_guards``)."""
+    dead: set[str] = set()
+    if not limits.last_answer:
+        dead.add("last_answer_wanted")
+    if limits.cost_budget is None:
+        dead.update(("prompt_exceeds_cost_budget", "cost_budget_spent"))
+    if limits.context_window is None:
+        dead.add("prompt_exceeds_window")
+    if not limits.loop_detection:
+        dead.add("is_looping")
+    if not limits.loop_ladder or not limits.loop_detection:
+        dead.update(("nudge_due", "withhold_due"))
+    return dead
+
+
 def _dead_guards(
     limits: Limits,
     offered: Sequence[Tool],
@@ -238,16 +254,8 @@ def _dead_guards(
     """The guards that are false on every run of an agent with this configuration: each
     reads a feature the agent does not use, so the rows naming it can never fire
     (``RunConfig.dead_guards``)."""
-    dead: set[str] = set()
-    if not limits.last_answer:
-        dead.add("last_answer_wanted")
-    if limits.cost_budget is None:
-        dead.update(("prompt_exceeds_cost_budget", "cost_budget_spent"))
+    dead = _dead_by_limits(limits)
     dead.update((INPUT_GUARDRAIL_GUARD, OUTPUT_GUARDRAIL_GUARD))  # live: _guardrail_guards
-    if limits.context_window is None:
-        dead.add("prompt_exceeds_window")
-    if not limits.loop_detection:
-        dead.add("is_looping")
     if reflector is None:
         dead.add("reflector_says_done")
     if output is None:

@@ -117,6 +117,11 @@ class Limits(BaseModel):
     for; 0 or 1 turns cycle detection off (repeats of one call are still caught)."""
     loop_detection: bool = True
     """Turn loop detection off entirely (for example for polling tools)."""
+    loop_ladder: bool = False
+    """Climb a ladder before loop detection stops the run: the first loop found sends the
+    model a nudge (a message saying it repeats itself), the second withholds the repeated
+    tool for the rest of the run, the third ends the run (with its last answer under
+    ``last_answer``). Each rung is a row of the table; each costs turns like any other."""
 
     _most_per_input_token: float = PrivateAttr(default=0.0)
 

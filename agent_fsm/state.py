@@ -290,6 +290,11 @@ class RunState:
     ACT state the resume leads to (so empty at every stop)."""
     loop: LoopState = _declared(L.RUN, "run.observing", factory=LoopState)
     """Loop-detector memory; its own fields are kept by ``loop.detection``."""
+    loop_rung: int = _declared(L.RUN, "run.observing", 0)
+    """Rungs of the loop ladder climbed (``Limits.loop_ladder``): 1 after the nudge, 2 once
+    the repeated tool is withheld."""
+    withheld: tuple[str, ...] = _declared(L.RUN, "run.observing", ())
+    """Tools the loop ladder took away from the model for the rest of the run."""
     reflector_done: bool = _declared(L.STOP, "run.reflecting", False)
     closing: StopReason | None = _declared(L.STOP, "run.answering run.compacting", None)
     """The stop a last answer is being written for (LAST_ANSWER, or COMPACT when its prompt

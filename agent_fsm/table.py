@@ -148,6 +148,11 @@ class Verb(StrEnum):
     CONTINUE = "continue"
     LAST_ANSWER = "last_answer"
     """A limit is ending the run and a last answer is wanted: write it (LAST_ANSWER)."""
+    NUDGE = "nudge"
+    """A loop was found, first rung of the ladder (``Limits.loop_ladder``): tell the model
+    it repeats itself, and go on (OBSERVE)."""
+    WITHHOLD = "withhold"
+    """A loop was found again: take the repeated tool away, and go on (OBSERVE)."""
     ANSWER = "answer"
     """Resume: the person's reply to ask_user is observed."""
     CARRY_OUT = "carry_out"
@@ -465,6 +470,10 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "time_is_up"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("time_is_up",), R.TIMEOUT),
+    # The loop ladder (``Limits.loop_ladder``): a nudge, then the repeated tool withheld,
+    # then the last answer (when wanted) and the stop.
+    Row(T.REFLECTED, S.REFLECT, S.OBSERVE, ("is_looping", "nudge_due"), V.NUDGE),
+    Row(T.REFLECTED, S.REFLECT, S.OBSERVE, ("is_looping", "withhold_due"), V.WITHHOLD),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "is_looping"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("is_looping",), R.LOOP_DETECTED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("reflector_says_done",), R.REFLECTOR_DONE),

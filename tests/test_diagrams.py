@@ -108,11 +108,13 @@ stateDiagram-v2
     REFLECT --> COMPACT : reflected #15 [last_answer_wanted ∧ time_is_up ∧ prompt_exceeds_window] compact
     REFLECT --> LAST_ANSWER : reflected #16 [last_answer_wanted ∧ time_is_up] last_answer
     REFLECT --> ERROR : reflected #17 [time_is_up] timeout
-    REFLECT --> COMPACT : reflected #18 [last_answer_wanted ∧ is_looping ∧ prompt_exceeds_window] compact
-    REFLECT --> LAST_ANSWER : reflected #19 [last_answer_wanted ∧ is_looping] last_answer
-    REFLECT --> ERROR : reflected #20 [is_looping] loop_detected
-    REFLECT --> DONE : reflected #21 [reflector_says_done] reflector_done
-    REFLECT --> OBSERVE : reflected #22 [else] continue
+    REFLECT --> OBSERVE : reflected #18 [is_looping ∧ nudge_due] nudge
+    REFLECT --> OBSERVE : reflected #19 [is_looping ∧ withhold_due] withhold
+    REFLECT --> COMPACT : reflected #20 [last_answer_wanted ∧ is_looping ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #21 [last_answer_wanted ∧ is_looping] last_answer
+    REFLECT --> ERROR : reflected #22 [is_looping] loop_detected
+    REFLECT --> DONE : reflected #23 [reflector_says_done] reflector_done
+    REFLECT --> OBSERVE : reflected #24 [else] continue
     LAST_ANSWER --> ERROR : last_answered #1 [closing_on_token_budget] token_budget
     LAST_ANSWER --> ERROR : last_answered #2 [closing_on_max_turns] max_turns
     LAST_ANSWER --> ERROR : last_answered #3 [closing_on_timeout] timeout
@@ -170,7 +172,7 @@ def test_every_row_is_one_edge_with_priority_and_guards() -> None:
     dot = render(TABLE, "dot")
     edges = [line for line in dot.splitlines() if " -> " in line and "__start" not in line]
     assert len(edges) == len(TABLE)
-    assert 'REFLECT -> OBSERVE [label="reflected #22 [else] continue"];' in dot
+    assert 'REFLECT -> OBSERVE [label="reflected #24 [else] continue"];' in dot
     assert "DONE [shape=doublecircle];" in dot
     assert "ERROR [shape=doublecircle];" in dot
 
@@ -201,7 +203,7 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    OBSERVE --> THINK : observed #9 [else] think ×3\n" in mermaid
     assert "    THINK --> ACT : thought #15 [reply_has_tool_calls] act ×2\n" in mermaid
-    assert "    REFLECT --> OBSERVE : reflected #22 [else] continue ×2\n" in mermaid
+    assert "    REFLECT --> OBSERVE : reflected #24 [else] continue ×2\n" in mermaid
     assert "    THINK --> DONE : thought #20 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
     assert "    THINK --> DONE : thought #19 [reply_was_truncated] max_tokens\n" in mermaid
@@ -504,7 +506,7 @@ def test_a_runs_path_alone_is_drawn_with_path_only() -> None:
         "    THINK --> ACT : thought #15 [reply_has_tool_calls] act ×2",
         "    THINK --> DONE : thought #20 [else] final_answer ×1",
         "    ACT --> REFLECT : acted #1 [else] reflect ×2",
-        "    REFLECT --> OBSERVE : reflected #22 [else] continue ×2",
+        "    REFLECT --> OBSERVE : reflected #24 [else] continue ×2",
     ]
     assert "    DONE --> [*]" in mermaid
     assert "ERROR --> [*]" not in mermaid

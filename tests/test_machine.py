@@ -47,6 +47,8 @@ def test_reflect_priority_order_is_pinned() -> None:
         (("last_answer_wanted", "time_is_up", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "time_is_up"), "last_answer"),
         (("time_is_up",), "timeout"),
+        (("is_looping", "nudge_due"), "nudge"),
+        (("is_looping", "withhold_due"), "withhold"),
         (("last_answer_wanted", "is_looping", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "is_looping"), "last_answer"),
         (("is_looping",), "loop_detected"),

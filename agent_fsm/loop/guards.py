@@ -186,6 +186,16 @@ def output_guardrail_tripped(state: RunState, limits: Limits) -> bool:
     return trip is not None and trip.kind == "output"
 
 
+def nudge_due(state: RunState, limits: Limits) -> bool:
+    """The loop ladder's first rung is next: nudge the model."""
+    return limits.loop_ladder and state.loop_rung == 0
+
+
+def withhold_due(state: RunState, limits: Limits) -> bool:
+    """The loop ladder's second rung is next: withhold the repeated tool."""
+    return limits.loop_ladder and state.loop_rung == 1
+
+
 def reflector_says_done(state: RunState, limits: Limits) -> bool:
     """The agent's optional reflector hook judged the task done."""
     return state.reflector_done
@@ -298,6 +308,8 @@ GUARDS: dict[str, Guard] = {
         budget_exhausted,
         time_is_up,
         is_looping,
+        nudge_due,
+        withhold_due,
         reflector_says_done,
         input_guardrail_tripped,
         output_guardrail_tripped,

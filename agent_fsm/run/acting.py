@@ -36,6 +36,7 @@ request of the row that fires becomes ``RunState.control`` and the run's output,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Coroutine, Sequence
 from typing import Any
 
@@ -124,6 +125,17 @@ async def carry_out(ctx: RunContext) -> None:
     state.decisions = []
 
 
+def _unless_withheld(item: PreparedCall, withheld: tuple[str, ...]) -> PreparedCall:
+    """A call of a tool the loop ladder withheld cannot run: it is answered with why."""
+    if item.call.name not in withheld:
+        return item
+    return dataclasses.replace(
+        item,
+        error=f"The tool '{item.call.name}' is no longer available in this run: it was "
+        "called over and over without progress. Go on without it.",
+    )
+
+
 async def answer_calls(
     ctx: RunContext, calls: Sequence[ToolCall], approved: Collection[str] = ()
 ) -> list[ToolMessage]:
@@ -138,6 +150,8 @@ async def answer_calls(
     if state.requests:  # the last turn's: a new list only when there were some
         state.requests = []
     prepared = [config.tools.prepare(call) for call in calls]
+    if state.withheld:  # the loop ladder took these away (``Limits.loop_ladder``)
+        prepared = [_unless_withheld(item, state.withheld) for item in prepared]
     hooks = config.hooks
     turn = TurnCalls(ctx, prepared, None if hooks is None else _reviewer(ctx, hooks.after_tool))
     machine = config.machine

@@ -283,6 +283,8 @@ async def _call_model(
     await count_call(ctx, previous)
     model, messages = config.model, prompt_messages(state.messages, state.context)
     tools, choice = config.tools.specs, None
+    if state.withheld:  # the loop ladder took these away (``Limits.loop_ladder``)
+        tools = tuple(spec for spec in tools if spec.name not in state.withheld)
     hooks = config.hooks
     if hooks is not None and hooks.before_model is not None:
         plan = ModelPlan(
