@@ -26,9 +26,11 @@ from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, ToolSta
 from agent_fsm.run import delegation
 from agent_fsm.state import RunResult, RunState, RunStatus
 from agent_fsm.testing import (
+    Behaviour,
     FunctionModel,
     HarnessFailure,
     ScriptedModel,
+    Stage,
     assert_terminates,
     call,
     reply,
@@ -475,3 +477,28 @@ def test_a_crash_during_a_sub_agent_call_never_runs_it_twice(tmp_path: Path) -> 
     details: Any = answer.details
     assert details["runtime"]["replayed"] is True
     assert result.stop_reason is StopReason.FINAL_ANSWER
+
+
+def test_the_harness_checks_each_sub_agents_run_under_its_carved_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seeded bug: the child's run is made to report more turns than its carve allowed
+    (its spend counted as it ran, so the parent's counts hold): the harness's check of the
+    child's own run, under its carved limits, finds it."""
+    stage = Stage(_supervisor())
+    behaviour = Behaviour(
+        steps=(reply("", call("alpha", task="x")), reply("", call("echo", text="a")), "ok", "done"),
+        cycle=False,
+    )
+    assert stage.play(behaviour).violation is None
+    real_fold = delegation.fold
+
+    def inflate(parent: Any, child: RunResult) -> None:
+        real_fold(parent, child)
+        object.__setattr__(child, "turns", child.turns + 50)
+
+    monkeypatch.setattr(delegation, "fold", inflate)
+    violation = stage.play(behaviour).violation
+    assert violation is not None
+    assert "a sub-agent's run broke its invariants" in violation
+    assert "turns exceed max_turns" in violation

@@ -116,6 +116,9 @@ class Delegate:
     name: str
     handoff: bool = False
     """The child takes the conversation over (``Agent.as_handoff``), rather than a task."""
+    observer: Callable[[RunResult, RunConfig], None] | None = None
+    """Told of each child run that ended, with the configuration it ran under (its carved
+    limits): the test harness checks each child's invariants so. Must not raise."""
 
 
 def delegate_of(tool: Tool) -> Delegate | None:
@@ -277,12 +280,21 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
         run.abort(f"the parent run stopped: {reason}")
         await asyncio.wait({task_of_child})
         ended = not task_of_child.cancelled() and task_of_child.exception() is None
-        if parent is not None and ended:
-            fold(parent, task_of_child.result())
+        if ended:
+            _ended(delegate, parent, task_of_child.result(), child_config)
         raise
+    _ended(delegate, parent, result, child_config)
+    return _answer(delegate.name, result)
+
+
+def _ended(
+    delegate: Delegate, parent: RunContext | None, result: RunResult, config: RunConfig
+) -> None:
+    """A child run ended: its spend counted in its parent's, its observer told."""
     if parent is not None:
         fold(parent, result)
-    return _answer(delegate.name, result)
+    if delegate.observer is not None:
+        delegate.observer(result, config)
 
 
 def _conversation(parent: RunContext | None) -> list[Message]:
@@ -305,6 +317,7 @@ def delegation_tool(
     description: str,
     timeout_s: float | None = None,
     handoff: bool = False,
+    observer: Callable[[RunResult, RunConfig], None] | None = None,
 ) -> Tool:
     """A tool that runs ``agent`` on the task the model gives it (``Agent.as_tool``), or,
     as a ``handoff``, on the conversation so far (``Agent.as_handoff``): a terminal tool,
@@ -316,7 +329,7 @@ def delegation_tool(
     """
     if not isinstance(description, str) or not description.strip():
         raise ConfigError(f"sub-agent tool {name!r} needs a description for the model")
-    delegate = Delegate(agent=agent, name=name, handoff=handoff)
+    delegate = Delegate(agent=agent, name=name, handoff=handoff, observer=observer)
     own = agent.run_config.limits
 
     async def call_sub_agent(task: str) -> ToolResult:

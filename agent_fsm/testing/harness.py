@@ -30,7 +30,8 @@ from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.events import Event
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.models.base import Model
-from agent_fsm.run.delegation import delegate_of
+from agent_fsm.run.context import RunConfig
+from agent_fsm.run.delegation import delegate_of, delegation_tool
 from agent_fsm.run.engine import Run
 from agent_fsm.state import RunResult
 from agent_fsm.testing.behaviour import (
@@ -279,6 +280,7 @@ class Stage:
         self._model = _StageModel(agent.run_config.model.name)
         self._clock = FakeClock()
         self._outcomes: dict[str, tuple[ToolOutcome, ...]] = {}
+        self._children: list[tuple[RunResult, RunConfig]] = []
         self._calls: dict[str, int] = {}
         self.tool_names = tuple(t.name for t in user_tools(agent))
         self.agent = agent.replace(
@@ -308,8 +310,26 @@ class Stage:
             store=None,
             lease_s=None,
         )
-        make = staged.as_handoff if delegate.handoff else staged.as_tool
-        return make(name=tool.name, description=tool.description, timeout_s=tool.timeout_s)
+        return delegation_tool(
+            staged,
+            name=tool.name,
+            description=tool.description,
+            timeout_s=tool.timeout_s,
+            handoff=delegate.handoff,
+            observer=self._child_ended,
+        )
+
+    def _children_problem(self) -> str | None:
+        """The first invariant a staged sub-agent's run broke, or None."""
+        for result, config in self._children:
+            problem = _child_problem(result, config)
+            if problem is not None:
+                return problem
+        return None
+
+    def _child_ended(self, result: RunResult, config: RunConfig) -> None:
+        """A staged sub-agent's run ended: kept, to be checked under its carved limits."""
+        self._children.append((result, config))
 
     def _double(self, tool: Tool) -> Tool:
         async def double(**arguments: Any) -> Any:
@@ -337,6 +357,7 @@ class Stage:
         self._clock.now = 0.0
         self._outcomes = self._doubles(behaviour)
         self._calls = {}
+        self._children = []
         return model
 
     def cast(self, run_id: str, behaviour: Behaviour) -> BehaviourModel:
@@ -394,6 +415,8 @@ class Stage:
                 check_invariants(result, limits=self.agent.limits, bound=bound, events=events)
             except InvariantViolation as exc:
                 violation = str(exc)
+            if violation is None:
+                violation = self._children_problem()
             if violation is None and self.agent.limits.context_window is not None:
                 # the prompts, as the context policies shrank them (O(prompt) each: only
                 # where a window makes them differ from the transcript)
@@ -415,6 +438,19 @@ class Stage:
             tools=tools,
             aborted_at=model.aborted_at,
         )
+
+
+def _child_problem(result: RunResult, config: RunConfig) -> str | None:
+    """What a sub-agent's run broke, under the limits it was carved (its events are checked
+    with its parent's, which count its spend)."""
+    machine = config.machine
+    try:
+        check_invariants(
+            result, limits=config.limits, bound=machine.bound(config.limits), rows=machine.rows
+        )
+    except InvariantViolation as exc:
+        return f"a sub-agent's run broke its invariants: {exc}"
+    return None
 
 
 async def _drive(run: Run, cap: int) -> bool:
