@@ -37,8 +37,7 @@ request of the row that fires becomes ``RunState.control`` and the run's output,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Coroutine, Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
 
 from pydantic import JsonValue
 
@@ -74,7 +73,7 @@ from agent_fsm.tools.scheduling import (
 )
 from agent_fsm.tools.tool import PreparedCall
 
-__all__ = ["act", "answer_calls", "carry_out"]
+__all__ = ["act", "act_as_parent", "answer_calls", "carry_out"]
 
 _tool_finished = builder(ToolFinished)  # built on every tool call (see constructors.builder)
 
@@ -88,21 +87,15 @@ _CONTROL_ANSWER = {
 }
 
 
-def act(ctx: RunContext) -> Coroutine[Any, Any, None]:
-    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls.
-    The sub-agent tools of an agent that has some see the run as their parent. (A plain
-    function that returns the work: an agent without sub-agents pays no extra coroutine.)"""
-    if ctx.config.delegates:
-        return _act_as_parent(ctx)
-    return _act(ctx)
-
-
-async def _act_as_parent(ctx: RunContext) -> None:
+async def act_as_parent(ctx: RunContext) -> None:
+    """ACT's work (``act``) for an agent with sub-agent tools: they see the run as their
+    parent (``run.delegation``). The engine picks it for such an agent only."""
     with acting_for(ctx):
-        await _act(ctx)
+        await act(ctx)
 
 
-async def _act(ctx: RunContext) -> None:
+async def act(ctx: RunContext) -> None:
+    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls."""
     state = ctx.state
     if state.decisions:
         await carry_out(ctx)

@@ -10,7 +10,7 @@ from agent_fsm.run.guarding import screen_input
 from agent_fsm.state import LoopState
 from agent_fsm.table import Verb
 
-__all__ = ["NUDGE", "WITHHELD", "climb", "observe"]
+__all__ = ["NUDGE", "WITHHELD", "climb", "observe", "observe_guarded"]
 
 NUDGE = (
     "You seem to be repeating yourself ({loop}). Repeating will not change the result: try "
@@ -50,24 +50,18 @@ def climb(ctx: RunContext) -> None:
     state.loop = LoopState()
 
 
-def observe(ctx: RunContext) -> Awaitable[None] | None:
+def observe(ctx: RunContext) -> None:
     """OBSERVE's work: every queued user message (input, steering, a resume's reply, approval
     outcomes, then the correction of an answer that did not validate) joins the transcript;
     when there is none and the last reply would have ended the run, one follow-up does. New
     words from the user change the situation, so repeats before them are no loop: the loop
-    detector starts over. For an agent with input guardrails, the user's messages taken in
-    are then checked (``run.guarding``), and the rows decide; without, nothing is awaited."""
+    detector starts over."""
     state = ctx.state
-    if ctx.limits.loop_ladder:
-        climb(ctx)
-    guarded = ctx.config.input_guardrails
-    before = len(state.messages) if guarded else 0
-    ours = state.correction  # a correction is the engine's text, not the user's
-    taken = bool(state.pending_input) or ours is not None
+    taken = bool(state.pending_input) or state.correction is not None
     while state.pending_input:
         ctx.append(UserMessage(content=state.pending_input.pop(0)))
-    if ours is not None:  # a typed answer that did not validate (``correct``)
-        ctx.append(UserMessage(content=ours))
+    if state.correction is not None:  # a typed answer that did not validate (``correct``)
+        ctx.append(UserMessage(content=state.correction))
         state.correction = None
     # A follow-up waits for a reply that would end the run: not a tool turn, not a summary.
     ended = not state.last_tool_calls and not state.summarised
@@ -76,7 +70,20 @@ def observe(ctx: RunContext) -> Awaitable[None] | None:
         taken = True
     if taken and state.turns:
         state.loop = LoopState()
-    if not guarded or not taken:
+
+
+def observe_guarded(ctx: RunContext) -> Awaitable[None] | None:
+    """OBSERVE's work (``observe``) for an agent on the loop ladder or with input
+    guardrails (the engine picks it for such an agent only): first the rung of the ladder
+    the run just passed (``climb``), then the input, then the input guardrails' check of
+    each user message taken in (``run.guarding``); the rows decide."""
+    state = ctx.state
+    if ctx.limits.loop_ladder:
+        climb(ctx)
+    before = len(state.messages)
+    ours = state.correction  # a correction is the engine's text, not the user's
+    observe(ctx)
+    if not ctx.config.input_guardrails:
         return None
     texts = [
         message.content
