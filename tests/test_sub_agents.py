@@ -502,3 +502,31 @@ def test_the_harness_checks_each_sub_agents_run_under_its_carved_limits(
     assert violation is not None
     assert "a sub-agent's run broke its invariants" in violation
     assert "turns exceed max_turns" in violation
+
+
+def test_a_child_that_asks_the_user_answers_its_parents_call_with_the_question() -> None:
+    """Not yet a pause of the whole tree: a child that stops to ask a person answers the
+    call as an error carrying its question, and the parent goes on (its model may ask the
+    user itself)."""
+    worker = Agent(
+        model=ScriptedModel([reply("", call("ask_user", question="Which city?"))], name="worker")
+    )
+    boss = Agent(
+        model=ScriptedModel(
+            [
+                reply("", call("work", task="weather")),
+                reply("", call("ask_user", question="City?")),
+            ],
+            name="boss",
+        ),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST),
+    )
+    _, result = run(boss)
+    (answer,) = tool_results(result)[:1]
+    assert answer.status is ToolStatus.ERROR
+    assert "ask_user" in answer.content
+    assert "Which city?" in answer.content
+    details: Any = answer.details
+    assert details["status"] == "needs_input"
+    assert result.stop_reason is StopReason.ASK_USER
