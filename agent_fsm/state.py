@@ -221,17 +221,17 @@ class RunState:
     """What the user's own loop keeps: the work of a ``CustomState`` writes it (through
     ``StepContext.notes``), the table's own guards read it. JSON values, checkpointed with
     the run."""
-    turns: int = _declared(L.RUN, "run.thinking run.delegation", 0)
+    turns: int = _declared(L.RUN, "run.thinking run.acting", 0)
     """Turns so far (model calls that were not retries), over every activation; with the
     turns of its sub-agents' runs (``run.delegation.fold``)."""
-    retries: int = _declared(L.RUN, "run.thinking run.delegation", 0)
+    retries: int = _declared(L.RUN, "run.thinking run.acting", 0)
     """Retries of failed model calls so far, over every activation."""
     turn_retries: int = _declared(L.RUN, "run.thinking", 0)
     """Retries of the current turn's model call."""
     turn_retry_wait_s: float = _declared(L.RUN, "run.thinking", 0.0)
     """Seconds the current turn has waited before its retries."""
-    usage: Usage = _declared(L.RUN, "run.thinking run.delegation", factory=Usage)
-    cost: float | None = _declared(L.RUN, "run.thinking run.delegation", None)
+    usage: Usage = _declared(L.RUN, "run.thinking run.acting", factory=Usage)
+    cost: float | None = _declared(L.RUN, "run.thinking run.acting", None)
     """What the model calls cost so far (``Limits.prices``); None while none was priced."""
     messages: list[Message] = _declared(
         L.RUN, "run.context durable.checkpoint durable.sqlite durable.postgres", factory=list

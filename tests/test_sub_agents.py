@@ -14,7 +14,16 @@ from typing import Any
 
 import pytest
 
-from agent_fsm import Agent, ConfigError, Limits, Pricing, SQLiteStore, StopReason, tool
+from agent_fsm import (
+    Agent,
+    ConfigError,
+    Limits,
+    MemoryStore,
+    Pricing,
+    SQLiteStore,
+    StopReason,
+    tool,
+)
 from agent_fsm.events import (
     ModelResponded,
     RunFinished,
@@ -171,6 +180,7 @@ def test_carve_takes_the_smaller_of_each_budget() -> None:
         limits=Limits(max_turns=9, timeout_s=30.0, cost_budget=2.0, prices=PRICES),
         clock=lambda: 50.0,
         started_at=40.0,
+        finished_children=[],
     )
     parent.state.usage = parent.state.usage.model_copy(update={"input_tokens": 150})
     carved = delegation.carve(own, parent).limits  # type: ignore[arg-type]
@@ -482,22 +492,22 @@ def test_a_crash_during_a_sub_agent_call_never_runs_it_twice(tmp_path: Path) -> 
 def test_the_harness_checks_each_sub_agents_run_under_its_carved_limits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A seeded bug: the child's run is made to report more turns than its carve allowed
-    (its spend counted as it ran, so the parent's counts hold): the harness's check of the
-    child's own run, under its carved limits, finds it."""
+    """A seeded bug: the child's run reports more turns than its carve allowed (while its
+    parent counts what it really spent, so the parent's counts hold): the harness's check
+    of the child's own run, under its carved limits, finds it."""
     stage = Stage(_supervisor())
     behaviour = Behaviour(
         steps=(reply("", call("alpha", task="x")), reply("", call("echo", text="a")), "ok", "done"),
         cycle=False,
     )
     assert stage.play(behaviour).violation is None
-    real_fold = delegation.fold
 
-    def inflate(parent: Any, child: RunResult) -> None:
-        real_fold(parent, child)
-        object.__setattr__(child, "turns", child.turns + 50)
+    def inflate(delegate: Any, parent: Any, child: RunResult, config: Any) -> None:
+        if parent is not None:  # the parent counts what the child really spent
+            parent.finished_children.append(child)
+        delegate.observer(child.model_copy(update={"turns": child.turns + 50}), config)
 
-    monkeypatch.setattr(delegation, "fold", inflate)
+    monkeypatch.setattr(delegation, "_ended", inflate)
     violation = stage.play(behaviour).violation
     assert violation is not None
     assert "a sub-agent's run broke its invariants" in violation
@@ -530,3 +540,56 @@ def test_a_child_that_asks_the_user_answers_its_parents_call_with_the_question()
     details: Any = answer.details
     assert details["status"] == "needs_input"
     assert result.stop_reason is StopReason.ASK_USER
+
+
+def test_a_child_answered_from_the_journal_after_a_crash_still_counts() -> None:
+    """The parent dies after its child finished but before the step did (another call of
+    the same reply hangs): the redone step answers both calls from the journal, running
+    neither again, and counts what the child spent, which the lost process had counted.
+    (Caught a bug: the child's spend was counted mid-step, which moved the turn count that
+    keys the journal, so the call after it ran twice.)"""
+    worker_model = ScriptedModel([reply("", call("echo", text="a")), "paid"], name="worker")
+    entered = asyncio.Event()
+
+    hung: list[bool] = []
+
+    @tool
+    async def hang() -> str:
+        """Hang (not idempotent: it must not run again)."""
+        hung.append(True)
+        entered.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    store = MemoryStore()
+
+    def build(*script: ModelResponse | str) -> Agent:
+        worker = Agent(model=worker_model, tools=[echo])
+        return Agent(
+            model=ScriptedModel(list(script), name="boss"),
+            tools=[worker.as_tool(name="pay", description="Pays."), hang],
+            store=store,
+            limits=Limits(**FAST),
+        )
+
+    async def crash() -> None:
+        first = build(reply("", call("pay", task="pay"), call("hang")))
+        started = first.start("go", run_id="crashy")
+        task = asyncio.ensure_future(started.run())
+        await entered.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(crash())
+    assert len(worker_model.requests) == 2
+    resumed = build("done")
+    result = resumed.resume_sync("crashy")
+    check_invariants(result, limits=resumed.limits, bound=resumed.bound)
+    assert len(worker_model.requests) == 2  # the child did not run again
+    assert hung == [True]  # nor did the call after it (the journal's keys did not move)
+    paid = tool_results(result)[0]
+    details: Any = paid.details
+    assert details["runtime"]["replayed"] is True
+    assert result.turns == 1 + 2 + 1  # its call, the child's two (counted again), its answer
+    assert result.usage.requests == 2 + 0 + 0 + 2  # what the replies reported, with the child's

@@ -13,7 +13,7 @@ import contextlib
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent_fsm.cancellation import StopEvent
@@ -29,7 +29,7 @@ from agent_fsm.models.base import Model
 from agent_fsm.output import OutputSpec
 from agent_fsm.pricing import Pricing
 from agent_fsm.prompt import ContextEdits, prompt_messages
-from agent_fsm.state import RunState
+from agent_fsm.state import RunResult, RunState
 from agent_fsm.table import Row
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 from agent_fsm.tools.tool import ToolRegistry
@@ -107,6 +107,11 @@ class RunContext:
     path: tuple[str, ...] = ()
     """The runs that started this one (a sub-agent's), outermost first; empty for a run of
     its own."""
+    finished_children: list[RunResult] = field(default_factory=list)
+    """Sub-agent runs that ended during the current ACT, counted in this run's spend when
+    the step ends (``run.acting.fold``): the turn count keys the tool journal, so it must
+    not move while the step's calls run. A child started meanwhile is carved from what
+    they left too (``run.delegation.carve``)."""
     started_at: float = 0.0
     """When this activation started by ``clock``, less the run's elapsed time before it:
     ``clock() - started_at`` is the run's time so far (a sub-agent's is carved from what

@@ -6,14 +6,17 @@ it. The promises of a run hold for the whole tree:
 - **A child never outlives or outspends its parent.** Its limits are carved when the call
   starts (``carve``): each budget is the smaller of its own and what remains of the
   parent's: turns (model calls that are not retries, its last answer included), retries,
-  tokens, money and time. When the call ends, what the child spent is added to the parent's
-  counts (``fold``): its turns and last answer to the parent's turns (at least one: a child
-  call that made no model call still uses a turn, so ``max_turns`` bounds how many a run
-  makes), its retries, usage and cost to the parent's. The parent's own guards then see the
-  tree's spend, so ``max_turns``, the token budget and the money budget bound the tree as
-  they bound one run, and the parent's ``bound.model_calls`` bounds every model call of it.
-  A sub-agent tool runs alone (``Tool.sequential``): the next child of the same reply is
-  carved from what the previous one left.
+  tokens, money and time. What the child spent is added to the parent's counts when the
+  step ends (``run.acting.fold``: the turn count keys the tool journal, so it does not move
+  while the step's calls run): its turns and last answer to the parent's turns (at least
+  one: a child call that made no model call still uses a turn, so ``max_turns`` bounds how
+  many a run makes), its retries, usage and cost to the parent's. The parent's own guards
+  then see the tree's spend, so ``max_turns``, the token budget and the money budget bound
+  the tree as they bound one run, and the parent's ``bound.model_calls`` bounds every model
+  call of it. A sub-agent tool runs alone (``Tool.sequential``): the next child of the same
+  reply is carved from what the previous ones left. A step redone after a crash answers a
+  finished child's call from the journal, and counts its spend again from the answer's
+  details (``run.acting.fold_replayed``).
 - **Cascades.** The parent's abort or deadline cancels the tool call; the child is then
   aborted (ERROR ``aborted``, a valid transcript) before the call is answered, and what it
   spent is still counted.
@@ -66,7 +69,7 @@ __all__ = [
     "carve",
     "delegate_of",
     "delegation_tool",
-    "fold",
+    "run_child",
 ]
 
 _COST_GUARDS = frozenset({"prompt_exceeds_cost_budget", "cost_budget_spent"})
@@ -144,14 +147,17 @@ def carve(own: Limits, parent: RunContext | None) -> LimitsLeft:
     if parent is None:
         return LimitsLeft(limits=own)
     state, limits = parent.state, parent.limits
-    turns = limits.max_turns - state.turns
-    tokens = limits.token_budget - state.usage.total_tokens
-    retries = max(limits.model_retries_per_run - state.retries, 0)
+    earlier = parent.finished_children  # this step's, not counted in the state yet
+    turns = limits.max_turns - state.turns - sum(max(c.turns + c.last_answers, 1) for c in earlier)
+    tokens = (
+        limits.token_budget - state.usage.total_tokens - sum(c.usage.total_tokens for c in earlier)
+    )
+    retries = max(limits.model_retries_per_run - state.retries - sum(c.retries for c in earlier), 0)
     elapsed = parent.clock() - parent.started_at
     seconds = limits.timeout_s - elapsed
     money: float | None = None
     if limits.cost_budget is not None:
-        money = limits.cost_budget - (state.cost or 0.0)
+        money = limits.cost_budget - (state.cost or 0.0) - sum(c.cost or 0.0 for c in earlier)
     for spent, why in (
         (turns < 1, "no turns"),
         (tokens < 1, "no tokens"),
@@ -179,17 +185,6 @@ def carve(own: Limits, parent: RunContext | None) -> LimitsLeft:
     return LimitsLeft(limits=Limits(**values))
 
 
-def fold(parent: RunContext, child: RunResult) -> None:
-    """Count what a child spent in its parent: its turns and last answers as the parent's
-    turns (at least one), its retries, usage and cost as the parent's."""
-    state = parent.state
-    state.turns += max(child.turns + child.last_answers, 1)
-    state.retries += child.retries
-    state.usage = state.usage + child.usage
-    if child.cost is not None and parent.config.pricing is not None:
-        state.cost = (state.cost or 0.0) + child.cost
-
-
 def _child_config(config: RunConfig, limits: Limits) -> RunConfig:
     """The child's configuration under carved ``limits``: priced by them when its own were
     not, and with the rows the carve turned on (a money budget, no last answer) live."""
@@ -203,14 +198,20 @@ def _child_config(config: RunConfig, limits: Limits) -> RunConfig:
 
 
 def _details(result: RunResult) -> dict[str, Any]:
+    """The call's details: how the child ended and what it spent, enough to count it in
+    the parent again when the call's answer is replayed from the journal
+    (``run.acting.fold_replayed``)."""
     usage: Usage = result.usage
     return {
         "sub_agent_run_id": result.run_id,
         "status": result.status.value,
         "stop_reason": result.stop_reason.value,
         "turns": result.turns,
+        "retries": result.retries,
+        "last_answers": result.last_answers,
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
+        "usage": usage.model_dump(),
         "cost": result.cost,
     }
 
@@ -290,9 +291,10 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
 def _ended(
     delegate: Delegate, parent: RunContext | None, result: RunResult, config: RunConfig
 ) -> None:
-    """A child run ended: its spend counted in its parent's, its observer told."""
+    """A child run ended: its spend to be counted in its parent's when the step ends
+    (``RunContext.finished_children``), its observer told."""
     if parent is not None:
-        fold(parent, result)
+        parent.finished_children.append(result)
     if delegate.observer is not None:
         delegate.observer(result, config)
 
