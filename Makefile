@@ -77,6 +77,8 @@ diagrams: $(STAMP_RUN)
 	$(BIN)/agent-fsm diagram --format dot -o diagrams/agent.dot
 	$(BIN)/agent-fsm diagram --table examples/plan_execute.py:TABLE -o diagrams/plan_execute.mmd
 	$(BIN)/agent-fsm diagram --table examples/judged_answers.py:TABLE -o diagrams/judged_answers.mmd
+	$(BIN)/python -c "import runpy; open('diagrams/supervisor.mmd', 'w').write(runpy.run_path('examples/supervisor.py')['build']().composition('supervisor'))"
+	$(BIN)/python -c "import runpy; open('diagrams/triage_handoff.mmd', 'w').write(runpy.run_path('examples/triage_handoff.py')['build']()[0].composition('triage'))"
 	@if command -v dot >/dev/null 2>&1; then \
 		$(BIN)/agent-fsm diagram --format svg -o diagrams/agent.svg; \
 	else \

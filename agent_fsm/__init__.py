@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from agent_fsm.hooks import StepHooks
     from agent_fsm.limits import Limits
     from agent_fsm.loop.verify import TerminationBound
+    from agent_fsm.pricing import Pricing
     from agent_fsm.run.custom import StepContext
     from agent_fsm.run.engine import Run
     from agent_fsm.state import Approval, RunResult, RunStatus, TraceEntry
@@ -51,6 +52,7 @@ _WHERE: dict[str, str] = {
     "RunLeased": "agent_fsm.errors",
     "StepHooks": "agent_fsm.hooks",
     "Limits": "agent_fsm.limits",
+    "Pricing": "agent_fsm.pricing",
     "TerminationBound": "agent_fsm.loop.verify",
     "StepContext": "agent_fsm.run.custom",
     "Run": "agent_fsm.run.engine",
@@ -89,6 +91,7 @@ __all__ = [
     # building and running agents
     "Agent",
     "Limits",
+    "Pricing",
     "Tool",
     "ToolResult",
     "tool",

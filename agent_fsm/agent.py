@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from agent_fsm.compaction import ContextPolicy
+from agent_fsm.composition import to_mermaid_composition
 from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore
@@ -31,6 +32,7 @@ from agent_fsm.errors import (
     ToolSchemaWarning,
 )
 from agent_fsm.events import Event, EventHandler, RunFinished, checked_handler
+from agent_fsm.guardrails import Guardrail, GuardrailFunction, guardrails_of
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound, with_builtin_guards
@@ -38,6 +40,8 @@ from agent_fsm.messages import Message, ToolSpec
 from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
+from agent_fsm.pricing import Pricing
+from agent_fsm.run.delegation import Delegable, delegate_of, delegation_tool
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.forking import copy_journal, fork_state
 from agent_fsm.run.history import HistoryRepair, prepare_history
@@ -45,7 +49,15 @@ from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
 from agent_fsm.state import ControlKind, RunResult, RunState
-from agent_fsm.table import CONTROL_GUARDS, TABLE, AgentState, Row, StopReason
+from agent_fsm.table import (
+    CONTROL_GUARDS,
+    INPUT_GUARDRAIL_GUARD,
+    OUTPUT_GUARDRAIL_GUARD,
+    TABLE,
+    AgentState,
+    Row,
+    StopReason,
+)
 from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
 
@@ -217,6 +229,22 @@ def _check_id(what: str, value: object) -> None:
     check_id(value, what)
 
 
+def _dead_by_limits(limits: Limits) -> set[str]:
+    """The guards the limits alone make false on every run (``_dead_guards``)."""
+    dead: set[str] = set()
+    if not limits.last_answer:
+        dead.add("last_answer_wanted")
+    if limits.cost_budget is None:
+        dead.update(("prompt_exceeds_cost_budget", "cost_budget_spent"))
+    if limits.context_window is None:
+        dead.add("prompt_exceeds_window")
+    if not limits.loop_detection:
+        dead.add("is_looping")
+    if not limits.loop_ladder or not limits.loop_detection:
+        dead.update(("nudge_due", "withhold_due"))
+    return dead
+
+
 def _dead_guards(
     limits: Limits,
     offered: Sequence[Tool],
@@ -227,13 +255,8 @@ def _dead_guards(
     """The guards that are false on every run of an agent with this configuration: each
     reads a feature the agent does not use, so the rows naming it can never fire
     (``RunConfig.dead_guards``)."""
-    dead: set[str] = set()
-    if not limits.last_answer:
-        dead.add("last_answer_wanted")
-    if limits.context_window is None:
-        dead.add("prompt_exceeds_window")
-    if not limits.loop_detection:
-        dead.add("is_looping")
+    dead = _dead_by_limits(limits)
+    dead.update((INPUT_GUARDRAIL_GUARD, OUTPUT_GUARDRAIL_GUARD))  # live: _guardrail_guards
     if reflector is None:
         dead.add("reflector_says_done")
     if output is None:
@@ -250,6 +273,97 @@ def _dead_guards(
     if all(item.requires_approval is False for item in offered):
         dead.add("approval_pending")
     return frozenset(dead)
+
+
+def _pricing(limits: Limits, model: Model) -> Pricing | None:
+    """The price of the agent's model's tokens, when the limits have prices.
+
+    Raises:
+        ConfigError: the limits have prices but none for the agent's model: its calls could
+            not be counted against the money budget, nor its cost reported.
+    """
+    if not limits.prices:
+        return None
+    pricing = limits.price_of(model.name)
+    if pricing is None:
+        raise ConfigError(
+            f"Limits.prices has no price for the agent's model {model.name!r} (it prices "
+            f"{[name for name, _ in limits.prices]})"
+        )
+    return pricing
+
+
+def _guardrail_guards(inputs: Sequence[Guardrail], outputs: Sequence[Guardrail]) -> set[str]:
+    """The guards an agent's guardrails make live: the rows of the ones it has; a rewrite
+    is a correction (``output_rejected``)."""
+    live: set[str] = set()
+    if inputs:
+        live.add(INPUT_GUARDRAIL_GUARD)
+    if outputs:
+        live.update((OUTPUT_GUARDRAIL_GUARD, "output_rejected"))
+    return live
+
+
+def _check_guardrail_rows(
+    machine: AgentMachine, inputs: Sequence[Guardrail], outputs: Sequence[Guardrail]
+) -> None:
+    """The table has a row for each kind of guardrail the agent has: without one, a
+    guardrail that trips would be ignored.
+
+    Raises:
+        ConfigError: naming the guard of the missing row.
+    """
+    named = {guard for row in machine.rows for guard in row.guards}
+    for kind, have, guard in (
+        ("input", inputs, INPUT_GUARDRAIL_GUARD),
+        ("output", outputs, OUTPUT_GUARDRAIL_GUARD),
+    ):
+        if have and guard not in named:
+            raise ConfigError(
+                f"{kind} guardrails need a row guarded by {guard!r} ending the run with "
+                f"guardrail_tripped; the table has none"
+            )
+
+
+def _check_sub_agents(agent: Agent, registry: ToolRegistry, limits: Limits) -> bool:
+    """Whether the agent has sub-agent tools (``Agent.as_tool``), checked: no agent is
+    reachable from itself through them (an unbounded recursion), and, when the agent has
+    prices, every agent of the tree has a price for its model (its calls are counted in the
+    parent's money).
+
+    Raises:
+        ConfigError: naming the cycle, or the sub-agent whose model has no price.
+    """
+    found = False
+    stack: list[tuple[Delegable, tuple[Delegable, ...], tuple[str, ...], Limits]] = [
+        (agent, (), (), limits)
+    ]
+    while stack:
+        node, path, names, inherited = stack.pop()
+        tools = registry.tools if node is agent else node.run_config.tools.tools
+        for item in tools:
+            delegate = delegate_of(item)
+            if delegate is None:
+                continue
+            found = True
+            child = delegate.agent
+            where = " -> ".join([*names, item.name])
+            if child is agent or child in path:
+                raise ConfigError(
+                    f"sub-agent {where} leads back to an agent that calls it: an unbounded "
+                    "recursion (each call would start another)"
+                )
+            config = child.run_config
+            own = config.limits
+            prices = dict(inherited.prices) | dict(own.prices)
+            if inherited.prices and config.model.name not in prices:
+                raise ConfigError(
+                    f"sub-agent {where}: the limits price models {sorted(prices)}, but not its "
+                    f"model {config.model.name!r}: its calls could not be counted"
+                )
+            merged = Limits(**{**own.model_dump(exclude={"prices"}), "prices": prices})
+            stack.append((child, (*path, node), (*names, item.name), merged))
+    return found
 
 
 def _token_counter(model: Model) -> TextCounter:
@@ -338,6 +452,14 @@ class Agent:
     arguments are the output; works with every model) or ``"native"`` (the schema is sent
     with each request and the reply's text validated; for models with
     ``supports_native_output``)."""
+    input_guardrails: Sequence[GuardrailFunction | Guardrail] = ()
+    """Checks of each user message as the run takes it in, before any model call or tool
+    sees it (``agent_fsm.guardrails``): one that does not pass stops the run in ERROR
+    ``guardrail_tripped``."""
+    output_guardrails: Sequence[GuardrailFunction | Guardrail] = ()
+    """Checks of an answer that would end the run, before it does: one may trip (ERROR
+    ``guardrail_tripped``) or ask for a rewrite (``Rewrite``, at most
+    ``Limits.guardrail_rewrites`` times)."""
     _config: RunConfig = field(init=False, repr=False)
     _residence: Residence = field(init=False, repr=False)
 
@@ -395,6 +517,13 @@ class Agent:
         _review_tool_schemas(model, registry.specs)
         machine = machine_for(self.table)
         _check_control_rows(machine, offered)
+        pricing = _pricing(limits, model)
+        delegates = _check_sub_agents(self, registry, limits)
+        inputs = guardrails_of(self.input_guardrails)
+        outputs = guardrails_of(self.output_guardrails)
+        _check_guardrail_rows(machine, inputs, outputs)
+        _set(self, "input_guardrails", inputs)
+        _set(self, "output_guardrails", outputs)
         config = RunConfig(
             model=model,
             tools=registry,
@@ -409,7 +538,12 @@ class Agent:
             last_answer_prompt=prompt,
             parallel_tool_calls=self.parallel_tool_calls,
             handlers=tuple(self.handlers),
-            dead_guards=_dead_guards(limits, offered, output, self.reflector, policies),
+            pricing=pricing,
+            delegates=delegates,
+            input_guardrails=inputs,
+            output_guardrails=outputs,
+            dead_guards=_dead_guards(limits, offered, output, self.reflector, policies)
+            - _guardrail_guards(inputs, outputs),
         )
         _set(self, "_config", config)
         time = Timekeeping(clock=self.clock, sleep=self.sleep)
@@ -493,8 +627,67 @@ class Agent:
 
     @property
     def bound(self) -> TerminationBound:
-        """What every run of this agent is guaranteed to stay within."""
-        return self._config.machine.bound(self._config.limits)
+        """What every run of this agent is guaranteed to stay within; with sub-agents
+        (``as_tool``), their bounds nested in it and the whole tree's transitions."""
+        limits = self._config.limits
+        own = self._config.machine.bound(limits)
+        children = tuple(
+            (item.name, delegate.agent.bound)
+            for item in self._config.tools.tools
+            if (delegate := delegate_of(item)) is not None
+        )
+        if not children:
+            return own
+        widest = max(bound.tree_transitions for _, bound in children)
+        return dataclasses.replace(
+            own,
+            nested=children,
+            tree_transitions=own.transitions + limits.max_turns * widest,
+        )
+
+    def as_tool(self, *, name: str, description: str, timeout_s: float | None = None) -> Tool:
+        """This agent as a tool of another (a sub-agent): a call runs it on the ``task``
+        the model gives, and answers with its output (``run.delegation``).
+
+        The child's limits are carved from what its parent has left when the call starts
+        (turns, retries, tokens, money, time: the smaller of its own and the parent's
+        remainder), and what it spends is counted in the parent's, so the parent's limits
+        bound the whole tree and ``bound`` composes. A child that fails answers the call
+        as an error, with its stop reason in ``details``; the parent's abort or deadline
+        aborts it. Sub-agent calls of one reply run one at a time.
+
+        Args:
+            name: the tool's name, as the model calls it.
+            description: when the model should call it.
+            timeout_s: a backstop for the whole call; by default the child's own time
+                limit and its last answer's, and 30 s more (the carved time limit ends the
+                child first).
+
+        Raises:
+            ConfigError: an invalid name or description.
+        """
+        return delegation_tool(self, name=name, description=description, timeout_s=timeout_s)
+
+    def composition(self, name: str = "agent") -> str:
+        """The mermaid ``flowchart`` of this agent and the agents it can call (sub-agents
+        solid, handoffs dotted), each with its limits and bound
+        (``composition.to_mermaid_composition``); each agent's own loop is its
+        ``diagram()``."""
+        return to_mermaid_composition(self, name)
+
+    def as_handoff(self, *, name: str, description: str, timeout_s: float | None = None) -> Tool:
+        """This agent as a handoff of another: a call passes it the conversation so far
+        (and the model's ``note``), and its answer ends the calling run, with stop reason
+        ``terminal_tool`` (the tool is terminal: a row of the table ends the run, no special
+        path). Limits, spend, cascades and the bound are a sub-agent's (``as_tool``); a
+        failed handoff answers the call as an error and the calling run goes on.
+
+        Raises:
+            ConfigError: an invalid name or description.
+        """
+        return delegation_tool(
+            self, name=name, description=description, timeout_s=timeout_s, handoff=True
+        )
 
     def start(
         self,
@@ -849,8 +1042,8 @@ class Agent:
         try:
             while (event := await queue.get()) is not None:
                 yield event
-                if isinstance(event, RunFinished):
-                    break
+                if isinstance(event, RunFinished) and event.run_id == run.run_id:
+                    break  # not a sub-agent's: the run's own
             await task  # re-raises a programming error from the run, if any
         finally:
             if not task.done():

@@ -41,6 +41,7 @@ __all__ = [
     "RunFinished",
     "RunStarted",
     "StateChanged",
+    "SubAgentStarted",
     "ToolFinished",
     "ToolRetried",
     "ToolStarted",
@@ -56,6 +57,9 @@ class RunStarted:
     run_id: str
     input: str
     """The user's message that started the run."""
+    path: tuple[str, ...] = ()
+    """For a sub-agent's run (``Agent.as_tool``), the runs that started it, outermost
+    first (its parent last); empty for a run of its own."""
 
 
 @quick_init
@@ -167,6 +171,8 @@ class ModelResponded:
     """Usage of this call (estimated when the server reported none)."""
     last_answer: bool = False
     """The reply is the last answer written as a limit ended the run."""
+    cost: float | None = None
+    """What this call cost (``Limits.prices``); None when the agent has no prices."""
 
 
 @quick_init
@@ -267,6 +273,8 @@ class RunFinished:
     output: str | None
     error: str | None = None
     """For failed runs, what went wrong (the same text as RunResult.error)."""
+    cost: float | None = None
+    """What the run's model calls cost (``RunResult.cost``); None without prices."""
 
 
 @quick_init
@@ -335,6 +343,25 @@ class AbortRequested:
     turn: int
 
 
+@quick_init
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubAgentStarted:
+    """A sub-agent tool (``Agent.as_tool``) started a child run; the child's own events
+    follow, each with the child's ``run_id``, and the call's ``ToolFinished`` ends it."""
+
+    kind: Literal["sub_agent_started"] = "sub_agent_started"
+    run_id: str
+    """The parent run."""
+    sub_agent_run_id: str
+    """The child run, whose events follow."""
+    tool: str
+    """The sub-agent tool that started it."""
+    turn: int
+    path: tuple[str, ...] = ()
+    """The runs above the parent, outermost first (the child's path is this and
+    ``run_id``)."""
+
+
 Event = Annotated[
     RunStarted
     | HistoryRepaired
@@ -353,6 +380,7 @@ Event = Annotated[
     | SteeringQueued
     | FollowUpQueued
     | AbortRequested
+    | SubAgentStarted
     | RunFinished,
     Field(discriminator="kind"),
 ]

@@ -6,11 +6,13 @@ Invalid values raise ``ConfigError`` at construction, naming each bad field.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from agent_fsm.errors import ConfigError
+from agent_fsm.pricing import Pricing
 
 __all__ = ["Limits"]
 
@@ -41,6 +43,17 @@ class Limits(BaseModel):
     aims to leave it at, so that the next turns fit without compacting again: every
     compaction changes what is sent early in the prompt, which a provider's prompt cache
     then misses. Only a prompt that exceeds the room itself stops the run."""
+    cost_budget: float | None = Field(default=None, gt=0)
+    """Most money (in the currency of ``prices``) a run may spend on model calls, its
+    sub-agents' included; None for no money budget. Checked before each call against the
+    estimated prompt priced at the highest input price known, and after it against the
+    reported usage priced by ``prices``, so it is overshot by at most the one call in flight.
+    Needs a price for the agent's model. It has no last answer: a run out of money makes no
+    more calls."""
+    prices: tuple[tuple[str, Pricing], ...] = ()
+    """What each model's tokens cost, by model name (``Model.name``): given as a mapping,
+    ``{"gpt-4o-mini": Pricing(input_per_million=0.15, output_per_million=0.6)}``, kept as
+    sorted pairs (limits are hashable). With prices, every run reports its ``cost``."""
     last_answer: bool = False
     """When the token budget, ``max_turns``, the time limit or loop detection ends the run,
     first make one more model call, without tools, asking for the best answer from what the
@@ -57,6 +70,10 @@ class Limits(BaseModel):
     """Final answers that did not validate against ``Agent(output_type=...)``, sent back to the
     model with the errors, before the run stops in ERROR ``invalid_output``. Each correction
     is a model call, counted as a turn."""
+    guardrail_rewrites: int = Field(default=2, ge=0)
+    """Rewrites of a final answer the output guardrails may ask for (``Rewrite``), over
+    the run; one more, and the guardrail trips. Each rewrite is a model call, counted as a
+    turn."""
     timeout_s: float = Field(default=600.0, gt=0)
     """Wall-clock seconds a run may take, checked at every REFLECT."""
     tool_timeout_s: float = Field(default=60.0, gt=0)
@@ -100,6 +117,13 @@ class Limits(BaseModel):
     for; 0 or 1 turns cycle detection off (repeats of one call are still caught)."""
     loop_detection: bool = True
     """Turn loop detection off entirely (for example for polling tools)."""
+    loop_ladder: bool = False
+    """Climb a ladder before loop detection stops the run: the first loop found sends the
+    model a nudge (a message saying it repeats itself), the second withholds the repeated
+    tool for the rest of the run, the third ends the run (with its last answer under
+    ``last_answer``). Each rung is a row of the table; each costs turns like any other."""
+
+    _most_per_input_token: float = PrivateAttr(default=0.0)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -136,6 +160,27 @@ class Limits(BaseModel):
         backoff = min(self.retry_backoff_max_s, self.retry_backoff_s * 2.0 ** (retry - 1))
         return max(backoff, min(retry_after_s or 0.0, self.retry_after_max_s))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _prices_as_pairs(cls, data: Any) -> Any:
+        """``prices`` given as a mapping is kept as sorted (name, Pricing) pairs."""
+        if isinstance(data, dict) and isinstance(data.get("prices"), Mapping):
+            data = {**data, "prices": tuple(sorted(data["prices"].items()))}
+        return data
+
+    def price_of(self, model: str) -> Pricing | None:
+        """The price of ``model``'s tokens, or None when ``prices`` names no such model."""
+        for name, pricing in self.prices:
+            if name == model:
+                return pricing
+        return None
+
+    @property
+    def most_per_input_token(self) -> float:
+        """The highest price of one prompt token among ``prices``: what the check before a
+        call prices the estimated prompt at (``prompt_exceeds_cost_budget``)."""
+        return self._most_per_input_token
+
     @model_validator(mode="after")
     def _backoff_order(self) -> Limits:
         if self.retry_backoff_max_s < self.retry_backoff_s:
@@ -145,4 +190,12 @@ class Limits(BaseModel):
                 f"reply_tokens ({self.reply_tokens}) must be below context_window "
                 f"({self.context_window}): no prompt would fit"
             )
+        names = [name for name, _ in self.prices]
+        if len(set(names)) != len(names):
+            raise ValueError(f"prices names a model twice: {names}")
+        if self.cost_budget is not None and not self.prices:
+            raise ValueError("cost_budget needs prices: what each model's tokens cost")
+        self._most_per_input_token = max(
+            (pricing.most_per_input_token for _, pricing in self.prices), default=0.0
+        )
         return self

@@ -16,7 +16,9 @@ generative AI:
 * under it, one span per model call, ``chat {model}``, with token usage and finish reasons
   (a failed call is a span with status ERROR, and its retry a span of its own);
 * and one span per tool call, ``execute_tool {tool}``, whose status is ERROR when the call
-  was answered as failed, with each retry as a span event.
+  was answered as failed, with each retry as a span event; a sub-agent's run
+  (``Agent.as_tool``, whose events reach the parent's handlers) is an ``invoke_agent`` span
+  under the ``execute_tool`` span of the call that started it.
 
 A failed run ends its span with status ERROR, ``error.type`` set to the stop reason and the
 run's error as the description. Message content (the input, replies, tool arguments and
@@ -56,6 +58,7 @@ from agent_fsm.events import (
     RunStarted,
     StateChanged,
     SteeringQueued,
+    SubAgentStarted,
     ToolFinished,
     ToolRetried,
     ToolStarted,
@@ -80,6 +83,11 @@ class _Pending:
     start_ns: int
     attributes: dict[str, Any]
     events: list[tuple[str, dict[str, Any], int]] = field(default_factory=list)
+    tool: str = ""
+    """The tool of a tool call ("" for a model call)."""
+    span: Span | None = None
+    """The span, when something had to nest under it before the call ended (a sub-agent's
+    run under the call that started it)."""
 
 
 @dataclass(slots=True)
@@ -126,6 +134,9 @@ class OtelTracer:
         self._content = capture_content
         self._transition_events = transition_events
         self._runs: dict[str, _RunSpans] = {}
+        self._callers: dict[str, Span] = {}
+        """The ``execute_tool`` span of the call that started each sub-agent run, until that
+        run's span is opened under it."""
         self._on: dict[str, Callable[[Any], None]] = {
             "run_started": self._run_started,
             "run_resumed": self._run_resumed,
@@ -144,6 +155,7 @@ class OtelTracer:
             "steering_queued": self._queued,
             "follow_up_queued": self._queued,
             "abort_requested": self._abort_requested,
+            "sub_agent_started": self._sub_agent_started,
         }
 
     def __call__(self, event: Event) -> None:
@@ -159,8 +171,10 @@ class OtelTracer:
         if previous is not None:  # an activation that never finished (its process moved on)
             self._end_open_calls(previous, "the run was reopened")
             previous.run.end()
+        caller = self._callers.pop(run_id, None)
         span = self._tracer.start_span(
             f"invoke_agent {self._agent_name}",
+            context=None if caller is None else trace.set_span_in_context(caller),
             kind=SpanKind.INTERNAL,
             attributes={
                 "gen_ai.operation.name": "invoke_agent",
@@ -306,21 +320,29 @@ class OtelTracer:
     ) -> None:
         """Record ``call`` as an ended span, with ``attributes`` added to those it started
         with, and status ERROR (``error.type``, description) when ``error`` is given."""
-        call.attributes.update(attributes)
         if error is not None:
-            call.attributes["error.type"] = error[0]
-        span = self._tracer.start_span(
+            attributes["error.type"] = error[0]
+        span = call.span
+        if span is None:
+            call.attributes.update(attributes)
+            span = self._start_call(spans, call)
+        else:
+            span.set_attributes(attributes)
+        for name, event_attributes, timestamp in call.events:
+            span.add_event(name, event_attributes, timestamp)
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error[1]))
+        span.end()
+
+    def _start_call(self, spans: _RunSpans, call: _Pending) -> Span:
+        """The span of ``call``, started at its recorded time with the attributes it has."""
+        return self._tracer.start_span(
             call.name,
             context=spans.context,
             kind=call.kind,
             attributes=call.attributes,
             start_time=call.start_ns,
         )
-        for name, event_attributes, timestamp in call.events:
-            span.add_event(name, event_attributes, timestamp)
-        if error is not None:
-            span.set_status(Status(StatusCode.ERROR, error[1]))
-        span.end()
 
     def _end_open_calls(self, spans: _RunSpans, why: str) -> None:
         """End the spans of calls whose closing event never came (the run ended around
@@ -403,8 +425,23 @@ class OtelTracer:
         if self._content:
             attributes["gen_ai.tool.call.arguments"] = call.arguments
         spans.tools[call.id] = _Pending(
-            f"execute_tool {call.name}", SpanKind.INTERNAL, time_ns(), attributes
+            f"execute_tool {call.name}", SpanKind.INTERNAL, time_ns(), attributes, tool=call.name
         )
+
+    def _sub_agent_started(self, event: SubAgentStarted) -> None:
+        """A sub-agent's run nests under the call that started it: its tool's open call
+        (a sub-agent tool's calls run one at a time, so there is one), whose span is made
+        now rather than when the call ends."""
+        spans = self._runs.get(event.run_id)
+        if spans is None:
+            return
+        for call in reversed(spans.tools.values()):
+            if call.tool == event.tool:
+                if call.span is None:
+                    call.span = self._start_call(spans, call)
+                if len(self._callers) < 10_000:  # runs that never start must not pile up
+                    self._callers[event.sub_agent_run_id] = call.span
+                return
 
     def _tool_retried(self, event: ToolRetried) -> None:
         spans = self._runs.get(event.run_id)

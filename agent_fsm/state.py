@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue, PlainValidator, TypeAdapter, model_validator
 
@@ -33,6 +33,7 @@ __all__ = [
     "Approval",
     "ControlKind",
     "ControlRequest",
+    "GuardrailTrip",
     "Decision",
     "Lifetime",
     "LoopState",
@@ -99,6 +100,19 @@ class ControlRequest(BaseModel):
     and a decision on every pending call at once (``approvals=True``) must: a decision that
     arrives late (a double click, a retried request) must not answer a pause nobody saw.
     Empty for a checkpoint of an older agent_fsm."""
+
+
+class GuardrailTrip(BaseModel):
+    """A guardrail that did not pass (``agent_fsm.guardrails``): read by the
+    ``input_guardrail_tripped`` and ``output_guardrail_tripped`` rows."""
+
+    model_config = _FROZEN
+
+    kind: Literal["input", "output"]
+    guardrail: str
+    """Its name."""
+    reason: str = ""
+    """Why, as it said (or how it failed)."""
 
 
 class Approval(BaseModel):
@@ -219,15 +233,18 @@ class RunState:
     """What the user's own loop keeps: the work of a ``CustomState`` writes it (through
     ``StepContext.notes``), the table's own guards read it. JSON values, checkpointed with
     the run."""
-    turns: int = _declared(L.RUN, "run.thinking", 0)
-    """Turns so far (model calls that were not retries), over every activation."""
-    retries: int = _declared(L.RUN, "run.thinking", 0)
+    turns: int = _declared(L.RUN, "run.thinking run.acting", 0)
+    """Turns so far (model calls that were not retries), over every activation; with the
+    turns of its sub-agents' runs (``run.delegation.fold``)."""
+    retries: int = _declared(L.RUN, "run.thinking run.acting", 0)
     """Retries of failed model calls so far, over every activation."""
     turn_retries: int = _declared(L.RUN, "run.thinking", 0)
     """Retries of the current turn's model call."""
     turn_retry_wait_s: float = _declared(L.RUN, "run.thinking", 0.0)
     """Seconds the current turn has waited before its retries."""
-    usage: Usage = _declared(L.RUN, "run.thinking", factory=Usage)
+    usage: Usage = _declared(L.RUN, "run.thinking run.acting", factory=Usage)
+    cost: float | None = _declared(L.RUN, "run.thinking run.acting", None)
+    """What the model calls cost so far (``Limits.prices``); None while none was priced."""
     messages: list[Message] = _declared(
         L.RUN, "run.context durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
@@ -255,12 +272,17 @@ class RunState:
     """The last model call wrote the summary a policy asked for."""
     context_problem: str | None = _declared(L.STOP, "run.compacting", None)
     """Why the last compaction left the prompt too big (a policy failed or found nothing)."""
-    correction: str | None = _declared(L.RUN, "run.thinking run.observing", None)
+    correction: str | None = _declared(L.RUN, "run.thinking run.observing run.guarding", None)
     """What to tell the model about a final answer that did not validate against the
     agent's output type (the ``output_rejected`` row); observed, like user input, next."""
     output_failures: int = _declared(L.RUN, "run.thinking run.acting", 0)
     """Final answers that did not validate against the agent's output type, over the run
     (``Limits.output_retries`` bounds them)."""
+    guardrail_trip: GuardrailTrip | None = _declared(L.STOP, "run.guarding", None)
+    """The guardrail that did not pass (``agent_fsm.guardrails``); its row stops the run."""
+    guardrail_rewrites: int = _declared(L.RUN, "run.guarding", 0)
+    """Rewrites the output guardrails asked for, over the run
+    (``Limits.guardrail_rewrites`` bounds them)."""
     consecutive_errors: int = _declared(L.STOP, "run.context", 0)
     """All-failed tool turns in a row (``RunContext.count_failure``)."""
     last_finish_reason: FinishReason | None = _declared(L.STOP, "run.thinking", None)
@@ -280,6 +302,11 @@ class RunState:
     ACT state the resume leads to (so empty at every stop)."""
     loop: LoopState = _declared(L.RUN, "run.observing", factory=LoopState)
     """Loop-detector memory; its own fields are kept by ``loop.detection``."""
+    loop_rung: int = _declared(L.RUN, "run.observing", 0)
+    """Rungs of the loop ladder climbed (``Limits.loop_ladder``): 1 after the nudge, 2 once
+    the repeated tool is withheld."""
+    withheld: tuple[str, ...] = _declared(L.RUN, "run.observing", ())
+    """Tools the loop ladder took away from the model for the rest of the run."""
     reflector_done: bool = _declared(L.STOP, "run.reflecting", False)
     closing: StopReason | None = _declared(L.STOP, "run.answering run.compacting", None)
     """The stop a last answer is being written for (LAST_ANSWER, or COMPACT when its prompt
@@ -420,6 +447,9 @@ class RunResult(BaseModel):
     turns: int
     """Turns taken: model calls that were not retries."""
     usage: Usage
+    cost: float | None = None
+    """What the run's model calls cost (``Limits.prices``), its sub-agents' included; None
+    when the agent has no prices."""
     messages: tuple[Message, ...]
     trace: tuple[TraceEntry, ...]
     pending: ControlRequest | None = None
@@ -476,6 +506,7 @@ class RunResult(BaseModel):
             error=state.error,
             turns=state.turns,
             usage=state.usage,
+            cost=state.cost,
             messages=tuple(state.messages),
             trace=trace,
             pending=state.control if status is RunStatus.NEEDS_INPUT else None,

@@ -29,6 +29,8 @@ __all__ = [
     "trigger_named",
     "CLOSING_GUARDS",
     "INITIAL_STATE",
+    "INPUT_GUARDRAIL_GUARD",
+    "OUTPUT_GUARDRAIL_GUARD",
     "LAST_ANSWER_DUE_GUARD",
     "LAST_ANSWER_GUARD",
     "LAST_CALL_STATE",
@@ -110,11 +112,17 @@ class StopReason(StrEnum):
     """The final answer failed to validate against the output type more often than
     ``Limits.output_retries`` allows."""
     TOKEN_BUDGET = "token_budget"
+    COST_BUDGET = "cost_budget"
+    """The money budget (``Limits.cost_budget``) is spent, or the next prompt would pass it
+    (stopped before the call)."""
     CONTEXT_WINDOW = "context_window"
     """The prompt cannot be made to fit the model's context window (stopped before the call)."""
     MAX_TURNS = "max_turns"
     TIMEOUT = "timeout"
     LOOP_DETECTED = "loop_detected"
+    GUARDRAIL_TRIPPED = "guardrail_tripped"
+    """An input guardrail stopped a user message before any model call saw it, or an output
+    guardrail stopped an answer before the run ended with it (``agent_fsm.guardrails``)."""
     REFLECTOR_DONE = "reflector_done"
     REJECTED = "rejected"
     """A check of the user's own loop (a judge, say) rejected the result and ended the run."""
@@ -141,6 +149,11 @@ class Verb(StrEnum):
     CONTINUE = "continue"
     LAST_ANSWER = "last_answer"
     """A limit is ending the run and a last answer is wanted: write it (LAST_ANSWER)."""
+    NUDGE = "nudge"
+    """A loop was found, first rung of the ladder (``Limits.loop_ladder``): tell the model
+    it repeats itself, and go on (OBSERVE)."""
+    WITHHOLD = "withhold"
+    """A loop was found again: take the repeated tool away, and go on (OBSERVE)."""
     ANSWER = "answer"
     """Resume: the person's reply to ask_user is observed."""
     CARRY_OUT = "carry_out"
@@ -274,6 +287,16 @@ written for the stop it names: the run then ends with the stop that fired, not w
 the last call's own tokens or time would trip. The last row out, unguarded, takes the one
 remaining way in: loop detection."""
 
+INPUT_GUARDRAIL_GUARD = "input_guardrail_tripped"
+"""The guard of the row that stops a run whose input a guardrail did not pass: it leaves
+``INITIAL_STATE`` (OBSERVE, whose work takes the input in), after nothing but rows that end
+the run, so no way on skips it (the verifier checks)."""
+
+OUTPUT_GUARDRAIL_GUARD = "output_guardrail_tripped"
+"""The guard of the row that stops a run whose answer a guardrail did not pass: it leaves
+``TURN_STATE`` (THINK, whose work takes the reply in), before any row into DONE (the
+verifier checks)."""
+
 RESUME_TRIGGER = T.RESUMED
 """The trigger of the resume rows: fired only on a reopened run, by ``Agent.resume``."""
 
@@ -348,6 +371,7 @@ def _failed_call_rows(trigger: Trigger, source: AgentState, budget: str) -> tupl
         Row(trigger, source, S.ERROR, (failed, "no_retries_left"), R.MODEL_ERROR),
         *_last_answer_before(trigger, source, failed, budget),
         Row(trigger, source, S.ERROR, (failed, budget), R.TOKEN_BUDGET),
+        Row(trigger, source, S.ERROR, (failed, "prompt_exceeds_cost_budget"), R.COST_BUDGET),
     )
 
 
@@ -363,9 +387,12 @@ TABLE: tuple[Row, ...] = (
     # Every stop for the token budget, max_turns, the time limit or a loop, here and below,
     # is preceded by its row into LAST_ANSWER (``Limits.last_answer``; the verifier's rule 5).
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("abort_requested",), R.ABORTED),
+    # The input guardrails read what OBSERVE took in: nothing runs before they pass.
+    Row(T.OBSERVED, S.OBSERVE, S.ERROR, (INPUT_GUARDRAIL_GUARD,), R.GUARDRAIL_TRIPPED),
     Row(T.OBSERVED, S.OBSERVE, S.COMPACT, ("prompt_exceeds_window",), V.COMPACT),
     *_last_answer_before(T.OBSERVED, S.OBSERVE, "prompt_exceeds_budget"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
+    Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("prompt_exceeds_cost_budget",), R.COST_BUDGET),
     *_last_answer_before(T.OBSERVED, S.OBSERVE, "no_turns_left"),
     Row(T.OBSERVED, S.OBSERVE, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     Row(T.OBSERVED, S.OBSERVE, S.THINK, (), V.THINK),
@@ -385,10 +412,12 @@ TABLE: tuple[Row, ...] = (
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     *_last_answer_before(T.COMPACTED, S.COMPACT, "budget_exhausted"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("cost_budget_spent",), R.COST_BUDGET),
     Row(T.COMPACTED, S.COMPACT, S.SUMMARISE, ("summary_requested",), V.SUMMARISE),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_window",), R.CONTEXT_WINDOW),
     *_last_answer_before(T.COMPACTED, S.COMPACT, "prompt_exceeds_budget"),
     Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_budget",), R.TOKEN_BUDGET),
+    Row(T.COMPACTED, S.COMPACT, S.ERROR, ("prompt_exceeds_cost_budget",), R.COST_BUDGET),
     Row(T.COMPACTED, S.COMPACT, S.THINK, (), V.THINK),
     # SUMMARISE: the model call of this turn wrote the summary a policy asked for (or failed:
     # then the same ways out as a failed call in THINK, retries included).
@@ -412,6 +441,9 @@ TABLE: tuple[Row, ...] = (
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_filtered",), R.CONTENT_FILTER),
     Row(T.THOUGHT, S.THINK, S.ERROR, ("reply_was_refused",), R.REFUSED),
     Row(T.THOUGHT, S.THINK, S.ACT, ("reply_has_tool_calls",), V.ACT),
+    # The output guardrails read an answer that would end the run, before any row ends it
+    # (a rewrite they ask for is a correction: the next row).
+    Row(T.THOUGHT, S.THINK, S.ERROR, (OUTPUT_GUARDRAIL_GUARD,), R.GUARDRAIL_TRIPPED),
     # A final answer that did not validate against the output type: the correction goes back
     # to the model (through REFLECT, whose limits decide, ``output_retries`` among them).
     Row(T.THOUGHT, S.THINK, S.REFLECT, ("output_rejected",), V.CORRECT),
@@ -434,10 +466,15 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("output_retries_exhausted",), R.INVALID_OUTPUT),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("budget_exhausted",), R.TOKEN_BUDGET),
+    Row(T.REFLECTED, S.REFLECT, S.ERROR, ("cost_budget_spent",), R.COST_BUDGET),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "no_turns_left"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("no_turns_left",), R.MAX_TURNS),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "time_is_up"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("time_is_up",), R.TIMEOUT),
+    # The loop ladder (``Limits.loop_ladder``): a nudge, then the repeated tool withheld,
+    # then the last answer (when wanted) and the stop.
+    Row(T.REFLECTED, S.REFLECT, S.OBSERVE, ("is_looping", "nudge_due"), V.NUDGE),
+    Row(T.REFLECTED, S.REFLECT, S.OBSERVE, ("is_looping", "withhold_due"), V.WITHHOLD),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "is_looping"),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("is_looping",), R.LOOP_DETECTED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("reflector_says_done",), R.REFLECTOR_DONE),

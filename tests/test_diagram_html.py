@@ -69,7 +69,7 @@ def test_the_machine_is_drawn_in_a_browser_with_no_network(tmp_path: Path) -> No
     svg = _svg(_drawn(render(TABLE, "html"), tmp_path))
     for state in AgentState:
         assert f">{state.value}<" in svg, state
-    assert "thought #18 [else] final_answer" in svg
+    assert "thought #20 [else] final_answer" in svg
 
 
 @tool
@@ -82,7 +82,7 @@ def test_a_runs_path_alone_is_drawn_with_its_counts(tmp_path: Path) -> None:
     agent = Agent(model=ScriptedModel([reply("", call("echo", text="a")), "done"]), tools=[echo])
     result = agent.run_sync("go")
     svg = _svg(_drawn(agent.diagram("html", run=result, path_only=True), tmp_path))
-    assert "observed #7 [else] think ×2" in svg
+    assert "observed #9 [else] think ×2" in svg
     assert "final_answer ×1" in svg
     assert "content_filter" not in svg  # edges the run did not take are not drawn
     assert "stopped: final_answer, 2 turns" in svg

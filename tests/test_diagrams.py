@@ -37,23 +37,27 @@ GOLDEN_MERMAID = """\
 stateDiagram-v2
     [*] --> OBSERVE
     OBSERVE --> ERROR : observed #1 [abort_requested] aborted
-    OBSERVE --> COMPACT : observed #2 [prompt_exceeds_window] compact
-    OBSERVE --> LAST_ANSWER : observed #3 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
-    OBSERVE --> ERROR : observed #4 [prompt_exceeds_budget] token_budget
-    OBSERVE --> LAST_ANSWER : observed #5 [last_answer_wanted ∧ no_turns_left] last_answer
-    OBSERVE --> ERROR : observed #6 [no_turns_left] max_turns
-    OBSERVE --> THINK : observed #7 [else] think
+    OBSERVE --> ERROR : observed #2 [input_guardrail_tripped] guardrail_tripped
+    OBSERVE --> COMPACT : observed #3 [prompt_exceeds_window] compact
+    OBSERVE --> LAST_ANSWER : observed #4 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
+    OBSERVE --> ERROR : observed #5 [prompt_exceeds_budget] token_budget
+    OBSERVE --> ERROR : observed #6 [prompt_exceeds_cost_budget] cost_budget
+    OBSERVE --> LAST_ANSWER : observed #7 [last_answer_wanted ∧ no_turns_left] last_answer
+    OBSERVE --> ERROR : observed #8 [no_turns_left] max_turns
+    OBSERVE --> THINK : observed #9 [else] think
     COMPACT --> ERROR : compacted #1 [abort_requested] aborted
     COMPACT --> LAST_ANSWER : compacted #2 [last_answer_wanted ∧ last_answer_due] last_answer
     COMPACT --> LAST_ANSWER : compacted #3 [last_answer_wanted ∧ no_turns_left] last_answer
     COMPACT --> ERROR : compacted #4 [no_turns_left] max_turns
     COMPACT --> LAST_ANSWER : compacted #5 [last_answer_wanted ∧ budget_exhausted] last_answer
     COMPACT --> ERROR : compacted #6 [budget_exhausted] token_budget
-    COMPACT --> SUMMARISE : compacted #7 [summary_requested] summarise
-    COMPACT --> ERROR : compacted #8 [prompt_exceeds_window] context_window
-    COMPACT --> LAST_ANSWER : compacted #9 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
-    COMPACT --> ERROR : compacted #10 [prompt_exceeds_budget] token_budget
-    COMPACT --> THINK : compacted #11 [else] think
+    COMPACT --> ERROR : compacted #7 [cost_budget_spent] cost_budget
+    COMPACT --> SUMMARISE : compacted #8 [summary_requested] summarise
+    COMPACT --> ERROR : compacted #9 [prompt_exceeds_window] context_window
+    COMPACT --> LAST_ANSWER : compacted #10 [last_answer_wanted ∧ prompt_exceeds_budget] last_answer
+    COMPACT --> ERROR : compacted #11 [prompt_exceeds_budget] token_budget
+    COMPACT --> ERROR : compacted #12 [prompt_exceeds_cost_budget] cost_budget
+    COMPACT --> THINK : compacted #13 [else] think
     SUMMARISE --> ERROR : summarised #1 [abort_requested] aborted
     SUMMARISE --> COMPACT : summarised #2 [last_answer_wanted ∧ model_call_failed ∧ time_is_up ∧ prompt_exceeds_window] compact
     SUMMARISE --> LAST_ANSWER : summarised #3 [last_answer_wanted ∧ model_call_failed ∧ time_is_up] last_answer
@@ -63,8 +67,9 @@ stateDiagram-v2
     SUMMARISE --> COMPACT : summarised #7 [last_answer_wanted ∧ model_call_failed ∧ budget_exhausted ∧ prompt_exceeds_window] compact
     SUMMARISE --> LAST_ANSWER : summarised #8 [last_answer_wanted ∧ model_call_failed ∧ budget_exhausted] last_answer
     SUMMARISE --> ERROR : summarised #9 [model_call_failed ∧ budget_exhausted] token_budget
-    SUMMARISE --> SUMMARISE : summarised #10 [model_call_failed] retry
-    SUMMARISE --> OBSERVE : summarised #11 [else] summarised
+    SUMMARISE --> ERROR : summarised #10 [model_call_failed ∧ prompt_exceeds_cost_budget] cost_budget
+    SUMMARISE --> SUMMARISE : summarised #11 [model_call_failed] retry
+    SUMMARISE --> OBSERVE : summarised #12 [else] summarised
     THINK --> ERROR : thought #1 [abort_requested] aborted
     THINK --> COMPACT : thought #2 [last_answer_wanted ∧ model_call_failed ∧ time_is_up ∧ prompt_exceeds_window] compact
     THINK --> LAST_ANSWER : thought #3 [last_answer_wanted ∧ model_call_failed ∧ time_is_up] last_answer
@@ -74,15 +79,17 @@ stateDiagram-v2
     THINK --> COMPACT : thought #7 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget ∧ prompt_exceeds_window] compact
     THINK --> LAST_ANSWER : thought #8 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget] last_answer
     THINK --> ERROR : thought #9 [model_call_failed ∧ prompt_exceeds_budget] token_budget
-    THINK --> COMPACT : thought #10 [model_call_failed ∧ prompt_exceeds_window] compact
-    THINK --> THINK : thought #11 [model_call_failed] retry
-    THINK --> ERROR : thought #12 [reply_was_filtered] content_filter
-    THINK --> ERROR : thought #13 [reply_was_refused] refused
-    THINK --> ACT : thought #14 [reply_has_tool_calls] act
-    THINK --> REFLECT : thought #15 [output_rejected] correct
-    THINK --> REFLECT : thought #16 [input_waiting] follow_up
-    THINK --> DONE : thought #17 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #18 [else] final_answer
+    THINK --> ERROR : thought #10 [model_call_failed ∧ prompt_exceeds_cost_budget] cost_budget
+    THINK --> COMPACT : thought #11 [model_call_failed ∧ prompt_exceeds_window] compact
+    THINK --> THINK : thought #12 [model_call_failed] retry
+    THINK --> ERROR : thought #13 [reply_was_filtered] content_filter
+    THINK --> ERROR : thought #14 [reply_was_refused] refused
+    THINK --> ACT : thought #15 [reply_has_tool_calls] act
+    THINK --> ERROR : thought #16 [output_guardrail_tripped] guardrail_tripped
+    THINK --> REFLECT : thought #17 [output_rejected] correct
+    THINK --> REFLECT : thought #18 [input_waiting] follow_up
+    THINK --> DONE : thought #19 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #20 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
@@ -94,17 +101,20 @@ stateDiagram-v2
     REFLECT --> COMPACT : reflected #8 [last_answer_wanted ∧ budget_exhausted ∧ prompt_exceeds_window] compact
     REFLECT --> LAST_ANSWER : reflected #9 [last_answer_wanted ∧ budget_exhausted] last_answer
     REFLECT --> ERROR : reflected #10 [budget_exhausted] token_budget
-    REFLECT --> COMPACT : reflected #11 [last_answer_wanted ∧ no_turns_left ∧ prompt_exceeds_window] compact
-    REFLECT --> LAST_ANSWER : reflected #12 [last_answer_wanted ∧ no_turns_left] last_answer
-    REFLECT --> ERROR : reflected #13 [no_turns_left] max_turns
-    REFLECT --> COMPACT : reflected #14 [last_answer_wanted ∧ time_is_up ∧ prompt_exceeds_window] compact
-    REFLECT --> LAST_ANSWER : reflected #15 [last_answer_wanted ∧ time_is_up] last_answer
-    REFLECT --> ERROR : reflected #16 [time_is_up] timeout
-    REFLECT --> COMPACT : reflected #17 [last_answer_wanted ∧ is_looping ∧ prompt_exceeds_window] compact
-    REFLECT --> LAST_ANSWER : reflected #18 [last_answer_wanted ∧ is_looping] last_answer
-    REFLECT --> ERROR : reflected #19 [is_looping] loop_detected
-    REFLECT --> DONE : reflected #20 [reflector_says_done] reflector_done
-    REFLECT --> OBSERVE : reflected #21 [else] continue
+    REFLECT --> ERROR : reflected #11 [cost_budget_spent] cost_budget
+    REFLECT --> COMPACT : reflected #12 [last_answer_wanted ∧ no_turns_left ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #13 [last_answer_wanted ∧ no_turns_left] last_answer
+    REFLECT --> ERROR : reflected #14 [no_turns_left] max_turns
+    REFLECT --> COMPACT : reflected #15 [last_answer_wanted ∧ time_is_up ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #16 [last_answer_wanted ∧ time_is_up] last_answer
+    REFLECT --> ERROR : reflected #17 [time_is_up] timeout
+    REFLECT --> OBSERVE : reflected #18 [is_looping ∧ nudge_due] nudge
+    REFLECT --> OBSERVE : reflected #19 [is_looping ∧ withhold_due] withhold
+    REFLECT --> COMPACT : reflected #20 [last_answer_wanted ∧ is_looping ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #21 [last_answer_wanted ∧ is_looping] last_answer
+    REFLECT --> ERROR : reflected #22 [is_looping] loop_detected
+    REFLECT --> DONE : reflected #23 [reflector_says_done] reflector_done
+    REFLECT --> OBSERVE : reflected #24 [else] continue
     LAST_ANSWER --> ERROR : last_answered #1 [closing_on_token_budget] token_budget
     LAST_ANSWER --> ERROR : last_answered #2 [closing_on_max_turns] max_turns
     LAST_ANSWER --> ERROR : last_answered #3 [closing_on_timeout] timeout
@@ -162,7 +172,7 @@ def test_every_row_is_one_edge_with_priority_and_guards() -> None:
     dot = render(TABLE, "dot")
     edges = [line for line in dot.splitlines() if " -> " in line and "__start" not in line]
     assert len(edges) == len(TABLE)
-    assert 'REFLECT -> OBSERVE [label="reflected #21 [else] continue"];' in dot
+    assert 'REFLECT -> OBSERVE [label="reflected #24 [else] continue"];' in dot
     assert "DONE [shape=doublecircle];" in dot
     assert "ERROR [shape=doublecircle];" in dot
 
@@ -191,12 +201,12 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
     assert sum(counts) == len(result.trace)
 
     mermaid = render(TABLE, "mermaid", run=result)
-    assert "    OBSERVE --> THINK : observed #7 [else] think ×3\n" in mermaid
-    assert "    THINK --> ACT : thought #14 [reply_has_tool_calls] act ×2\n" in mermaid
-    assert "    REFLECT --> OBSERVE : reflected #21 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #18 [else] final_answer ×1\n" in mermaid
+    assert "    OBSERVE --> THINK : observed #9 [else] think ×3\n" in mermaid
+    assert "    THINK --> ACT : thought #15 [reply_has_tool_calls] act ×2\n" in mermaid
+    assert "    REFLECT --> OBSERVE : reflected #24 [else] continue ×2\n" in mermaid
+    assert "    THINK --> DONE : thought #20 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #17 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #19 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -213,11 +223,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 def test_dot_overlay_colours_and_counts() -> None:
     result, _ = _two_tool_turns()
     dot = to_dot(TABLE, result)
-    think = _line(dot, 'OBSERVE -> THINK [label="observed #7')
+    think = _line(dot, 'OBSERVE -> THINK [label="observed #9')
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #17')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #19')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot
@@ -231,7 +241,7 @@ def test_overlay_of_a_failed_run_marks_error() -> None:
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    class ERROR stopped_error\n" in mermaid
     assert "note right of ERROR : stopped﹕ max_turns, 2 turns" in mermaid
-    assert "    REFLECT --> ERROR : reflected #13 [no_turns_left] max_turns ×1\n" in mermaid
+    assert "    REFLECT --> ERROR : reflected #14 [no_turns_left] max_turns ×1\n" in mermaid
     assert "class DONE" not in mermaid
     assert 'ERROR [style="rounded,filled", fillcolor="#fee2e2"' in render(TABLE, "dot", run=result)
 
@@ -492,11 +502,11 @@ def test_a_runs_path_alone_is_drawn_with_path_only() -> None:
     mermaid = agent.diagram(run=result, path_only=True)
     edges = [line for line in mermaid.splitlines() if " --> " in line and "[*]" not in line]
     assert edges == [
-        "    OBSERVE --> THINK : observed #7 [else] think ×3",
-        "    THINK --> ACT : thought #14 [reply_has_tool_calls] act ×2",
-        "    THINK --> DONE : thought #18 [else] final_answer ×1",
+        "    OBSERVE --> THINK : observed #9 [else] think ×3",
+        "    THINK --> ACT : thought #15 [reply_has_tool_calls] act ×2",
+        "    THINK --> DONE : thought #20 [else] final_answer ×1",
         "    ACT --> REFLECT : acted #1 [else] reflect ×2",
-        "    REFLECT --> OBSERVE : reflected #21 [else] continue ×2",
+        "    REFLECT --> OBSERVE : reflected #24 [else] continue ×2",
     ]
     assert "    DONE --> [*]" in mermaid
     assert "ERROR --> [*]" not in mermaid

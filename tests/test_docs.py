@@ -79,6 +79,19 @@ def test_examples_run_offline(
     assert capsys.readouterr().out
 
 
+def test_committed_composition_diagrams_match_the_examples() -> None:
+    """A composition's diagram (its agents and the calls between them) is drawn from the
+    agents themselves: the committed ones are what the examples build."""
+    supervisor = runpy.run_path(str(ROOT / "examples" / "supervisor.py"))["build"]()
+    triage, _ = runpy.run_path(str(ROOT / "examples" / "triage_handoff.py"))["build"]()
+    drawn = {
+        "supervisor.mmd": supervisor.composition("supervisor"),
+        "triage_handoff.mmd": triage.composition("triage"),
+    }
+    for name, text in drawn.items():
+        assert (ROOT / "diagrams" / name).read_text() == text, f"regenerate diagrams/{name}"
+
+
 def test_committed_diagram_matches_the_table() -> None:
     committed = (ROOT / "diagrams" / "agent.mmd").read_text()
     assert committed == render(TABLE, "mermaid"), "run `make diagrams` and commit the result"

@@ -24,6 +24,7 @@ LAYERS = [
     "prompt",
     "tokens",
     "failures",
+    "pricing",
     "limits",
     "state",
     "views",
@@ -89,8 +90,10 @@ LAYERS = [
     # context policies: a Summarize policy may have a model of its own (models.base)
     "compaction",
     "hooks",
+    "guardrails",
     # run/: one run
     "run.context",
+    "run.guarding",
     "run.live",
     "run.residence",
     "run.observing",
@@ -109,9 +112,11 @@ LAYERS = [
     "run.leasing",
     "run.stored",
     "run.engine",
+    "run.delegation",
     "run",
     # the top
     "diagrams",
+    "composition",
     "otel_metrics",
     "otel",
     "agent",

@@ -40,12 +40,15 @@ def test_reflect_priority_order_is_pinned() -> None:
         (("last_answer_wanted", "budget_exhausted", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "budget_exhausted"), "last_answer"),
         (("budget_exhausted",), "token_budget"),
+        (("cost_budget_spent",), "cost_budget"),
         (("last_answer_wanted", "no_turns_left", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "no_turns_left"), "last_answer"),
         (("no_turns_left",), "max_turns"),
         (("last_answer_wanted", "time_is_up", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "time_is_up"), "last_answer"),
         (("time_is_up",), "timeout"),
+        (("is_looping", "nudge_due"), "nudge"),
+        (("is_looping", "withhold_due"), "withhold"),
         (("last_answer_wanted", "is_looping", "prompt_exceeds_window"), "compact"),
         (("last_answer_wanted", "is_looping"), "last_answer"),
         (("is_looping",), "loop_detected"),
@@ -70,9 +73,11 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
     last = "last_answer_wanted"
     assert _rows(S.OBSERVE) == [
         (("abort_requested",), "aborted"),
+        (("input_guardrail_tripped",), "guardrail_tripped"),
         (("prompt_exceeds_window",), "compact"),
         ((last, "prompt_exceeds_budget"), "last_answer"),
         (("prompt_exceeds_budget",), "token_budget"),
+        (("prompt_exceeds_cost_budget",), "cost_budget"),
         ((last, "no_turns_left"), "last_answer"),
         (("no_turns_left",), "max_turns"),
         ((), "think"),
@@ -85,10 +90,12 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         (("no_turns_left",), "max_turns"),
         ((last, "budget_exhausted"), "last_answer"),
         (("budget_exhausted",), "token_budget"),
+        (("cost_budget_spent",), "cost_budget"),
         (("summary_requested",), "summarise"),
         (("prompt_exceeds_window",), "context_window"),
         ((last, "prompt_exceeds_budget"), "last_answer"),
         (("prompt_exceeds_budget",), "token_budget"),
+        (("prompt_exceeds_cost_budget",), "cost_budget"),
         ((), "think"),
     ]
     assert _rows(S.SUMMARISE) == [
@@ -101,6 +108,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         ((last, "model_call_failed", "budget_exhausted", window), "compact"),
         ((last, "model_call_failed", "budget_exhausted"), "last_answer"),
         (("model_call_failed", "budget_exhausted"), "token_budget"),
+        (("model_call_failed", "prompt_exceeds_cost_budget"), "cost_budget"),
         (("model_call_failed",), "retry"),
         ((), "summarised"),
     ]
@@ -114,11 +122,13 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         ((last, "model_call_failed", "prompt_exceeds_budget", window), "compact"),
         ((last, "model_call_failed", "prompt_exceeds_budget"), "last_answer"),
         (("model_call_failed", "prompt_exceeds_budget"), "token_budget"),
+        (("model_call_failed", "prompt_exceeds_cost_budget"), "cost_budget"),
         (("model_call_failed", "prompt_exceeds_window"), "compact"),
         (("model_call_failed",), "retry"),
         (("reply_was_filtered",), "content_filter"),
         (("reply_was_refused",), "refused"),
         (("reply_has_tool_calls",), "act"),
+        (("output_guardrail_tripped",), "guardrail_tripped"),
         (("output_rejected",), "correct"),
         (("input_waiting",), "follow_up"),
         (("reply_was_truncated",), "max_tokens"),
@@ -252,13 +262,13 @@ def test_last_answer_rows_that_break_rule_5_are_rejected() -> None:
     with pytest.raises(ConfigError, match="must name the one guard"):
         verify_table(_replace(out, outcome=StopReason.TIMEOUT))
     # A limit's stop row without its rows into LAST_ANSWER (and into COMPACT for it).
-    assert TABLE[into + 2].dest is S.COMPACT
-    assert TABLE[into + 3].dest is S.LAST_ANSWER
-    rows = tuple(r for i, r in enumerate(TABLE) if i not in (into + 2, into + 3))
+    assert TABLE[into + 3].dest is S.COMPACT
+    assert TABLE[into + 4].dest is S.LAST_ANSWER
+    rows = tuple(r for i, r in enumerate(TABLE) if i not in (into + 3, into + 4))
     with pytest.raises(ConfigError, match="max_turns, which gets a last answer everywhere"):
         verify_table(rows)
     # The row into COMPACT for a last answer without the row into LAST_ANSWER after it.
-    rows = tuple(r for i, r in enumerate(TABLE) if i != into + 3)
+    rows = tuple(r for i, r in enumerate(TABLE) if i != into + 4)
     with pytest.raises(ConfigError, match="right before that row into LAST_ANSWER"):
         verify_table(rows)
     # The compaction for a last answer goes on into LAST_ANSWER from COMPACT only.
@@ -410,7 +420,7 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     state = RunState(run_id="in-order", state=S.THINK, turns=1, last_tool_calls=1)
     assert machine.fire(machine.handle(state, Limits())).label == "act"
     leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
-    assert leading.count("model_call_failed") == 6
+    assert leading.count("model_call_failed") == 7
     # A last-answer row asks first whether a last answer is wanted: no, by default.
     assert asked == [
         "abort_requested",
@@ -421,6 +431,7 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
         "model_call_failed",
         "last_answer_wanted",
         "last_answer_wanted",
+        "model_call_failed",
         "model_call_failed",
         "model_call_failed",
         "model_call_failed",
@@ -460,6 +471,10 @@ def test_rows_of_features_an_agent_does_not_use_are_not_tried() -> None:
         "summary_requested",
         "terminal_tool_succeeded",
         "approval_pending",
+        "prompt_exceeds_cost_budget",
+        "cost_budget_spent",
+        "input_guardrail_tripped",
+        "output_guardrail_tripped",
     } <= dead
     assert not {"ask_user_called", "finish_task_called", "no_turns_left"} & dead
     machine = AgentMachine(TABLE, {name: counted(name) for name in GUARDS})

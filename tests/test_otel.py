@@ -203,3 +203,30 @@ async def test_concurrent_runs_keep_their_own_spans(exporter: InMemorySpanExport
         run.attributes["agent_fsm.run.id"]
         for run in runs  # type: ignore[index]
     }
+
+
+def test_a_sub_agents_run_nests_under_the_call_that_started_it(
+    exporter: InMemorySpanExporter,
+) -> None:
+    worker = Agent(
+        model=ScriptedModel([reply("", call("echo", text="x")), "found"], name="worker"),
+        tools=[echo],
+    )
+    boss = Agent(
+        model=ScriptedModel([reply("", call("work", task="find x")), "done"], name="boss"),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=limits(),
+    )
+    tracer = OtelTracer(tracer_provider=provider_for(exporter))
+    result = boss.subscribe(tracer).run_sync("go")
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+    assert tree(exporter.get_finished_spans()) == [
+        "invoke_agent agent_fsm",
+        "  chat boss",
+        "  execute_tool work",
+        "    invoke_agent agent_fsm",
+        "      chat worker",
+        "      execute_tool echo",
+        "      chat worker",
+        "  chat boss",
+    ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_fsm.evals.context import Verdict
-from agent_fsm.messages import Usage
+from agent_fsm.pricing import Pricing
 
 __all__ = ["OUTPUT_KEPT", "Pricing", "TrialRecord"]
 
@@ -18,27 +18,6 @@ OUTPUT_KEPT = 2_000
 """Characters of a run's output kept in its record (enough to read, not a transcript)."""
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-
-class Pricing(BaseModel):
-    """What a model's tokens cost, in any currency per million tokens."""
-
-    model_config = _FROZEN
-
-    input_per_million: float = Field(ge=0)
-    output_per_million: float = Field(ge=0)
-    cached_input_per_million: float | None = Field(default=None, ge=0)
-    """For the part of the input served from a prompt cache; the input price when None."""
-
-    def cost(self, usage: Usage) -> float:
-        """The cost of ``usage``."""
-        cached = usage.cached_tokens if self.cached_input_per_million is not None else 0
-        cached_price = self.cached_input_per_million or 0.0
-        return (
-            (usage.input_tokens - cached) * self.input_per_million
-            + cached * cached_price
-            + usage.output_tokens * self.output_per_million
-        ) / 1_000_000
 
 
 class TrialRecord(BaseModel):

@@ -32,6 +32,22 @@ def prompt_exceeds_budget(state: RunState, limits: Limits) -> bool:
     return state.usage.total_tokens + calibrated_prompt_tokens(state) > limits.token_budget
 
 
+def prompt_exceeds_cost_budget(state: RunState, limits: Limits) -> bool:
+    """The next prompt (by the calibrated estimate), priced at the highest input price
+    known, does not fit in the money left: do not start the call."""
+    budget = limits.cost_budget
+    if budget is None:
+        return False
+    spent = state.cost or 0.0
+    return spent + calibrated_prompt_tokens(state) * limits.most_per_input_token >= budget
+
+
+def cost_budget_spent(state: RunState, limits: Limits) -> bool:
+    """Reported usage, priced, has reached the money budget."""
+    budget = limits.cost_budget
+    return budget is not None and (state.cost or 0.0) >= budget
+
+
 def prompt_exceeds_window(state: RunState, limits: Limits) -> bool:
     """The next prompt (by the calibrated estimate) leaves less than ``reply_tokens`` of the
     model's context window: the call would fail, or its reply would be cut."""
@@ -158,14 +174,37 @@ def is_looping(state: RunState, limits: Limits) -> bool:
     return state.loop.detected is not None
 
 
+def input_guardrail_tripped(state: RunState, limits: Limits) -> bool:
+    """An input guardrail did not pass a user message the run took in."""
+    trip = state.guardrail_trip
+    return trip is not None and trip.kind == "input"
+
+
+def output_guardrail_tripped(state: RunState, limits: Limits) -> bool:
+    """An output guardrail did not pass the answer (or kept asking for rewrites)."""
+    trip = state.guardrail_trip
+    return trip is not None and trip.kind == "output"
+
+
+def nudge_due(state: RunState, limits: Limits) -> bool:
+    """The loop ladder's first rung is next: nudge the model."""
+    return limits.loop_ladder and state.loop_rung == 0
+
+
+def withhold_due(state: RunState, limits: Limits) -> bool:
+    """The loop ladder's second rung is next: withhold the repeated tool."""
+    return limits.loop_ladder and state.loop_rung == 1
+
+
 def reflector_says_done(state: RunState, limits: Limits) -> bool:
     """The agent's optional reflector hook judged the task done."""
     return state.reflector_done
 
 
 def last_answer_wanted(state: RunState, limits: Limits) -> bool:
-    """A limit that ends the run should first let the model write a last answer."""
-    return limits.last_answer
+    """A limit that ends the run should first let the model write a last answer; not once
+    the money budget is spent (a last answer is a call like any other)."""
+    return limits.last_answer and not cost_budget_spent(state, limits)
 
 
 def last_answer_due(state: RunState, limits: Limits) -> bool:
@@ -246,6 +285,8 @@ GUARDS: dict[str, Guard] = {
         abort_requested,
         prompt_exceeds_window,
         prompt_exceeds_budget,
+        prompt_exceeds_cost_budget,
+        cost_budget_spent,
         summary_requested,
         summary_written,
         output_rejected,
@@ -267,7 +308,11 @@ GUARDS: dict[str, Guard] = {
         budget_exhausted,
         time_is_up,
         is_looping,
+        nudge_due,
+        withhold_due,
         reflector_says_done,
+        input_guardrail_tripped,
+        output_guardrail_tripped,
         last_answer_wanted,
         last_answer_due,
         closing_on_token_budget,

@@ -25,6 +25,10 @@ proof applies whatever executes the table. ``verify_table`` proves that every ru
    unguarded last row), so the run ends with the stop that fired. Conversely every stop row
    with one of those outcomes is softened: no limit ends a run without its last answer.
 
+6. a guardrail row stands before what it guards (``_check_guardrail_rows``): the input
+   guardrail's in OBSERVE, after nothing but stops; the output guardrail's in THINK, before
+   any row into DONE.
+
 A user's table (``custom_table.Table``) adds states of its own (``CustomState``), each left
 by its own trigger, and guards of its own; every rule above holds for it unchanged, with the
 counting states in place of THINK, and a refusal names the offending row and, for rules 3
@@ -51,7 +55,7 @@ leaves them out.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from agent_fsm.custom_table import CustomState
@@ -62,16 +66,19 @@ from agent_fsm.table import (
     CLOSING_GUARDS,
     CRASH_GUARD,
     INITIAL_STATE,
+    INPUT_GUARDRAIL_GUARD,
     LAST_ANSWER_DUE_GUARD,
     LAST_ANSWER_GUARD,
     LAST_ANSWER_WINDOW_GUARD,
     LAST_CALL_STATE,
+    OUTPUT_GUARDRAIL_GUARD,
     RESUME_TRIGGER,
     RETRY_BUDGET_GUARD,
     STOP_GUARDS,
     TERMINAL_STATES,
     TRIGGER_FOR_STATE,
     TURN_BUDGET_GUARD,
+    TURN_STATE,
     TURN_STATES,
     AgentState,
     Row,
@@ -110,6 +117,15 @@ class TerminationBound:
     last_answers: int = 0
     """Model calls each activation may make beyond the run's turns and retries: 1 under
     ``Limits.last_answer`` (its last answer), else 0."""
+    nested: tuple[tuple[str, TerminationBound], ...] = field(default=(), repr=False)
+    """The bound of each sub-agent tool's agent (``Agent.as_tool``), by tool name, itself
+    nested. Its model calls are carved from this run's and counted in them, so
+    ``model_calls`` bounds the whole tree."""
+    tree_transitions: int = field(default=0, repr=False)
+    """Transitions of this run and of every sub-agent run it makes, when it is never
+    resumed: each sub-agent call uses at least one of its turns, so it makes at most
+    ``max_turns`` of them, each within its agent's ``tree_transitions``. Equal to
+    ``transitions`` for an agent without sub-agents."""
 
     def with_resumes(self, resumes: int) -> int:
         """The transitions bound of a run resumed ``resumes`` times (after stops)."""
@@ -200,6 +216,7 @@ def verify_table(
             raise ConfigError(f"state {state} can never reach DONE or ERROR")
     _check_cycles_count_turns(loop_rows, counting)
     _check_turns_are_gated(rows, counting)
+    _check_guardrail_rows(rows)
 
 
 def _triggers(states: Sequence[CustomState]) -> dict[State, str]:
@@ -366,6 +383,41 @@ def _check_last_answer_rows(rows: tuple[Row, ...]) -> None:
                 f"{_describe(row, i)} ends the run with {row.label}, which gets a last "
                 f"answer everywhere else: put its row into {LAST_CALL_STATE} right before it"
             )
+
+
+def _check_guardrail_rows(rows: tuple[Row, ...]) -> None:
+    """Rule 6: a guardrail row stands where its check runs, before anything it guards. The
+    input guardrail's row leaves OBSERVE, after nothing but rows that end the run (no way on
+    skips it: no model call, no tool, runs before the input passed); the output guardrail's
+    row leaves THINK before any row into DONE (no answer ends the run unchecked). Both end
+    the run."""
+    for i, row in enumerate(rows):
+        if row.resumes:
+            continue
+        for guard, state, before in (
+            (INPUT_GUARDRAIL_GUARD, INITIAL_STATE, "every row that goes on"),
+            (OUTPUT_GUARDRAIL_GUARD, TURN_STATE, "every row into DONE"),
+        ):
+            if guard not in row.guards:
+                continue
+            if row.source != state or row.dest not in TERMINAL_STATES:
+                raise ConfigError(
+                    f"{_describe(row, i)}: the row guarded by '{guard}' stops the run from "
+                    f"{state}, where its guardrails run, before {before}"
+                )
+            for j, earlier in enumerate(rows[:i]):
+                if (earlier.trigger, earlier.source) != (row.trigger, row.source):
+                    continue
+                skips = (
+                    earlier.dest not in TERMINAL_STATES
+                    if guard == INPUT_GUARDRAIL_GUARD
+                    else earlier.dest is AgentState.DONE
+                )
+                if skips:
+                    raise ConfigError(
+                        f"{_describe(row, i)} comes after {_describe(earlier, j)}, which "
+                        f"would let the run past its guardrails: put it before {before}"
+                    )
 
 
 def _last_answer_exits(rows: tuple[Row, ...]) -> set[StopReason]:
@@ -542,4 +594,5 @@ def termination_bound(
         per_resume=per_resume,
         formula=f"{1 + b}·{calls} + {first}",
         last_answers=last_answers,
+        tree_transitions=m * (1 + b) + first,
     )

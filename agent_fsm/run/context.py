@@ -9,28 +9,32 @@ RunState field has the writers ``state.py`` declares.
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.compaction import ContextPolicy
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.events import EventBus, EventHandler
+from agent_fsm.guardrails import Guardrail
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import Message
 from agent_fsm.models.base import Model
 from agent_fsm.output import OutputSpec
+from agent_fsm.pricing import Pricing
 from agent_fsm.prompt import ContextEdits, prompt_messages
-from agent_fsm.state import RunState
+from agent_fsm.state import RunResult, RunState
 from agent_fsm.table import Row
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 from agent_fsm.tools.tool import ToolRegistry
 
-__all__ = ["Reflector", "RunConfig", "RunContext"]
+__all__ = ["PARENT_RUN", "Reflector", "RunConfig", "RunContext", "acting_for"]
 
 Reflector = Callable[[RunState], bool | Awaitable[bool]]
 """Optional hook called in REFLECT: return True to end the run as done (REFLECTOR_DONE)."""
@@ -62,6 +66,16 @@ class RunConfig:
     ``{reason}`` in it becomes why. None: ``run.answering.LAST_ANSWER_PROMPT``."""
     parallel_tool_calls: bool = True
     handlers: tuple[EventHandler, ...] = ()
+    input_guardrails: tuple[Guardrail, ...] = ()
+    """Check each user message OBSERVE takes in (``agent_fsm.guardrails``)."""
+    output_guardrails: tuple[Guardrail, ...] = ()
+    """Check an answer that would end the run, in THINK."""
+    delegates: bool = False
+    """Some tool is a sub-agent (``Agent.as_tool``): ACT lets the tools see the run
+    (``run.delegation.acting_for``). False costs one attribute check per ACT."""
+    pricing: Pricing | None = None
+    """What the agent's model's tokens cost (``Limits.prices``); None without prices, so
+    an agent without a price pays one attribute check per model call."""
     dead_guards: frozenset[str] = frozenset()
     """Guards that are false on every run of this agent, because it does not use the
     feature they read (``Agent``: no last answer, no context window, no reflector, no
@@ -90,6 +104,18 @@ class RunContext:
     """The run's backoff sleep (``Timekeeping.sleep``)."""
     random: Callable[[], float] = random.random
     """The jitter of the model-retry backoff (``Timekeeping.random``)."""
+    path: tuple[str, ...] = ()
+    """The runs that started this one (a sub-agent's), outermost first; empty for a run of
+    its own."""
+    finished_children: list[RunResult] = field(default_factory=list)
+    """Sub-agent runs that ended during the current ACT, counted in this run's spend when
+    the step ends (``run.acting.fold``): the turn count keys the tool journal, so it must
+    not move while the step's calls run. A child started meanwhile is carved from what
+    they left too (``run.delegation.carve``)."""
+    started_at: float = 0.0
+    """When this activation started by ``clock``, less the run's elapsed time before it:
+    ``clock() - started_at`` is the run's time so far (a sub-agent's is carved from what
+    is left)."""
 
     def entering_row(self) -> Row | None:
         """The row that took the run into the state it is in (``entering_index``)."""
@@ -151,3 +177,19 @@ class RunContext:
         if self.state.abort_reason is not None:
             return self.state.abort_reason
         return f"the run's time limit of {self.limits.timeout_s:g} s was reached"
+
+
+PARENT_RUN: ContextVar[RunContext | None] = ContextVar("agent_fsm_parent_run", default=None)
+"""The run whose ACT is calling tools, while it does: a sub-agent tool's parent
+(``run.delegation``). Set only for agents that have sub-agent tools (``RunConfig.delegates``)."""
+
+
+@contextlib.contextmanager
+def acting_for(ctx: RunContext) -> Iterator[None]:
+    """While the block runs, sub-agent tools called in it (and the tasks it starts, which
+    copy the context) are children of ``ctx``'s run."""
+    token = PARENT_RUN.set(ctx)
+    try:
+        yield
+    finally:
+        PARENT_RUN.reset(token)

@@ -42,13 +42,13 @@ from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage, clean_text
 from agent_fsm.output import typed_result
-from agent_fsm.run.acting import act
+from agent_fsm.run.acting import act, act_as_parent
 from agent_fsm.run.answering import answer
 from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
 from agent_fsm.run.custom import custom_work
 from agent_fsm.run.history import HistoryRepair
-from agent_fsm.run.observing import observe
+from agent_fsm.run.observing import observe, observe_guarded
 from agent_fsm.run.outcome import ending_events, record_stop
 from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.residence import RunKeeper
@@ -85,6 +85,20 @@ _WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[None] | None]] = 
 state's is its own (``run.custom``)."""
 
 
+def _work_for(config: RunConfig) -> dict[AgentState | str, Callable[[RunContext], Any]]:
+    """The work of each state for the runs of ``config``: ``_WORK``, with OBSERVE's and
+    ACT's variants for the features that need them (guardrails, the loop ladder,
+    sub-agents), so an agent without them runs the plain work and pays nothing for them."""
+    if not (config.input_guardrails or config.limits.loop_ladder or config.delegates):
+        return _WORK
+    work = dict(_WORK)
+    if config.input_guardrails or config.limits.loop_ladder:
+        work[AgentState.OBSERVE] = observe_guarded
+    if config.delegates:
+        work[AgentState.ACT] = act_as_parent
+    return work
+
+
 class Run:
     """One run of an agent. Create it with ``Agent.start``; drive it with ``step``/``run``."""
 
@@ -96,6 +110,7 @@ class Run:
         *,
         resumed: str | None = None,
         repaired: HistoryRepair | None = None,
+        path: tuple[str, ...] = (),
     ) -> None:
         log = get_logger("agent_fsm").bind(run_id=state.run_id)
         time = keeper.time
@@ -120,6 +135,7 @@ class Run:
             clock=time.clock,
             sleep=time.sleep,
             random=time.random,
+            path=path,
         )
         self._started_at = time.clock() - state.elapsed_s
         self._handle: RunHandle | None = None
@@ -132,6 +148,7 @@ class Run:
         self._repaired = repaired
         """What was repaired in the history the run started from, announced with its start."""
         self._deadline: asyncio.TimerHandle | None = None
+        self._work = _work_for(config)
 
     # -- public surface ---------------------------------------------------------------
 
@@ -260,7 +277,7 @@ class Run:
             if row.source in TERMINAL_STATES:
                 reopen_fields(state, stopped=True)
         else:
-            doing = _WORK.get(state.state)
+            doing = self._work.get(state.state)
             work = (
                 doing(self._ctx)
                 if doing is not None
@@ -299,12 +316,13 @@ class Run:
         self._announced = True
         time = self._keeper.time
         self._started_at = time.clock() - state.elapsed_s
+        self._ctx.started_at = self._started_at
         remaining = max(config.limits.timeout_s - state.elapsed_s, 0.0)
         self._deadline = time.arm_deadline(remaining, self._time_up)
         bus = self._ctx.bus
         if self._resumed is None:
             first = state.pending_input[0] if state.pending_input else ""
-            bus.emit(RunStarted(run_id=state.run_id, input=first))
+            bus.emit(RunStarted(run_id=state.run_id, input=first, path=self._ctx.path))
             repaired = self._repaired
             if repaired:
                 bus.emit(

@@ -84,18 +84,24 @@ def _context_window(state: RunState, limits: Limits) -> str:
     )
 
 
+_SAID = {
+    StopReason.CONTENT_FILTER: "the provider's content filter withheld the reply",
+    StopReason.REFUSED: "the model declined the request",
+}
+"""What ``RunResult.error`` says for the stops that have no numbers to report."""
+
+
 def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str:
     """``RunResult.error`` for a run that stopped in ERROR with ``reason``: what went wrong,
     with the numbers that tripped the guard (only the one asked for is worked out)."""
+    fixed = _SAID.get(reason)
+    if fixed is not None:
+        return fixed
     match reason:
         case StopReason.ABORTED:
             return state.abort_reason or "aborted"
         case StopReason.MODEL_ERROR:
             return _model_error(state, limits)
-        case StopReason.CONTENT_FILTER:
-            return "the provider's content filter withheld the reply"
-        case StopReason.REFUSED:
-            return "the model declined the request"
         case StopReason.INVALID_OUTPUT:
             return (
                 f"the final answer did not validate {state.output_failures} times "
@@ -106,12 +112,8 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
                 f"{state.consecutive_errors} consecutive errors "
                 f"(limit {limits.max_consecutive_errors})"
             )
-        case StopReason.TOKEN_BUDGET:
-            return (
-                f"token budget of {limits.token_budget} exhausted: used "
-                f"{state.usage.total_tokens}, next prompt needs about "
-                f"{calibrated_prompt_tokens(state)}"
-            )
+        case StopReason.TOKEN_BUDGET | StopReason.COST_BUDGET:
+            return _budget_spent(reason, state, limits)
         case StopReason.CONTEXT_WINDOW:
             return _context_window(state, limits)
         case StopReason.MAX_TURNS:
@@ -120,8 +122,27 @@ def describe_failure(state: RunState, limits: Limits, reason: StopReason) -> str
             return f"timed out after {state.elapsed_s:.3g} s (limit {limits.timeout_s:g} s)"
         case StopReason.LOOP_DETECTED:
             return f"loop detected: {state.loop.detected}"
+        case StopReason.GUARDRAIL_TRIPPED if state.guardrail_trip is not None:
+            trip = state.guardrail_trip
+            why = f": {trip.reason}" if trip.reason else ""
+            return f"the {trip.kind} guardrail {trip.guardrail!r} tripped{why}"
         case _:
             return reason.value
+
+
+def _budget_spent(reason: StopReason, state: RunState, limits: Limits) -> str:
+    """Why the token or the money budget stopped the run: what was spent, and what the next
+    prompt needs."""
+    prompt = calibrated_prompt_tokens(state)
+    if reason is StopReason.TOKEN_BUDGET:
+        return (
+            f"token budget of {limits.token_budget} exhausted: used "
+            f"{state.usage.total_tokens}, next prompt needs about {prompt}"
+        )
+    return (
+        f"cost budget of {limits.cost_budget or 0.0:g} spent: used {state.cost or 0.0:.6g}, "
+        f"next prompt costs about {prompt * limits.most_per_input_token:.6g}"
+    )
 
 
 def ending_events(state: RunState, row: Row, result: RunResult) -> list[Event]:
@@ -154,6 +175,7 @@ def ending_events(state: RunState, row: Row, result: RunResult) -> list[Event]:
             usage=state.usage,
             output=result.output,
             error=result.error,
+            cost=state.cost,
         )
     )
     return events

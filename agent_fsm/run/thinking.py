@@ -37,6 +37,7 @@ from agent_fsm.models.base import ModelCallError
 from agent_fsm.output import OutputInvalid
 from agent_fsm.prompt import prompt_messages
 from agent_fsm.run.context import RunContext
+from agent_fsm.run.guarding import screen_output
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import Verb
 from agent_fsm.tokens import calibrate, estimate_message_tokens, estimate_tools_tokens
@@ -126,6 +127,22 @@ async def think(ctx: RunContext) -> None:
     made = await make_call(ctx, _call_model(ctx, previous, estimate))
     if made is not None:
         _take_reply(ctx, *made)
+        if ctx.config.output_guardrails and _would_end_the_run(ctx):
+            await screen_output(ctx, state.output or "")
+
+
+def _would_end_the_run(ctx: RunContext) -> bool:
+    """The reply just taken is an answer a row into DONE would end the run with: text, no
+    tool calls, no correction due, no input waiting, not withheld by the provider."""
+    state = ctx.state
+    return (
+        state.model_failure is None
+        and not state.last_tool_calls
+        and state.correction is None
+        and not state.pending_input
+        and not state.follow_ups
+        and state.last_finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    )
 
 
 STOPPED = ModelFailure(message="stopped before the call", permanent=True)
@@ -266,6 +283,8 @@ async def _call_model(
     await count_call(ctx, previous)
     model, messages = config.model, prompt_messages(state.messages, state.context)
     tools, choice = config.tools.specs, None
+    if state.withheld:  # the loop ladder took these away (``Limits.loop_ladder``)
+        tools = tuple(spec for spec in tools if spec.name not in state.withheld)
     hooks = config.hooks
     if hooks is not None and hooks.before_model is not None:
         plan = ModelPlan(
@@ -435,11 +454,16 @@ def take_response(
     ctx: RunContext, response: ModelResponse, estimate: int, *, last_answer: bool = False
 ) -> AssistantMessage:
     """Take in the reply of one model call: its message cleaned, its usage added to the
-    run's (``_take_usage``), and the reply announced (``ModelResponded``). Returns the
-    cleaned message, which the caller records as it needs."""
+    run's (``_take_usage``) and priced (``RunConfig.pricing``), and the reply announced
+    (``ModelResponded``). Returns the cleaned message, which the caller records as it
+    needs."""
     state = ctx.state
     message = clean_message(response.message)  # output and loop detection read it too
     usage = _take_usage(ctx, response, message, estimate)
+    pricing, cost = ctx.config.pricing, None
+    if pricing is not None:
+        cost = pricing.cost(usage)
+        state.cost = (state.cost or 0.0) + cost
     emit = ctx.bus.emitter
     if emit is not None:
         emit(
@@ -451,6 +475,7 @@ def take_response(
                 finish_reason=response.finish_reason,
                 usage=usage,
                 last_answer=last_answer,
+                cost=cost,
             )
         )
     return message

@@ -23,12 +23,15 @@ import contextlib
 import gc
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from agent_fsm.agent import Agent
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.events import Event
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.models.base import Model
+from agent_fsm.run.context import RunConfig
+from agent_fsm.run.delegation import delegate_of, delegation_tool
 from agent_fsm.run.engine import Run
 from agent_fsm.state import RunResult
 from agent_fsm.testing.behaviour import (
@@ -42,9 +45,6 @@ from agent_fsm.testing.behaviour import (
 from agent_fsm.testing.invariants import InvariantViolation, check_invariants, prompt_problems
 from agent_fsm.testing.reproducer import reproducer
 from agent_fsm.tools.tool import Tool
-
-if TYPE_CHECKING:
-    from agent_fsm.agent import Agent
 
 __all__ = [
     "DEFAULT_INPUT",
@@ -206,16 +206,36 @@ class _StageModel:
 
     supports_native_output = True  # it plays generated replies: valid output or not
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "harness") -> None:
         self.current = BehaviourModel(Behaviour(steps=(), cycle=False))
         self.by_run: dict[str, BehaviourModel] = {}
+        self._name = name
 
     @property
     def name(self) -> str:
-        return "harness"
+        """The staged agent's own model's name: its price (``Limits.prices``) applies."""
+        return self._name
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         return await self.by_run.get(request.run_id, self.current).request(request)
+
+
+class _StageChild:
+    """The model of a staged sub-agent: the staged agent's, under the sub-agent's own model
+    name (its price applies)."""
+
+    supports_native_output = True
+
+    def __init__(self, root: _StageModel, name: str) -> None:
+        self._root = root
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self._root.current.request(request)
 
 
 STAND_IN = ToolOutcome("returns", "ok")
@@ -257,19 +277,59 @@ class Stage:
     ) -> None:
         self.user_input = user_input
         self.real_tools = real_tools
-        self._model = _StageModel()
+        self._model = _StageModel(agent.run_config.model.name)
         self._clock = FakeClock()
         self._outcomes: dict[str, tuple[ToolOutcome, ...]] = {}
+        self._children: list[tuple[RunResult, RunConfig]] = []
         self._calls: dict[str, int] = {}
         self.tool_names = tuple(t.name for t in user_tools(agent))
         self.agent = agent.replace(
             model=through(self._model) if through is not None else self._model,
-            tools=[self._double(t) for t in user_tools(agent)],
+            tools=[self._staged(t) for t in user_tools(agent)],
             clock=self._clock,
             sleep=self._clock.sleep,
             store=store,
         )
         self._bound = self.agent.bound  # computed from the limits on every access
+
+    def _staged(self, tool: Tool) -> Tool:
+        """A tool of the staged agent: a double, or, for a sub-agent tool (``as_tool``), the
+        sub-agent staged too: the same behaviour plays its model (its requests go on the
+        same script), its tools are doubles, and the same clock keeps its time."""
+        delegate = delegate_of(tool)
+        if delegate is None:
+            return self._double(tool)
+        child = delegate.agent
+        if not isinstance(child, Agent):  # only Agent.as_tool/as_handoff make them
+            return self._double(tool)
+        staged = child.replace(
+            model=_StageChild(self._model, child.run_config.model.name),
+            tools=[self._staged(t) for t in user_tools(child)],
+            clock=self._clock,
+            sleep=self._clock.sleep,
+            store=None,
+            lease_s=None,
+        )
+        return delegation_tool(
+            staged,
+            name=tool.name,
+            description=tool.description,
+            timeout_s=tool.timeout_s,
+            handoff=delegate.handoff,
+            observer=self._child_ended,
+        )
+
+    def _children_problem(self) -> str | None:
+        """The first invariant a staged sub-agent's run broke, or None."""
+        for result, config in self._children:
+            problem = _child_problem(result, config)
+            if problem is not None:
+                return problem
+        return None
+
+    def _child_ended(self, result: RunResult, config: RunConfig) -> None:
+        """A staged sub-agent's run ended: kept, to be checked under its carved limits."""
+        self._children.append((result, config))
 
     def _double(self, tool: Tool) -> Tool:
         async def double(**arguments: Any) -> Any:
@@ -297,6 +357,7 @@ class Stage:
         self._clock.now = 0.0
         self._outcomes = self._doubles(behaviour)
         self._calls = {}
+        self._children = []
         return model
 
     def cast(self, run_id: str, behaviour: Behaviour) -> BehaviourModel:
@@ -354,6 +415,8 @@ class Stage:
                 check_invariants(result, limits=self.agent.limits, bound=bound, events=events)
             except InvariantViolation as exc:
                 violation = str(exc)
+            if violation is None:
+                violation = self._children_problem()
             if violation is None and self.agent.limits.context_window is not None:
                 # the prompts, as the context policies shrank them (O(prompt) each: only
                 # where a window makes them differ from the transcript)
@@ -375,6 +438,19 @@ class Stage:
             tools=tools,
             aborted_at=model.aborted_at,
         )
+
+
+def _child_problem(result: RunResult, config: RunConfig) -> str | None:
+    """What a sub-agent's run broke, under the limits it was carved (its events are checked
+    with its parent's, which count its spend)."""
+    machine = config.machine
+    try:
+        check_invariants(
+            result, limits=config.limits, bound=machine.bound(config.limits), rows=machine.rows
+        )
+    except InvariantViolation as exc:
+        return f"a sub-agent's run broke its invariants: {exc}"
+    return None
 
 
 async def _drive(run: Run, cap: int) -> bool:

@@ -477,11 +477,13 @@ def _usage_problems(result: RunResult, limits: Limits, events: Sequence[Event]) 
             problems.append(
                 f"a model call started with the budget of {limits.token_budget} already spent"
             )
+    problems += _cost_problems(result, limits, responded)
     window = limits.context_window
     if window is not None:
         for event in events:
             if (
                 isinstance(event, ModelRequested)
+                and event.run_id == result.run_id  # a sub-agent's model has its own window
                 and event.estimated_prompt_tokens + limits.reply_tokens > window
             ):
                 problems.append(
@@ -489,4 +491,38 @@ def _usage_problems(result: RunResult, limits: Limits, events: Sequence[Event]) 
                     f"left less than reply_tokens={limits.reply_tokens} of the context "
                     f"window {window}"
                 )
+    return problems
+
+
+def _cost_problems(
+    result: RunResult, limits: Limits, responded: Sequence[ModelResponded]
+) -> list[str]:
+    """The run's cost is the sum of its calls' (``Limits.prices``), and no call started
+    with the money budget spent (a last answer neither: a run out of money makes no more
+    calls), so it is overshot by at most the call in flight."""
+    own = [e.cost for e in responded if e.run_id == result.run_id]
+    if result.cost is None:  # an unpriced run counts no sub-agent's cost either
+        return (
+            []
+            if all(cost is None for cost in own)
+            else ["calls were priced but the run reports no cost"]
+        )
+    costs = [e.cost for e in responded]
+    if any(cost is None for cost in costs):
+        return [f"the run reports a cost of {result.cost} but some calls were not priced"]
+    problems: list[str] = []
+    total = sum(cost for cost in costs if cost is not None)
+    if abs(total - result.cost) > 1e-9 * max(1.0, abs(total)):
+        problems.append(f"cost {result.cost} is not the sum of the calls' costs {total}")
+    budget = limits.cost_budget
+    if budget is not None:
+        spent = 0.0
+        for event in responded:
+            if spent >= budget:
+                problems.append(
+                    f"a model call (turn {event.turn}) started with the cost budget of "
+                    f"{budget:g} already spent ({spent:.6g})"
+                )
+                break
+            spent += event.cost or 0.0
     return problems

@@ -389,6 +389,11 @@ class ToolRegistry:
         """Every tool as the model sees it, in registration order."""
         return self._specs
 
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        """Every tool, in registration order."""
+        return tuple(self._tools.values())
+
     def spec_of(self, name: str) -> ToolSpec | None:
         """The tool ``name`` as the model sees it (the very object ``specs`` holds), or None."""
         return self._spec_of.get(name)

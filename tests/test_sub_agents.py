@@ -1,0 +1,595 @@
+"""Sub-agents (``Agent.as_tool``): a child runs within what its parent has left, its spend is
+counted in the parent's, its failure is a tool result, the parent's abort stops it, and the
+harness proves that a parent with two children terminates, with the budgets held across the
+tree."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agent_fsm import (
+    Agent,
+    ConfigError,
+    Limits,
+    MemoryStore,
+    Pricing,
+    SQLiteStore,
+    StopReason,
+    tool,
+)
+from agent_fsm.events import (
+    ModelResponded,
+    RunFinished,
+    RunStarted,
+    SubAgentStarted,
+    ToolFinished,
+)
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, ToolStatus
+from agent_fsm.run import delegation
+from agent_fsm.state import RunResult, RunState, RunStatus
+from agent_fsm.testing import (
+    Behaviour,
+    FunctionModel,
+    HarnessFailure,
+    ScriptedModel,
+    Stage,
+    assert_terminates,
+    call,
+    reply,
+)
+from agent_fsm.testing.invariants import check_invariants
+from tests.conftest import FAST, Recorder, add, echo
+
+PRICES = {
+    "boss": Pricing(input_per_million=1.0, output_per_million=2.0),
+    "worker": Pricing(input_per_million=1.0, output_per_million=2.0),
+}
+
+
+def busy(name: str, usage: tuple[int, int] = (10, 2)) -> FunctionModel:
+    """A model that calls echo with new text for ever."""
+    turns = itertools.count()
+
+    def decide(request: ModelRequest) -> ModelResponse:
+        return reply("", call("echo", text=f"{name} {next(turns)}"), usage=usage)
+
+    return FunctionModel(decide, name=name)
+
+
+def delegating(tool_name: str, usage: tuple[int, int] = (10, 2)) -> FunctionModel:
+    """A model that delegates a task for ever."""
+    turns = itertools.count()
+
+    def decide(request: ModelRequest) -> ModelResponse:
+        return reply("", call(tool_name, task=f"task {next(turns)}"), usage=usage)
+
+    return FunctionModel(decide, name="boss")
+
+
+def run(agent: Agent, text: str = "go") -> tuple[Recorder, RunResult]:
+    recorder = Recorder()
+    result = agent.subscribe(recorder).run_sync(text)
+    check_invariants(
+        result, limits=agent.limits, bound=agent.bound, events=recorder, rows=agent.machine.rows
+    )
+    return recorder, result
+
+
+def tool_results(result: RunResult) -> list[ToolMessage]:
+    return [m for m in result.messages if isinstance(m, ToolMessage)]
+
+
+def test_a_child_answers_its_parents_call_and_its_spend_is_the_parents() -> None:
+    worker = Agent(
+        model=ScriptedModel(
+            [reply("", call("echo", text="x"), usage=(10, 2)), reply("found x", usage=(5, 1))],
+            name="worker",
+        ),
+        tools=[echo],
+        system_prompt="You research.",
+    )
+    boss = Agent(
+        model=ScriptedModel(
+            [reply("", call("research", task="find x"), usage=(20, 4)), "x it is"], name="boss"
+        ),
+        tools=[worker.as_tool(name="research", description="Researches a question.")],
+        limits=Limits(**FAST, prices=PRICES),
+    )
+    events, result = run(boss)
+    assert result.output == "x it is"
+    (answer,) = tool_results(result)
+    assert answer.content == "found x"
+    assert answer.status is ToolStatus.OK
+    details: Any = answer.details
+    assert details["stop_reason"] == "final_answer"
+    assert details["turns"] == 2
+    child_id = details["sub_agent_run_id"]
+    # the tree's spend is the parent's: two own turns, two of the child's
+    assert result.turns == 4
+    assert result.usage.requests == 4
+    own = [e.usage for e in events if isinstance(e, ModelResponded) and e.run_id != child_id]
+    assert sum(u.input_tokens for u in own) + 15 == result.usage.input_tokens
+    assert result.cost is not None
+    assert details["cost"] == pytest.approx((15 + 2 * 3) / 1e6)
+    # the child's events reach the parent's listeners, after a SubAgentStarted
+    (started,) = [e for e in events if isinstance(e, SubAgentStarted)]
+    assert (started.run_id, started.sub_agent_run_id, started.tool) == (
+        result.run_id,
+        child_id,
+        "research",
+    )
+    finished = [e.run_id for e in events if isinstance(e, RunFinished)]
+    assert finished == [child_id, result.run_id]
+
+
+def test_a_child_gets_only_the_turns_its_parent_has_left() -> None:
+    """The parent may make 5 model calls; after its first, the child gets 4, uses them all,
+    and the parent, with none left, stops: 5 model calls in the whole tree."""
+    worker_model = busy("worker")
+    worker = Agent(model=worker_model, tools=[echo], limits=Limits(**FAST, max_turns=50))
+    boss_model = delegating("work")
+    boss = Agent(
+        model=boss_model,
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST, max_turns=5),
+    )
+    _, result = run(boss)
+    assert result.stop_reason is StopReason.MAX_TURNS
+    (answer,) = tool_results(result)
+    assert answer.status is ToolStatus.ERROR
+    details: Any = answer.details
+    assert (details["stop_reason"], details["turns"]) == ("max_turns", 4)
+    assert len(boss_model.requests) + len(worker_model.requests) == 5
+    assert result.turns == 5
+
+
+def test_a_child_gets_only_the_tokens_and_money_its_parent_has_left() -> None:
+    worker = Agent(model=busy("worker", usage=(300, 100)), tools=[echo])
+    boss = Agent(
+        model=delegating("work", usage=(300, 100)),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST, token_budget=2_000, prices=PRICES),
+    )
+    _, result = run(boss)
+    assert result.stop_reason is StopReason.TOKEN_BUDGET
+    first: Any = tool_results(result)[0].details
+    assert first["stop_reason"] == "token_budget"
+    priced = Agent(
+        model=delegating("work", usage=(300, 100)),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST, cost_budget=0.002, prices=PRICES),
+    )
+    _, result = run(priced)
+    assert result.stop_reason is StopReason.COST_BUDGET
+    first = tool_results(result)[0].details
+    assert first["stop_reason"] == "cost_budget"
+    assert result.cost is not None
+
+
+def test_carve_takes_the_smaller_of_each_budget() -> None:
+    own = Limits(max_turns=10, token_budget=1_000, timeout_s=100.0, last_answer=True)
+    parent = SimpleNamespace(
+        state=RunState(run_id="p", turns=7, retries=11, cost=0.5),
+        limits=Limits(max_turns=9, timeout_s=30.0, cost_budget=2.0, prices=PRICES),
+        clock=lambda: 50.0,
+        started_at=40.0,
+        finished_children=[],
+    )
+    parent.state.usage = parent.state.usage.model_copy(update={"input_tokens": 150})
+    carved = delegation.carve(own, parent).limits  # type: ignore[arg-type]
+    assert carved is not None
+    assert carved.max_turns == 1  # 2 left, one kept for the last answer
+    assert carved.last_answer
+    assert carved.token_budget == 1_000
+    assert carved.model_retries_per_run == 1
+    assert carved.timeout_s == pytest.approx(20.0)
+    assert carved.cost_budget == pytest.approx(1.5)
+    assert dict(carved.prices) == PRICES
+    parent.state.turns = 9
+    assert delegation.carve(own, parent).why_not == "no turns"  # type: ignore[arg-type]
+
+
+def test_a_child_is_not_started_when_its_parent_has_nothing_left() -> None:
+    worker_model = busy("worker")
+    worker = Agent(model=worker_model, tools=[echo])
+    boss = Agent(
+        model=ScriptedModel([reply("", call("work", task="a")), "done"], name="boss"),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST, max_turns=1, last_answer=True),
+    )
+    _, result = run(boss)
+    (answer,) = tool_results(result)
+    assert answer.status is ToolStatus.ERROR
+    assert "was not started: the run has no turns left" in answer.content
+    assert worker_model.requests == []
+
+
+def test_the_parents_abort_aborts_the_child() -> None:
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    @tool
+    async def wait_here() -> str:
+        """Wait."""
+        entered.set()
+        await release.wait()
+        return "released"
+
+    worker = Agent(
+        model=ScriptedModel([reply("", call("wait_here")), "never"], name="worker"),
+        tools=[wait_here],
+    )
+    boss = Agent(
+        model=ScriptedModel([reply("", call("work", task="a")), "never"], name="boss"),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST),
+    )
+    recorder = Recorder()
+
+    async def main() -> RunResult:
+        parent = boss.start("go")
+        parent.subscribe(recorder)
+        running = asyncio.ensure_future(parent.run())
+        await entered.wait()
+        parent.abort("stop everything")
+        return await running
+
+    result = asyncio.run(main())
+    check_invariants(result, limits=boss.limits, bound=boss.bound, events=recorder)
+    assert result.stop_reason is StopReason.ABORTED
+    ends = {e.run_id: e.stop_reason for e in recorder if isinstance(e, RunFinished)}
+    (child_id,) = [e.sub_agent_run_id for e in recorder if isinstance(e, SubAgentStarted)]
+    assert ends == {child_id: StopReason.ABORTED, result.run_id: StopReason.ABORTED}
+    (answer,) = tool_results(result)
+    assert answer.status is not ToolStatus.OK
+    # the child ended before the parent's call was answered
+    order = [
+        (e.kind, e.run_id)
+        for e in recorder
+        if isinstance(e, RunFinished) or (isinstance(e, ToolFinished) and e.name == "work")
+    ]
+    assert order[0] == ("run_finished", child_id)
+
+
+def test_a_stream_goes_on_past_a_childs_run_finished() -> None:
+    worker = Agent(model=ScriptedModel(["done here"], name="worker"))
+    boss = Agent(
+        model=ScriptedModel([reply("", call("work", task="a")), "all done"], name="boss"),
+        tools=[worker.as_tool(name="work", description="Works.")],
+    )
+
+    async def main() -> list[Any]:
+        return [event async for event in boss.stream("go")]
+
+    events = asyncio.run(main())
+    assert isinstance(events[-1], RunFinished)
+    assert events[-1].output == "all done"
+
+
+def test_an_agent_reachable_from_itself_is_refused() -> None:
+    first = Agent(model=ScriptedModel([], name="worker"))
+    second = Agent(
+        model=ScriptedModel([], name="worker"),
+        tools=[first.as_tool(name="first", description="First.")],
+    )
+    # A frozen agent cannot be built around itself; a cycle needs a mutation (or a tool that
+    # looks its agent up late), which the check refuses all the same.
+    object.__setattr__(first._config.tools, "_tools", {"second": second.as_tool(
+        name="second", description="Second.")})  # fmt: skip
+    with pytest.raises(ConfigError, match="unbounded recursion"):
+        Agent(model=ScriptedModel([]), tools=[first.as_tool(name="top", description="Top.")])
+
+
+def test_prices_must_cover_every_sub_agents_model() -> None:
+    worker = Agent(model=ScriptedModel([], name="unpriced"))
+    with pytest.raises(ConfigError, match=r"sub-agent work: .* not its model 'unpriced'"):
+        Agent(
+            model=ScriptedModel([], name="boss"),
+            tools=[worker.as_tool(name="work", description="Works.")],
+            limits=Limits(prices=PRICES),
+        )
+    with pytest.raises(ConfigError, match="needs a description"):
+        worker.as_tool(name="work", description=" ")
+
+
+def test_the_bound_composes() -> None:
+    alpha = Agent(model=ScriptedModel([]), tools=[echo], limits=Limits(max_turns=3))
+    beta = Agent(model=ScriptedModel([]), tools=[add], limits=Limits(max_turns=4))
+    boss = Agent(
+        model=ScriptedModel([]),
+        tools=[
+            alpha.as_tool(name="alpha", description="A."),
+            beta.as_tool(name="beta", description="B."),
+        ],
+        limits=Limits(max_turns=5),
+    )
+    bound = boss.bound
+    plain = Agent(model=ScriptedModel([]), limits=Limits(max_turns=5)).bound
+    assert bound.nested == (("alpha", alpha.bound), ("beta", beta.bound))
+    assert bound.transitions == plain.transitions
+    assert bound.model_calls == plain.model_calls  # children's calls are carved from these
+    widest = max(alpha.bound.tree_transitions, beta.bound.tree_transitions)
+    assert bound.tree_transitions == bound.transitions + 5 * widest
+    assert alpha.bound.tree_transitions == alpha.bound.transitions
+
+
+def _supervisor() -> Agent:
+    prices = {"m": Pricing(input_per_million=100.0, output_per_million=400.0)}
+    alpha = Agent(model=ScriptedModel([], name="m"), tools=[echo], limits=Limits(max_turns=4))
+    beta = Agent(
+        model=ScriptedModel([], name="m"),
+        tools=[add],
+        limits=Limits(max_turns=5, last_answer=True),
+    )
+    return Agent(
+        model=ScriptedModel([], name="m"),
+        tools=[
+            alpha.as_tool(name="alpha", description="Researches."),
+            beta.as_handoff(name="beta", description="Takes over the conversation."),
+        ],
+        limits=Limits(max_turns=6, token_budget=20_000, cost_budget=0.2, prices=prices),
+    )
+
+
+def test_a_parent_with_two_children_terminates_whatever_the_models_do() -> None:
+    """The harness plays generated behaviours through the parent and both children (one
+    script, shared; one child is a sub-agent, the other a handoff): every run ends within
+    its bound, and the tree's turns, tokens and money stay within the parent's limits (its
+    invariants count the children's spend)."""
+    assert_terminates(_supervisor(), max_examples=300)
+
+
+def test_the_harness_catches_a_child_given_its_parents_full_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seeded bug: the child runs with the parent's limits, not with what is left."""
+
+    def full_budget(own: Limits, parent: Any) -> delegation.LimitsLeft:
+        return delegation.LimitsLeft(limits=own if parent is None else parent.limits)
+
+    monkeypatch.setattr(delegation, "carve", full_budget)
+    with pytest.raises(HarnessFailure, match=r"exceed max_turns|budget"):
+        assert_terminates(_supervisor(), max_examples=300)
+
+
+def test_a_child_that_fails_answers_with_its_stop_reason() -> None:
+    worker = Agent(
+        model=ScriptedModel([RuntimeError("adapter bug")], name="worker"),
+        limits=Limits(**FAST),
+    )
+    boss = Agent(
+        model=ScriptedModel([reply("", call("work", task="a")), "coped"], name="boss"),
+        tools=[worker.as_tool(name="work", description="Works.")],
+    )
+    _, result = run(boss)
+    assert result.status is RunStatus.COMPLETED
+    (answer,) = tool_results(result)
+    assert answer.status is ToolStatus.ERROR
+    assert answer.content.startswith("The sub-agent work stopped without finishing: model_error")
+    details: Any = answer.details
+    assert (details["status"], details["stop_reason"]) == ("failed", "model_error")
+
+
+def test_events_carry_the_path_of_nested_runs() -> None:
+    """A grandchild's events reach the top run's listeners; its RunStarted carries the ids
+    of the runs above it, outermost first."""
+    leaf = Agent(model=ScriptedModel(["leaf done"], name="worker"))
+    middle = Agent(
+        model=ScriptedModel([reply("", call("leaf", task="a")), "middle done"], name="worker"),
+        tools=[leaf.as_tool(name="leaf", description="Leaf.")],
+    )
+    top = Agent(
+        model=ScriptedModel([reply("", call("middle", task="b")), "top done"], name="boss"),
+        tools=[middle.as_tool(name="middle", description="Middle.")],
+        limits=Limits(**FAST),
+    )
+    events, result = run(top)
+    starts = {e.run_id: e.path for e in events if isinstance(e, RunStarted)}
+    assert len(starts) == 3
+    (middle_id,) = [run_id for run_id, path in starts.items() if path == (result.run_id,)]
+    (leaf_id,) = [run_id for run_id, path in starts.items() if path == (result.run_id, middle_id)]
+    assert starts[result.run_id] == ()
+    assert result.turns == 5  # two of its own, the middle's two and the leaf's one
+    assert top.bound.nested[0][1].nested[0][0] == "leaf"
+    linked = [
+        (e.run_id, e.sub_agent_run_id, e.path) for e in events if isinstance(e, SubAgentStarted)
+    ]
+    assert linked == [(result.run_id, middle_id, ()), (middle_id, leaf_id, (result.run_id,))]
+
+
+def test_a_handoff_takes_the_conversation_over_and_its_answer_ends_the_run() -> None:
+    refunds_model = ScriptedModel(["Your refund of order 42 is on its way."], name="worker")
+    refunds = Agent(model=refunds_model, system_prompt="You handle refunds.")
+    triage_model = ScriptedModel(
+        [reply("", call("refunds", note="order 42, damaged")), "never"], name="boss"
+    )
+    triage = Agent(
+        model=triage_model,
+        system_prompt="You route questions.",
+        tools=[refunds.as_handoff(name="refunds", description="Refund questions.")],
+        limits=Limits(**FAST),
+    )
+    _, result = run(triage, "My order 42 arrived broken, I want my money back.")
+    assert result.stop_reason is StopReason.TERMINAL_TOOL
+    assert result.output == "Your refund of order 42 is on its way."
+    assert len(triage_model.requests) == 1
+    seen = refunds_model.requests[0].messages
+    assert [m.role for m in seen] == ["system", "user", "user"]
+    assert seen[0].content == "You handle refunds."
+    assert seen[1].content == "My order 42 arrived broken, I want my money back."
+    assert "order 42, damaged" in seen[2].content
+    assert result.turns == 2
+
+
+def test_a_failed_handoff_goes_back_to_the_model() -> None:
+    broken = Agent(model=ScriptedModel([RuntimeError("down")], name="worker"))
+    triage = Agent(
+        model=ScriptedModel([reply("", call("refunds")), "I will answer myself."], name="boss"),
+        tools=[broken.as_handoff(name="refunds", description="Refund questions.")],
+        limits=Limits(**FAST),
+    )
+    _, result = run(triage)
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "I will answer myself.")
+    (answer,) = tool_results(result)
+    assert answer.status is ToolStatus.ERROR
+
+
+def test_a_crash_during_a_sub_agent_call_never_runs_it_twice(tmp_path: Path) -> None:
+    """The parent's task is cancelled from outside while its child works, as a dying driver
+    leaves it (the call is journaled as started, then answered "cancelled"); reopened from
+    its store by a new process's agent, the parent answers the call from its journal, and
+    the child's side effect does not happen again."""
+    effects: list[str] = []
+    entered = asyncio.Event()
+
+    @tool
+    async def charge_card(amount: int) -> str:
+        """Charge the card (not idempotent)."""
+        effects.append(f"charged {amount}")
+        entered.set()
+        await asyncio.sleep(3600)
+        return "charged"
+
+    def build(*script: ModelResponse | str) -> Agent:
+        worker = Agent(
+            model=ScriptedModel([reply("", call("charge_card", amount=5)), "ok"], name="worker"),
+            tools=[charge_card],
+        )
+        return Agent(
+            model=ScriptedModel(list(script), name="boss"),
+            tools=[worker.as_tool(name="pay", description="Pays.")],
+            store=SQLiteStore(tmp_path / "runs.db"),
+            limits=Limits(**FAST),
+        )
+
+    async def crash() -> None:
+        started = build(reply("", call("pay", task="charge 5"))).start("pay 5", run_id="crashy")
+        task = asyncio.ensure_future(started.run())
+        await entered.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(crash())
+    resumed = build("Could not tell whether it paid; not trying again.")
+    result = resumed.resume_sync("crashy")
+    check_invariants(result, limits=resumed.limits, bound=resumed.bound)
+    assert effects == ["charged 5"]
+    (answer,) = tool_results(result)
+    assert answer.status is ToolStatus.ERROR
+    details: Any = answer.details
+    assert details["runtime"]["replayed"] is True
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+
+
+def test_the_harness_checks_each_sub_agents_run_under_its_carved_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seeded bug: the child's run reports more turns than its carve allowed (while its
+    parent counts what it really spent, so the parent's counts hold): the harness's check
+    of the child's own run, under its carved limits, finds it."""
+    stage = Stage(_supervisor())
+    behaviour = Behaviour(
+        steps=(reply("", call("alpha", task="x")), reply("", call("echo", text="a")), "ok", "done"),
+        cycle=False,
+    )
+    assert stage.play(behaviour).violation is None
+
+    def inflate(delegate: Any, parent: Any, child: RunResult, config: Any) -> None:
+        if parent is not None:  # the parent counts what the child really spent
+            parent.finished_children.append(child)
+        delegate.observer(child.model_copy(update={"turns": child.turns + 50}), config)
+
+    monkeypatch.setattr(delegation, "_ended", inflate)
+    violation = stage.play(behaviour).violation
+    assert violation is not None
+    assert "a sub-agent's run broke its invariants" in violation
+    assert "turns exceed max_turns" in violation
+
+
+def test_a_child_that_asks_the_user_answers_its_parents_call_with_the_question() -> None:
+    """Not yet a pause of the whole tree: a child that stops to ask a person answers the
+    call as an error carrying its question, and the parent goes on (its model may ask the
+    user itself)."""
+    worker = Agent(
+        model=ScriptedModel([reply("", call("ask_user", question="Which city?"))], name="worker")
+    )
+    boss = Agent(
+        model=ScriptedModel(
+            [
+                reply("", call("work", task="weather")),
+                reply("", call("ask_user", question="City?")),
+            ],
+            name="boss",
+        ),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST),
+    )
+    _, result = run(boss)
+    (answer,) = tool_results(result)[:1]
+    assert answer.status is ToolStatus.ERROR
+    assert "ask_user" in answer.content
+    assert "Which city?" in answer.content
+    details: Any = answer.details
+    assert details["status"] == "needs_input"
+    assert result.stop_reason is StopReason.ASK_USER
+
+
+def test_a_child_answered_from_the_journal_after_a_crash_still_counts() -> None:
+    """The parent dies after its child finished but before the step did (another call of
+    the same reply hangs): the redone step answers both calls from the journal, running
+    neither again, and counts what the child spent, which the lost process had counted.
+    (Caught a bug: the child's spend was counted mid-step, which moved the turn count that
+    keys the journal, so the call after it ran twice.)"""
+    worker_model = ScriptedModel([reply("", call("echo", text="a")), "paid"], name="worker")
+    entered = asyncio.Event()
+
+    hung: list[bool] = []
+
+    @tool
+    async def hang() -> str:
+        """Hang (not idempotent: it must not run again)."""
+        hung.append(True)
+        entered.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    store = MemoryStore()
+
+    def build(*script: ModelResponse | str) -> Agent:
+        worker = Agent(model=worker_model, tools=[echo])
+        return Agent(
+            model=ScriptedModel(list(script), name="boss"),
+            tools=[worker.as_tool(name="pay", description="Pays."), hang],
+            store=store,
+            limits=Limits(**FAST),
+        )
+
+    async def crash() -> None:
+        first = build(reply("", call("pay", task="pay"), call("hang")))
+        started = first.start("go", run_id="crashy")
+        task = asyncio.ensure_future(started.run())
+        await entered.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(crash())
+    assert len(worker_model.requests) == 2
+    resumed = build("done")
+    result = resumed.resume_sync("crashy")
+    check_invariants(result, limits=resumed.limits, bound=resumed.bound)
+    assert len(worker_model.requests) == 2  # the child did not run again
+    assert hung == [True]  # nor did the call after it (the journal's keys did not move)
+    paid = tool_results(result)[0]
+    details: Any = paid.details
+    assert details["runtime"]["replayed"] is True
+    assert result.turns == 1 + 2 + 1  # its call, the child's two (counted again), its answer
+    assert result.usage.requests == 2 + 0 + 0 + 2  # what the replies reported, with the child's
