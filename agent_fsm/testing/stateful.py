@@ -235,6 +235,9 @@ class AgentStateMachine(RuleBasedStateMachine):
         tracked = self._pick([t for t in self.runs if t.active and t.durable], pick)
         tracked.run = None
         tracked.note("crashed")
+        # What outlives the process is its checkpoint, which the last check held to the live
+        # run (but for a transition saved with the next step): growth is counted from it.
+        tracked.survived(self.store.load(tracked.run_id))
 
     @precondition(lambda self: any(t.run is None for t in self.runs))
     @rule(pick=_PICK)

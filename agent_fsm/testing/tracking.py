@@ -135,6 +135,10 @@ class TrackedRun:
             + f"\n\nWhat its model said, in order:\n{played or '    (nothing)'}"
         )
 
+    def survived(self, saved: RunState) -> None:
+        """The run's process died: what it had is what ``saved``, its checkpoint, holds."""
+        self.messages, self.trace = tuple(saved.messages), tuple(saved.trace)
+
     def _growth(self, state: RunState) -> list[str]:
         problems = []
         known = len(self.messages)
