@@ -72,9 +72,12 @@ class _UsageError(Exception):
 
 
 def _configure_logging(verbose: bool) -> None:
+    """Errors only by default: a warning (an ordinary tool error) is the run's business, and
+    on a terminal it would break the progress line. ``-v`` shows everything, warnings and
+    every transition."""
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(
-            logging.DEBUG if verbose else logging.WARNING
+            logging.DEBUG if verbose else logging.ERROR
         ),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
@@ -532,7 +535,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every transition")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log warnings (a failed tool call, a retried model call) and every transition",
+    )
     parser.add_argument("--version", action="version", version=f"agent-fsm {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trace_help = "write every event of the run to FILE as JSON Lines (see `replay`)"
