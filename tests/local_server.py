@@ -19,6 +19,7 @@ from typing import Any
 from tests.openai_payloads import api_error, sse
 
 Behaviour = Callable[[asyncio.StreamWriter], Awaitable[None]]
+Refusal = Callable[[dict[str, str], dict[str, Any]], tuple[int, Any] | None]
 
 ARGUMENTS_ERROR = "Failed to parse tool call arguments as JSON"
 CONTEXT_ERROR = "the request exceeds the available context size, try increasing it"
@@ -32,8 +33,17 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 class LocalServer:
     """``async with LocalServer() as base_url``: serves until the block ends."""
 
-    def __init__(self, *, check_arguments: bool = False, context_size: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        check_arguments: bool = False,
+        context_size: int | None = None,
+        refuse: Refusal | None = None,
+    ) -> None:
         self.behaviours: deque[Behaviour] = deque()
+        self.refuse = refuse
+        """Checks each request (headers, body) first: a (status, payload) it returns is the
+        reply, as a server that refuses what it cannot take answers."""
         self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.check_arguments = check_arguments
         self.context_size = context_size
@@ -152,7 +162,11 @@ class LocalServer:
                 self.seen.append((headers, body))
                 if self.context_size is not None:
                     self.counted.append(prompt_tokens(body))
-                if self.context_size is not None and self.counted[-1] > self.context_size:
+                refused = self.refuse(headers, body) if self.refuse is not None else None
+                if refused is not None:
+                    self.reply(refused[1], refused[0])
+                    behaviour = self.behaviours.pop()
+                elif self.context_size is not None and self.counted[-1] > self.context_size:
                     self.reply(api_error(CONTEXT_ERROR, type_="exceed_context_size_error"), 400)
                     behaviour = self.behaviours.pop()
                 elif self.check_arguments and _unparseable_arguments(body):
