@@ -26,7 +26,7 @@ from agent_fsm.table import (
     resumable_stops,
     state_named,
 )
-from agent_fsm.tokens import calibrate
+from agent_fsm.tokens import Calibration
 
 __all__ = [
     "CONTROL_STOPS",
@@ -134,6 +134,11 @@ class ModelFailure(BaseModel):
     """True when retrying cannot help (bad request, authentication, a broken script)."""
     retry_after_s: float | None = None
     """The server's requested delay before a retry, where it gave one."""
+    context_overflow: bool = False
+    """The server refused the prompt as longer than its context window (read by the
+    ``context_overflowed`` guard: the run shrinks the prompt, or stops ``context_window``)."""
+    prompt_tokens: int | None = None
+    """The refused prompt's size by the server's count, where its refusal said."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -234,7 +239,10 @@ class RunState:
     reported_prompt_tokens: int = _declared(L.RUN, "run.thinking", 0)
     estimated_prompt_tokens: int = _declared(L.RUN, "run.thinking", 0)
     """Prompt tokens the server reported, and what the engine had estimated for the same
-    calls: their ratio calibrates every later estimate (``calibrated_prompt_tokens``)."""
+    calls, summed over the run (``calibration`` is what scales the estimates)."""
+    calibration: Calibration = _declared(L.RUN, "", factory=Calibration)
+    """How the servers count what the engine estimates (``tokens.Calibration``), learned
+    from every reported usage and every context overflow (``calibrated_prompt_tokens``)."""
     context: ContextEdits = _declared(L.RUN, "run.context", factory=ContextEdits)
     """How the prompt sent differs from the transcript (``agent_fsm.prompt``)."""
     summary_due: SummaryDue | None = _declared(L.STOP, "run.compacting", None)
@@ -294,14 +302,9 @@ class RunState:
 
 
 def calibrated_prompt_tokens(state: RunState) -> int:
-    """The next prompt's estimated size (transcript as sent, plus tool definitions), scaled
-    by the ratio of the prompt tokens servers reported to what was estimated for those calls
-    (``tokens.calibrate``)."""
-    return calibrate(
-        state.prompt_tokens_estimate + state.tools_tokens_estimate,
-        state.reported_prompt_tokens,
-        state.estimated_prompt_tokens,
-    )
+    """The next prompt's estimated size (transcript as sent, plus tool definitions), as the
+    server would count it (``RunState.calibration``)."""
+    return state.calibration.prompt(state.prompt_tokens_estimate + state.tools_tokens_estimate)
 
 
 def _check_declarations(cls: type) -> None:

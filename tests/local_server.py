@@ -39,9 +39,14 @@ class LocalServer:
         check_arguments: bool = False,
         context_size: int | None = None,
         refuse: Refusal | None = None,
+        template_tokens: int = 0,
+        chars_per_token: int = 3,
     ) -> None:
         self.behaviours: deque[Behaviour] = deque()
         self.refuse = refuse
+        self.template_tokens = template_tokens
+        """Tokens the chat template adds to every request, by this server's count."""
+        self.chars_per_token = chars_per_token
         """Checks each request (headers, body) first: a (status, payload) it returns is the
         reply, as a server that refuses what it cannot take answers."""
         self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []
@@ -161,7 +166,9 @@ class LocalServer:
                 body = json.loads(await reader.readexactly(int(headers.get("content-length", "0"))))
                 self.seen.append((headers, body))
                 if self.context_size is not None:
-                    self.counted.append(prompt_tokens(body))
+                    self.counted.append(
+                        self.template_tokens + prompt_tokens(body, self.chars_per_token)
+                    )
                 refused = self.refuse(headers, body) if self.refuse is not None else None
                 if refused is not None:
                     self.reply(refused[1], refused[0])
@@ -185,12 +192,12 @@ class LocalServer:
             writer.close()
 
 
-def prompt_tokens(body: dict[str, Any]) -> int:
+def prompt_tokens(body: dict[str, Any], chars_per_token: int = 3) -> int:
     """The prompt's tokens as this server counts them: a chat template wraps every message
     and tool in text of its own, so it counts one token per three characters of the JSON
     sent (the engine's estimate, one per four of the text, runs about a third low)."""
     sent = json.dumps(body.get("messages", [])) + json.dumps(body.get("tools", []))
-    return len(sent) // 3
+    return len(sent) // chars_per_token
 
 
 def _unparseable_arguments(body: dict[str, Any]) -> bool:

@@ -96,6 +96,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         ((last, "model_call_failed", "time_is_up", window), "compact"),
         ((last, "model_call_failed", "time_is_up"), "last_answer"),
         (("model_call_failed", "time_is_up"), "timeout"),
+        (("model_call_failed", "context_overflowed"), "context_window"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
         (("model_call_failed", "no_retries_left"), "model_error"),
         ((last, "model_call_failed", "budget_exhausted", window), "compact"),
@@ -109,6 +110,10 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         ((last, "model_call_failed", "time_is_up", window), "compact"),
         ((last, "model_call_failed", "time_is_up"), "last_answer"),
         (("model_call_failed", "time_is_up"), "timeout"),
+        # the server refused the prompt as too long: shrink it (once the estimate learnt that
+        # it exceeds the window), else stop context_window
+        (("model_call_failed", "context_overflowed", window), "compact"),
+        (("model_call_failed", "context_overflowed"), "context_window"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
         (("model_call_failed", "no_retries_left"), "model_error"),
         ((last, "model_call_failed", "prompt_exceeds_budget", window), "compact"),
@@ -410,12 +415,14 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     state = RunState(run_id="in-order", state=S.THINK, turns=1, last_tool_calls=1)
     assert machine.fire(machine.handle(state, Limits())).label == "act"
     leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
-    assert leading.count("model_call_failed") == 6
+    assert leading.count("model_call_failed") == 8
     # A last-answer row asks first whether a last answer is wanted: no, by default.
     assert asked == [
         "abort_requested",
         "last_answer_wanted",
         "last_answer_wanted",
+        "model_call_failed",
+        "model_call_failed",
         "model_call_failed",
         "model_call_failed",
         "model_call_failed",

@@ -34,7 +34,7 @@ from agent_fsm.run.context import RunContext
 from agent_fsm.run.thinking import failure_from, report_failure, request_aside, take_response
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import StopReason, softened_stop
-from agent_fsm.tokens import calibrate, estimate_message_tokens
+from agent_fsm.tokens import estimate_message_tokens
 
 __all__ = ["LAST_ANSWER_PROMPT", "answer", "last_answer_request"]
 
@@ -88,7 +88,7 @@ def _estimate(ctx: RunContext, extra: int) -> tuple[int, int]:
     calibrated."""
     state = ctx.state
     raw = state.prompt_tokens_estimate + extra
-    return raw, calibrate(raw, state.reported_prompt_tokens, state.estimated_prompt_tokens)
+    return raw, state.calibration.prompt(raw)
 
 
 def _fits(ctx: RunContext, extra: int) -> bool:

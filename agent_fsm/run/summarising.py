@@ -27,7 +27,7 @@ from agent_fsm.run.thinking import (
     take_response,
 )
 from agent_fsm.state import ModelFailure
-from agent_fsm.tokens import calibrate, estimate_message_tokens
+from agent_fsm.tokens import estimate_message_tokens
 
 __all__ = ["summarise"]
 
@@ -49,8 +49,7 @@ async def summarise(ctx: RunContext) -> None:
 
     async def call() -> tuple[object, int]:
         await count_call(ctx, previous)
-        reported, estimated = state.reported_prompt_tokens, state.estimated_prompt_tokens
-        calibrated = calibrate(estimate, reported, estimated)
+        calibrated = state.calibration.prompt(estimate)
         request = request_without_tools(ctx, messages, model=model.name, estimate=calibrated)
         return await model.request(request), estimate
 
