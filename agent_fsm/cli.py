@@ -186,7 +186,9 @@ def _summary(out: TextIO, outcome: _Outcome) -> None:
     if outcome.status is RunStatus.FAILED:
         print(f"error: {outcome.error}", file=out)
         if outcome.output is not None:  # the last answer a limit asked for
-            print(f"last answer: {outcome.output}", file=out)
+            cut = getattr(outcome, "output_incomplete", False)  # a recorded run may not say
+            cut = " (cut off at its token limit)" if cut else ""
+            print(f"last answer{cut}: {outcome.output}", file=out)
     elif outcome.stop_reason is StopReason.ASK_USER:
         print(f"question for you: {outcome.output}", file=out)
     elif outcome.status is RunStatus.NEEDS_INPUT:

@@ -292,6 +292,9 @@ class RunState:
     after a stop, the transition at that position is the resume row."""
     abort_reason: str | None = _declared(L.STOP, "run.engine", None)
     output: str | None = _declared(L.STOP, "run.thinking run.answering run.outcome", None)
+    output_incomplete: bool = _declared(L.STOP, "run.thinking run.answering", False)
+    """``output`` was cut off at the model's token limit (finish ``length``): a final answer
+    (the run is then ``incomplete``) or a last answer (``Limits.last_answer``)."""
     error: str | None = _declared(L.STOP, "run.outcome", None)
     stop_reason: StopReason | None = _declared(L.STOP, "run.outcome run.resuming", None)
     """Why the run stopped, while it is in DONE or ERROR; what the resume rows' guards read."""
@@ -422,6 +425,10 @@ class RunResult(BaseModel):
     last_answers: int = 0
     """Last answers asked for when a limit ended the run (``Limits.last_answer``): model
     calls that are neither turns nor retries (``turns + retries + last_answers`` in all)."""
+    output_incomplete: bool = False
+    """``output`` is text cut off at the model's token limit, not a whole answer: a final
+    answer (status ``incomplete``) or the last answer of a run a limit ended (status
+    ``failed``, its text the best the run had)."""
     value: Any = None
     """The typed output (``Agent(output_type=...)``): an instance of the pydantic model, or
     the JSON value of the schema, validated; None when the run did not end with one."""
@@ -476,6 +483,7 @@ class RunResult(BaseModel):
             stop_reason=stop_reason,
             final_state=state.state,
             output=state.output,
+            output_incomplete=state.output_incomplete,
             error=state.error,
             turns=state.turns,
             usage=state.usage,

@@ -27,6 +27,7 @@ from agent_fsm.cancellation import StopEvent, StopScope
 from agent_fsm.failures import is_own_failure
 from agent_fsm.messages import (
     AssistantMessage,
+    FinishReason,
     ModelResponse,
     UserMessage,
 )
@@ -141,6 +142,9 @@ def _take_answer(ctx: RunContext, request: UserMessage, response: object, estima
     ctx.append(request)
     ctx.append(AssistantMessage(content=message.content))
     state.output = message.content
+    state.output_incomplete = response.finish_reason is FinishReason.LENGTH
+    if state.output_incomplete:
+        ctx.log.warning("last_answer_cut_off", chars=len(message.content))
 
 
 def _skipped(ctx: RunContext, why: str) -> None:

@@ -13,7 +13,7 @@ same way. Must not raise for anything the model does.
 
 from __future__ import annotations
 
-from agent_fsm.messages import ModelResponse
+from agent_fsm.messages import FinishReason, ModelResponse
 from agent_fsm.models.base import Model
 from agent_fsm.run.compacting import summary_messages, take_summary
 from agent_fsm.run.context import RunContext
@@ -62,5 +62,12 @@ def _take_summary(ctx: RunContext, response: ModelResponse, estimate: int) -> No
     summary = take_response(ctx, response, estimate).content.strip()
     if not summary:
         failed(ctx, ModelFailure(message="the summary call wrote no text", permanent=False))
+        return
+    if response.finish_reason is FinishReason.LENGTH:
+        # A summary cut at its token limit would replace the turns it summarises with half
+        # of what they said: the transcript is kept, and the call counts as failed (retried
+        # while retries last: another try may be shorter).
+        message = "the summary was cut off at the model's token limit; the transcript is kept"
+        failed(ctx, ModelFailure(message=message, permanent=False))
         return
     take_summary(ctx, summary)

@@ -507,6 +507,7 @@ def _take_reply(ctx: RunContext, response: ModelResponse, estimate: int) -> None
         message = with_call_ids(message, state.turns)
     else:
         state.output = message.content
+        state.output_incomplete = response.finish_reason is FinishReason.LENGTH
     ctx.append(message)
     if ctx.config.output is not None and not message.tool_calls:
         _hold_to_output_type(ctx, message.content, response.finish_reason)
