@@ -38,6 +38,7 @@ from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.history import prepare_history
+from agent_fsm.run.identity import agent_record, check_same_agent, keep_approvals
 from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
@@ -406,6 +407,7 @@ class Agent:
             parallel_tool_calls=self.parallel_tool_calls,
             handlers=tuple(self.handlers),
             dead_guards=_dead_guards(limits, offered, output, self.reflector, policies),
+            record=agent_record(registry.specs, self.system_prompt, machine.rows, offered),
         )
         _set(self, "_config", config)
         time = Timekeeping(clock=self.clock, sleep=self.sleep)
@@ -548,6 +550,7 @@ class Agent:
             self._config.tools_tokens,
             messages,
             self._config.count_tokens,
+            agent=self._config.record,
         )
         # The run's id is claimed now: another start under the same id, here or (for a
         # durable run, atomically) in another process, is refused before either takes a step.
@@ -586,8 +589,10 @@ class Agent:
         _check_id("run id", run_id)
         config = self._config
         with self._residence.readmit(run_id) as (state, keeper):
+            if config.record is not None:
+                check_same_agent(state, config.record)
             answered = reopen(state, config.machine, config.limits, reply, approvals, pause)
-        return Run(config, state, keeper, resumed=answered)
+        return Run(keep_approvals(config, state), state, keeper, resumed=answered)
 
     async def resume(
         self,

@@ -184,8 +184,11 @@ def build_model(args: argparse.Namespace) -> Model:
             )
         api_key = "unused"  # local OpenAI-compatible servers usually need no key
     adapter = provider.adapter()
-    fields = provider.settings(_fields(args.fields))
-    for name in ("temperature", "max_tokens", "timeout"):
+    requested = _fields(args.fields)
+    if args.temperature is not None:  # a request field: where the SDK has none, extra_body
+        requested["temperature"] = args.temperature
+    fields = provider.settings(requested)
+    for name in ("max_tokens", "timeout"):
         value = getattr(args, name)
         if value is not None:
             fields[name] = value

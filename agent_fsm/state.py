@@ -30,6 +30,7 @@ from agent_fsm.tokens import Calibration
 
 __all__ = [
     "CONTROL_STOPS",
+    "AgentRecord",
     "Approval",
     "ControlKind",
     "ControlRequest",
@@ -141,6 +142,23 @@ class ModelFailure(BaseModel):
     """The refused prompt's size by the server's count, where its refusal said."""
 
 
+class AgentRecord(BaseModel):
+    """What the agent that made a run was, kept with the run (``RunState.agent``): a resume
+    by a different agent is refused, saying what differs, and the run's approval rules hold
+    whoever resumes it (``run.identity``). Digests, not copies: a checkpoint stays small."""
+
+    model_config = _FROZEN
+
+    tools: dict[str, str] = {}
+    """Each tool offered to the model, by name: a digest of its description and schema."""
+    system_prompt: str = ""
+    """A digest of the system prompt."""
+    table: str = ""
+    """A digest of the table's rows (the loop the run steps through)."""
+    approval: tuple[str, ...] = ()
+    """The tools whose calls wait for a person's approval (``Tool.requires_approval``)."""
+
+
 @dataclass(slots=True, kw_only=True)
 class LoopState:
     """Loop-detector memory: run lengths and a short ring of recent call signatures.
@@ -208,6 +226,9 @@ class RunState:
     run_id: str = _declared(L.RUN, "")
     state: StateName = _declared(L.RUN, "loop.machine", AgentState.OBSERVE)
     """Where the run is; moved only by the machine, when a row is taken."""
+    agent: AgentRecord | None = _declared(L.RUN, "", None)
+    """The agent that made the run (``AgentRecord``); None for a run checkpointed by an
+    older agent_fsm, which any agent may resume."""
     notes: dict[str, Any] = _declared(L.RUN, "", factory=dict)
     """What the user's own loop keeps: the work of a ``CustomState`` writes it (through
     ``StepContext.notes``), the table's own guards read it. JSON values, checkpointed with

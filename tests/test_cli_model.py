@@ -257,3 +257,34 @@ def test_one_registry_serves_the_package_and_the_command_line() -> None:
     add_model_options(parser, store_required=False)
     [choice] = [a for a in parser._actions if a.dest == "provider"]
     assert set(choice.choices or ()) == set(PROVIDERS)
+
+
+async def test_anthropic_takes_temperature_and_server_fields_from_the_command_line() -> None:
+    """The Anthropic SDK 2.x has no sampling parameters; a compatible server still gets
+    ``--temperature`` (and ``--set`` fields the SDK does not know) in the request's body."""
+    from agent_fsm.messages import AssistantMessage, ModelResponse
+    from tests.provider_kits import all_kits
+
+    [kit] = [k for k in all_kits() if k.name == "anthropic"]
+    server = LocalServer()
+    async with server as url:
+        encoded = kit.reply(ModelResponse(message=AssistantMessage(content="Hello.")))
+        server.raw(encoded.status, dict(encoded.headers), encoded.body)
+        done = await agent_fsm(
+            "run", "Hi?", "--provider", "anthropic", "--model", "local",
+            "--base-url", url.removesuffix("/v1"), "--temperature", "0.2",
+            "--set", "top_k=40", "--max-tokens", "64",
+        )  # fmt: skip
+    assert done.code == 0, done.err + done.out
+    assert "final answer: Hello." in done.out
+    _, body = server.seen[0]
+    assert (body["temperature"], body["top_k"], body["max_tokens"]) == (0.2, 40, 64)
+
+
+async def test_anthropic_refuses_a_near_miss_of_its_own_fields() -> None:
+    done = await agent_fsm(
+        "run", "Hi?", "--provider", "anthropic", "--model", "m",
+        "--base-url", "http://127.0.0.1:9", "--set", "max_token=5",
+    )  # fmt: skip
+    assert done.code == 2
+    assert "max_token" in done.err

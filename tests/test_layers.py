@@ -99,6 +99,7 @@ LAYERS = [
     "run.answering",
     "run.outcome",
     "run.resuming",
+    "run.identity",
     "run.history",
     "run.leasing",
     "run.stored",

@@ -25,7 +25,7 @@ from agent_fsm.messages import Message
 from agent_fsm.models.base import Model
 from agent_fsm.output import OutputSpec
 from agent_fsm.prompt import ContextEdits, prompt_messages
-from agent_fsm.state import RunState
+from agent_fsm.state import AgentRecord, RunState
 from agent_fsm.table import Row
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 from agent_fsm.tools.tool import ToolRegistry
@@ -62,6 +62,8 @@ class RunConfig:
     ``{reason}`` in it becomes why. None: ``run.answering.LAST_ANSWER_PROMPT``."""
     parallel_tool_calls: bool = True
     handlers: tuple[EventHandler, ...] = ()
+    record: AgentRecord | None = None
+    """What the agent is, kept with each run it starts (``run.identity``)."""
     dead_guards: frozenset[str] = frozenset()
     """Guards that are false on every run of this agent, because it does not use the
     feature they read (``Agent``: no last answer, no context window, no reflector, no
