@@ -23,8 +23,10 @@ from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import RunOverlay, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.leases import LeaseStore, check_id, check_ttl, default_worker_id
+from agent_fsm.durable.queue import RunQueue, check_priority, check_reason
 from agent_fsm.errors import (
     ConfigError,
+    ResumeError,
     RunError,
     ToolSchemaWarning,
 )
@@ -37,12 +39,12 @@ from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
-from agent_fsm.run.history import prepare_history
-from agent_fsm.run.identity import agent_record, check_same_agent, keep_approvals
+from agent_fsm.run.history import HistoryRepair, prepare_history
+from agent_fsm.run.identity import agent_record, claim, keep_approvals
 from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
-from agent_fsm.state import ControlKind, RunResult
+from agent_fsm.state import ControlKind, RunResult, RunState
 from agent_fsm.table import CONTROL_GUARDS, TABLE, AgentState, Row, StopReason
 from agent_fsm.tokens import TextCounter, estimate_text_tokens, estimate_tools_tokens
 from agent_fsm.tools.tool import ASK_USER, FINISH_TASK, Tool, ToolRegistry
@@ -309,9 +311,10 @@ class Agent:
     share a ``store`` (``SQLiteStore``, ``PostgresStore``): a run is claimed before it is
     started or resumed (``RunLeased`` when another worker holds it), renewed at every save
     and while a step is in flight, and released when it stops; a worker that dies leaves its
-    runs to be taken over ``lease_s`` after its last renewal, through ``resume``. The
-    contract (fencing, clocks, a lease lost mid-run) is ``agent_fsm.durable.leases``'s.
-    None: no leases (one driver per run is then the caller's to ensure)."""
+    runs to be taken over ``lease_s`` after its last renewal, through ``take_next`` or
+    ``resume``. The contract (fencing, clocks, a lease lost mid-run) is
+    ``agent_fsm.durable.leases``'s. None: no leases (one driver per run is then the
+    caller's to ensure)."""
     worker_id: str | None = None
     """Names this agent's leases (shown to other workers in ``RunLeased``); None: the host,
     the process id and a random suffix."""
@@ -531,6 +534,20 @@ class Agent:
             CheckpointError: no run ``continues`` in the store.
             RunLeased: another worker leased ``run_id`` first (``lease_s``).
         """
+        state, repaired = self._new_state(user_input, run_id, history, continues)
+        # The run's id is claimed now: another start under the same id, here or (for a
+        # durable run, atomically) in another process, is refused before either takes a step.
+        keeper = self._residence.admit(state)
+        return Run(self._config, state, keeper, repaired=repaired)
+
+    def _new_state(
+        self,
+        user_input: str,
+        run_id: str | None,
+        history: History | None,
+        continues: str | None,
+    ) -> tuple[RunState, HistoryRepair | None]:
+        """The state of a new run (``start``, ``enqueue``), checked as ``start`` says."""
         if not isinstance(user_input, str):
             raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
         if run_id is not None:
@@ -542,9 +559,8 @@ class Agent:
                 raise ConfigError("pass history= or continues=, not both")
             history = self._stored_conversation(continues)
         messages, repaired = prepare_history(history) if history is not None else ([], None)
-        run_id = run_id or uuid.uuid4().hex
         state = new_run_state(
-            run_id,
+            run_id or uuid.uuid4().hex,
             self.system_prompt,
             user_input,
             self._config.tools_tokens,
@@ -552,10 +568,96 @@ class Agent:
             self._config.count_tokens,
             agent=self._config.record,
         )
-        # The run's id is claimed now: another start under the same id, here or (for a
-        # durable run, atomically) in another process, is refused before either takes a step.
-        keeper = self._residence.admit(state)
-        return Run(self._config, state, keeper, repaired=repaired)
+        return state, repaired
+
+    # -- a fleet: queued runs, taken by workers; cancelled from outside ------------------
+
+    def enqueue(
+        self,
+        user_input: str,
+        *,
+        run_id: str | None = None,
+        priority: int = 0,
+        history: History | None = None,
+        continues: str | None = None,
+    ) -> str:
+        """Queue a new run in the store for a worker to take (``take_next``), and return its
+        id: the run is saved, nobody steps it here and nobody holds its lease. Workers take
+        the highest ``priority`` first, then the oldest (``durable.queue``). The other
+        arguments are ``start``'s; the agent needs no lease of its own (a producer).
+
+        Raises:
+            ConfigError: no ``store`` that queues runs (``durable.queue.RunQueue``), a
+                priority that is not an int of 32 bits, or what ``start`` raises for.
+            RunLeased: a worker holds a lease on ``run_id``.
+        """
+        store = self.store
+        if not isinstance(store, RunQueue):
+            raise ConfigError(
+                "enqueue queues runs in the store workers share: give the agent a store that"
+                f" queues runs (SQLiteStore, PostgresStore), got {type(store).__name__}"
+            )
+        check_priority(priority)
+        state, _ = self._new_state(user_input, run_id, history, continues)
+        if not store.enqueue(state, priority=priority):
+            raise taken(state.run_id)
+        return state.run_id
+
+    def take_next(self) -> Run | None:
+        """The next runnable run of the store, claimed for this worker, made ready to go on
+        (not yet stepped): drive it with ``run()``. None when no run is runnable now.
+
+        Runnable (``durable.queue``): a run that has not stopped and that no worker holds a
+        live lease on: queued (``enqueue``, or started and never stepped), or left mid-run
+        by a worker that died or gave up. The highest priority first, then the oldest. The
+        claim is the run's lease, so two workers never take the same run. A run cancelled
+        while it waited stops at once (ERROR ``aborted``); a run stopped for an answer is
+        never taken (``resume`` it). A run that cannot be loaded or continued is logged and
+        left to its lease (``run_set_aside``): the next one is taken instead.
+
+        Raises:
+            ConfigError: the agent has no ``lease_s``, or its store queues no runs.
+        """
+        residence = self._residence
+        if not isinstance(residence, Leased):
+            raise ConfigError(
+                "take_next hands a run to a worker under a lease: give the agent lease_s and"
+                " a store the workers share (SQLiteStore, PostgresStore)"
+            )
+        config = self._config
+        while (taken_run := residence.take_next()) is not None:
+            state, keeper = taken_run
+            try:
+                if config.record is not None:
+                    claim(state, config.record)
+                answered = reopen(state, config.machine, config.limits)
+            except ResumeError as exc:  # made by another agent (other tools, another table)
+                residence.set_aside(state.run_id, exc)
+                continue
+            return Run(keep_approvals(config, state), state, keeper, resumed=answered)
+        return None
+
+    def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        """Stop a run from outside: whoever drives it (another worker, another task or
+        thread of this process) stops it at its next transition as ``Run.abort`` does, its
+        model or tool call in flight cancelled: ERROR ``aborted`` with ``reason`` as its
+        error, a valid transcript, resumable. A run not being driven (queued, or left by a
+        worker that died) stops at once when a worker takes it. True when the request was
+        made; False when the run had already stopped (done, failed, or paused for an
+        answer: nothing is changed; a pause is cancelled by not answering it).
+
+        Where it reaches: with ``lease_s``, every run of the store, through the store
+        (its driver learns of it at its next save or lease renewal); without, the runs this
+        agent drives in this process (an agent without a store: those it started or
+        reopened and has not finished).
+
+        Raises:
+            CheckpointError: no such run.
+            ConfigError: a ``reason`` that is not a str; without ``lease_s``, a run of the
+                store that this process does not drive.
+        """
+        _check_id("run id", run_id)
+        return self._residence.cancel(run_id, check_reason(reason))
 
     def _stored_conversation(self, run_id: str) -> list[Message]:
         """The transcript of a stopped run of this agent's store."""
@@ -590,7 +692,7 @@ class Agent:
         config = self._config
         with self._residence.readmit(run_id) as (state, keeper):
             if config.record is not None:
-                check_same_agent(state, config.record)
+                claim(state, config.record)
             answered = reopen(state, config.machine, config.limits, reply, approvals, pause)
         return Run(keep_approvals(config, state), state, keeper, resumed=answered)
 

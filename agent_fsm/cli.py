@@ -4,8 +4,9 @@ Commands: ``demo`` (an offline run of the weather/calculator agent, printing eve
 transition, tool call and result), ``run`` and ``resume`` (the same tools against a real
 OpenAI-compatible server, ``cli_model``), ``diagram`` (the machine as mermaid, DOT, SVG or
 PNG, optionally overlaid with a recorded or checkpointed run), ``replay`` (alias ``trace``:
-a recorded run, step by step) and ``runs`` (the runs of a checkpoint store, SQLite or
-PostgreSQL, with their leases and the stuck ones flagged; or one of them).
+a recorded run, step by step), ``runs`` (the runs of a checkpoint store, SQLite or
+PostgreSQL, with their leases and the stuck ones flagged; or one of them) and ``cancel``
+(ask whoever drives a run of a store to stop it: ``durable.queue``).
 Exit codes: 0 success, 1 the run failed (or, for replay, the recorded run failed or never
 finished), 2 bad usage or unreadable input. Errors go to stderr, one line each, never a
 traceback for what a user typed or pointed at (a file that is not Python, a module that
@@ -36,6 +37,7 @@ from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
 from agent_fsm.durable.checkpoint import CheckpointStore, RunSummary, redacted
 from agent_fsm.durable.leases import LeaseStore
+from agent_fsm.durable.queue import RunCancels
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.durable.tracefile import (
     RecordedRun,
@@ -45,6 +47,7 @@ from agent_fsm.durable.tracefile import (
     select_run,
 )
 from agent_fsm.errors import AgentFSMError
+from agent_fsm.evals.cli import add_eval_command
 from agent_fsm.events import (
     Event,
     ModelRequested,
@@ -366,15 +369,11 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
     if format is None:
         suffix = Path(args.output).suffix.lower() if args.output else ""
         format = _SUFFIX_FORMATS.get(suffix, "mermaid")
-    if args.run_id and not args.trace:
-        raise _UsageError("--run-id needs --trace FILE")
-    if args.run and args.trace:
-        raise _UsageError("give --run ID (a checkpointed run) or --trace FILE, not both")
     rows = _table_rows(args.table) if args.table else TABLE
     run: RecordedRun | StoredRunOverlay | None = None
     if args.trace:
         runs = recorded_runs(read_trace(args.trace))
-        run = select_run(runs, args.run_id, args.trace, option="--run-id ID")
+        run = select_run(runs, args.run, args.trace, option="--run ID")
     elif args.run:
         with closing(_open_store(args.store, args.schema)) as store:
             run = StoredRunOverlay.of(store.load(args.run), rows)
@@ -414,7 +413,7 @@ def _replay(run: RecordedRun, out: TextIO) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     runs = recorded_runs(read_trace(args.file))
-    chosen = [select_run(runs, args.run_id, args.file)] if args.run_id else runs
+    chosen = [select_run(runs, args.run, args.file)] if args.run else runs
     if not chosen:
         raise _UsageError(f"{args.file}: no events")
     codes = []
@@ -457,6 +456,8 @@ def _list_runs(runs: list[RunSummary], out: TextIO) -> None:
     )
     for run in runs:
         flag = "  STUCK" if run.stuck else ""
+        if run.cancel_requested is not None:
+            flag += f"  CANCELLING: {run.cancel_requested}"
         if run.unreadable:
             flag = f"  UNREADABLE: {run.unreadable}"
         print(
@@ -469,7 +470,7 @@ def _list_runs(runs: list[RunSummary], out: TextIO) -> None:
     if stuck:
         print(
             f"\n{stuck} stuck: not stopped, and no worker holds a live lease on them (their"
-            " worker died or gave up); a worker's resume(RUN_ID) takes each over",
+            " worker died or gave up); a worker's take_next() or resume(RUN_ID) takes each over",
             file=out,
         )
 
@@ -516,6 +517,22 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    with closing(_open_store(args.store, args.schema)) as store:
+        if not isinstance(store, RunCancels):
+            raise _UsageError(f"{type(store).__name__} takes no cancel requests")
+        asked = store.cancel(args.run_id, args.reason)
+    if asked:
+        print(
+            f"cancel requested: run {args.run_id} stops at its next transition (ERROR"
+            " aborted, resumable), or at once when a worker takes it",
+            file=sys.stdout,
+        )
+    else:
+        print(f"run {args.run_id} has already stopped: nothing to cancel", file=sys.stdout)
+    return 0
+
+
 _EPILOG = """\
 examples:
   agent-fsm demo --trace run.jsonl           run offline, record every event
@@ -526,6 +543,7 @@ examples:
   agent-fsm runs --store runs.sqlite3        the checkpointed runs, newest first
   agent-fsm runs --store postgresql://HOST/DB --state THINK   a fleet's runs in THINK
   agent-fsm diagram --run ID --store runs.sqlite3  the path of one checkpointed run
+  agent-fsm cancel ID --store postgresql://HOST/DB   stop a run wherever it is driven
 
 exit codes: 0 ok, 1 the run failed, 2 bad usage or unreadable input"""
 
@@ -625,8 +643,12 @@ def _parser() -> argparse.ArgumentParser:
         "the default loop",
     )
     diagram.add_argument("--trace", metavar="FILE", help="overlay the run recorded in FILE")
-    diagram.add_argument("--run-id", help="which run of a trace file holding several")
-    diagram.add_argument("--run", metavar="ID", help="overlay the checkpointed run ID")
+    diagram.add_argument(
+        "--run",
+        metavar="ID",
+        help="overlay run ID: with --trace, which run of the file (when it holds several); "
+        "without, the run checkpointed in --store",
+    )
     diagram.add_argument("--store", default=default_store, help=store_help)
     diagram.add_argument("--schema", default="agent_fsm", help=schema_help)
     diagram.add_argument("-o", "--output", metavar="FILE", help="write to FILE, not stdout")
@@ -641,7 +663,7 @@ def _parser() -> argparse.ArgumentParser:
         "calls, then the outcome. Exits 1 if the recorded run failed or never finished.",
     )
     replay.add_argument("file", metavar="FILE", help="a JSON Lines trace file")
-    replay.add_argument("--run-id", help="replay only this run of the file")
+    replay.add_argument("--run", metavar="ID", help="replay only run ID of the file")
     replay.set_defaults(handler=_cmd_replay)
 
     runs = commands.add_parser(
@@ -666,6 +688,24 @@ def _parser() -> argparse.ArgumentParser:
         "state's name",
     )
     runs.set_defaults(handler=_cmd_runs)
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="stop a run of a checkpoint store, wherever a worker drives it",
+        description="Ask whoever drives RUN_ID (a worker with lease_s, on any machine) to "
+        "stop it at its next transition: it ends in ERROR aborted, with REASON as its error, "
+        "and can be resumed. A run no worker drives now stops at once when one takes it. A "
+        "run that has stopped is left as it is (exit 0, saying so). Exits 2 for an unknown "
+        "run.",
+    )
+    cancel.add_argument("run_id", metavar="RUN_ID", help="the run to stop")
+    cancel.add_argument("--reason", default="cancelled", help="why (the run's error)")
+    cancel.add_argument("--store", default=default_store, help=store_help)
+    cancel.add_argument("--schema", default="agent_fsm", help=schema_help)
+    cancel.set_defaults(handler=_cmd_cancel)
+    add_eval_command(commands)
+    for command in commands.choices.values():
+        command.set_defaults(command_parser=command)  # for errors in its own words
     return parser
 
 
@@ -676,7 +716,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # escaped, never a UnicodeEncodeError halfway through the output.
         if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
             stream.reconfigure(errors="backslashreplace")
-    args = _parser().parse_args(argv)
+    args, unknown = _parser().parse_known_args(argv)
+    if unknown:  # said with the command's own usage, not the top level's
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     _configure_logging(args.verbose)
     try:
         code: int = args.handler(args)

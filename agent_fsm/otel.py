@@ -1,4 +1,5 @@
-"""OpenTelemetry traces of runs: an event handler that turns a run's events into spans.
+"""OpenTelemetry traces of runs: an event handler that turns a run's events into spans (and,
+from ``otel_metrics``, ``FleetMetrics``: the runs of a store as gauges).
 
 ``OtelTracer`` is an ordinary event handler (``Agent(handlers=[OtelTracer()])`` or
 ``agent.subscribe(OtelTracer())``), so tracing costs nothing to an agent that does not use it
@@ -54,10 +55,11 @@ from agent_fsm.events import (
     ToolRetried,
     ToolStarted,
 )
+from agent_fsm.otel_metrics import FleetMetrics
 from agent_fsm.state import RunStatus
 from agent_fsm.version import __version__
 
-__all__ = ["OtelTracer"]
+__all__ = ["FleetMetrics", "OtelTracer"]
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ tool results live only in ``messages``; the trace stores row numbers, not copies
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Annotated, Any
@@ -226,9 +226,10 @@ class RunState:
     run_id: str = _declared(L.RUN, "")
     state: StateName = _declared(L.RUN, "loop.machine", AgentState.OBSERVE)
     """Where the run is; moved only by the machine, when a row is taken."""
-    agent: AgentRecord | None = _declared(L.RUN, "", None)
+    agent: AgentRecord | None = _declared(L.RUN, "run.identity", None)
     """The agent that made the run (``AgentRecord``); None for a run checkpointed by an
-    older agent_fsm, which any agent may resume."""
+    older agent_fsm, which any agent may resume, and for a queued run until a worker takes
+    it (``run.identity.claim``)."""
     notes: dict[str, Any] = _declared(L.RUN, "", factory=dict)
     """What the user's own loop keeps: the work of a ``CustomState`` writes it (through
     ``StepContext.notes``), the table's own guards read it. JSON values, checkpointed with
@@ -473,29 +474,17 @@ class RunResult(BaseModel):
         yield "trace", f"<{len(self.trace)} transitions>"
 
     @classmethod
-    def from_state(
-        cls,
-        state: RunState,
-        table: tuple[Row, ...] = TABLE,
-        entries: Sequence[TraceEntry] = (),
-    ) -> RunResult:
-        """Build the result of a run whose state is terminal.
-
-        Args:
-            entries: the trace entries already built for the end of ``state.trace`` (the
-                engine builds each as it fires); only the rest are built here.
-        """
+    def from_state(cls, state: RunState, table: tuple[Row, ...] = TABLE) -> RunResult:
+        """Build the result of a run whose state is terminal; its trace entries are built
+        from ``state.trace`` (row numbers and turns) and ``table`` here, once."""
         if not state.trace or state.state not in (AgentState.DONE, AgentState.ERROR):
             raise ValueError(f"run {state.run_id} has not ended (state {state.state})")
         last_row = table[state.trace[-1][0]]
         stop_reason = last_row.stop_reason
         assert stop_reason is not None  # a row into a terminal state always has one
         status = status_for(state.state, stop_reason, table)
-        missing = len(state.trace) - len(entries)
-        if missing < 0:
-            raise ValueError(f"{len(entries)} trace entries for a trace of {len(state.trace)}")
-        trace = [TraceEntry.from_row(table[i], turn) for i, turn in state.trace[:missing]]
-        trace.extend(entries)
+        from_row = TraceEntry.from_row
+        trace = tuple([from_row(table[i], turn) for i, turn in state.trace])
         # Every part is already a validated model from the run itself; validating again would
         # walk the whole transcript once more.
         return cls.model_construct(
@@ -509,7 +498,7 @@ class RunResult(BaseModel):
             turns=state.turns,
             usage=state.usage,
             messages=tuple(state.messages),
-            trace=tuple(trace),
+            trace=trace,
             pending=state.control if status is RunStatus.NEEDS_INPUT else None,
             resumed_at=tuple(state.resumed_at),
             retries=state.retries,

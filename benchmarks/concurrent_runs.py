@@ -1,8 +1,9 @@
 """A thousand runs at once, with the cyclic collector on and off: how much of the CPU the
 collector takes (issue 39: 41 % before the runs stopped leaving reference cycles).
 
-Each run makes ``--turns`` tool turns (an instant fake model, one async tool call per turn,
-events unsubscribed) and all ``--runs`` are driven together on one event loop. The script
+Each run makes ``--turns`` tool turns (an instant stateless model, one async tool call per
+turn, events unsubscribed); all ``--runs`` runs of one agent are driven together on one event
+loop, as a server drives its conversations, and each checks and drops its result. The script
 reports the process CPU time of the whole batch with the collector on and off, the time the
 collector's passes took (``gc.callbacks``), and how many objects they freed.
 
@@ -25,18 +26,31 @@ from typing import Any
 import structlog
 
 from agent_fsm import Agent, Limits, tool
-from agent_fsm.testing import ScriptedModel, call, reply
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage
+from agent_fsm.testing import reply
 
 
 @tool
 async def step(n: int) -> int:
     """Return n + 1."""
+    await asyncio.sleep(0)  # a real tool awaits something: the runs interleave
     return n + 1
 
 
-def _agent(turns: int) -> Agent:
-    script = [*(reply("", call("step", n=i)) for i in range(turns)), "done"]
-    return Agent(model=ScriptedModel(script), tools=[step], limits=Limits(max_turns=turns + 1))
+class _Stepper:
+    """An instant model that keeps no record: it calls ``step`` until ``turns`` results are in."""
+
+    name = "stepper"
+
+    def __init__(self, turns: int) -> None:
+        self._turns = turns
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        done = sum(isinstance(m, ToolMessage) for m in request.messages)
+        if done < self._turns:
+            call = ToolCall(id=f"call_{done}", name="step", arguments=f'{{"n": {done}}}')
+            return reply("", call, usage=(10, 2))
+        return reply("done", usage=(10, 2))
 
 
 class _Collector:
@@ -55,14 +69,18 @@ class _Collector:
             self.freed += info.get("collected", 0)
 
 
-async def _run_all(agents: list[Agent]) -> list[Any]:
-    """Every agent's run, started together inside the running loop."""
-    return await asyncio.gather(*(agent.run("go") for agent in agents))
+async def _run_all(agent: Agent, runs: int) -> int:
+    """``runs`` runs of ``agent`` at once; how many ended as scripted."""
+
+    async def one() -> bool:
+        return (await agent.run("go")).output == "done"
+
+    return sum(await asyncio.gather(*(one() for _ in range(runs))))
 
 
 def _batch(runs: int, turns: int, collector_on: bool) -> tuple[float, float, int]:
     """CPU seconds of one batch, of the collector's passes in it, and objects they freed."""
-    agents = [_agent(turns) for _ in range(runs)]  # made before timing: scripts aside
+    agent = Agent(model=_Stepper(turns), tools=[step], limits=Limits(max_turns=turns + 1))
     gc.collect()
     timer = _Collector()
     gc.callbacks.append(timer)
@@ -71,13 +89,13 @@ def _batch(runs: int, turns: int, collector_on: bool) -> tuple[float, float, int
     loop = asyncio.new_event_loop()
     try:
         started = time.process_time()
-        results = loop.run_until_complete(_run_all(agents))
+        ended = loop.run_until_complete(_run_all(agent, runs))
         spent = time.process_time() - started
     finally:
         loop.close()
         gc.enable()
         gc.callbacks.remove(timer)
-    if any(result.output != "done" for result in results):
+    if ended != runs:
         raise SystemExit("the workload did not run as intended")
     return spent, timer.seconds, timer.freed
 

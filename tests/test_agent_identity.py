@@ -176,3 +176,47 @@ def test_the_default_table_digest_is_stable() -> None:
     one = _agent(MemoryStore(), [])
     two = _agent(MemoryStore(), [], table=TABLE)
     assert one.run_config.record == two.run_config.record
+
+
+async def test_a_worker_takes_queued_work_as_its_own_and_never_another_agents_run() -> None:
+    """A producer (no tools) queues work: the worker that takes it, before any step, records
+    itself. A run another agent began is set aside by a worker of a different agent, and
+    taken by one of the same."""
+    store = MemoryStore()
+    producer = Agent(model=ScriptedModel([]), store=store)
+    producer.enqueue("queued work", run_id="queued")
+    assert store.load("queued").agent == producer.run_config.record
+    started = _agent(store, [reply("", call("echo", text="x")), "never reached"])
+    await started.start("started work", run_id="started").step()  # then its process died
+
+    def worker(name: str, script: list[Any], **options: Any) -> Agent:
+        return _agent(store, script, lease_s=30, worker_id=name, **options)
+
+    stranger = worker("stranger", ["done by the stranger"], tools=[echo])
+    taken = stranger.take_next()
+    assert taken is not None
+    assert taken.run_id == "queued"
+    assert (await taken.run()).output == "done by the stranger"
+    assert store.load("queued").agent == stranger.run_config.record
+    assert stranger.take_next() is None  # "started" is another agent's: set aside
+    lease = store.lease("started")
+    assert lease is not None
+    assert lease.owner == "stranger"
+    store.release(lease)
+    same = worker("same", ["done by the same agent"])
+    again = same.take_next()
+    assert again is not None
+    assert again.run_id == "started"
+    assert (await again.run()).output == "done by the same agent"
+
+
+def test_a_run_that_took_no_step_is_anyones_to_resume() -> None:
+    """Started, then its process died before a step: nothing was asked or run, so a worker
+    of another configuration may carry it on (a producer that starts runs for workers), and
+    the run is then that worker's."""
+    store = MemoryStore()
+    Agent(model=ScriptedModel([]), store=store).start("begun", run_id="r")
+    worker = _agent(store, [reply("", call("echo", text="hi")), "done"])
+    result = worker.resume_sync("r")
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "done")
+    assert store.load("r").agent == worker.run_config.record

@@ -929,16 +929,14 @@ async def test_the_key_never_leaks(
     assert "extra_headers" in repr(lazy)
 
 
-async def test_a_missing_key_is_a_permanent_error(
+def test_a_missing_key_is_found_when_the_model_is_built(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", str(tmp_path))  # no profile on disk either
-    async with AnthropicModel(SERVED_MODEL, base_url="https://anthropic.test") as model:
-        failure = await failure_of(model)
-    assert not failure.transient
-    assert "ANTHROPIC_API_KEY" in str(failure)
+    with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
+        AnthropicModel(SERVED_MODEL, base_url="https://anthropic.test")
 
 
 # --------------------------------------------------------------------------- construction

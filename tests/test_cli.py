@@ -191,8 +191,6 @@ def test_unreadable_traces_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert re.search(r"agent-fsm: .*bad\.jsonl:2: not an agent_fsm event", captured.err)
     assert main(["replay", str(tmp_path / "missing.jsonl")]) == 2
     assert "No such file or directory" in capsys.readouterr().err
-    assert main(["diagram", "--run-id", "abc"]) == 2
-    assert "--run-id needs --trace FILE" in capsys.readouterr().err
     assert main(["demo", "--trace", str(tmp_path / "no" / "dir.jsonl")]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -366,8 +364,6 @@ def test_runs_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     capsys.readouterr()
     assert main(["runs", "nope", "--store", db]) == 2
     assert "nope" in capsys.readouterr().err
-    assert main(["diagram", "--run", "x", "--trace", "y.jsonl"]) == 2
-    assert "not both" in capsys.readouterr().err
 
 
 # -- the fleet: runs on PostgreSQL (issue 34) --------------------------------------------------

@@ -72,7 +72,8 @@ def test_a_model_by_name_is_its_providers_adapter_with_its_key_checked_now(
     from agent_fsm.models import OpenAIChatModel
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    with pytest.raises(ConfigError, match="needs a key: set OPENAI_API_KEY"):
+    monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
         Agent(model="openai:gpt-4o-mini")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     agent = Agent(model="openai:gpt-4o-mini")
@@ -104,3 +105,20 @@ def test_the_command_lines_run_options_say_what_they_are() -> None:
     for name in ("max_turns", "token_budget", "retries", "system"):
         assert options[name].help, name
     assert options["retries"].default == Limits().model_retries  # not a number of its own
+
+
+def test_a_command_line_mistake_shows_that_commands_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from agent_fsm.cli import main
+
+    for argv, usage in (
+        (["demo", "--bogus"], "usage: agent-fsm demo"),
+        (["diagram", "--run-id", "x"], "usage: agent-fsm diagram"),  # one option: --run
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert usage in err, err
+        assert f"unrecognized arguments: {argv[1]}" in err

@@ -728,7 +728,7 @@ async def test_the_key_never_leaks(server: FakeServer) -> None:
     assert "proxy.test" in repr(own)
 
 
-async def test_a_missing_key_is_a_permanent_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_key_is_found_when_the_model_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (
         "GEMINI_API_KEY",
         "GOOGLE_API_KEY",
@@ -736,9 +736,8 @@ async def test_a_missing_key_is_a_permanent_failure(monkeypatch: pytest.MonkeyPa
         "GOOGLE_GENAI_USE_ENTERPRISE",
     ):
         monkeypatch.delenv(name, raising=False)
-    failure = await failure_of(GeminiModel("gemini-2.5-flash"))
-    assert not failure.transient
-    assert "cannot build the Gemini client" in str(failure)
+    with pytest.raises(ConfigError, match="cannot build the Gemini client"):
+        GeminiModel("gemini-2.5-flash")
 
 
 # --------------------------------------------------------------------------- the client

@@ -191,7 +191,7 @@ def test_diagram_of_a_trace_with_several_runs_names_the_option(
     agent.run_sync("first")
     agent.run_sync("second")
     assert main(["diagram", "--trace", str(path)]) == 2
-    assert "pick one with --run-id ID" in capsys.readouterr().err
+    assert "pick one with --run ID" in capsys.readouterr().err
 
 
 def test_an_example_answers_help_without_running() -> None:

@@ -1000,12 +1000,15 @@ async def test_api_key_never_leaks(server: FakeServer, make_model: Callable[...,
     assert "k=1" not in repr(lazy)
 
 
-async def test_missing_api_key_is_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_api_key_is_found_when_the_model_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
-    err = await failure_of(ask(OpenAIChatModel(MODEL)))
-    assert err.transient is False
-    assert "OPENAI_API_KEY" in str(err)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        OpenAIChatModel(MODEL)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        Agent(model="openai:" + MODEL)
 
 
 # --------------------------------------------------------------------------- construction

@@ -814,11 +814,13 @@ async def test_the_key_never_leaks(server: FakeServer, make_model: Callable[...,
     assert "k=1" not in repr(lazy)
 
 
-async def test_a_missing_api_key_is_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_api_key_is_found_when_the_model_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    failure = await failure_of(OpenAIResponsesModel(MODEL))
-    assert not failure.transient
-    assert "OPENAI_API_KEY" in str(failure)
+    monkeypatch.delenv("OPENAI_ADMIN_KEY", raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        OpenAIResponsesModel(MODEL)
 
 
 # --------------------------------------------------------------------------- construction

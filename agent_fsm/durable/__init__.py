@@ -6,7 +6,8 @@ a crash, and JSON Lines trace files. ``PostgresStore`` is imported from
 A store's interface is split by who calls it (``durable.checkpoint``, ``durable.leases``):
 ``RunSaver`` (a running run), ``RunOpener`` (starting, reopening, discarding runs),
 ``RunLister`` (listing them), joined in ``CheckpointStore``; ``LeasedWrites`` and
-``RunLeases`` (leased runs), joined in ``LeaseStore``. ``agent_fsm.testing``'s
+``RunLeases`` (leased runs), joined in ``LeaseStore``; ``RunQueue`` and ``RunCancels`` (a
+fleet's queue of runs and cancels from outside: ``durable.queue``). ``agent_fsm.testing``'s
 ``CheckpointStoreContract`` checks a store of your own against all of them.
 """
 
@@ -19,6 +20,7 @@ from agent_fsm.durable.checkpoint import (
 )
 from agent_fsm.durable.encoding import RunSummary
 from agent_fsm.durable.leases import Lease, LeasedWrites, LeaseStore, RunLeases
+from agent_fsm.durable.queue import RunCancels, RunQueue
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.durable.tracefile import RecordedRun, TraceWriter, read_run, read_trace
 
@@ -37,6 +39,9 @@ __all__ = [
     "LeaseStore",
     "LeasedWrites",
     "RunLeases",
+    # a fleet's queue, and cancels from outside
+    "RunQueue",
+    "RunCancels",
     # trace files
     "RecordedRun",
     "TraceWriter",

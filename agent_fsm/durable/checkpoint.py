@@ -42,13 +42,14 @@ a store, ours included):
 
 ``SQLiteStore`` (the embedded default, one file shared safely by several processes) lives in
 ``durable.sqlite``, ``PostgresStore`` (many workers on many machines) in ``durable.postgres``.
-Every store here also leases runs to workers (``durable.leases``).
+Every store here also leases runs to workers (``durable.leases``), queues them for workers to
+take and takes cancel requests (``durable.queue``). How a store lists its runs
+(``listed``, ``state_names``) and names itself (``redacted``) is ``durable.listing``'s,
+re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -60,13 +61,13 @@ from agent_fsm.durable.encoding import (
     RunSummary,
     decode_header,
     encode_header,
-    schema_problem,
     summarize,
     unknown_run,
 )
 from agent_fsm.durable.journal import GuardedJournal, MemoryJournal, ToolJournal
-from agent_fsm.durable.leases import Lease, MemoryLeases, check_id
-from agent_fsm.errors import ConfigError
+from agent_fsm.durable.leases import Lease, MemoryLeases, check_id, check_ttl
+from agent_fsm.durable.listing import listed, redacted, state_names
+from agent_fsm.durable.queue import MemoryQueue, check_priority, check_reason
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
 from agent_fsm.table import TERMINAL_STATES
@@ -94,10 +95,11 @@ class RunSaver(Protocol):
     """What a running run needs of its store: the engine saves after every transition, and
     ACT records each tool call in the run's journal around its execution."""
 
-    def save(self, state: RunState) -> None:
+    def save(self, state: RunState) -> object:
         """Save ``state`` as the run's checkpoint, atomically (the run need not exist yet).
         Writes only what is new since the last save of the run, so the cost does not grow
-        with the transcript (the module's rules).
+        with the transcript (the module's rules). What it returns is not read here (a
+        leased store's fenced save returns the renewed lease: ``LeasedWrites.save``).
 
         Raises:
             ConfigError: the run id is one no store could keep (``leases.check_id``).
@@ -214,7 +216,8 @@ class MemoryStore(ClosingStore):
 
     Stores the encoded header and immutable entries, never a reference to the live state's
     mutable parts, so a saved checkpoint does not change when the run goes on. Leases runs
-    (``LeaseStore``) between the runs of this process, by ``clock``.
+    (``LeaseStore``) between the runs of this process, by ``clock``, queues them and takes
+    cancel requests (``durable.queue``).
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
@@ -223,10 +226,21 @@ class MemoryStore(ClosingStore):
         self._clock = clock
         self._revision = 0
         self._leases = MemoryLeases(clock)
+        self._queue = MemoryQueue()
 
-    def save(self, state: RunState, *, lease: Lease | None = None) -> None:
+    def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
         check_id(state.run_id)
-        self._leases.check_write(state.run_id, lease)
+        if lease is None:
+            self._leases.check_write(state.run_id, None)
+        else:
+            lease = self._leases.renew(lease)
+        self._write(state)
+        request = self._queue.saved(state.run_id, state.state in TERMINAL_STATES)
+        if lease is None or lease.cancel_requested == request:
+            return lease
+        return replace(lease, cancel_requested=request)
+
+    def _write(self, state: RunState) -> None:
         version, header = encode_header(state)
         now = self._clock()
         stored = self._runs.get(state.run_id)
@@ -256,6 +270,42 @@ class MemoryStore(ClosingStore):
             self.save(state, lease=lease)
         return True
 
+    def enqueue(self, state: RunState, *, priority: int = 0) -> bool:
+        priority = check_priority(priority)
+        if check_id(state.run_id) in self._runs:
+            return False
+        self._leases.check_write(state.run_id, None)
+        self._queue.queued(state.run_id, priority)
+        self._write(state)
+        return True
+
+    def claim_next(self, owner: str, ttl_s: float) -> Lease | None:
+        check_id(owner, "worker id")
+        check_ttl(ttl_s)
+        queue, leases = self._queue, self._leases
+        runnable = [
+            run
+            for run in self._runs.values()
+            if run.summary.state not in TERMINAL_STATES and leases.lease(run.run_id) is None
+        ]
+        if not runnable:
+            return None
+        chosen = min(
+            runnable,
+            key=lambda run: (-queue.priority(run.run_id), run.summary.created_at, run.run_id),
+        )
+        return self.claim(chosen.run_id, owner, ttl_s)
+
+    def cancel(self, run_id: str, reason: str) -> bool:
+        reason = check_reason(reason)
+        stored = self._runs.get(check_id(run_id))
+        if stored is None:
+            raise unknown_run(run_id)
+        if stored.summary.state in TERMINAL_STATES:
+            return False
+        self._queue.cancel(run_id, reason)
+        return True
+
     def load(self, run_id: str) -> RunState:
         stored = self._runs.get(check_id(run_id))
         if stored is None:
@@ -275,9 +325,16 @@ class MemoryStore(ClosingStore):
         names = state_names(states)
         if names is not None:
             runs = [run for run in runs if str(run.summary.state) in names]
-        now = self._clock()
+        now, queue = self._clock(), self._queue
         return [
-            listed(run.summary, version=run.version, lease=self._leases.latest(run.run_id), now=now)
+            listed(
+                run.summary,
+                version=run.version,
+                lease=self._leases.latest(run.run_id),
+                now=now,
+                priority=queue.priority(run.run_id),
+                cancel_requested=queue.request(run.run_id),
+            )
             for run in (runs if limit is None else runs[: max(limit, 0)])
         ]
 
@@ -285,17 +342,20 @@ class MemoryStore(ClosingStore):
         self._runs.pop(check_id(run_id), None)
         self._journals.pop(run_id, None)
         self._leases.forget(run_id)
+        self._queue.forget(run_id)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
         journal = self._journals.setdefault(check_id(run_id), MemoryJournal())
         return GuardedJournal(journal, lambda: self._leases.check_write(run_id, lease))
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
-        return self._leases.claim(check_id(run_id), check_id(owner, "worker id"), ttl_s)
+        lease = self._leases.claim(check_id(run_id), check_id(owner, "worker id"), ttl_s)
+        return replace(lease, cancel_requested=self._queue.request(run_id))
 
     def renew(self, lease: Lease) -> Lease:
         check_id(lease.run_id)
-        return self._leases.renew(lease)
+        renewed = self._leases.renew(lease)
+        return replace(renewed, cancel_requested=self._queue.request(lease.run_id))
 
     def release(self, lease: Lease) -> None:
         check_id(lease.run_id)
@@ -333,75 +393,3 @@ def _continues(stored: list[_T], live: list[_T]) -> bool:
         return True
     last = live[len(stored) - 1]
     return stored[-1] is last or stored[-1] == last
-
-
-# -- what list_runs gives ------------------------------------------------------------------
-
-
-def state_names(states: str | Iterable[str] | None) -> list[str] | None:
-    """The state names ``list_runs(states=...)`` keeps: one state (an ``AgentState`` is a
-    str, so it is one state, not its letters) or several, a custom state by its name; None
-    keeps every run.
-
-    Raises:
-        ConfigError: a state that is not a str.
-    """
-    if states is None:
-        return None
-    chosen = [states] if isinstance(states, str) else list(states)
-    for state in chosen:
-        if not isinstance(state, str):
-            raise ConfigError(f"list_runs(states=...) takes state names, got {state!r}")
-    return [str(state) for state in chosen]
-
-
-def listed(
-    summary: RunSummary, *, version: object, lease: tuple[object, object] | None, now: float
-) -> RunSummary:
-    """``summary`` as ``list_runs`` gives it, by the store's clock reading ``now``: flagged
-    ``unreadable`` when this agent_fsm cannot read the run's schema ``version``
-    (``encoding.schema_problem``), with the run's last ``lease`` (its holder and expiry;
-    None for a run never leased), and ``stuck`` when that lease is not live and the run has
-    not stopped."""
-    problems = [summary.unreadable] if summary.unreadable else []
-    problem = schema_problem(version)
-    if problem is not None:
-        problems.append(f"its checkpoint {problem}")
-    holder, expires_at = lease if lease is not None else (None, None)
-    if lease is not None and not (isinstance(holder, str) and _is_time(expires_at)):
-        problems.append(f"its lease is unreadable: held by {holder!r} until {expires_at!r}"[:160])
-        holder = expires_at = None
-    live = isinstance(expires_at, int | float) and expires_at > now
-    return replace(
-        summary,
-        lease_holder=holder if isinstance(holder, str) else None,
-        lease_expires_at=float(expires_at) if isinstance(expires_at, int | float) else None,
-        lease_live=live,
-        stuck=holder is not None
-        and not live
-        and not problems
-        and summary.state not in TERMINAL_STATES,
-        unreadable="; ".join(problems) or None,
-    )
-
-
-def _is_time(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_URL_PASSWORD = re.compile(r"(://[^/\s:@]*:)([^/]*)@")
-_PASSWORD_PARAMETER = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
-
-
-def redacted(text: str, *, secrets_of: str | None = None) -> str:
-    """``text`` (a store's file path, database URL or connection string, or a message about
-    one) fit to be shown: a URL's password and any ``password=`` parameter replaced by
-    ``***``; with ``secrets_of`` (the URL the message is about), that URL's passwords too
-    wherever they appear (a driver's error may quote a piece of its URL). Stores and the CLI
-    name stores through it, so credentials never reach a terminal or a log."""
-    if secrets_of is not None:
-        found = [m.group(2) for m in _URL_PASSWORD.finditer(secrets_of)]
-        found += [m.group(2).strip("'") for m in _PASSWORD_PARAMETER.finditer(secrets_of)]
-        for secret in sorted(filter(None, found), key=len, reverse=True):
-            text = text.replace(secret, "***")
-    return _PASSWORD_PARAMETER.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))

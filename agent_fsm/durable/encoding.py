@@ -170,6 +170,12 @@ class RunSummary:
     """The run has not stopped (it is neither DONE nor ERROR) and its lease is not live: its
     worker died or gave it up mid-run, so nobody drives it until a worker resumes it
     (``Agent.resume`` takes it over from its last checkpoint)."""
+    priority: int = 0
+    """The priority the run was queued with (``durable.queue.RunQueue.enqueue``): workers
+    take runnable runs highest first; 0 for a run created otherwise."""
+    cancel_requested: str | None = None
+    """Why the run was cancelled, while the request waits for its driver (or whoever takes
+    the run next) to stop it (``durable.queue.RunCancels.cancel``); None otherwise."""
     unreadable: str | None = None
     """Why this agent_fsm cannot read the run (a schema version it does not read, a summary
     no store writes), or None. ``list_runs`` lists such a run with the fields it could read

@@ -36,6 +36,10 @@ expiry. The contract every ``LeaseStore`` keeps:
   the same answer from every store, and an id's trouble never surfaces as a driver's error
   (``UnicodeEncodeError``, a database error) half-way through a run.
 
+- A store that also queues runs and takes cancel requests (``durable.queue``) hands the
+  next runnable run to a worker as a claim (``claim_next``), and reports a pending cancel
+  on the lease every claim, fenced save and renewal returns (``Lease.cancel_requested``).
+
 ``LeaseStore`` joins the two sides of that contract, split by who calls them: the fenced
 writes of a leased run (``LeasedWrites``) and the leases themselves (``RunLeases``).
 ``MemoryLeases`` is the in-process implementation (``MemoryStore`` uses it).
@@ -84,6 +88,11 @@ class Lease:
     """How long each renewal keeps the lease."""
     expires_at: float
     """Unix time the lease runs out unless renewed, by the store's clock."""
+    cancel_requested: str | None = None
+    """Why the run was cancelled (``durable.queue.RunCancels.cancel``), when someone asked
+    its driver to stop it and it has not stopped since: set on the lease a claim, a fenced
+    save or a renewal returns, read in the same statement, so a driver learns of a cancel
+    with no round trip of its own. None from a store that keeps no requests."""
 
 
 @runtime_checkable
@@ -92,8 +101,13 @@ class LeasedWrites(Protocol):
     writer's lease (see the module's contract). The engine makes them while it drives a
     leased run; ``lease=None`` is the unleased write, refused while a lease is live."""
 
-    def save(self, state: RunState, *, lease: Lease | None = None) -> None:
+    def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
         """``CheckpointStore.save``, fenced by ``lease`` (which it renews).
+
+        Returns:
+            ``lease`` as renewed (its new expiry, and ``cancel_requested`` when the run was
+            cancelled and this save did not stop it); None without a lease, or from a store
+            that does not say.
 
         Raises:
             RunLeased: ``lease`` was taken over, or (no lease given) a lease is live.
@@ -118,7 +132,7 @@ class RunLeases(Protocol):
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:
         """Take ``run_id``'s lease for ``ttl_s`` seconds; the run need not exist yet. The
-        run's token goes up by one.
+        run's token goes up by one; the lease carries the run's pending cancel request.
 
         Raises:
             RunLeased: another lease on the run is live (the same owner's too).
@@ -129,7 +143,8 @@ class RunLeases(Protocol):
 
     def renew(self, lease: Lease) -> Lease:
         """Extend a held lease by its ``ttl_s`` from now (also after it expired, as long as
-        nobody took it over).
+        nobody took it over); the lease returned carries the run's pending cancel request
+        (``Lease.cancel_requested``).
 
         Raises:
             RunLeased: the lease was taken over.

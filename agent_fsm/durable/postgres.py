@@ -27,6 +27,11 @@ journal or reported "outcome unknown", never run twice. That is SQLiteStore's co
 Lease times are the server's clock (``clock_timestamp()``), so the workers' clocks may
 disagree; ``clock`` only stamps ``created_at``/``updated_at``.
 
+The queue (``durable.queue``): ``claim_next`` is one statement, ``SELECT ... FOR UPDATE SKIP
+LOCKED`` of the next runnable run along a partial index, and the claim of its lease
+(``postgres_queue.NEXT_RUN``); a save of a leased run and a renewal read the run's pending
+cancel request in the statements they make anyway.
+
 Connections: a store holds one connection (no pool: a worker's saves are serialised anyway),
 so a worker process needs one connection per store, plus DBOS's pool when it runs on DBOS;
 size the server's ``max_connections`` for every process of the fleet. Connecting waits at
@@ -42,8 +47,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import agent_fsm.durable.postgres_leases as leases
+import agent_fsm.durable.postgres_queue as queue
 import agent_fsm.durable.postgres_rows as rows
-from agent_fsm.durable.checkpoint import ClosingStore, listed, state_names
+from agent_fsm.durable.checkpoint import ClosingStore
 from agent_fsm.durable.encoding import (
     RunSummary,
     decode_entries,
@@ -53,9 +59,11 @@ from agent_fsm.durable.encoding import (
 )
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
+from agent_fsm.durable.listing import listed, state_names
 from agent_fsm.durable.postgres_database import CONNECT_TIMEOUT_S, PostgresDatabase
 from agent_fsm.durable.postgres_journal import PostgresJournal
 from agent_fsm.durable.postgres_rows import LAYOUT_VERSION, Seen, one
+from agent_fsm.durable.queue import check_priority, check_reason
 from agent_fsm.errors import CheckpointError
 from agent_fsm.state import RunState
 
@@ -124,7 +132,7 @@ class PostgresStore(ClosingStore):
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def save(self, state: RunState, *, lease: Lease | None = None) -> None:
+    def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
         run_id = check_id(state.run_id)
         known = self._seen.get(run_id)
         if known is not None and rows.continues(known, state):
@@ -135,41 +143,57 @@ class PostgresStore(ClosingStore):
                 params.update(ttl=lease.ttl_s, token=lease.token)
             quick = rows.QUICK_LEASED_SAVE if lease is not None else rows.QUICK_FREE_SAVE
             with self._db.connected(f"save run {run_id!r}") as conn:
-                revision = one(conn.execute(quick, params))
-            if revision is not None:
-                self._seen[run_id] = rows.seen(revision, state)
-                return
+                saved = conn.execute(quick, params).fetchone()
+            if saved is not None:
+                self._seen[run_id] = rows.seen(saved[0], state)
+                if lease is None:
+                    return None
+                return dataclasses.replace(lease, expires_at=saved[2], cancel_requested=saved[1])
         with self._db.transaction(f"save run {run_id!r}", durable=False) as conn:
-            self._seen[run_id] = self._write(conn, state, lease)
+            self._seen[run_id], renewed = self._write(conn, state, lease)
+        return renewed
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
+        return self._create(state, lease, 0)
+
+    def enqueue(self, state: RunState, *, priority: int = 0) -> bool:
+        return self._create(state, None, check_priority(priority))
+
+    def _create(self, state: RunState, lease: Lease | None, priority: int) -> bool:
         check_id(state.run_id)
         with self._db.transaction(f"create run {state.run_id!r}") as conn:
-            seen = self._insert(conn, state, lease)
-        if seen is None:
+            created = self._insert(conn, state, lease, priority)
+        if created is None:
             return False
-        self._seen[state.run_id] = seen
+        self._seen[state.run_id] = created[0]
         return True
 
     def _insert(
-        self, conn: psycopg.Connection[Any], state: RunState, lease: Lease | None
-    ) -> Seen | None:
-        """Write a new run whole, unless its row exists (then write nothing: None). The row
-        lock of the insert makes a concurrent insert of the id wait, then find the row, so
-        of two creates exactly one succeeds."""
+        self, conn: psycopg.Connection[Any], state: RunState, lease: Lease | None, priority: int
+    ) -> tuple[Seen, Lease | None] | None:
+        """Write a new run whole, with its queue ``priority``, unless its row exists (then
+        write nothing: None); return what is stored and the renewed lease. The row lock of
+        the insert makes a concurrent insert of the id wait, then find the row, so of two
+        creates exactly one succeeds."""
         run_id = state.run_id
         fence = leases.fence(conn, run_id, lease)
-        inserted = one(conn.execute(rows.INSERT_RUN, rows.run_values(state, self._clock())))
-        leases.check_fence(conn, run_id, lease, fence)
+        values = rows.run_values(state, self._clock(), priority)
+        inserted = one(conn.execute(rows.INSERT_RUN, values))
+        expires_at = leases.check_fence(conn, run_id, lease, fence)
         if inserted is None:
             return None
         rows.append(conn, state, 0, 0)
-        return rows.seen(inserted, state)
+        if lease is None or expires_at is None:
+            return rows.seen(inserted, state), None
+        return rows.seen(inserted, state), dataclasses.replace(lease, expires_at=expires_at)
 
-    def _write(self, conn: psycopg.Connection[Any], state: RunState, lease: Lease | None) -> Seen:
+    def _write(
+        self, conn: psycopg.Connection[Any], state: RunState, lease: Lease | None
+    ) -> tuple[Seen, Lease | None]:
         """Write ``state`` as its run's checkpoint inside the caller's transaction, in two
         statements (``LOCK_*_RUN``, ``WRITE_RUN``) unless the stored history must be
-        checked or cut; return what is then stored."""
+        checked or cut; return what is then stored, and the renewed lease with the run's
+        cancel request (which the save of a stop clears)."""
         run_id = state.run_id
         if lease is not None:
             params = {"run_id": run_id, "ttl": lease.ttl_s, "token": lease.token}
@@ -177,10 +201,10 @@ class PostgresStore(ClosingStore):
         else:
             row = conn.execute(rows.LOCK_FREE_RUN, {"run_id": run_id}).fetchone()
         if row is None:  # a first save without create
-            seen = self._insert(conn, state, lease)
+            created = self._insert(conn, state, lease, 0)
             # None: another writer created the run meanwhile; its row can be locked now.
-            return seen if seen is not None else self._write(conn, state, lease)
-        stored_messages, stored_trace, stored_revision, revision, *fence = row
+            return created if created is not None else self._write(conn, state, lease)
+        stored_messages, stored_trace, stored_revision, revision, request, *fence = row
         leases.check_locked_fence(conn, run_id, lease, fence)
         known = self._seen.get(run_id)
         if known is not None and known.revision != stored_revision:
@@ -190,7 +214,12 @@ class PostgresStore(ClosingStore):
         values = rows.run_values(state, self._clock())
         values.update(rows.append_params(state, messages_from, trace_from), revision=revision)
         conn.execute(rows.WRITE_RUN, values)
-        return rows.seen(revision, state)
+        if lease is None:
+            return rows.seen(revision, state), None
+        if values["stopped"]:
+            request = None
+        renewed = dataclasses.replace(lease, expires_at=fence[0], cancel_requested=request)
+        return rows.seen(revision, state), renewed
 
     def load(self, run_id: str) -> RunState:
         check_id(run_id)
@@ -240,10 +269,12 @@ class PostgresStore(ClosingStore):
             found = conn.execute(rows.LIST_RUNS, params).fetchall()
         return [
             listed(
-                read_summary(row[:-4]),
-                version=row[-4],
+                read_summary(row[:-6]),
+                version=row[-6],
                 lease=None if row[-3] is None else (row[-3], row[-2]),
                 now=row[-1],
+                priority=row[-5],
+                cancel_requested=row[-4],
             )
             for row in found
         ]
@@ -274,8 +305,7 @@ class PostgresStore(ClosingStore):
     def renew(self, lease: Lease) -> Lease:
         check_id(lease.run_id)
         with self._db.transaction(f"renew the lease of run {lease.run_id!r}") as conn:
-            expires_at = leases.renew(conn, lease)
-        return dataclasses.replace(lease, expires_at=expires_at)
+            return leases.renew(conn, lease)
 
     def release(self, lease: Lease) -> None:
         check_id(lease.run_id)
@@ -286,3 +316,34 @@ class PostgresStore(ClosingStore):
         check_id(run_id)
         with self._db.connected(f"look up the lease of run {run_id!r}") as conn:
             return leases.live(conn, run_id)
+
+    # -- the queue -----------------------------------------------------------------------
+
+    def claim_next(self, owner: str, ttl_s: float) -> Lease | None:
+        check_id(owner, "worker id")
+        ttl_s = check_ttl(ttl_s)
+        params = {"owner": owner, "ttl": ttl_s}
+        while True:  # again only when another worker claimed the run chosen: it goes on
+            with self._db.transaction("claim the next run") as conn:
+                found = conn.execute(queue.NEXT_RUN, params).fetchone()
+            if found is None:
+                return None
+            run_id, request, token, expires_at = found
+            if token is not None:
+                return Lease(
+                    run_id=run_id,
+                    owner=owner,
+                    token=token,
+                    ttl_s=ttl_s,
+                    expires_at=expires_at,
+                    cancel_requested=request,
+                )
+
+    def cancel(self, run_id: str, reason: str) -> bool:
+        check_id(run_id)
+        reason = check_reason(reason)
+        with self._db.transaction(f"cancel run {run_id!r}") as conn:
+            found = conn.execute(queue.CANCEL, {"run_id": run_id, "reason": reason}).fetchone()
+        if found is None:
+            raise unknown_run(run_id)
+        return bool(found[0])

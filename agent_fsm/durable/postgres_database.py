@@ -118,25 +118,34 @@ class PostgresDatabase:
         return conn
 
     def _prepare_layout(self, conn: psycopg.Connection[Any]) -> None:
-        """Create the schema and tables when missing (once, under an advisory lock: several
-        workers may start at once); refuse a schema laid out by anyone else."""
+        """Create the schema and tables when missing, bring an older layout up to date (each
+        once, under an advisory lock: several workers may start at once); refuse a schema
+        laid out by anyone else, or by a newer agent_fsm."""
         # The catalog itself, not to_regclass: its cache may not have seen a layout that
         # another worker committed while this one waited for the lock.
         found = (
             "SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid ="
             " c.relnamespace WHERE n.nspname = %s AND c.relname = 'layout')"
         )
-        if not one(conn.execute(found, (self.schema,))):
-            if not self._create:
-                raise CheckpointError(
-                    f"no agent_fsm checkpoint store at {self.name}: the schema holds no"
-                    " agent_fsm tables (name the schema the workers use)"
-                )
+        latest = "SELECT max(version) FROM layout"
+        exists = one(conn.execute(found, (self.schema,)))
+        if not exists and not self._create:
+            raise CheckpointError(
+                f"no agent_fsm checkpoint store at {self.name}: the schema holds no"
+                " agent_fsm tables (name the schema the workers use)"
+            )
+        version = one(conn.execute(latest)) if exists else None
+        if not exists or (isinstance(version, int) and version < LAYOUT_VERSION):
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.name,))
                 if not one(conn.execute(found, (self.schema,))):
                     self._lay_out(conn)
-        version = one(conn.execute("SELECT max(version) FROM layout"))
+                version = one(conn.execute(latest))
+                while isinstance(version, int) and version < LAYOUT_VERSION:
+                    version += 1
+                    for statement in rows.UPGRADES[version]:
+                        conn.execute(statement)
+        version = one(conn.execute(latest))
         if version is not None and version > LAYOUT_VERSION:
             raise CheckpointError(
                 f"checkpoint store {self.name} was laid out by a newer agent_fsm (layout"

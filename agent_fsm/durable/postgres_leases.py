@@ -6,13 +6,15 @@ UPDATE ... WHERE expired``: the row lock it takes makes a concurrent claim wait 
 the lease live, so exactly one of them wins. A fenced write first updates the lease row by
 its token (the renewal): a takeover committed before it leaves no row to update, and one
 attempted after it waits for the write's commit, so a write and a takeover never interleave.
-A released lease keeps its row (expired), so the run's token only ever grows.
+A released lease keeps its row (expired), so the run's token only ever grows. A claim and a
+renewal also read the run's pending cancel request (``durable.queue``) in their statement.
 
 psycopg is imported for the type checker only (``durable.postgres`` is the module using it).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agent_fsm.durable.leases import Lease, leased_error, lost_error
@@ -42,11 +44,11 @@ _CLAIM = (
     " ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = l.token + 1,"
     " expires_at = excluded.expires_at WHERE l.expires_at <= "
     + NOW
-    + " RETURNING token, expires_at"
+    + " RETURNING token, expires_at, (SELECT cancel FROM runs r WHERE r.run_id = l.run_id)"
 )
 _RENEW = (
     "UPDATE leases SET expires_at = " + NOW + " + %s WHERE run_id = %s AND token = %s"
-    " RETURNING expires_at"
+    " RETURNING expires_at, (SELECT cancel FROM runs r WHERE r.run_id = leases.run_id)"
 )
 _LIVE = (
     "SELECT owner, expires_at, token, " + NOW + " FROM leases WHERE run_id = %s"
@@ -92,8 +94,15 @@ def claim(conn: Connection, run_id: str, owner: str, ttl_s: float) -> Lease:
     if claimed is None:
         holder, expires_at, now = _holder(conn, run_id)
         raise leased_error(run_id, holder, expires_at, now)
-    token, expires_at = claimed
-    return Lease(run_id=run_id, owner=owner, token=token, ttl_s=ttl_s, expires_at=expires_at)
+    token, expires_at, request = claimed
+    return Lease(
+        run_id=run_id,
+        owner=owner,
+        token=token,
+        ttl_s=ttl_s,
+        expires_at=expires_at,
+        cancel_requested=request,
+    )
 
 
 def fence(conn: Connection, run_id: str, lease: Lease | None) -> Cursor:
@@ -138,15 +147,18 @@ def check_locked_fence(
         raise lost_error(lease, holder, expires_at)
 
 
-def renew(conn: Connection, lease: Lease) -> float:
-    """Extend ``lease`` by its ``ttl_s`` from now; return the new expiry.
+def renew(conn: Connection, lease: Lease) -> Lease:
+    """Extend ``lease`` by its ``ttl_s`` from now; return it renewed, with the run's pending
+    cancel request.
 
     Raises:
         RunLeased: the lease was taken over.
     """
-    expires_at = check_fence(conn, lease.run_id, lease, fence(conn, lease.run_id, lease))
-    assert expires_at is not None  # a lease was given
-    return expires_at
+    row = fence(conn, lease.run_id, lease).fetchone()
+    if row is None:
+        holder, expires_at, _ = _holder(conn, lease.run_id)
+        raise lost_error(lease, holder, expires_at)
+    return replace(lease, expires_at=float(row[0]), cancel_requested=row[1])
 
 
 def release(conn: Connection, lease: Lease) -> None:

@@ -3,7 +3,8 @@
 The tables (in the store's own schema; ``LAYOUT_VERSION`` in its ``layout`` table):
 
     layout    version                               the table layout
-    runs      run_id, schema_version, header, summary columns, created/updated, revision
+    runs      run_id, schema_version, header, summary columns, created/updated, revision,
+              priority, cancel (``durable.queue``; index ``runs_to_take``)
     messages  run_id, idx, message (json)           one row per transcript message
     trace     run_id, idx, row_index, turn          one row per transition
     journal   run_id, key, call, status, result     the tool journal
@@ -22,8 +23,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent_fsm.durable.encoding import STORED_SUMMARY, encode_header, encode_message, summarize
+from agent_fsm.durable.queue import STOPPED_SQL
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
+from agent_fsm.table import TERMINAL_STATES
 
 if TYPE_CHECKING:
     import psycopg
@@ -42,6 +45,7 @@ __all__ = [
     "NOW",
     "QUICK_FREE_SAVE",
     "QUICK_LEASED_SAVE",
+    "UPGRADES",
     "WRITE_RUN",
     "Seen",
     "append",
@@ -54,8 +58,9 @@ __all__ = [
     "seen",
 ]
 
-LAYOUT_VERSION = 1
-"""The table layout, as stored in the schema's ``layout`` table."""
+LAYOUT_VERSION = 2
+"""The table layout, as stored in the schema's ``layout`` table: 2 added the queue's
+``priority`` and ``cancel`` columns of ``runs`` and its index (``UPGRADES``)."""
 
 LAYOUT = (
     "CREATE TABLE layout (version integer NOT NULL)",
@@ -93,9 +98,24 @@ LAYOUT = (
         run_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
         expires_at double precision NOT NULL
     )""",
-    f"INSERT INTO layout VALUES ({LAYOUT_VERSION})",
+    "INSERT INTO layout VALUES (1)",
 )
-"""The statements that lay out a new schema, in order."""
+"""The statements that lay out a new schema, at layout version 1, in order; ``UPGRADES``
+then bring it to ``LAYOUT_VERSION``, as they bring an older schema."""
+
+UPGRADES: dict[int, tuple[str, ...]] = {
+    2: (
+        "ALTER TABLE runs ADD COLUMN priority integer NOT NULL DEFAULT 0",
+        "ALTER TABLE runs ADD COLUMN cancel text",
+        "CREATE INDEX runs_to_take ON runs (priority DESC, created_at, run_id)"
+        f" WHERE state NOT IN {STOPPED_SQL}",
+        "UPDATE layout SET version = 2",
+    ),
+}
+"""The statements that bring a schema from the version before each key to the key: 2, a
+run's queue priority, its pending cancel request (``durable.queue``) and the index
+``postgres_queue.NEXT_RUN`` walks (the runs that have not stopped, in the order they are
+taken)."""
 
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 """The server's time as unix seconds: lease times are read there, never on a worker."""
@@ -103,38 +123,44 @@ NOW = "extract(epoch FROM clock_timestamp())::float8"
 LIST_RUNS = (
     "SELECT "
     + ", ".join(f"r.{name}" for name in STORED_SUMMARY).replace("messages", "message_count")
-    + ", r.schema_version, l.owner, l.expires_at, "
+    + ", r.schema_version, r.priority, r.cancel, l.owner, l.expires_at, "
     + NOW
     + " FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id"
     " WHERE %(states)s::text[] IS NULL OR r.state = ANY(%(states)s::text[])"
     " ORDER BY r.revision DESC LIMIT %(limit)s"
 )
-"""What ``list_runs`` reads: each run's summary columns (``STORED_SUMMARY``), schema version
-and last lease, with the server's time (lease expiry is the server's)."""
+"""What ``list_runs`` reads: each run's summary columns (``STORED_SUMMARY``), schema
+version, queue priority, cancel request and last lease, with the server's time (lease
+expiry is the server's)."""
 
 INSERT_RUN = (
     "INSERT INTO runs (run_id, schema_version, header, state, turns, total_tokens,"
-    " message_count, trace_count, last_row, output, error, created_at, updated_at, revision)"
+    " message_count, trace_count, last_row, output, error, created_at, updated_at, revision,"
+    " priority)"
     " VALUES (%(run_id)s, %(version)s, %(header)s, %(state)s, %(turns)s, %(total_tokens)s,"
     " %(message_count)s, %(trace_count)s, %(last_row)s, %(output)s, %(error)s, %(now)s,"
-    " %(now)s, nextval('revisions')) ON CONFLICT (run_id) DO NOTHING RETURNING revision"
+    " %(now)s, nextval('revisions'), %(priority)s) ON CONFLICT (run_id) DO NOTHING"
+    " RETURNING revision"
 )
-"""A new run's row, unless the run exists (its row lock makes a concurrent insert wait)."""
+"""A new run's row, with its queue priority, unless the run exists (its row lock makes a
+concurrent insert wait)."""
 
 LOCK_LEASED_RUN = (
     "WITH fence AS (UPDATE leases SET expires_at = " + NOW + " + %(ttl)s"
     " WHERE run_id = %(run_id)s AND token = %(token)s RETURNING expires_at)"
-    " SELECT message_count, trace_count, revision, nextval('revisions'),"
+    " SELECT message_count, trace_count, revision, nextval('revisions'), cancel,"
     " (SELECT expires_at FROM fence) FROM runs WHERE run_id = %(run_id)s FOR UPDATE"
 )
 """A save's first statement, when the store holds the run's lease: renew it (fenced by its
-token: a NULL expiry says it was taken over), and read the run's stored counts and revision
-with its row locked until the save commits, and the revision the save will write."""
+token: a NULL expiry says it was taken over), and read the run's stored counts, revision
+and cancel request with its row locked until the save commits, and the revision the save
+will write."""
 
 LOCK_FREE_RUN = (
-    "SELECT r.message_count, r.trace_count, r.revision, nextval('revisions'), l.owner,"
-    " l.expires_at, " + NOW + " FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id"
-    " AND l.expires_at > " + NOW + " WHERE r.run_id = %(run_id)s FOR UPDATE OF r"
+    "SELECT r.message_count, r.trace_count, r.revision, nextval('revisions'), r.cancel,"
+    " l.owner, l.expires_at, " + NOW + " FROM runs r LEFT JOIN leases l"
+    " ON l.run_id = r.run_id AND l.expires_at > " + NOW + " WHERE r.run_id = %(run_id)s"
+    " FOR UPDATE OF r"
 )
 """``LOCK_LEASED_RUN`` when the store holds no lease on the run: the holder of a live one,
 if any (the save is then refused)."""
@@ -144,9 +170,10 @@ _RUN_COLUMNS = (
     " state = %(state)s, turns = %(turns)s, total_tokens = %(total_tokens)s,"
     " message_count = %(message_count)s, trace_count = %(trace_count)s,"
     " last_row = %(last_row)s, output = %(output)s, error = %(error)s, updated_at = %(now)s,"
+    " cancel = CASE WHEN %(stopped)s THEN NULL ELSE runs.cancel END,"
 )
-"""The ``runs`` row's columns a save rewrites (all but the id, the revision and the creation
-time)."""
+"""The ``runs`` row's columns a save rewrites (all but the id, the revision, the creation
+time and the priority; the save of a stop clears the cancel request)."""
 
 _INSERTS = (
     " m AS (INSERT INTO messages SELECT %(run_id)s, * FROM"
@@ -185,21 +212,26 @@ _QUICK_SAVE = (
     + " UPDATE runs SET"
     + _RUN_COLUMNS
     + " revision = nextval('revisions') FROM known WHERE runs.run_id = known.run_id"
-    " RETURNING runs.revision"
+    " RETURNING runs.revision, runs.cancel{expiry}"
 )
 QUICK_LEASED_SAVE = (
     "WITH fence AS (UPDATE leases SET expires_at = " + NOW + " + %(ttl)s"
-    " WHERE run_id = %(run_id)s AND token = %(token)s RETURNING 1),"
-    + _QUICK_SAVE.format(fenced="EXISTS (SELECT FROM fence)")
+    " WHERE run_id = %(run_id)s AND token = %(token)s RETURNING expires_at),"
+    + _QUICK_SAVE.format(
+        fenced="EXISTS (SELECT FROM fence)", expiry=", (SELECT expires_at FROM fence)"
+    )
 )
 """A whole save in one statement (so in one round trip, committed on its own), for a run
 whose stored rows this store knows (``Seen``): it renews the lease, appends the new entries
 and rewrites the run's row, all only if the run's revision is still the known one and the
-lease's token still the run's latest. No row back: nothing but the renewal happened, and
-the save takes the long way (``LOCK_LEASED_RUN``, ``WRITE_RUN``), which says why."""
+lease's token still the run's latest; it returns the new revision, the run's cancel request
+(``durable.queue``) and the lease's new expiry. No row back: nothing but the renewal
+happened, and the save takes the long way (``LOCK_LEASED_RUN``, ``WRITE_RUN``), which says
+why."""
 
 QUICK_FREE_SAVE = "WITH" + _QUICK_SAVE.format(
-    fenced="NOT EXISTS (SELECT FROM leases WHERE run_id = %(run_id)s AND expires_at > " + NOW + ")"
+    fenced="NOT EXISTS (SELECT FROM leases WHERE run_id = %(run_id)s AND expires_at > " + NOW + ")",
+    expiry="",
 )
 """``QUICK_LEASED_SAVE`` without a lease: only if no lease on the run is live."""
 
@@ -244,8 +276,9 @@ def one(cursor: Cursor) -> Any:
     return None if row is None else row[0]
 
 
-def run_values(state: RunState, now: float) -> dict[str, Any]:
-    """The run's row, for ``INSERT_RUN`` (created and updated at ``now``) and ``WRITE_RUN``."""
+def run_values(state: RunState, now: float, priority: int = 0) -> dict[str, Any]:
+    """The run's row, for ``INSERT_RUN`` (created and updated at ``now``, with ``priority``)
+    and ``WRITE_RUN``."""
     version, header = encode_header(state)
     line = summarize(state, created_at=now, updated_at=now)
     return {
@@ -261,6 +294,8 @@ def run_values(state: RunState, now: float) -> dict[str, Any]:
         "output": line.output,
         "error": line.error,
         "now": now,
+        "stopped": state.state in TERMINAL_STATES,
+        "priority": priority,
     }
 
 

@@ -6,7 +6,9 @@ intact and concurrent writers wait for each other (up to ``timeout``) instead of
 
 A save reads the run's stored counts (one indexed lookup), inserts only the new messages and
 trace rows and rewrites the small ``runs`` row; see ``checkpoint`` for the rules. A save
-of a leased run checks and renews the lease in its own transaction (``durable.leases``).
+of a leased run checks and renews the lease in its own transaction (``durable.leases``), and
+reads the run's pending cancel request with its counts (``durable.queue``). ``claim_next``
+is one write transaction: the first runnable run by the ``runs_to_take`` index, claimed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
-from agent_fsm.durable.checkpoint import ClosingStore, listed, state_names
+from agent_fsm.durable.checkpoint import ClosingStore
 from agent_fsm.durable.encoding import (
     STORED_SUMMARY,
     RunSummary,
@@ -33,31 +35,48 @@ from agent_fsm.durable.encoding import (
 )
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
+from agent_fsm.durable.listing import listed, state_names
+from agent_fsm.durable.queue import STOPPED_SQL, check_priority, check_reason
 from agent_fsm.durable.sqlite_file import LAYOUT_VERSION, SQLiteFile
 from agent_fsm.durable.sqlite_journal import SQLiteJournal
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
+from agent_fsm.table import TERMINAL_STATES
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
 
 _UPSERT_RUN = """
-INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO runs (run_id, schema_version, header, state, turns, total_tokens, message_count,
+    trace_count, last_row, output, error, created_at, updated_at, revision, priority, cancel)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id) DO UPDATE SET
     schema_version = excluded.schema_version, header = excluded.header,
     state = excluded.state, turns = excluded.turns, total_tokens = excluded.total_tokens,
     message_count = excluded.message_count, trace_count = excluded.trace_count,
     last_row = excluded.last_row, output = excluded.output, error = excluded.error,
-    updated_at = excluded.updated_at, revision = excluded.revision
+    updated_at = excluded.updated_at, revision = excluded.revision, cancel = excluded.cancel
 """
+"""A run's row: a new one with its priority, or the stored one rewritten (its priority
+kept, its cancel request as ``_write`` decides)."""
 
 _LIST_RUNS = (
     "SELECT "
     + ", ".join(f"r.{name}" for name in STORED_SUMMARY).replace("messages", "message_count")
-    + ", r.schema_version, l.owner, l.expires_at FROM runs r"
+    + ", r.schema_version, r.priority, r.cancel, l.owner, l.expires_at FROM runs r"
     " LEFT JOIN leases l ON l.run_id = r.run_id{where} ORDER BY r.revision DESC LIMIT ?"
 )
-"""What ``list_runs`` reads: each run's summary columns, schema version and last lease."""
+"""What ``list_runs`` reads: each run's summary columns, schema version, queue priority,
+cancel request and last lease."""
+
+_NEXT_RUN = (
+    "SELECT r.run_id FROM runs r"
+    f" WHERE r.state NOT IN {STOPPED_SQL} AND NOT EXISTS (SELECT 1 FROM leases l"
+    " WHERE l.run_id = r.run_id AND l.expires_at > ?)"
+    " ORDER BY r.priority DESC, r.created_at, r.run_id LIMIT 1"
+)
+"""The next runnable run (``durable.queue``): not stopped, no live lease, by priority, age
+and id, along the partial index of the runs that have not stopped."""
 
 
 class SQLiteStore(ClosingStore):
@@ -92,20 +111,27 @@ class SQLiteStore(ClosingStore):
         revision is that one and the live state still holds that very last message, the
         stored messages are known to match without reading one back."""
 
-    def save(self, state: RunState, *, lease: Lease | None = None) -> None:
+    def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
         check_id(state.run_id)
         with self._file.transaction(f"save run {state.run_id!r}", write=True) as conn:
-            revision = self._write(conn, state, lease)
+            revision, renewed = self._write(conn, state, lease)
         self._saved(revision, state)
+        return renewed
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
+        return self._create(state, lease, 0)
+
+    def enqueue(self, state: RunState, *, priority: int = 0) -> bool:
+        return self._create(state, None, check_priority(priority))
+
+    def _create(self, state: RunState, lease: Lease | None, priority: int) -> bool:
         run_id = check_id(state.run_id)
         with self._file.transaction(f"create run {run_id!r}", write=True) as conn:
             # BEGIN IMMEDIATE holds the write lock from here: no other process can create
             # the run between this look-up and the write.
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
                 return False
-            revision = self._write(conn, state, lease)
+            revision, _ = self._write(conn, state, lease, priority)
         self._saved(revision, state)
         return True
 
@@ -117,19 +143,27 @@ class SQLiteStore(ClosingStore):
             revision, len(messages), messages[-1] if messages else None
         )
 
-    def _write(self, conn: sqlite3.Connection, state: RunState, lease: Lease | None) -> int:
+    def _write(
+        self, conn: sqlite3.Connection, state: RunState, lease: Lease | None, priority: int = 0
+    ) -> tuple[int, Lease | None]:
         """Write ``state`` as its run's checkpoint, inside the caller's transaction (fenced
-        by ``lease``, which it renews); return the run's new revision."""
+        by ``lease``, which it renews; ``priority``: a new run's); return the run's new
+        revision and the renewed lease, with the run's pending cancel request, which the
+        save of a stop clears."""
         run_id = state.run_id
         now = self._clock()
         sqlite_leases.fence(conn, run_id, lease, now)
         version, header = encode_header(state)
         messages, trace = state.messages, state.trace
         row = conn.execute(
-            "SELECT message_count, trace_count, created_at, revision FROM runs WHERE run_id = ?",
+            "SELECT message_count, trace_count, created_at, revision, cancel FROM runs"
+            " WHERE run_id = ?",
             (run_id,),
         ).fetchone()
-        stored_messages, stored_trace, created_at, stored_revision = row or (0, 0, now, None)
+        found = row if row is not None else (0, 0, now, None, None)
+        stored_messages, stored_trace, created_at, stored_revision, request = found
+        if state.state in TERMINAL_STATES:
+            request = None
         kept_messages, kept_trace = self._kept(
             conn, state, (stored_messages, stored_trace), stored_revision
         )
@@ -163,9 +197,14 @@ class SQLiteStore(ClosingStore):
                 created_at,
                 now,
                 revision,
+                priority,
+                request,
             ),
         )
-        return int(revision)
+        if lease is None:
+            return int(revision), None
+        renewed = dataclasses.replace(lease, expires_at=now + lease.ttl_s, cancel_requested=request)
+        return int(revision), renewed
 
     def _kept(
         self,
@@ -271,10 +310,12 @@ class SQLiteStore(ClosingStore):
         now = self._clock()
         return [
             listed(
-                read_summary(row[:-3]),
-                version=row[-3],
+                read_summary(row[:-5]),
+                version=row[-5],
                 lease=None if row[-2] is None else (row[-2], row[-1]),
                 now=now,
+                priority=row[-4],
+                cancel_requested=row[-3],
             )
             for row in rows
         ]
@@ -300,7 +341,32 @@ class SQLiteStore(ClosingStore):
         check_id(lease.run_id)
         with self._file.transaction(f"renew the lease of run {lease.run_id!r}", write=True) as conn:
             expires_at = sqlite_leases.renew(conn, lease, self._clock())
-        return dataclasses.replace(lease, expires_at=expires_at)
+            request = sqlite_leases.requested(conn, lease.run_id)
+        return dataclasses.replace(lease, expires_at=expires_at, cancel_requested=request)
+
+    def claim_next(self, owner: str, ttl_s: float) -> Lease | None:
+        check_id(owner, "worker id")
+        ttl_s = check_ttl(ttl_s)
+        with self._file.transaction("claim the next run", write=True) as conn:
+            now = self._clock()
+            found = conn.execute(_NEXT_RUN, (now,)).fetchone()
+            if found is None:
+                return None
+            return sqlite_leases.claim(conn, found[0], owner, ttl_s, now)
+
+    def cancel(self, run_id: str, reason: str) -> bool:
+        check_id(run_id)
+        reason = check_reason(reason)
+        with self._file.transaction(f"cancel run {run_id!r}", write=True) as conn:
+            row = conn.execute("SELECT state FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise unknown_run(run_id)
+            if row[0] in TERMINAL_STATES:
+                return False
+            conn.execute(
+                "UPDATE runs SET cancel = COALESCE(cancel, ?) WHERE run_id = ?", (reason, run_id)
+            )
+        return True
 
     def release(self, lease: Lease) -> None:
         check_id(lease.run_id)

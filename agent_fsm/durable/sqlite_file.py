@@ -11,7 +11,8 @@ instead of failing.
 Tables (their layout is versioned with ``PRAGMA user_version``, apart from the checkpoint
 schema version each run records):
 
-    runs      run_id, schema_version, header (JSON), summary columns, created/updated times
+    runs      run_id, schema_version, header (JSON), summary columns, created/updated times,
+              revision, priority, cancel (``durable.queue``; index ``runs_to_take``)
     messages  run_id, idx, json           one row per transcript message
     trace     run_id, idx, row, turn      one row per transition
     journal   run_id, key, call, status, result     the tool journal
@@ -27,14 +28,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
-from agent_fsm.durable.checkpoint import redacted
+from agent_fsm.durable.listing import redacted
+from agent_fsm.durable.queue import STOPPED_SQL
 from agent_fsm.errors import CheckpointError
 
 __all__ = ["LAYOUT_VERSION", "SQLiteFile"]
 
-LAYOUT_VERSION = 2
-"""The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table (a
-version 1 file is upgraded when opened)."""
+LAYOUT_VERSION = 3
+"""The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table, 3
+the queue's ``priority`` and ``cancel`` columns of ``runs`` and its index (an older file is
+upgraded when opened; an older agent_fsm then refuses it as newer)."""
+
+_QUEUE = (
+    "ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE runs ADD COLUMN cancel TEXT",
+    "CREATE INDEX runs_to_take ON runs (priority DESC, created_at, run_id)"
+    f" WHERE state NOT IN {STOPPED_SQL}",
+)
+"""Layout 3: a run's queue priority, its pending cancel request (``durable.queue``), and the
+index ``claim_next`` walks: the runs that have not stopped, in the order they are taken."""
 
 _LAYOUT = """
 CREATE TABLE runs (
@@ -160,6 +172,9 @@ class SQLiteFile:
                     conn.execute(statement)
         if version in (0, 1):
             conn.execute(sqlite_leases.LEASES_TABLE)
+        if version in (0, 1, 2):
+            for statement in _QUEUE:
+                conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
 
     def _check_writable(self, conn: sqlite3.Connection) -> None:

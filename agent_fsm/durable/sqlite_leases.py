@@ -13,7 +13,7 @@ import sqlite3
 
 from agent_fsm.durable.leases import Lease, leased_error, lost_error
 
-__all__ = ["LEASES_TABLE", "claim", "fence", "live", "release", "renew"]
+__all__ = ["LEASES_TABLE", "claim", "fence", "live", "release", "renew", "requested"]
 
 LEASES_TABLE = """
 CREATE TABLE leases (
@@ -42,7 +42,20 @@ def claim(conn: sqlite3.Connection, run_id: str, owner: str, ttl_s: float, now: 
         " owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at",
         (run_id, owner, token, now + ttl_s),
     )
-    return Lease(run_id=run_id, owner=owner, token=token, ttl_s=ttl_s, expires_at=now + ttl_s)
+    return Lease(
+        run_id=run_id,
+        owner=owner,
+        token=token,
+        ttl_s=ttl_s,
+        expires_at=now + ttl_s,
+        cancel_requested=requested(conn, run_id),
+    )
+
+
+def requested(conn: sqlite3.Connection, run_id: str) -> str | None:
+    """The run's pending cancel request (``durable.queue``), or None."""
+    row = conn.execute("SELECT cancel FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else row[0]
 
 
 def renew(conn: sqlite3.Connection, lease: Lease, now: float) -> float:

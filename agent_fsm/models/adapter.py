@@ -35,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ModelResponse, ReplyDelta, ToolSpec
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.models.common import (
@@ -292,6 +293,22 @@ class SDKModel(ClosesOnExit, ABC, Generic[ClientT, ToolsT]):
 
     # -- the shared plumbing
 
+    def _check_credentials(self) -> None:
+        """Build the client once, as the first request would, and drop it: a missing key (or
+        any client option the SDK refuses) is a configuration mistake, found when the adapter
+        is built rather than at the first call. Each adapter calls this last in its
+        ``__init__``, once its own options are checked and stored. Building a client opens
+        no connection; a given ``client`` is not checked (its owner built it).
+
+        Raises:
+            ConfigError: saying what the SDK refused, and where a key goes.
+        """
+        if self._given_client is None:
+            try:
+                self._checked(self._new_client)
+            except ModelCallError as err:
+                raise ConfigError(str(err)) from None
+
     def _client(self) -> ClientT:
         if self._given_client is not None:
             return self._given_client
@@ -302,9 +319,14 @@ class SDKModel(ClosesOnExit, ABC, Generic[ClientT, ToolsT]):
         return self._own_client
 
     def _ready_client(self) -> ClientT:
+        return self._checked(self._client)
+
+    def _checked(self, build: Callable[[], ClientT]) -> ClientT:
+        """The client ``build`` makes, if it can make a request; else a permanent
+        ``ModelCallError`` saying why (scrubbed, not chained to the SDK's error)."""
         failure: ModelCallError | None
         try:
-            client = self._client()
+            client = build()
         except self.client_errors as err:  # e.g. no key given and none in the environment
             hint = f" ({self.key_hint})" if self.key_hint else ""
             message = self._scrub(f"cannot build the {self.label} client: {err}{hint}")

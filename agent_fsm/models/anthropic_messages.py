@@ -113,6 +113,7 @@ class AnthropicModel(StainlessModel[anthropic.AsyncAnthropic, list[dict[str, Any
 
     label = "Anthropic"
     example = "claude-sonnet-4-6"
+    key_variables = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
     key_hint = _KEY_HINT
     endpoint = "/v1/messages"
     client_class = anthropic.AsyncAnthropic
@@ -159,6 +160,7 @@ class AnthropicModel(StainlessModel[anthropic.AsyncAnthropic, list[dict[str, Any
         _check_settings(settings)
         self._max_tokens = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
         self._settings = MappingProxyType(dict(settings))
+        self._check_credentials()
 
     def tool_schema_issues(self, tools: Sequence[ToolSpec]) -> list[ToolSchemaIssue]:
         """What each tool's schema loses on its way to the API (see

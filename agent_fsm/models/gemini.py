@@ -115,6 +115,7 @@ class GeminiModel(SDKModel[genai.Client, list[dict[str, Any]]]):
 
     label = "Gemini"
     example = "gemini-2.5-flash"
+    key_variables = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
     def __init__(
         self,
@@ -145,6 +146,7 @@ class GeminiModel(SDKModel[genai.Client, list[dict[str, Any]]]):
         _check_settings(settings)
         self._timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
         self._settings = MappingProxyType(dict(settings))
+        self._check_credentials()
 
     supports_native_output = True
     """Typed output travels as ``response_json_schema`` (in the system instruction instead

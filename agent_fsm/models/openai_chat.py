@@ -152,6 +152,7 @@ class OpenAIChatModel(OpenAISDKModel):
     """
 
     example = "gpt-4o-mini"
+    key_variables = ("OPENAI_API_KEY",)
     endpoint = "/chat/completions"
     reader_class = ReplyAssembler
     supports_native_output = True
@@ -190,6 +191,7 @@ class OpenAIChatModel(OpenAISDKModel):
             settings["timeout"] = timeout
         _check_settings(settings)
         self._settings = MappingProxyType(dict(settings))
+        self._check_credentials()
 
     # -- the wire conversion
 

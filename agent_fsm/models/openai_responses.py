@@ -123,6 +123,7 @@ class OpenAIResponsesModel(OpenAISDKModel):
     """
 
     example = "gpt-4.1-mini"
+    key_variables = ("OPENAI_API_KEY",)
     endpoint = "/responses"
     reader_class = ReplyAssembler
     strict_provider = f"{PROVIDER} strict mode"
@@ -172,6 +173,7 @@ class OpenAIResponsesModel(OpenAISDKModel):
             settings["include"] = include
         self._store = store
         self._settings = MappingProxyType(dict(settings))
+        self._check_credentials()
 
     # -- the wire conversion
 

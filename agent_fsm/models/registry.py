@@ -9,7 +9,6 @@ provider's key variable and the pip extra that installs its SDK. Nothing here im
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -114,8 +113,8 @@ def model_named(name: str) -> Model:
 
     Raises:
         ConfigError: a name of another shape or an unknown provider (the message lists the
-            known ones), a key that is not set (checked now, not at the first call), or an
-            SDK that is not installed (naming its extra).
+            known ones), an SDK that is not installed (naming its extra), or no key (the
+            adapter checks it when it is built, not at the first call).
     """
     provider_name, colon, model = name.partition(":")
     provider = PROVIDERS.get(provider_name.strip().lower())
@@ -124,10 +123,5 @@ def model_named(name: str) -> Model:
             f"a model given by name is 'provider:model', the provider one of "
             f"{sorted(PROVIDERS)} (e.g. 'openai:gpt-4o-mini'), got {name!r}; or pass a "
             "model object (agent_fsm.models)"
-        )
-    if not os.environ.get(provider.key_variable):
-        raise ConfigError(
-            f"model {name!r} needs a key: set {provider.key_variable}, or pass a model "
-            f"object with its key (agent_fsm.models.{provider.cls}(..., api_key=...))"
         )
     return provider.adapter()(model.strip())

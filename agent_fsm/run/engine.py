@@ -130,9 +130,6 @@ class Run:
         step takes it."""
         self._repaired = repaired
         """What was repaired in the history the run started from, announced with its start."""
-        self._entries: list[TraceEntry] = []
-        """The trace entries of the transitions this Run object fired, for ``step`` and the
-        result (a resumed run's earlier ones are built from ``state.trace`` at the end)."""
         self._deadline: asyncio.TimerHandle | None = None
 
     # -- public surface ---------------------------------------------------------------
@@ -236,11 +233,11 @@ class Run:
                 this step was saved).
         """
         try:
-            await self._advance()
+            row = await self._advance()
         except RunLeased:
             self._release()
             raise
-        return self._entries[-1]
+        return TraceEntry.from_row(row, self._state.turns)
 
     async def _advance(self) -> Row:
         """Do the current state's work and fire one trigger; return the row taken."""
@@ -354,8 +351,8 @@ class Run:
     def _after(self, row: Row) -> None:
         state = self._state
         index = self._handle.taken if self._handle is not None else -1
-        state.trace.append((index, state.turns))
-        self._entries.append(TraceEntry.from_row(row, state.turns))
+        state.trace.append((index, state.turns))  # the one record of it: the result's
+        # TraceEntry objects are built from it when the run ends
         if self._debug:
             self._ctx.log.debug(
                 "transition",
@@ -390,7 +387,7 @@ class Run:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        result = RunResult.from_state(state, config.machine.rows, self._entries)
+        result = RunResult.from_state(state, config.machine.rows)
         if config.output is not None:
             result = typed_result(result, config.output)
         self._result = result

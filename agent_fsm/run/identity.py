@@ -27,14 +27,14 @@ from agent_fsm.state import AgentRecord, RunState
 from agent_fsm.table import Row
 from agent_fsm.tools.tool import Tool, ToolRegistry
 
-__all__ = ["agent_record", "check_same_agent", "keep_approvals"]
+__all__ = ["agent_record", "check_same_agent", "claim", "keep_approvals"]
 
 _APPROVAL_GUARD = "approval_pending"
 
 
 def _digest(value: object) -> str:
     text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def agent_record(
@@ -83,8 +83,24 @@ def check_same_agent(state: RunState, current: AgentRecord) -> None:
     if problems:
         raise ResumeError(
             f"run {state.run_id} was made by a different agent: {'; '.join(problems)}. "
-            "Resume it with the agent that started it (agent-fsm resume --agent ...)"
+            "Resume it with the agent that made it (on the command line: the same --agent, "
+            "--system and model options)"
         )
+
+
+def claim(state: RunState, current: AgentRecord) -> None:
+    """The agent whose record is ``current`` takes ``state`` on (a resume, a worker taking
+    the next run): a run that has taken no step (queued or started by a producer, which need
+    not be the agent that does the work: nothing has been asked or run yet) becomes its run;
+    a run that has is checked (``check_same_agent``).
+
+    Raises:
+        ResumeError: as ``check_same_agent``.
+    """
+    if not state.trace:
+        state.agent = current
+        return
+    check_same_agent(state, current)
 
 
 def keep_approvals(config: RunConfig, state: RunState) -> RunConfig:

@@ -7,12 +7,18 @@ latest, renewing it in the same transaction. Saves come at every transition, so 
 moves renews its lease for free; the heartbeat covers a step that takes long (a slow model
 or tool call), every ``ttl_s / 3`` seconds from a timer of the event loop, and only while a
 step is in flight: a Run object abandoned between steps lets its lease expire.
+
+A cancel from outside (``durable.queue``) reaches the driver on the lease the store returns
+from the claim, from every save and from every renewal (``Lease.cancel_requested``): no
+statement of its own, so a run nobody cancels pays nothing for it. The driver then aborts
+the run (``abort``, given at ``start``): at once for a claim that found the request, at its
+next transition for a save or a renewal that did.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent_fsm.durable.journal import ToolJournal
@@ -26,7 +32,7 @@ __all__ = ["RunLease"]
 class RunLease:
     """The lease one Run holds on its run, from ``Agent.start``/``reopen`` until it stops."""
 
-    __slots__ = ("_heartbeat", "_lease", "_leases", "_log", "_stepping")
+    __slots__ = ("_abort", "_heartbeat", "_lease", "_leases", "_log", "_stepping")
 
     def __init__(self, leases: LeaseStore, lease: Lease, log: Any) -> None:
         self._leases = leases
@@ -35,23 +41,37 @@ class RunLease:
         self._log = log
         self._heartbeat: asyncio.TimerHandle | None = None
         self._stepping = False
+        self._abort: Callable[[str], None] | None = None
 
     def journal(self, run_id: str) -> ToolJournal:
         """The run's tool journal, whose ``record_started`` is fenced by the lease."""
         return self._leases.journal(run_id, lease=self._lease)
 
     def save(self, state: RunState) -> None:
-        """Checkpoint ``state``, fenced by the lease, which the save renews.
+        """Checkpoint ``state``, fenced by the lease, which the save renews; a cancel the
+        save reports aborts the run.
 
         Raises:
             RunLeased: the lease was taken over; nothing was written.
         """
-        self._leases.save(state, lease=self._lease)
+        self._heard(self._leases.save(state, lease=self._lease))
 
-    def start(self) -> None:
-        """Start the heartbeat (call from the run's event loop)."""
-        if self._lease is not None and self._heartbeat is None:
-            self._schedule(self._lease)
+    def start(self, abort: Callable[[str], None]) -> None:
+        """Start the heartbeat (call from the run's event loop); ``abort(reason)`` stops the
+        run when a cancel is reported, now if the claim found one."""
+        self._abort = abort
+        lease = self._lease
+        if lease is not None and self._heartbeat is None:
+            self._schedule(lease)
+            self._heard(lease)
+
+    def _heard(self, renewed: Lease | None) -> None:
+        """What a claim, save or renewal returned: abort the run if it was cancelled
+        (``Run.abort`` does nothing to a run already aborting or stopped)."""
+        if renewed is None or renewed.cancel_requested is None or self._abort is None:
+            return
+        self._log.info("cancel_requested", reason=renewed.cancel_requested)
+        self._abort(renewed.cancel_requested)
 
     async def during_step(self, work: Awaitable[None]) -> None:
         """Await a step's work with the heartbeat renewing the lease meanwhile."""
@@ -89,7 +109,7 @@ class RunLease:
             return
         if self._stepping:
             try:
-                self._leases.renew(lease)
+                self._heard(self._leases.renew(lease))
             except RunLeased as lost:
                 self._log.warning("lease_lost", error=str(lost))
                 return

@@ -7,13 +7,15 @@ when a stop is about to be left, when a step is in flight, after each step (``sa
 the run stopped and when its driver lets go. Saving a checkpoint is what a keeper does after a
 step, at one place, as Burr's persisters and LangGraph's checkpointers are called by the loop.
 The agent asks its ``Residence`` for a keeper: for a new run (``admit``) and for a run it
-reopens (``readmit``).
+reopens (``readmit``), and asks it to stop a run from outside (``cancel``: the runs it holds
+in this process through ``run.live``, and for a leased residence every run of the store).
 
 The kinds:
 
 - ``InProcess`` (an agent without a store): runs live in this process. A run that stops
   resumable (paused, aborted, timed out) is kept in a memory store so that ``Agent.resume``
-  works; one that cannot be resumed is dropped, and only how it ended is remembered.
+  works; one that cannot be resumed is dropped, and only how it ended is remembered. A
+  cancel reaches the runs it holds (started or reopened, not yet let go).
 - ``Stored`` and ``Leased`` (``run.stored``): every transition is checkpointed in a durable
   store and every tool call journalled, under a lease several workers share for ``Leased``.
 - ``agent_fsm.dbos``'s keeper: the run is a DBOS workflow whose steps DBOS records; its time
@@ -32,10 +34,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
+from agent_fsm.durable.encoding import unknown_run
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.errors import CheckpointError, ConfigError, ResumeError
+from agent_fsm.run.live import LiveRuns, RunStop
 from agent_fsm.state import RunState
-from agent_fsm.table import StopReason
+from agent_fsm.table import TERMINAL_STATES, StopReason
 
 __all__ = [
     "ArmDeadline",
@@ -165,6 +169,18 @@ class Residence(Protocol):
         """How a run that is no longer held ended, where that is remembered."""
         ...
 
+    def cancel(self, run_id: str, reason: str) -> bool:
+        """Ask whoever drives ``run_id`` to stop it at its next transition, as ``Run.abort``
+        does (ERROR ``aborted``, resumable), or whoever takes it next to stop it at once;
+        True when asked, False when the run has stopped (nothing is done then).
+
+        Raises:
+            CheckpointError: no such run.
+            ConfigError: the run is one this residence cannot reach (``Stored``: a run this
+                process does not drive).
+        """
+        ...
+
 
 def taken(run_id: str) -> ConfigError:
     """The error for a new run under an id a run already has."""
@@ -225,12 +241,13 @@ class InProcess:
     """The runs of an agent without a store: they live in this process; the ones that stop
     resumable wait in a memory store for ``Agent.resume``."""
 
-    __slots__ = ("runs", "store", "time")
+    __slots__ = ("live", "runs", "store", "time")
 
     def __init__(self, time: Timekeeping | None = None) -> None:
         self.time = time or Timekeeping()
         self.store: CheckpointStore = MemoryStore()
         self.runs = InProcessRuns()
+        self.live = LiveRuns()
 
     def holds(self, run_id: str) -> bool:
         return self.store.exists(run_id) or self.runs.is_resuming(run_id)
@@ -239,6 +256,15 @@ class InProcess:
         if self.holds(state.run_id):
             raise taken(state.run_id)
         return _InProcessKeeper(self, state.run_id)
+
+    def cancel(self, run_id: str, reason: str) -> bool:
+        """A run held here (started or reopened, and not let go) is aborted at once; a run
+        waiting at a stop, or that ended, is not (False); an id never seen is no run."""
+        if self.live.request(run_id, reason):
+            return True
+        if self.store.exists(run_id) or self.runs.how_it_ended(run_id) is not None:
+            return False
+        raise unknown_run(run_id)
 
     @contextlib.contextmanager
     def readmit(self, run_id: str) -> Iterator[tuple[RunState, RunKeeper]]:
@@ -251,7 +277,7 @@ class InProcess:
             if ended is None:
                 raise
             raise finished(run_id, ended.value) from None
-        yield state, _InProcessKeeper(self, run_id)
+        yield state, _InProcessKeeper(self, run_id, at_stop=state.state in TERMINAL_STATES)
 
     def how_it_ended(self, run_id: str) -> StopReason | None:
         return self.runs.how_it_ended(run_id)
@@ -262,16 +288,18 @@ class _InProcessKeeper:
     be resumed from is kept in the residence's store, and taken out again when a resume
     takes its resume row."""
 
-    __slots__ = ("_home", "_run_id", "journal", "time")
+    __slots__ = ("_home", "_run_id", "_stop", "journal", "time")
 
-    def __init__(self, home: InProcess, run_id: str) -> None:
+    def __init__(self, home: InProcess, run_id: str, *, at_stop: bool = False) -> None:
         self._home = home
         self._run_id = run_id
         self.time = home.time
         self.journal: ToolJournal | None = None
+        self._stop = RunStop(at_stop=at_stop)
+        home.live.add(run_id, self._stop)
 
     def activated(self, abort: Callable[[str], None]) -> None:
-        return None
+        self._stop.activated(abort)
 
     def claim_stop(self, state: RunState) -> None:
         """The stop leaves the store as its resume row is taken, until the run stops again,
@@ -283,6 +311,7 @@ class _InProcessKeeper:
             raise ResumeError(f"run {run_id} has moved on since it was reopened: reopen it again")
         store.delete(run_id)
         self._home.runs.resuming(run_id)
+        self._stop.left_stop()
 
     def during(self, work: Awaitable[None]) -> Awaitable[None]:
         return work
@@ -301,4 +330,4 @@ class _InProcessKeeper:
         runs.ended(state.run_id, stop_reason)
 
     def release(self) -> None:
-        return None
+        self._home.live.remove(self._run_id, self._stop)

@@ -14,7 +14,8 @@ your store (``docs/stores.md`` walks through it)::
 The suite checks the interfaces of ``durable.checkpoint`` (here), ``durable.journal``
 (``journal_contract``) and, for a store that leases runs (a ``LeaseStore``),
 ``durable.leases`` (``lease_contract``): their docstrings are the contract, these tests its
-letter. Flags on your class say what the suite may expect:
+letter; for a store that also queues and cancels runs (``RunQueue``, ``RunCancels``),
+``durable.queue`` (``queue_contract``). Flags on your class say what the suite may expect:
 ``shares_storage``, ``timestamps_from_clock``, ``leases_from_clock``
 (``StoreContractBase``). Tests that need what your store does not offer are skipped, saying
 why.
@@ -39,18 +40,20 @@ from agent_fsm.durable.checkpoint import CheckpointStore, RunLister, RunOpener, 
 from agent_fsm.durable.encoding import summarize
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import LeasedWrites, LeaseStore, RunLeases
+from agent_fsm.durable.queue import RunCancels, RunQueue
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import AssistantMessage, ToolCall, UserMessage
 from agent_fsm.state import RunState
 from agent_fsm.table import AgentState
 from agent_fsm.testing.journal_contract import JournalContract
 from agent_fsm.testing.lease_contract import LeaseContract
+from agent_fsm.testing.queue_contract import QueueContract
 from agent_fsm.testing.store_kit import BAD_ID_NAMES, BAD_IDS, add_turn, refuses, sample_state
 
 __all__ = ["CheckpointStoreContract"]
 
 
-class CheckpointStoreContract(JournalContract, LeaseContract):
+class CheckpointStoreContract(JournalContract, LeaseContract, QueueContract):
     """Subclass it as ``Test<YourStore>`` and define ``make_store(self, clock)``: pytest then
     runs the whole contract on your store. See the module's docstring."""
 
@@ -65,6 +68,12 @@ class CheckpointStoreContract(JournalContract, LeaseContract):
         if leasing:  # a store that leases runs does all of it (the lease tests run on it)
             missing = [p.__name__ for p in (LeasedWrites, RunLeases) if not isinstance(store, p)]
             assert isinstance(store, LeaseStore), f"it has {leasing}, but is no {missing}"
+        queueing = [name for name in ("enqueue", "claim_next", "cancel") if hasattr(store, name)]
+        if queueing:  # a store that queues runs cancels them too, under leases
+            missing = [
+                p.__name__ for p in (LeaseStore, RunQueue, RunCancels) if not isinstance(store, p)
+            ]
+            assert not missing, f"it has {queueing}, but is no {missing}"
 
     # -- round trips --------------------------------------------------------------------------
 
