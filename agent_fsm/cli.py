@@ -221,6 +221,7 @@ def _run_agent(
     *,
     streamed: bool = False,
     settle: Callable[[Agent, RunResult], RunResult] | None = None,
+    continues: str | None = None,
 ) -> int:
     """Run ``agent`` on ``question``, printing as it goes; ``settle`` may answer its pauses
     (``cli_model.run_until_settled``), else the outcome is summarised once."""
@@ -241,7 +242,7 @@ def _run_agent(
         file=out,
     )
     try:
-        result = agent.run_sync(question)
+        result = agent.run_sync(question, continues=continues)
         if settle is not None:
             result = settle(agent, result)
         else:
@@ -264,9 +265,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from agent_fsm.cli_model import build_agent
+    from agent_fsm.cli_agent import build_agent, kept
 
     agent = build_agent(args)
+    if args.continues is not None and not kept(agent, args):
+        raise _UsageError("--continues reads the run from a store: give --store PATH")
     return _run_agent(
         agent,
         args.question,
@@ -274,15 +277,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         args.trace,
         streamed=args.stream,
         settle=lambda live, result: _settle(live, result, args),
+        continues=args.continues,
     )
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from agent_fsm.cli_model import StreamPrinter, build_agent
+    from agent_fsm.cli_agent import build_agent, kept
+    from agent_fsm.cli_model import StreamPrinter
 
-    agent = build_agent(args).subscribe(
-        _Printer(sys.stdout, live=sys.stdout.isatty(), streamed=args.stream)
-    )
+    agent = build_agent(args)
+    if not kept(agent, args):
+        raise _UsageError(
+            "resume continues a run of a store: give --store PATH (the store `run` was given)"
+        )
+    agent = agent.subscribe(_Printer(sys.stdout, live=sys.stdout.isatty(), streamed=args.stream))
     if args.stream:
         agent = agent.subscribe(StreamPrinter(sys.stdout))
     approvals: Decisions | None = None
@@ -303,18 +311,33 @@ def _decisions(approve: list[str], deny: list[str]) -> Decisions:
 
 
 def _settle(agent: Agent, result: RunResult, args: argparse.Namespace) -> RunResult:
+    """Answer the run's pauses (``cli_model.run_until_settled``), summarise it with its id,
+    and say how to resume a run an outage stopped (``cli_agent.after_outage``)."""
+    from agent_fsm.cli_agent import after_outage, kept, resume_command
     from agent_fsm.cli_model import run_until_settled
 
-    return run_until_settled(
+    def summarise(outcome: RunResult) -> None:
+        _summary(sys.stdout, outcome)
+        print(f"run id:       {outcome.run_id}", file=sys.stdout)
+
+    settled = run_until_settled(
         result,
         lambda reply, approvals, pause: agent.resume_sync(
             result.run_id, reply, approvals=approvals, pause=pause
         ),
         interactive=args.interactive,
         out=sys.stdout,
-        summarise=lambda outcome: _summary(sys.stdout, outcome),
-        store=args.store,
+        summarise=summarise,
+        resume_command=(
+            (lambda run_id, *answer: resume_command(args, run_id, *answer))
+            if kept(agent, args)
+            else None
+        ),
     )
+    advice = after_outage(agent, args, settled)
+    if advice is not None:
+        print(advice, file=sys.stdout)
+    return settled
 
 
 DEFAULT_STORE = "agent_fsm.sqlite3"
@@ -580,14 +603,21 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
-        help="run the example tools (weather, calculator) against a real model",
-        description="Ask a question with the demo's tools against any OpenAI-compatible "
-        "server (--base-url, or OPENAI_BASE_URL). A pause (ask_user, an approval) is answered "
-        "at the terminal, or later with `agent-fsm resume` when the run has a --store. Exits "
-        "1 if the run fails, 2 for bad usage (no API key, a bad option or setting).",
+        help="run your agent (--agent module:attr), or the example tools, against a model",
+        description="Ask a question of your agent (--agent module:attr or file.py:attr: its "
+        "tools, prompt, table, limits and model; options given replace its own) or of the "
+        "demo's tools, against any provider or OpenAI-compatible server (--base-url). A pause "
+        "(ask_user, an approval) is answered at the terminal, or later with `agent-fsm "
+        "resume` when the run has a store; so is a run an outage stopped. Exits 1 if the run "
+        "fails, 2 for bad usage (no API key, a bad option or setting).",
     )
     run.add_argument("question")
     add_model_options(run, store_required=False)
+    run.add_argument(
+        "--continues",
+        metavar="RUN_ID",
+        help="a new run that goes on from the conversation of a stopped run of the store",
+    )
     run.add_argument("--trace", metavar="FILE", help=trace_help)
     run.set_defaults(handler=_cmd_run)
 
@@ -595,8 +625,9 @@ def _parser() -> argparse.ArgumentParser:
         "resume",
         help="answer a paused run (ask_user, approvals) of a checkpoint store and go on",
         description="Continue a run that `agent-fsm run --store PATH` left paused (or "
-        "stopped by an outage) with the same model options. Exits 1 if the run fails, 2 if "
-        "the answer does not fit the pause.",
+        "stopped by an outage) with the options that built its agent (the same --agent, "
+        "model and prompt: a run refuses another agent). Exits 1 if the run fails, 2 if "
+        "the answer does not fit the pause or the agent is not the run's.",
     )
     resume.add_argument("run_id", metavar="RUN_ID")
     resume.add_argument("reply", nargs="?", help="the answer to the run's question")

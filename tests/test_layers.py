@@ -168,6 +168,7 @@ LAYERS = [
     "evals",
     "evals.cli",
     "cli_model",
+    "cli_agent",
     "cli",
     "",  # agent_fsm/__init__.py
 ]
