@@ -32,6 +32,7 @@ from typing import Protocol, TextIO
 import structlog
 
 from agent_fsm.agent import Agent, machine_for
+from agent_fsm.cli_agent import Driver, add_mcp_options
 from agent_fsm.cli_model import add_model_options
 from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
@@ -221,9 +222,10 @@ def _run_agent(
     *,
     streamed: bool = False,
     settle: Callable[[Agent, RunResult], RunResult] | None = None,
-    continues: str | None = None,
+    start: Callable[[Agent], RunResult] | None = None,
 ) -> int:
-    """Run ``agent`` on ``question``, printing as it goes; ``settle`` may answer its pauses
+    """Run ``agent`` on ``question``, printing as it goes (``start`` drives the run, as
+    ``cli_agent.Driver`` does; ``run_sync`` when None); ``settle`` may answer its pauses
     (``cli_model.run_until_settled``), else the outcome is summarised once."""
     writer = TraceWriter(trace) if trace else None  # a bad path fails before the run
     printer = _Printer(out, live=out.isatty(), max_turns=agent.limits.max_turns, streamed=streamed)
@@ -242,7 +244,7 @@ def _run_agent(
         file=out,
     )
     try:
-        result = agent.run_sync(question, continues=continues)
+        result = agent.run_sync(question) if start is None else start(agent)
         if settle is not None:
             result = settle(agent, result)
         else:
@@ -265,27 +267,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from agent_fsm.cli_agent import build_agent, kept
+    from agent_fsm.cli_agent import Driver, build_agent, kept
 
-    agent = build_agent(args)
-    if args.continues is not None and not kept(agent, args):
-        raise _UsageError("--continues reads the run from a store: give --store PATH")
-    return _run_agent(
-        agent,
-        args.question,
-        sys.stdout,
-        args.trace,
-        streamed=args.stream,
-        settle=lambda live, result: _settle(live, result, args),
-        continues=args.continues,
-    )
+    with Driver(args) as driver:
+        agent = driver.agent = build_agent(args, driver.tools)
+        if args.continues is not None and not kept(agent, args):
+            raise _UsageError("--continues reads the run from a store: give --store PATH")
+        return _run_agent(
+            agent,
+            args.question,
+            sys.stdout,
+            args.trace,
+            streamed=args.stream,
+            settle=lambda live, result: _settle(live, result, args, driver),
+            start=lambda live: driver.run(live, args.question, args.continues),
+        )
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
+    from agent_fsm.cli_agent import Driver
+
+    with Driver(args) as driver:
+        return _resume(args, driver)
+
+
+def _resume(args: argparse.Namespace, driver: Driver) -> int:
     from agent_fsm.cli_agent import build_agent, kept
     from agent_fsm.cli_model import StreamPrinter
 
-    agent = build_agent(args)
+    agent = driver.agent = build_agent(args, driver.tools)
     if not kept(agent, args):
         raise _UsageError(
             "resume continues a run of a store: give --store PATH (the store `run` was given)"
@@ -296,8 +306,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     approvals: Decisions | None = None
     if args.approve or args.deny:
         approvals = _decisions(args.approve, args.deny)
-    result = agent.resume_sync(args.run_id, args.reply, approvals=approvals, pause=args.pause)
-    result = _settle(agent, result, args)
+    result = driver.resume(agent, args.run_id, args.reply, approvals, args.pause)
+    result = _settle(agent, result, args, driver)
     return 1 if result.status is RunStatus.FAILED else 0
 
 
@@ -310,7 +320,7 @@ def _decisions(approve: list[str], deny: list[str]) -> Decisions:
     return {**dict.fromkeys(approve, True), **dict.fromkeys(deny, False)}
 
 
-def _settle(agent: Agent, result: RunResult, args: argparse.Namespace) -> RunResult:
+def _settle(agent: Agent, result: RunResult, args: argparse.Namespace, driver: Driver) -> RunResult:
     """Answer the run's pauses (``cli_model.run_until_settled``), summarise it with its id,
     and say how to resume a run an outage stopped (``cli_agent.after_outage``)."""
     from agent_fsm.cli_agent import after_outage, kept, resume_command
@@ -322,8 +332,8 @@ def _settle(agent: Agent, result: RunResult, args: argparse.Namespace) -> RunRes
 
     settled = run_until_settled(
         result,
-        lambda reply, approvals, pause: agent.resume_sync(
-            result.run_id, reply, approvals=approvals, pause=pause
+        lambda reply, approvals, pause: driver.resume(
+            agent, result.run_id, reply, approvals, pause
         ),
         interactive=args.interactive,
         out=sys.stdout,
@@ -613,6 +623,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("question")
     add_model_options(run, store_required=False)
+    add_mcp_options(run)
     run.add_argument(
         "--continues",
         metavar="RUN_ID",
@@ -652,6 +663,7 @@ def _parser() -> argparse.ArgumentParser:
         "`--approve all` / `--deny all`: a repeated command must not approve a later pause)",
     )
     add_model_options(resume, store_required=True)
+    add_mcp_options(resume)
     resume.set_defaults(handler=_cmd_resume)
 
     diagram = commands.add_parser(

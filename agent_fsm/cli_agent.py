@@ -7,6 +7,10 @@ option given on the command line replacing the agent's own (``--model`` and the 
 options its model, ``--system`` its prompt, ``--max-turns``/``--token-budget``/``--retries``
 its limits, ``--store`` its store, ``--require-approval TOOL`` one of its tools).
 
+``--mcp "CMD ARGS"`` (a server started over stdio) and ``--mcp-url URL`` (streamable HTTP) add
+an MCP server's tools. A connection's tools work only on the event loop that opened it, so the
+command drives its run and every resume of it on one loop (``Driver``).
+
 A later process resumes a run only with the agent that made it (the run keeps its record,
 ``run.identity``), so the command this module prints to resume a run repeats every option
 that builds the agent. It need not repeat ``--require-approval``: the run's approval rules
@@ -16,9 +20,13 @@ are stored with it and hold whoever resumes it.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
 import shlex
 from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
 
 from agent_fsm.agent import Agent
 from agent_fsm.cli_model import DEMO_MAX_TURNS, DEMO_SYSTEM, DEMO_TOKEN_BUDGET, build_model
@@ -27,11 +35,14 @@ from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.limits import Limits
 from agent_fsm.loading import load_agent
+from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import RunResult, RunStatus
 from agent_fsm.table import StopReason
 from agent_fsm.tools.tool import Tool
 
 __all__ = [
+    "Driver",
+    "add_mcp_options",
     "after_outage",
     "build_agent",
     "kept",
@@ -58,8 +69,111 @@ _AGENT_OPTIONS = (
 _MODEL_ONLY = ("base_url", "api_key_env", "temperature", "max_tokens", "timeout")
 
 
-def build_agent(args: argparse.Namespace) -> Agent:
-    """The agent the options describe (see the module docstring).
+def add_mcp_options(parser: argparse.ArgumentParser) -> None:
+    """``--mcp`` and ``--mcp-url``, for ``run`` and ``resume`` (a resume needs the tools the
+    run was made with)."""
+    parser.add_argument(
+        "--mcp",
+        metavar="CMD",
+        action="append",
+        default=[],
+        help="add the tools of an MCP server started with this command line, over stdio "
+        "(repeatable; pip install 'agent-fsm[mcp]')",
+    )
+    parser.add_argument(
+        "--mcp-url",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="add the tools of the MCP server at URL, over streamable HTTP (repeatable)",
+    )
+
+
+class Driver:
+    """``with Driver(args) as driver:`` drives the command's runs on one event loop, the one
+    the MCP connections were opened on (``tools``); leaving the block closes them and
+    releases what the agent's model tied to the loop.
+
+    Raises:
+        ConfigError: ``--mcp`` without the ``mcp`` extra installed, or an empty command.
+        MCPConnectionError: a server that cannot be started or connected to.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._runner = asyncio.Runner()
+        self._stack = contextlib.AsyncExitStack()
+        self._args = args
+        self.tools: tuple[Tool, ...] = ()
+        self.agent: Agent | None = None
+        """The agent whose model is released at the end (set by the caller)."""
+
+    def __enter__(self) -> Driver:
+        commands, urls = getattr(self._args, "mcp", []), getattr(self._args, "mcp_url", [])
+        if commands or urls:
+            try:
+                self.tools = self._runner.run(self._connect(commands, urls))
+            except BaseException:
+                self._runner.close()
+                raise
+        return self
+
+    async def _connect(self, commands: list[str], urls: list[str]) -> tuple[Tool, ...]:
+        try:
+            from agent_fsm.mcp import MCPConnection
+        except ImportError as err:
+            raise ConfigError(
+                f"--mcp needs the MCP SDK ({err}): pip install 'agent-fsm[mcp]'"
+            ) from None
+        connections = []
+        for command in commands:
+            words = shlex.split(command)
+            if not words:
+                raise ConfigError("--mcp takes a command line, got an empty one")
+            connections.append(MCPConnection.stdio(words[0], words[1:]))
+        connections += [MCPConnection.http(url) for url in urls]
+        tools: list[Tool] = []
+        for connection in connections:
+            await self._stack.enter_async_context(connection)
+            tools.extend(connection.tools)
+        return tuple(tools)
+
+    def run(self, agent: Agent, question: str, continues: str | None = None) -> RunResult:
+        return self._runner.run(agent.run(question, continues=continues))
+
+    def resume(
+        self,
+        agent: Agent,
+        run_id: str,
+        reply: str | None,
+        approvals: Decisions | None,
+        pause: str | None,
+    ) -> RunResult:
+        return self._runner.run(agent.resume(run_id, reply, approvals=approvals, pause=pause))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            self._runner.run(self._close())
+        finally:
+            self._runner.close()
+
+    async def _close(self) -> None:
+        try:
+            await self._stack.aclose()
+        finally:
+            model: Any = self.agent.run_config.model if self.agent is not None else None
+            aclose = getattr(model, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def build_agent(args: argparse.Namespace, extra_tools: Sequence[Tool] = ()) -> Agent:
+    """The agent the options describe (see the module docstring), offering ``extra_tools``
+    too (an MCP server's: ``Driver.tools``).
 
     Raises:
         ConfigError: no ``--model`` for the demo, server options without ``--model`` for an
@@ -74,7 +188,7 @@ def build_agent(args: argparse.Namespace) -> Agent:
 
         agent = Agent(
             model=build_model(args),
-            tools=[get_weather, calculator],
+            tools=[get_weather, calculator, *extra_tools],
             system_prompt=DEMO_SYSTEM if args.system is None else args.system,
             limits=_limits(Limits(max_turns=DEMO_MAX_TURNS, token_budget=DEMO_TOKEN_BUDGET), args),
         )
@@ -91,6 +205,8 @@ def build_agent(args: argparse.Namespace) -> Agent:
                 "them out to use the agent's own model"
             )
         changes: dict[str, object] = {"limits": _limits(agent.limits, args)}
+        if extra_tools:
+            changes["tools"] = [*agent.tools, *extra_tools]
         if args.model is not None:
             changes["model"] = build_model(args)
         if args.system is not None:
@@ -154,6 +270,10 @@ def resume_command(args: argparse.Namespace, run_id: str, *answer: str) -> str:
             words += [flag, str(value)]
     for pair in getattr(args, "fields", None) or ():
         words += ["--set", pair]
+    for command in getattr(args, "mcp", None) or ():
+        words += ["--mcp", command]
+    for url in getattr(args, "mcp_url", None) or ():
+        words += ["--mcp-url", url]
     if getattr(args, "stream", False):
         words.append("--stream")
     return shlex.join(words)

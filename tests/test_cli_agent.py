@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,41 @@ async def test_the_readmes_own_agent_runs_from_the_command_line(tmp_path: Path) 
     assert server.bodies[0]["model"] == "gemma-3-270m"
     assert server.bodies[1]["messages"][-1]["content"] == "order 7: shipped"
     assert (tmp_path / "runs.sqlite3").exists()
+
+
+async def test_an_mcp_servers_tools_are_offered_and_called_across_an_approval(
+    tmp_path: Path,
+) -> None:
+    """--mcp starts the server over stdio; its tool waits for approval (--require-approval
+    names it), is approved at the terminal and runs on the connection the run opened; the
+    resume command repeats --mcp."""
+    pytest.importorskip("mcp")
+    server_script = ROOT / "tests" / "mcp_servers" / "tools_server.py"
+    mcp = shlex.join([sys.executable, str(server_script), "stdio"])
+    store = str(tmp_path / "runs.sqlite3")
+    add = tool_call("c1", "add", '{"a": 2, "b": 3}')
+    server = LocalServer()
+    async with server as url:
+        server.reply(completion(tool_calls=[add], finish_reason="tool_calls"))
+        server.reply(completion("2 + 3 = 5."))
+        done = await agent_fsm(
+            "run", "Add 2 and 3", "--model", "m", "--base-url", url, "--mcp", mcp,
+            "--require-approval", "add", "--store", store, "--interactive", stdin="y\n",
+            env=_env(url, tmp_path),
+        )  # fmt: skip
+        server.reply(completion(tool_calls=[add], finish_reason="tool_calls"))
+        paused = await agent_fsm(
+            "run", "Add 2 and 3", "--model", "m", "--base-url", url, "--mcp", mcp,
+            "--require-approval", "add", "--store", store, "--no-interactive",
+            env=_env(url, tmp_path),
+        )  # fmt: skip
+    assert done.code == 0, done.err + done.out
+    assert "approve add" in done.out
+    assert "final answer: 2 + 3 = 5." in done.out
+    offered = {spec["function"]["name"] for spec in server.bodies[0]["tools"]}
+    assert {"add", "echo", "get_weather"} <= offered
+    decided = server.bodies[1]["messages"][-1]["content"]
+    assert "add (call c1): approved and run" in decided
+    assert decided.rstrip().endswith("5"), decided
+    words = shlex.split(_line(paused, "answer later: ").removeprefix("answer later: "))
+    assert words[words.index("--mcp") + 1] == mcp
