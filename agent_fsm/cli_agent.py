@@ -197,9 +197,7 @@ def build_agent(args: argparse.Namespace, extra_tools: Sequence[Tool] = ()) -> A
         given = [name for name in _MODEL_ONLY if getattr(args, name) is not None]
         given += ["set"] if args.fields else []
         if args.model is None and given:
-            flags = ", ".join(
-                "--set" if n == "fields" else "--" + n.replace("_", "-") for n in given
-            )
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise ConfigError(
                 f"{flags} configure the model --model builds: give --model too, or leave "
                 "them out to use the agent's own model"
