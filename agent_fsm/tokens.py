@@ -115,21 +115,32 @@ class Calibration:
         pairs.append((estimate, reported))
         if len(pairs) > CALIBRATION_PAIRS:
             del pairs[0]
-        self.per_content = _rate(pairs)
-        rate = self.per_content
-        self.fixed = max(0, max(math.ceil(y - rate * x - 1e-9) for x, y in pairs))
+        rate = self.per_content = _rate(pairs)
+        # One pass, no generators: this runs on every reply of every run (issue 35's
+        # "free when off": the per-turn cost in benchmarks/instructions.py).
+        worst = -math.inf
+        for x, y in pairs:
+            gap = y - rate * x
+            if gap > worst:
+                worst = gap
+        self.fixed = max(0, math.ceil(worst - 1e-9))
 
 
 def _rate(pairs: list[tuple[int, int]]) -> float:
     """The least-squares slope of reported over estimated tokens, within the rate bounds;
-    1.0 while the estimates do not differ (no slope can be told from one size)."""
-    n = len(pairs)
-    mean_x = sum(x for x, _ in pairs) / n
-    mean_y = sum(y for _, y in pairs) / n
-    spread = sum((x - mean_x) ** 2 for x, _ in pairs)
-    if spread < 1.0:
+    1.0 while the estimates do not differ (no slope can be told from one size). Summed in
+    integers, in one pass: exact, whatever the sizes."""
+    n = sx = sy = sxx = sxy = 0
+    for x, y in pairs:
+        n += 1
+        sx += x
+        sy += y
+        sxx += x * x
+        sxy += x * y
+    spread = n * sxx - sx * sx  # n times the sum of squared deviations
+    if spread < n:  # the deviations' squares sum to less than 1
         return 1.0
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in pairs) / spread
+    slope = (n * sxy - sx * sy) / spread
     return min(max(slope, MIN_RATE), MAX_RATE)
 
 
