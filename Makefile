@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test check test-lowest lint typecheck pytest quick-pytest format diagrams bench thorough clean
+.PHONY: demo test check test-lowest lint typecheck pytest quick-pytest format diagrams screenshots bench thorough clean
 
 PHASE := scripts/phase.sh
 
@@ -54,7 +54,7 @@ test-lowest:
 	VIRTUAL_ENV=$(VENV_LOWEST) $(VENV_LOWEST)/bin/uv pip install --quiet \
 		--resolution lowest-direct -e '.[dev]'
 	$(VENV_LOWEST)/bin/python -m pip list --format=freeze | grep -iE \
-		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|pytest.xdist|hypothesis|hypothesis.jsonschema|mypy|opentelemetry.api|opentelemetry.sdk|mcp|anthropic|google.genai|httpx|httpx2|psycopg|psycopg.binary|dbos)=='
+		'^(transitions|openai|pydantic|jsonschema|docstring.parser|structlog|pytest|pytest.asyncio|pytest.xdist|hypothesis|hypothesis.jsonschema|mypy|opentelemetry.api|opentelemetry.sdk|mcp|anthropic|google.genai|httpx|httpx2|psycopg|psycopg.binary|dbos|starlette|uvicorn|selenium)=='
 	$(VENV_LOWEST)/bin/pytest -q -n auto
 
 # The thorough hypothesis profile: many more examples; run by hand.
@@ -64,6 +64,11 @@ thorough: $(STAMP_DEV)
 format: $(STAMP_DEV)
 	$(BIN)/ruff format agent_fsm tests examples benchmarks
 	$(BIN)/ruff check --fix agent_fsm tests examples benchmarks
+
+# The README's pictures of `agent-fsm ui`, taken by its browser test (Debian's chromium and
+# chromium-driver), so that they show the ui as it is.
+screenshots: $(STAMP_DEV)
+	AGENT_FSM_SCREENSHOTS=1 $(BIN)/pytest -q -p no:cacheprovider tests/test_ui_browser.py -k step_through
 
 # agent.svg needs graphviz's `dot`; without it the SVG is left as it is (its drift test checks
 # the DOT source it was drawn from, so it still fails if the table changed).

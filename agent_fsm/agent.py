@@ -39,6 +39,7 @@ from agent_fsm.models.base import Model, ReviewsToolSchemas
 from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
+from agent_fsm.run.forking import copy_journal, fork_state
 from agent_fsm.run.history import HistoryRepair, prepare_history
 from agent_fsm.run.identity import agent_record, claim, keep_approvals
 from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
@@ -659,6 +660,41 @@ class Agent:
         _check_id("run id", run_id)
         return self._residence.cancel(run_id, check_reason(reason))
 
+    def fork(self, run_id: str, *, at: int, fork_id: str | None = None) -> Run:
+        """A new run that goes on from where stored run ``run_id`` stood after its
+        transition ``at`` (1-based, as ``RunState.trace`` counts): not yet stepped, drive it
+        with ``run()``. The stored run is left as it is.
+
+        The fork has the transcript as it was then, and the state that transition entered
+        does its work again (as after a crash: ``run.forking``); the stored run's journal
+        entries for the calls in that transcript are copied to the fork's, so no call that
+        ran is run again. Its turns count on from the stored run's, so ``max_turns`` and
+        ``agent.bound`` hold over the whole path. Another model or other limits: fork from
+        ``agent.replace(model=..., limits=...)``, which keeps the store.
+
+        Raises:
+            CheckpointError: no run ``run_id`` in this agent's store.
+            ConfigError: ``at`` is not one of its transitions, or one that ended it (resume
+                a stop instead); ``fork_id`` names a run the store holds; the run was made
+                with another table.
+        """
+        _check_id("run id", run_id)
+        config = self._config
+        store = self.checkpoints
+        stored = store.load(run_id)
+        if not config.machine.knows(stored):
+            raise ConfigError(
+                f"run {run_id} was not made with this agent's table: fork it with an agent "
+                "whose table has its states and rows"
+            )
+        new_id = fork_id if fork_id is not None else uuid.uuid4().hex
+        _check_id("fork id", new_id)
+        state = fork_state(stored, config.machine.rows, at, new_id, config.count_tokens)
+        if self._residence.holds(new_id) or not store.create(state):
+            raise taken(new_id)
+        copy_journal(store.journal(run_id), store.journal(new_id), state.messages)
+        return self.reopen(new_id)
+
     def _stored_conversation(self, run_id: str) -> list[Message]:
         """The transcript of a stopped run of this agent's store."""
         if not self.checkpoints.exists(run_id) and self._residence.how_it_ended(run_id):
@@ -693,8 +729,11 @@ class Agent:
         with self._residence.readmit(run_id) as (state, keeper):
             if config.record is not None:
                 claim(state, config.record)
-            answered = reopen(state, config.machine, config.limits, reply, approvals, pause)
-        return Run(keep_approvals(config, state), state, keeper, resumed=answered)
+            kept = keep_approvals(config, state)
+            answered = reopen(
+                state, kept.machine, kept.limits, reply, approvals, pause, tools=kept.tools
+            )
+        return Run(kept, state, keeper, resumed=answered)
 
     async def resume(
         self,

@@ -34,9 +34,10 @@ import structlog
 from agent_fsm.agent import Agent, machine_for
 from agent_fsm.cli_agent import Driver, add_mcp_options
 from agent_fsm.cli_model import add_model_options
+from agent_fsm.cli_stores import open_store
 from agent_fsm.custom_table import Table
 from agent_fsm.diagrams import FORMATS, StoredRunOverlay, render
-from agent_fsm.durable.checkpoint import CheckpointStore, RunSummary, redacted
+from agent_fsm.durable.checkpoint import CheckpointStore, RunSummary
 from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.durable.queue import RunCancels
 from agent_fsm.durable.sqlite import SQLiteStore
@@ -62,6 +63,7 @@ from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import RunResult, RunState, RunStatus
 from agent_fsm.table import TABLE, AgentState, Row, StopReason
+from agent_fsm.ui.cli import add_ui_command
 from agent_fsm.version import __version__
 
 __all__ = ["main"]
@@ -357,21 +359,8 @@ line (and out of ``ps``)."""
 
 
 def _open_store(location: str, schema: str) -> CheckpointStore:
-    """An existing store, a SQLite file or a ``postgresql://`` URL (``schema`` its schema):
-    reading never creates an empty database by mistake."""
-    if location.lower().startswith(("postgres://", "postgresql://")):
-        try:
-            from agent_fsm.durable.postgres import PostgresStore
-        except ImportError:
-            raise _UsageError(
-                "a PostgreSQL store needs psycopg: pip install 'agent-fsm[postgres]'"
-            ) from None
-        return PostgresStore(location, schema=schema, create=False)
-    if not Path(location).is_file():
-        raise _UsageError(
-            f"no checkpoint store at {redacted(location)} (choose one with --store PATH or URL)"
-        )
-    return SQLiteStore(location)
+    """An existing store (``cli_stores.open_store``)."""
+    return open_store(location, schema)
 
 
 def _table_rows(where: str) -> tuple[Row, ...]:
@@ -577,6 +566,7 @@ examples:
   agent-fsm runs --store postgresql://HOST/DB --state THINK   a fleet's runs in THINK
   agent-fsm diagram --run ID --store runs.sqlite3  the path of one checkpointed run
   agent-fsm cancel ID --store postgresql://HOST/DB   stop a run wherever it is driven
+  agent-fsm ui --store runs.sqlite3 --agent app:agent   watch and steer runs in a browser
 
 exit codes: 0 ok, 1 the run failed, 2 bad usage or unreadable input"""
 
@@ -747,6 +737,7 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("--schema", default="agent_fsm", help=schema_help)
     cancel.set_defaults(handler=_cmd_cancel)
     add_eval_command(commands)
+    add_ui_command(commands, store_default=default_store, store_help=store_help)
     for command in commands.choices.values():
         command.set_defaults(command_parser=command)  # for errors in its own words
     return parser

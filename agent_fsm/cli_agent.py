@@ -33,6 +33,7 @@ from agent_fsm.cli_model import DEMO_MAX_TURNS, DEMO_SYSTEM, DEMO_TOKEN_BUDGET, 
 from agent_fsm.durable.checkpoint import MemoryStore
 from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
+from agent_fsm.extras import install_hint
 from agent_fsm.limits import Limits
 from agent_fsm.loading import load_agent
 from agent_fsm.run.approvals import Decisions
@@ -78,7 +79,7 @@ def add_mcp_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="add the tools of an MCP server started with this command line, over stdio "
-        "(repeatable; pip install 'agent-fsm[mcp]')",
+        "(repeatable; the mcp extra)",
     )
     parser.add_argument(
         "--mcp-url",
@@ -121,9 +122,7 @@ class Driver:
         try:
             from agent_fsm.mcp import MCPConnection
         except ImportError as err:
-            raise ConfigError(
-                f"--mcp needs the MCP SDK ({err}): pip install 'agent-fsm[mcp]'"
-            ) from None
+            raise ConfigError(f"--mcp needs the MCP SDK ({err}): {install_hint('mcp')}") from None
         connections = []
         for command in commands:
             words = shlex.split(command)

@@ -6,7 +6,7 @@
         agent = Agent(model=..., tools=[*server.tools, my_own_tool])
         result = await agent.run("...")
 
-``pip install 'agent-fsm[mcp]'``; this module and ``mcp_client`` (what it makes of what the
+``pip install -e '.[mcp]'``; this module and ``mcp_client`` (what it makes of what the
 server sends) are the only ones that import ``mcp``. The contracts:
 
 * **Lifetime.** The connection is the ``async with`` block: entering it starts the server

@@ -7,9 +7,12 @@ and needs no hook in the engine. It follows the OpenTelemetry semantic conventio
 generative AI:
 
 * one span per activation of a run, ``invoke_agent {agent_name}`` (a paused run that is
-  resumed gets a new one, marked ``agent_fsm.resumed``), whose span events are the state
-  transitions (``agent_fsm.transition``, with the row's guards and label), the guard that
-  ended or paused it (``agent_fsm.guard_tripped``), compactions, steering and aborts;
+  resumed gets a new one, marked ``agent_fsm.resumed``), whose span events are the guard that
+  ended or paused it (``agent_fsm.guard_tripped``), compactions, steering and aborts, and whose
+  ``agent_fsm.edges`` attribute counts the transitions it took (``"THINK->ACT act": 12``, one
+  entry per edge of the table, so its size is bounded by the table, not by the run); with
+  ``transition_events=True`` each transition is also a span event of its own
+  (``agent_fsm.transition``, with the row's guards, label and turn);
 * under it, one span per model call, ``chat {model}``, with token usage and finish reasons
   (a failed call is a span with status ERROR, and its retry a span of its own);
 * and one span per tool call, ``execute_tool {tool}``, whose status is ERROR when the call
@@ -20,7 +23,7 @@ run's error as the description. Message content (the input, replies, tool argume
 results) is recorded only with ``capture_content=True``: traces often leave the team that
 owns the data.
 
-Only ``opentelemetry-api`` is imported (``pip install 'agent-fsm[otel]'``); which SDK,
+Only ``opentelemetry-api`` is imported (``pip install -e '.[otel]'``); which SDK,
 processor and exporter receive the spans is the application's choice, through the global
 tracer provider or the one passed in.
 """
@@ -30,9 +33,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import time_ns
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from agent_fsm.events import (
@@ -63,19 +68,31 @@ __all__ = ["FleetMetrics", "OtelTracer"]
 
 
 @dataclass(slots=True)
+class _Pending:
+    """A model or tool call under way: its span is made when the call ends, with every
+    attribute at once and the start time recorded here. One ``start_span`` with all the
+    attributes costs the SDK about half of a ``start_span`` followed by ``set_attributes``
+    (measured with ``benchmarks/instructions.py``), and no one sees a span before it ends:
+    processors export ended spans only."""
+
+    name: str
+    kind: SpanKind
+    start_ns: int
+    attributes: dict[str, Any]
+    events: list[tuple[str, dict[str, Any], int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _RunSpans:
-    """The open spans of one run's activation."""
+    """The open span of one run's activation, and its calls under way."""
 
     run: Span
-    model: Span | None = None
-    tools: dict[str, Span] = field(default_factory=dict)
-
-    def end_open_children(self, why: str) -> None:
-        """End spans whose closing event never came (the run ended around them)."""
-        for span in [*([self.model] if self.model is not None else []), *self.tools.values()]:
-            span.set_status(Status(StatusCode.ERROR, why))
-            span.end()
-        self.model, self.tools = None, {}
+    context: Context
+    """The run span as the parent of its calls' spans."""
+    model: _Pending | None = None
+    tools: dict[str, _Pending] = field(default_factory=dict)
+    edges: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    """How often each (source, dest, label) was taken in this activation."""
 
 
 class OtelTracer:
@@ -86,6 +103,10 @@ class OtelTracer:
             (``opentelemetry.trace.set_tracer_provider``) when None.
         agent_name: ``gen_ai.agent.name``, and the run span's name ``invoke_agent {name}``.
         capture_content: also record the input, the replies, tool arguments and results.
+        transition_events: also record every transition as a span event. Off by default:
+            four events per turn cost more than the rest of a turn's tracing (measured with
+            ``benchmarks/instructions.py``), and the run span's ``agent_fsm.edges`` already
+            says which edges were taken and how often.
 
     One tracer may serve many agents and many concurrent runs: spans are kept per run id.
     """
@@ -96,12 +117,14 @@ class OtelTracer:
         tracer_provider: TracerProvider | None = None,
         agent_name: str = "agent_fsm",
         capture_content: bool = False,
+        transition_events: bool = False,
     ) -> None:
         self._tracer: Tracer = trace.get_tracer(
             "agent_fsm", __version__, tracer_provider=tracer_provider
         )
         self._agent_name = agent_name
         self._content = capture_content
+        self._transition_events = transition_events
         self._runs: dict[str, _RunSpans] = {}
         self._on: dict[str, Callable[[Any], None]] = {
             "run_started": self._run_started,
@@ -134,7 +157,7 @@ class OtelTracer:
     def _open_run(self, run_id: str, attributes: dict[str, Any]) -> None:
         previous = self._runs.pop(run_id, None)
         if previous is not None:  # an activation that never finished (its process moved on)
-            previous.end_open_children("the run was reopened")
+            self._end_open_calls(previous, "the run was reopened")
             previous.run.end()
         span = self._tracer.start_span(
             f"invoke_agent {self._agent_name}",
@@ -147,7 +170,7 @@ class OtelTracer:
                 **attributes,
             },
         )
-        self._runs[run_id] = _RunSpans(run=span)
+        self._runs[run_id] = _RunSpans(run=span, context=trace.set_span_in_context(span))
 
     def _run_started(self, event: RunStarted) -> None:
         self._open_run(event.run_id, {"agent_fsm.input": event.input} if self._content else {})
@@ -168,6 +191,13 @@ class OtelTracer:
             spans.run.add_event(name, attributes)
 
     def _state_changed(self, event: StateChanged) -> None:
+        spans = self._runs.get(event.run_id)
+        if spans is None:
+            return
+        edge = (event.source, event.dest, event.label)
+        spans.edges[edge] = spans.edges.get(edge, 0) + 1
+        if not self._transition_events:
+            return
         self._run_event(
             event.run_id,
             "agent_fsm.transition",
@@ -241,7 +271,7 @@ class OtelTracer:
         spans = self._runs.pop(event.run_id, None)
         if spans is None:
             return
-        spans.end_open_children(f"the run ended ({event.stop_reason.value})")
+        self._end_open_calls(spans, f"the run ended ({event.stop_reason.value})")
         span = spans.run
         span.set_attributes(
             {
@@ -249,6 +279,11 @@ class OtelTracer:
                 "agent_fsm.stop_reason": event.stop_reason.value,
                 "agent_fsm.final_state": event.final_state.value,
                 "agent_fsm.turns": event.turns,
+                "agent_fsm.transitions": sum(spans.edges.values()),
+                "agent_fsm.edges": [
+                    f"{source}->{dest} {label}: {count}"
+                    for (source, dest, label), count in spans.edges.items()
+                ],
                 "gen_ai.usage.input_tokens": event.usage.input_tokens,
                 "gen_ai.usage.output_tokens": event.usage.output_tokens,
             }
@@ -260,50 +295,72 @@ class OtelTracer:
             span.set_status(Status(StatusCode.ERROR, event.error or event.stop_reason.value))
         span.end()
 
-    # -- model calls ----------------------------------------------------------------------
+    # -- model and tool calls -------------------------------------------------------------
 
-    def _child(self, spans: _RunSpans, name: str, attributes: dict[str, Any]) -> Span:
-        return self._tracer.start_span(
-            name,
-            context=trace.set_span_in_context(spans.run),
-            kind=SpanKind.CLIENT if name.startswith("chat") else SpanKind.INTERNAL,
-            attributes=attributes,
+    def _end_call(
+        self,
+        spans: _RunSpans,
+        call: _Pending,
+        attributes: dict[str, Any],
+        error: tuple[str, str] | None = None,
+    ) -> None:
+        """Record ``call`` as an ended span, with ``attributes`` added to those it started
+        with, and status ERROR (``error.type``, description) when ``error`` is given."""
+        call.attributes.update(attributes)
+        if error is not None:
+            call.attributes["error.type"] = error[0]
+        span = self._tracer.start_span(
+            call.name,
+            context=spans.context,
+            kind=call.kind,
+            attributes=call.attributes,
+            start_time=call.start_ns,
         )
+        for name, event_attributes, timestamp in call.events:
+            span.add_event(name, event_attributes, timestamp)
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error[1]))
+        span.end()
+
+    def _end_open_calls(self, spans: _RunSpans, why: str) -> None:
+        """End the spans of calls whose closing event never came (the run ended around
+        them), as errors."""
+        calls = [*([spans.model] if spans.model is not None else []), *spans.tools.values()]
+        spans.model, spans.tools = None, {}
+        for call in calls:
+            self._end_call(spans, call, {}, ("interrupted", why))
 
     def _model_requested(self, event: ModelRequested) -> None:
         spans = self._runs.get(event.run_id)
         if spans is None:
             return
         if spans.model is not None:  # its reply never came
-            spans.model.end()
+            self._end_call(spans, spans.model, {}, ("interrupted", "no reply came"))
         model = event.model or "unknown"
-        spans.model = self._child(
-            spans,
-            f"chat {model}",
-            {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": model,
-                "agent_fsm.turn": event.turn,
-                "agent_fsm.messages": event.messages,
-                "agent_fsm.estimated_prompt_tokens": event.estimated_prompt_tokens,
-                "agent_fsm.last_answer": event.last_answer,
-            },
-        )
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model,
+            "agent_fsm.turn": event.turn,
+            "agent_fsm.messages": event.messages,
+            "agent_fsm.estimated_prompt_tokens": event.estimated_prompt_tokens,
+        }
+        if event.last_answer:
+            attributes["agent_fsm.last_answer"] = True
+        spans.model = _Pending(f"chat {model}", SpanKind.CLIENT, time_ns(), attributes)
 
     def _model_responded(self, event: ModelResponded) -> None:
         spans = self._runs.get(event.run_id)
         if spans is None or spans.model is None:
             return
-        span, spans.model = spans.model, None
-        span.set_attributes(
-            {
-                "gen_ai.usage.input_tokens": event.usage.input_tokens,
-                "gen_ai.usage.output_tokens": event.usage.output_tokens,
-                "gen_ai.response.finish_reasons": [event.finish_reason.value],
-                "agent_fsm.usage_estimated": event.usage.estimated,
-                "agent_fsm.tool_calls": [call.name for call in event.tool_calls],
-            }
-        )
+        call, spans.model = spans.model, None
+        attributes: dict[str, Any] = {
+            "gen_ai.usage.input_tokens": event.usage.input_tokens,
+            "gen_ai.usage.output_tokens": event.usage.output_tokens,
+            "gen_ai.response.finish_reasons": (event.finish_reason.value,),
+            "agent_fsm.tool_calls": tuple(call.name for call in event.tool_calls),
+        }
+        if event.usage.estimated:  # like last_answer, said only when true: each costs the SDK
+            attributes["agent_fsm.usage_estimated"] = True
         if self._content:
             reply = {
                 "role": "assistant",
@@ -313,8 +370,8 @@ class OtelTracer:
                     for call in event.tool_calls
                 ],
             }
-            span.set_attribute("gen_ai.output.messages", json.dumps([reply]))
-        span.end()
+            attributes["gen_ai.output.messages"] = json.dumps([reply])
+        self._end_call(spans, call, attributes)
 
     def _model_failed(self, event: ModelFailed) -> None:
         spans = self._runs.get(event.run_id)
@@ -327,13 +384,10 @@ class OtelTracer:
         if spans.model is None:  # no call was in flight (a last answer that was not sent)
             spans.run.add_event("agent_fsm.model_failed", attributes)
             return
-        span, spans.model = spans.model, None
-        span.add_event("exception", attributes)
-        span.set_attribute("error.type", "permanent" if event.permanent else "transient")
-        span.set_status(Status(StatusCode.ERROR, event.message))
-        span.end()
-
-    # -- tool calls -----------------------------------------------------------------------
+        call, spans.model = spans.model, None
+        call.events.append(("exception", attributes, time_ns()))
+        kind = "permanent" if event.permanent else "transient"
+        self._end_call(spans, call, {}, (kind, event.message))
 
     def _tool_started(self, event: ToolStarted) -> None:
         spans = self._runs.get(event.run_id)
@@ -348,36 +402,32 @@ class OtelTracer:
         }
         if self._content:
             attributes["gen_ai.tool.call.arguments"] = call.arguments
-        spans.tools[call.id] = self._child(spans, f"execute_tool {call.name}", attributes)
+        spans.tools[call.id] = _Pending(
+            f"execute_tool {call.name}", SpanKind.INTERNAL, time_ns(), attributes
+        )
 
     def _tool_retried(self, event: ToolRetried) -> None:
         spans = self._runs.get(event.run_id)
-        span = spans.tools.get(event.call_id) if spans is not None else None
-        if span is not None:
-            span.add_event(
-                "agent_fsm.tool_retried",
-                {
-                    "agent_fsm.attempt": event.attempt,
-                    "exception.message": event.error,
-                    "agent_fsm.delay_s": event.delay_s,
-                },
-            )
+        call = spans.tools.get(event.call_id) if spans is not None else None
+        if call is not None:
+            attributes = {
+                "agent_fsm.attempt": event.attempt,
+                "exception.message": event.error,
+                "agent_fsm.delay_s": event.delay_s,
+            }
+            call.events.append(("agent_fsm.tool_retried", attributes, time_ns()))
 
     def _tool_finished(self, event: ToolFinished) -> None:
         spans = self._runs.get(event.run_id)
-        span = spans.tools.pop(event.call_id, None) if spans is not None else None
-        if span is None:
+        call = spans.tools.pop(event.call_id, None) if spans is not None else None
+        if spans is None or call is None:
             return
-        span.set_attributes(
-            {
-                "agent_fsm.tool.status": event.status.value,
-                "agent_fsm.tool.attempts": event.attempts,
-                "agent_fsm.tool.output_chars": event.output_chars,
-            }
-        )
+        attributes: dict[str, Any] = {
+            "agent_fsm.tool.status": event.status.value,
+            "agent_fsm.tool.attempts": event.attempts,
+            "agent_fsm.tool.output_chars": event.output_chars,
+        }
         if self._content:
-            span.set_attribute("gen_ai.tool.call.result", event.output)
-        if event.is_error:
-            span.set_attribute("error.type", event.status.value)
-            span.set_status(Status(StatusCode.ERROR, event.output[:200]))
-        span.end()
+            attributes["gen_ai.tool.call.result"] = event.output
+        error = (event.status.value, event.output[:200]) if event.is_error else None
+        self._end_call(spans, call, attributes, error)

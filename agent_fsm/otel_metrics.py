@@ -19,7 +19,7 @@ The gauges (unit ``{run}``):
 - ``agent_fsm.runs.stuck``: of those, the runs left mid-run (``RunSummary.stuck``);
 - ``agent_fsm.runs.cancelling``: the runs cancelled whose driver has not stopped them yet.
 
-Only ``opentelemetry-api`` is imported (``pip install 'agent-fsm[otel]'``): which SDK,
+Only ``opentelemetry-api`` is imported (``pip install -e '.[otel]'``): which SDK,
 reader and exporter receive the measurements is the application's choice, through the
 global meter provider or the one passed in.
 """

@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, PlainValidator, TypeAdapter
+from pydantic import BaseModel, ConfigDict, JsonValue, PlainValidator, TypeAdapter, model_validator
 
 from agent_fsm.constructors import builder, quick_init
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
@@ -113,6 +113,18 @@ class Approval(BaseModel):
 
     allow: bool
     reason: str | None = None
+    arguments: dict[str, JsonValue] | None = None
+    """Approve the call with these arguments instead of the model's (``allow`` must be True).
+    They are validated against the tool's schema as a model's call is, when the run is
+    resumed (``ResumeError`` lists what is wrong, and the run stays paused); the call then
+    runs with them, the decision keeps them (checkpointed with the run), and the model is
+    told what changed. The transcript keeps the call as the model made it."""
+
+    @model_validator(mode="after")
+    def _arguments_only_when_allowed(self) -> Approval:
+        if self.arguments is not None and not self.allow:
+            raise ValueError("arguments are what an approved call runs with: allow=True")
+        return self
 
 
 class Decision(BaseModel):

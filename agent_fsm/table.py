@@ -50,6 +50,7 @@ __all__ = [
     "control_order",
     "crash_rows",
     "resumable_stops",
+    "saved_with_next_step",
     "softened_stop",
 ]
 
@@ -478,6 +479,16 @@ TABLE: tuple[Row, ...] = (
 _RESUMABLE: dict[int, tuple[tuple[Row, ...], frozenset[StopReason]]] = {}
 """``resumable_stops`` by the identity of the rows it was asked about: asked for every run's
 result (``state.status_for``), it would otherwise scan the table each time."""
+
+
+def saved_with_next_step(row: Row) -> bool:
+    """Whether a durable run's checkpoint skips the transition ``row`` and takes it in with
+    the next one: a turn's end that goes on (REFLECT -> OBSERVE). REFLECT takes in nothing
+    that lasts (a reflector's "not done" leaves no trace), and the save after OBSERVE comes
+    before anything from outside does (a model call, a tool call), so a crash in between
+    redoes REFLECT from the save after ACT, as a crash row allows. Every other transition is
+    saved as it is taken, and every stop."""
+    return row.source is AgentState.REFLECT and row.dest is AgentState.OBSERVE
 
 
 def resumable_stops(rows: tuple[Row, ...]) -> frozenset[StopReason]:

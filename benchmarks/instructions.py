@@ -7,9 +7,15 @@ schema validation, every guard and an event subscriber) under ``valgrind --tool=
 at two run lengths, and reports instructions per turn as the difference between the two
 divided by the difference in turns, so interpreter start-up and imports cancel out. It
 measures the same workload without the subscriber too (an agent nobody listens to, the
-default): what the engine itself costs, events aside.
+default): what the engine itself costs, events aside; traced, with ``OtelTracer`` as the only
+subscriber, recording spans with the OpenTelemetry SDK (a ``TracerProvider`` and no processor:
+what tracing costs the run, traced minus unsubscribed); and exported, the same with a simple
+processor handing each ended span to an in-memory exporter (what the SDK's export path adds
+on top, which depends on the application's processor, not on agent_fsm); and durable, the
+unsubscribed agent checkpointed in a ``SQLiteStore`` (a file in a temporary directory): what
+a durable turn costs, saves and the tool journal included.
 
-    python benchmarks/instructions.py [--turns 10 110] [--only subscribed|unsubscribed]
+    python benchmarks/instructions.py [--turns 10 110] [--only VARIANT]
 
 It installs nothing: without valgrind it says how to get it (``apt-get install valgrind``)
 and exits 2. A measurement takes a minute or two (Python runs ~50x slower under valgrind).
@@ -29,10 +35,25 @@ import tempfile
 from pathlib import Path
 
 CHILD_FLAG = "--child"
-VARIANTS = ("subscribed", "unsubscribed")
+VARIANTS = ("subscribed", "unsubscribed", "traced", "exported", "durable")
 
 
-def _workload(turns: int, subscribed: bool = True) -> None:
+def _tracer(exported: bool) -> object:
+    """``OtelTracer`` over the SDK; with ``exported``, each ended span goes to an in-memory
+    exporter (no exporter thread, no I/O)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agent_fsm.otel import OtelTracer
+
+    provider = TracerProvider()
+    if exported:
+        provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    return OtelTracer(tracer_provider=provider)
+
+
+def _workload(turns: int, variant: str = "subscribed") -> None:
     """One run of ``turns`` tool turns and a final answer: what the child process executes."""
     import structlog
 
@@ -57,11 +78,22 @@ def _workload(turns: int, subscribed: bool = True) -> None:
         nonlocal events
         events += 1
 
+    handlers: list[object] = []
+    if variant == "subscribed":
+        handlers.append(count)
+    elif variant in ("traced", "exported"):
+        handlers.append(_tracer(exported=variant == "exported"))
+    store = None
+    if variant == "durable":
+        from agent_fsm.durable import SQLiteStore
+
+        store = SQLiteStore(os.path.join(tempfile.mkdtemp(), "runs.sqlite3"))
     agent = Agent(
         model=ScriptedModel(script),
         tools=[step],
+        store=store,
         limits=Limits(max_turns=turns + 1, token_budget=10**9),
-        handlers=[count] if subscribed else [],
+        handlers=handlers,
     )
     # A loop of its own rather than asyncio.run, whose SIGINT handling formats the finished
     # task, result included: that once-per-run cost is not the engine's.
@@ -108,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         choices=VARIANTS,
-        help="measure one variant: with an event subscriber, or without (default: both)",
+        help="measure one variant: with an event subscriber, without, traced by OtelTracer, "
+        "traced and exported, or durable (default: all five)",
     )
     args = parser.parse_args(argv)
     short, long = args.turns
@@ -132,11 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for variant, cost in per_turn.items():
         print(f"per turn ({short} -> {long}), {variant}: {cost:,.0f} instructions")
+    if "unsubscribed" in per_turn:
+        for variant in ("traced", "exported", "durable"):
+            if variant in per_turn:
+                added = per_turn[variant] - per_turn["unsubscribed"]
+                print(f"{variant} adds {added:,.0f} instructions per turn")
     return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == CHILD_FLAG:
-        _workload(int(sys.argv[2]), subscribed=sys.argv[3] == "subscribed")
+        _workload(int(sys.argv[2]), variant=sys.argv[3])
     else:
         raise SystemExit(main())

@@ -1,5 +1,5 @@
 """Evals: how often the capitals agent is right, with uncertainty, and whether any run broke a
-promise. Needs the evals extra: pip install 'agent-fsm[evals]' (.[evals]), for YAML.
+promise. Needs the evals extra (pip install -e '.[evals]'), for YAML.
 
 python examples/evals_capitals.py [--repeats 5] [--html capitals.html]
 python examples/evals_capitals.py --model qwen2.5-7b-instruct --base-url http://127.0.0.1:8080/v1

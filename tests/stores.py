@@ -82,7 +82,7 @@ def postgres_url() -> str:
     try:
         import psycopg  # noqa: F401  # the extra agent-fsm[postgres]
     except ImportError:
-        url, reason = None, "psycopg is not installed (pip install 'agent-fsm[postgres]')"
+        url, reason = None, "psycopg is not installed (pip install -e '.[postgres]')"
     else:
         reason = ""
         if not url:

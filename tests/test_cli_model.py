@@ -208,7 +208,7 @@ def test_a_provider_whose_sdk_is_missing_names_its_extra() -> None:
         key_variable="NOPE_KEY",
         extra="nope",
     )
-    with pytest.raises(ConfigError, match=r"pip install 'agent-fsm\[nope\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[nope\]' in a clone"):
         missing.adapter()
 
 

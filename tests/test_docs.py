@@ -28,6 +28,36 @@ def test_readme_starts_with_the_two_commands() -> None:
     assert any(line.startswith("make test") for line in head)
 
 
+def _sections(markdown: str) -> list[str]:
+    """The README's ``## `` headings in order (a ``# `` comment inside a code block is not
+    one)."""
+    return re.findall(r"^## (.+)$", re.sub(r"```.*?```", "", markdown, flags=re.DOTALL), re.M)
+
+
+def test_readme_opens_with_install_quick_start_and_a_real_server() -> None:
+    """A newcomer reads how to install, then the quick start, then how to run it on a real
+    model, before any single capability; the list of examples comes last but one."""
+    sections = _sections((ROOT / "README.md").read_text())
+    assert sections[:3] == ["Install", "Quick start", "Real models and local servers"]
+    assert sections[-2:] == ["Examples", "Development"]
+
+
+def test_readme_names_every_example() -> None:
+    readme = (ROOT / "README.md").read_text()
+    listed = readme.split("\n## Examples\n", 1)[1].split("\n## ", 1)[0]
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        assert f"(examples/{path.name})" in listed, f"{path.name} is not in the Examples list"
+
+
+def test_install_commands_name_what_exists() -> None:
+    """No package index has agent-fsm: an extra is installed from a clone or a wheel, and the
+    README, the examples and every error message say so."""
+    texts = {p: p.read_text() for p in [ROOT / "README.md", *(ROOT / "examples").glob("*.py")]}
+    texts.update({p: p.read_text() for p in (ROOT / "agent_fsm").rglob("*.py")})
+    for path, text in texts.items():
+        assert "install 'agent-fsm[" not in text, f"{path} installs from a package index"
+
+
 def test_readme_python_snippets_run(capsys: pytest.CaptureFixture[str]) -> None:
     blocks = _python_blocks((ROOT / "README.md").read_text())
     assert len(blocks) >= 2

@@ -85,6 +85,25 @@ def test_a_model_by_name_is_its_providers_adapter_with_its_key_checked_now(
         Agent(model="nowhere:model-x")
 
 
+@pytest.mark.parametrize(
+    "base_url", ["http://127.0.0.1:8080/v1", "http://localhost:11434/v1", "http://[::1]:9/v1"]
+)
+def test_a_server_on_this_machine_needs_no_key(
+    base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-server, vLLM and Ollama on localhost want no key; the SDKs refuse to build a
+    client without one. A remote server's missing key stays a ConfigError at construction."""
+    from agent_fsm.models import AnthropicModel, OpenAIChatModel, OpenAIResponsesModel
+
+    for variable in ("OPENAI_API_KEY", "OPENAI_ADMIN_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    for adapter in (OpenAIChatModel, OpenAIResponsesModel, AnthropicModel):
+        adapter("local", base_url=base_url)  # builds
+        with pytest.raises(ConfigError, match="API_KEY"):
+            adapter("remote", base_url="https://models.example.com/v1")
+
+
 def test_a_decorated_function_can_still_be_called_directly() -> None:
     from agent_fsm.tools.tool import ASK_USER
 

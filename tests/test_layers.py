@@ -16,6 +16,7 @@ LAYERS = [
     # the bottom: plain data and the vocabulary every package shares
     "version",
     "errors",
+    "extras",
     "constructors",
     "table",
     "custom_table",
@@ -104,6 +105,7 @@ LAYERS = [
     "run.outcome",
     "run.resuming",
     "run.identity",
+    "run.forking",
     "run.history",
     "run.leasing",
     "run.stored",
@@ -169,6 +171,20 @@ LAYERS = [
     "evals.cli",
     "cli_model",
     "cli_agent",
+    "cli_stores",
+    # ui/: the ui extra; only its app and its command's server start import Starlette/uvicorn
+    "ui.runs",
+    "ui.steps",
+    "ui.layout",
+    "ui.agui",
+    "ui.recorded",
+    "ui.live",
+    "ui.streams",
+    "ui.security",
+    "ui.pages",
+    "ui.app",
+    "ui.cli",
+    "ui",
     "cli",
     "",  # agent_fsm/__init__.py
 ]
@@ -191,6 +207,8 @@ ONLY_IN = {
     "opentelemetry": {"otel_metrics", "otel"},
     "yaml": {"evals.dataset"},
     "psycopg": {"durable.postgres_database"},
+    "starlette": {"ui.app"},
+    "uvicorn": {"ui.cli"},
     # only users' test runs import pytest: the plugin (loaded by pytest) and the contracts
     "pytest": {
         "testing.plugin",

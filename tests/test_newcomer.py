@@ -178,7 +178,7 @@ def test_the_testing_extra_missing_says_how_to_install_it() -> None:
         "    print(exc)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert "pip install 'agent-fsm[testing]'" in out.stdout, out.stderr
+    assert "pip install -e '.[testing]'" in out.stdout, out.stderr
 
 
 def test_diagram_of_a_trace_with_several_runs_names_the_option(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -90,13 +91,15 @@ def test_a_run_with_a_tool_error_a_retry_and_a_loop_is_traced_as_documented(
     assert attributes["agent_fsm.turns"] == 3
     assert attributes["gen_ai.usage.input_tokens"] == 350
     assert run.status.description == result.error
-    # Every transition is a span event, ending with the guard that fired.
-    transitions = [e for e in run.events if e.name == "agent_fsm.transition"]
-    assert len(transitions) == len(result.trace)
-    assert [e.attributes["agent_fsm.label"] for e in transitions[-2:]] == [  # type: ignore[index]
-        "reflect",
-        "loop_detected",
-    ]
+    # The edges taken, each counted once, instead of an event per transition (opt-in below).
+    assert not [e for e in run.events if e.name == "agent_fsm.transition"]
+    taken = Counter(f"{t.source}->{t.dest} {t.label}" for t in result.trace)
+    edges = attributes["agent_fsm.edges"]
+    assert isinstance(edges, tuple)
+    assert {e.rsplit(": ", 1)[0]: int(e.rsplit(": ", 1)[1]) for e in edges} == taken
+    assert len(edges) == len(taken) < len(result.trace)
+    assert attributes["agent_fsm.transitions"] == len(result.trace)
+    assert edges[-1] == "REFLECT->ERROR loop_detected: 1"
     (tripped,) = [e for e in run.events if e.name == "agent_fsm.guard_tripped"]
     assert dict(tripped.attributes or {}) == {
         "agent_fsm.state": "REFLECT",
@@ -116,6 +119,20 @@ def test_a_run_with_a_tool_error_a_retry_and_a_loop_is_traced_as_documented(
     (boom_span,) = named(spans, "execute_tool boom")
     assert boom_span.attributes["gen_ai.tool.name"] == "boom"  # type: ignore[index]
     assert "disk full" in (boom_span.status.description or "")
+
+
+def test_transition_events_are_recorded_when_asked_for(exporter: InMemorySpanExporter) -> None:
+    tracer = OtelTracer(tracer_provider=provider_for(exporter), transition_events=True)
+    script = [reply("", call("echo", text="one")), reply("", call("echo", text="two")), "Done."]
+    agent = Agent(model=ScriptedModel(script), tools=[echo], handlers=[tracer])
+    result = agent.run_sync("Echo twice.")
+    (run,) = named(exporter.get_finished_spans(), "invoke_agent agent_fsm")
+    transitions = [dict(e.attributes or {}) for e in run.events if e.name == "agent_fsm.transition"]
+    assert [
+        (t["agent_fsm.source"], t["agent_fsm.dest"], t["agent_fsm.label"]) for t in transitions
+    ] == [(str(t.source), str(t.dest), t.label) for t in result.trace]
+    assert transitions[-1]["agent_fsm.label"] == "final_answer"
+    assert [t["agent_fsm.turn"] for t in transitions] == [t.turn for t in result.trace]
 
 
 def test_no_content_is_recorded_unless_asked_for(exporter: InMemorySpanExporter) -> None:

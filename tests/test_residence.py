@@ -27,7 +27,7 @@ from agent_fsm.run.context import RunConfig
 from agent_fsm.run.engine import Run, new_run_state
 from agent_fsm.run.residence import InProcess, Residence, RunKeeper, Timekeeping
 from agent_fsm.run.stored import Leased, Stored
-from agent_fsm.state import RunState
+from agent_fsm.state import RunState, TraceEntry
 from agent_fsm.table import TERMINAL_STATES
 from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
 
@@ -76,6 +76,10 @@ class Notebook:
         self.calls.append("release")
 
 
+def saved_with_next_step_entry(entry: TraceEntry) -> bool:
+    return (entry.source, entry.dest) == (AgentState.REFLECT, AgentState.OBSERVE)
+
+
 def _agent(script: list[object], **more: object) -> Agent:
     return Agent(model=ScriptedModel(script), tools=[echo], limits=Limits(max_turns=5), **more)  # type: ignore[arg-type]
 
@@ -88,10 +92,13 @@ def test_the_engine_saves_through_its_keeper_after_every_step() -> None:
     state = new_run_state("r1", "", "Go.", config.tools_tokens)
     result = asyncio.run(Run(config, state, keeper).run())
     assert result.stop_reason is StopReason.FINAL_ANSWER
-    transitions = len(result.trace)  # OBSERVE THINK ACT REFLECT OBSERVE THINK DONE
+    # OBSERVE THINK ACT REFLECT OBSERVE THINK DONE: every transition but the last is saved,
+    # except the turn's end that goes on (REFLECT -> OBSERVE), saved with the next step
+    saved = [(i, e) for i, e in enumerate(result.trace[:-1]) if not saved_with_next_step_entry(e)]
+    assert len(saved) == len(result.trace) - 2
     assert [c for c in keeper.calls if c != "during"] == [
         "activated",
-        *["saved"] * (transitions - 1),
+        *["saved"] * len(saved),
         "stopped final_answer resumable=False",
         "release",
     ]
@@ -99,7 +106,7 @@ def test_the_engine_saves_through_its_keeper_after_every_step() -> None:
     awaited = [e for e in result.trace if e.source in (AgentState.THINK, AgentState.ACT)]
     assert keeper.calls.count("during") == len(awaited) == 3
     # each save sees the run as the transition left it
-    assert keeper.snapshots == [(str(e.dest), i + 1) for i, e in enumerate(result.trace[:-1])]
+    assert keeper.snapshots == [(str(e.dest), i + 1) for i, e in saved]
     check_invariants(result, limits=agent.limits, bound=agent.bound)
 
 

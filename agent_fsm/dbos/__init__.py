@@ -1,4 +1,4 @@
-"""Durable agent runs on DBOS (``pip install 'agent-fsm[dbos]'``): each run a workflow, each
+"""Durable agent runs on DBOS (``pip install -e '.[dbos]'``): each run a workflow, each
 model call and tool call a step, runs started from a queue with concurrency and rate limits,
 and a dead worker's runs carried on by a live one.
 

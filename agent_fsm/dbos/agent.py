@@ -258,7 +258,9 @@ class DBOSAgent:
         admission = await self._admit()
         started_at = await record_start(admission)
         state = await load_stop(self._journal, run_id, resumes)
-        answered = reopen(state, config.machine, config.limits, reply, approvals, pause)
+        answered = reopen(
+            state, config.machine, config.limits, reply, approvals, pause, tools=config.tools
+        )
         return await self._activate(
             resume_id(run_id, resumes), state, admission, started_at, resumes, answered
         )
@@ -379,7 +381,7 @@ class DBOSAgent:
         resumes = len(state.resumed_at) + 1
         # Checked here, so that an answer that does not fit is the caller's ResumeError; the
         # workflow reopens its own copy of the stop again, the same way.
-        reopen(state, config.machine, config.limits, reply, approvals, pause)
+        reopen(state, config.machine, config.limits, reply, approvals, pause, tools=config.tools)
         if isinstance(approvals, Mapping):
             approvals = dict(approvals)  # a workflow argument: recorded, so picklable
         args = (run_id, resumes, reply, approvals, pause)

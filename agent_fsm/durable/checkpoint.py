@@ -92,7 +92,8 @@ _T = TypeVar("_T")
 
 @runtime_checkable
 class RunSaver(Protocol):
-    """What a running run needs of its store: the engine saves after every transition, and
+    """What a running run needs of its store: the engine saves after every transition (a
+    turn's end that goes on with the next one: ``table.saved_with_next_step``), and
     ACT records each tool call in the run's journal around its execution."""
 
     def save(self, state: RunState) -> object:
@@ -168,7 +169,7 @@ class RunLister(Protocol):
 
 @runtime_checkable
 class CheckpointStore(RunSaver, RunOpener, RunLister, Protocol):
-    """Where runs are saved after every transition and loaded to be resumed: what
+    """Where runs are saved as they step and loaded to be resumed: what
     ``Agent(store=...)`` takes. The three protocols it joins say who calls which method."""
 
     def close(self) -> None:

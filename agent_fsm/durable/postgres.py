@@ -1,5 +1,5 @@
 """PostgresStore: checkpoints, the tool journal and run leases in PostgreSQL, for many workers
-on many machines (``pip install 'agent-fsm[postgres]'``).
+on many machines (``pip install -e '.[postgres]'``).
 
 The tables live in a schema of their own (``agent_fsm`` by default), created on first use
 and versioned (``postgres_rows`` lays them out), so they never meet an application's tables;

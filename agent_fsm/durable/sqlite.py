@@ -138,9 +138,13 @@ class SQLiteStore(ClosingStore):
     def _saved(self, revision: int, state: RunState) -> None:
         """Remember what is stored at ``revision``, so the next save of the run need not
         read it back."""
-        messages = state.messages
+        messages, trace = state.messages, state.trace
         self._seen[state.run_id] = _Seen(
-            revision, len(messages), messages[-1] if messages else None
+            revision,
+            len(messages),
+            messages[-1] if messages else None,
+            len(trace),
+            trace[-1] if trace else None,
         )
 
     def _write(
@@ -167,17 +171,19 @@ class SQLiteStore(ClosingStore):
         kept_messages, kept_trace = self._kept(
             conn, state, (stored_messages, stored_trace), stored_revision
         )
-        conn.executemany(
-            "INSERT INTO messages VALUES (?, ?, ?)",
-            [
-                (run_id, idx, encode_message(messages[idx]))
-                for idx in range(kept_messages, len(messages))
-            ],
-        )
-        conn.executemany(
-            "INSERT INTO trace VALUES (?, ?, ?, ?)",
-            [(run_id, idx, *trace[idx]) for idx in range(kept_trace, len(trace))],
-        )
+        if kept_messages < len(messages):  # most saves add none: no statement for nothing
+            conn.executemany(
+                "INSERT INTO messages VALUES (?, ?, ?)",
+                [
+                    (run_id, idx, encode_message(messages[idx]))
+                    for idx in range(kept_messages, len(messages))
+                ],
+            )
+        if kept_trace < len(trace):
+            conn.executemany(
+                "INSERT INTO trace VALUES (?, ?, ?, ?)",
+                [(run_id, idx, *trace[idx]) for idx in range(kept_trace, len(trace))],
+            )
         summary = summarize(state, created_at=created_at, updated_at=now)
         (revision,) = conn.execute("SELECT COALESCE(MAX(revision), 0) + 1 FROM runs").fetchone()
         conn.execute(
@@ -224,7 +230,7 @@ class SQLiteStore(ClosingStore):
         kept_messages, kept_trace = min(stored[0], len(messages)), min(stored[1], len(trace))
         if not (
             self._same_message(conn, run_id, kept_messages, messages, revision)
-            and _same_step(conn, run_id, kept_trace, trace)
+            and self._same_step(conn, run_id, kept_trace, trace, revision)
         ):
             kept_messages = kept_trace = 0
         for table, kept, count in (
@@ -261,6 +267,31 @@ class SQLiteStore(ClosingStore):
             "SELECT json FROM messages WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
         ).fetchone()
         return found is not None and found[0] == encode_message(last)
+
+    def _same_step(
+        self,
+        conn: sqlite3.Connection,
+        run_id: str,
+        kept: int,
+        live: list[tuple[int, int]],
+        revision: int | None,
+    ) -> bool:
+        """Whether the live trace entry at index ``kept - 1`` is the stored one: known without
+        reading it when this store saw the stored revision end with that very tuple."""
+        if kept == 0:
+            return True
+        last = live[kept - 1]
+        seen = self._seen.get(run_id)
+        if (
+            seen is not None
+            and (seen.revision, seen.steps) == (revision, kept)
+            and seen.last_step is last
+        ):
+            return True
+        found = conn.execute(
+            "SELECT row, turn FROM trace WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
+        ).fetchone()
+        return found is not None and tuple(found) == tuple(last)
 
     def load(self, run_id: str) -> RunState:
         check_id(run_id)
@@ -387,20 +418,11 @@ class SQLiteStore(ClosingStore):
 
 class _Seen(NamedTuple):
     """What a SQLiteStore last wrote or read of a run: at ``revision``, the stored messages
-    were ``messages`` many, the last of them ``last``."""
+    were ``messages`` many, the last of them ``last``, and the stored trace entries ``steps``
+    many, the last of them ``last_step`` (the live state's very tuple)."""
 
     revision: int
     messages: int
     last: Message | None
-
-
-def _same_step(
-    conn: sqlite3.Connection, run_id: str, kept: int, live: list[tuple[int, int]]
-) -> bool:
-    """Whether the live trace entry at index ``kept - 1`` is the stored one."""
-    if kept == 0:
-        return True
-    found = conn.execute(
-        "SELECT row, turn FROM trace WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
-    ).fetchone()
-    return found is not None and tuple(found) == tuple(live[kept - 1])
+    steps: int
+    last_step: tuple[int, int] | None

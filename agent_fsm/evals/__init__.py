@@ -12,7 +12,7 @@ reasons, as a terminal table or an HTML page, and gates against a saved baseline
     assert_pass_rate(agent, "capitals.yaml", repeats=5, at_least=0.9)   # in a test
 
 From the command line: ``agent-fsm eval capitals.yaml --agent app.agents:support``. YAML
-datasets need the ``evals`` extra (``pip install 'agent-fsm[evals]'``).
+datasets need the ``evals`` extra (``pip install -e '.[evals]'``).
 """
 
 from agent_fsm.evals.assertions import EvalFailure, assert_pass_rate

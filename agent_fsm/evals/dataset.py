@@ -17,7 +17,7 @@
       - name: follow-up
         input: [Capital of Japan?, And its population?]   # a conversation
 
-YAML needs the ``evals`` extra (``pip install 'agent-fsm[evals]'``: pyyaml); JSON needs
+YAML needs the ``evals`` extra (``pip install -e '.[evals]'``: pyyaml); JSON needs
 nothing. Evaluators are told apart by ``kind``: ``equals``, ``contains``, ``matches``,
 ``schema``, ``validates``, ``check``, ``judge``, ``called``, ``not_called``,
 ``called_in_order``, ``within_turns``.
@@ -35,6 +35,7 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.evals.evaluators import Check, Contains, Equals, Matches, MatchesSchema, Validates
 from agent_fsm.evals.judge import Judge
 from agent_fsm.evals.trajectory import Called, CalledInOrder, NotCalled, WithinTurns
+from agent_fsm.extras import install_hint
 from agent_fsm.messages import Message
 
 __all__ = ["AnyEvaluator", "Case", "Dataset"]
@@ -191,6 +192,6 @@ def _yaml() -> Any:
     except ModuleNotFoundError:
         raise ConfigError(
             "YAML datasets need pyyaml, which comes with the evals extra: "
-            "pip install 'agent-fsm[evals]' (or use a .json dataset)"
+            f"{install_hint('evals')} (or use a .json dataset)"
         ) from None
     return yaml

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_fsm.errors import ConfigError
+from agent_fsm.extras import install_hint
 from agent_fsm.models.base import Model
 
 __all__ = ["PROVIDERS", "Provider", "model_named"]
@@ -62,7 +63,7 @@ class Provider:
         try:
             return importlib.import_module(self.module)
         except ImportError as err:
-            hint = f": pip install 'agent-fsm[{self.extra}]'" if self.extra else ""
+            hint = f": {install_hint(self.extra)}" if self.extra else ""
             raise ConfigError(
                 f"this provider needs a package that is missing ({err}){hint}"
             ) from None

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import ipaddress
+import os
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
@@ -65,6 +68,19 @@ class SDKErrors:
     """The SDK's own base error (and what else its misuse raises): permanent."""
 
 
+LOCAL_SERVER_KEY = "no-key-needed"
+"""The key sent to a server on this machine when none is given (see ``StainlessModel._key``)."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class StainlessModel(SDKModel[ClientT, ToolsT]):
     """``SDKModel`` with the hooks every Stainless SDK fills the same way; an adapter sets
     the class variables below and writes its wire conversion."""
@@ -78,11 +94,24 @@ class StainlessModel(SDKModel[ClientT, ToolsT]):
     """Error codes no amount of waiting fixes, whatever the status (``insufficient_quota``
     comes with a 429)."""
 
+    key_variables: ClassVar[tuple[str, ...]] = ()
+    """The environment variables the SDK reads its key from."""
+
     def _new_client(self) -> ClientT:
         return cast(
             ClientT,
-            self.client_class(api_key=self._api_key, base_url=self._base_url, max_retries=0),
+            self.client_class(api_key=self._key(), base_url=self._base_url, max_retries=0),
         )
+
+    def _key(self) -> str | None:
+        """The key given, else (None) the SDK's from its environment; but a server on this
+        machine (a loopback ``base_url``: llama-server, vLLM, Ollama) with neither gets a
+        placeholder, since such servers want no key and the SDK refuses to build a client
+        without one. Anywhere else a missing key stays the SDK's error, at construction."""
+        if self._api_key is not None or any(os.environ.get(v) for v in self.key_variables):
+            return self._api_key
+        host = urllib.parse.urlsplit(str(self._base_url or "")).hostname or ""
+        return LOCAL_SERVER_KEY if _is_loopback(host) else None
 
     def _without_retries(self, client: ClientT) -> ClientT:
         return cast(ClientT, cast(Any, client).with_options(max_retries=0))

@@ -49,6 +49,7 @@ from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, ToolStat
 from agent_fsm.run.approvals import (
     approval_request,
     awaiting_approval,
+    edited_call,
     needs_approval,
     outcome_message,
 )
@@ -104,14 +105,21 @@ async def carry_out(ctx: RunContext) -> None:
     paused, so nothing is appended to the transcript here)."""
     state = ctx.state
     decisions = state.decisions
-    allowed = [d.call for d in decisions if d.approval.allow]
-    results = await answer_calls(ctx, allowed, approved={call.id for call in allowed})
+    allowed = [edited_call(d) for d in decisions if d.approval.allow]
+    # a call a person edited is put to the before_tool hook again: it screens what will run
+    edited = {d.call.id for d in decisions if d.approval.arguments is not None}
+    results = await answer_calls(
+        ctx, allowed, approved={call.id for call in allowed}, unscreened=edited
+    )
     state.pending_input.append(outcome_message(decisions, {r.tool_call_id: r for r in results}))
     state.decisions = []
 
 
 async def answer_calls(
-    ctx: RunContext, calls: Sequence[ToolCall], approved: Collection[str] = ()
+    ctx: RunContext,
+    calls: Sequence[ToolCall],
+    approved: Collection[str] = (),
+    unscreened: Collection[str] = (),
 ) -> list[ToolMessage]:
     """Answer ``calls``, one result each in call order (the caller appends them); record a
     control request, the error count and loop signals in the run state.
@@ -119,6 +127,8 @@ async def answer_calls(
     Args:
         approved: ids of calls a person already approved: they run without asking again
             (and without the ``before_tool`` hook, which saw them before they were asked).
+        unscreened: ids among ``approved`` whose arguments the person changed: the hook
+            has not seen these arguments, so it is asked about them.
     """
     state, config = ctx.state, ctx.config
     if state.requests:  # the last turn's: a new list only when there were some
@@ -130,7 +140,9 @@ async def answer_calls(
     asked = _control_calls(prepared, machine.control_order)
     if asked:
         _answer_control(ctx, asked, prepared, turn.results)
-    elif hooks is None or await _screened(ctx, hooks.before_tool, turn, approved):
+    elif hooks is None or await _screened(
+        ctx, hooks.before_tool, turn, set(approved) - set(unscreened) if unscreened else approved
+    ):
         runnable, pending = _gate(turn.prepared, approved, turn.results, machine.approval_first)
         if runnable:
             groups = waves(turn.prepared, runnable, config.parallel_tool_calls)

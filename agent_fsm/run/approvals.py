@@ -18,13 +18,14 @@ from collections.abc import Collection, Mapping, Sequence
 from agent_fsm.errors import ResumeError
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_text
 from agent_fsm.state import Approval, ControlKind, ControlRequest, Decision
-from agent_fsm.tools.tool import PreparedCall
+from agent_fsm.tools.tool import PreparedCall, ToolRegistry
 
 __all__ = [
     "Decisions",
     "approval_request",
     "awaiting_approval",
     "decide",
+    "edited_call",
     "needs_approval",
     "outcome_message",
 ]
@@ -83,13 +84,22 @@ def approval_request(pending: Sequence[PreparedCall]) -> ControlRequest:
     )
 
 
-def decide(run_id: str, control: ControlRequest, approvals: Decisions | None) -> list[Decision]:
-    """One decision per pending call, from the caller's ``approvals``.
+def decide(
+    run_id: str,
+    control: ControlRequest,
+    approvals: Decisions | None,
+    tools: ToolRegistry | None = None,
+) -> list[Decision]:
+    """One decision per pending call, from the caller's ``approvals``; arguments a person
+    edited (``Approval.arguments``) checked against the call's tool in ``tools`` as a
+    model's call is (``ToolRegistry.prepare``).
 
     Raises:
         ResumeError: no approvals, not a mapping or one decision, a pending call without a
             decision, a decision for a call that is not pending, or a decision that is not
-            ``True``, ``False`` or an ``Approval``. The message lists what is pending.
+            ``True``, ``False`` or an ``Approval``; edited arguments that do not fit the
+            tool's schema (what is wrong, as a model would be told), or without ``tools``
+            to check them against. The message lists what is pending.
     """
     pending = control.pending_calls
     listing = ", ".join(f"{call.id} ({call.name} {call.arguments})" for call in pending)
@@ -113,9 +123,37 @@ def decide(run_id: str, control: ControlRequest, approvals: Decisions | None) ->
         if unknown:
             problems.append(f"{unknown} are not pending")
         raise ResumeError(f"run {run_id}: {'; '.join(problems)} (pending: {listing})")
-    return [
+    decisions = [
         Decision(call=call, approval=_approval(call.id, approvals[call.id])) for call in pending
     ]
+    for decision in decisions:
+        if decision.approval.arguments is not None:
+            _check_edit(run_id, decision, tools)
+    return decisions
+
+
+def edited_call(decision: Decision) -> ToolCall:
+    """The call as the person approved it: with their arguments, when they edited them."""
+    edit = decision.approval.arguments
+    if edit is None:
+        return decision.call
+    text = json.dumps(edit, ensure_ascii=False, separators=(",", ":"))
+    return decision.call.model_copy(update={"arguments": text})
+
+
+def _check_edit(run_id: str, decision: Decision, tools: ToolRegistry | None) -> None:
+    call = decision.call
+    if tools is None:
+        raise ResumeError(
+            f"run {run_id}: the arguments given for {call.id} ({call.name}) cannot be checked "
+            "here: edited arguments are checked against the agent's tools on resume"
+        )
+    prepared = tools.prepare(edited_call(decision))
+    if prepared.error is not None:
+        raise ResumeError(
+            f"run {run_id}: the arguments given for {call.id} ({call.name}) do not fit the "
+            f"tool: {prepared.error}"
+        )
 
 
 def _approval(call_id: str, decision: object) -> Approval:
@@ -139,6 +177,9 @@ def outcome_message(decisions: Sequence[Decision], results: Mapping[str, ToolMes
         call, approval = decision.call, decision.approval
         why = f" Reason given: {approval.reason}" if approval.reason else ""
         result = results.get(call.id)
+        if approval.arguments is not None and result is not None:
+            edited = json.dumps(approval.arguments, ensure_ascii=False)
+            why = f" The user changed its arguments to {edited}.{why}"
         if result is None:
             lines.append(f"- {call.name} (call {call.id}): denied, so it was not run.{why}")
         else:

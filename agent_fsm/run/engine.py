@@ -61,6 +61,7 @@ from agent_fsm.table import (
     AgentState,
     Row,
     Trigger,
+    saved_with_next_step,
 )
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 
@@ -377,7 +378,7 @@ class Run:
             )
         if row.dest in TERMINAL_STATES:
             self._finish(row)
-        else:
+        elif not saved_with_next_step(row):  # one write transaction fewer per turn
             self._saved(state)
 
     def _finish(self, row: Row) -> None:

@@ -88,6 +88,7 @@ class RunLease:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             self._heartbeat = None
+        self._abort = None  # a bound method of the Run: kept, the finished run is a cycle
         lease, self._lease = self._lease, None
         if lease is None:
             return

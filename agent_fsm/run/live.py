@@ -64,6 +64,13 @@ class RunStop:
         else:
             abort(pending)
 
+    def let_go(self) -> None:
+        """The run's driver let it go: forget its abort. Kept, that bound method of the
+        ``Run`` would make the finished run a reference cycle (``Run`` -> keeper -> this ->
+        ``Run.abort``), for the cyclic collector to find."""
+        with self._lock:
+            self._abort, self._loop = None, None
+
     def left_stop(self) -> None:
         """The run's first step is taking it out of the stop it was reopened at."""
         with self._lock:
@@ -99,10 +106,12 @@ class LiveRuns:
             self._runs[run_id] = stop
 
     def remove(self, run_id: str, stop: RunStop) -> None:
-        """Forget ``stop`` (the run let go), unless another keeper holds the run since."""
+        """Forget ``stop`` (the run let go), unless another keeper holds the run since;
+        ``stop`` forgets its run (``RunStop.let_go``) in any case."""
         with self._lock:
             if self._runs.get(run_id) is stop:
                 del self._runs[run_id]
+        stop.let_go()
 
     def request(self, run_id: str, reason: str) -> bool:
         """Ask the run held here to stop (``RunStop.request``); False when no keeper here

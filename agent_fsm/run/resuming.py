@@ -29,6 +29,7 @@ from agent_fsm.run.approvals import Decisions, decide
 from agent_fsm.run.residence import finished
 from agent_fsm.state import Approval, ControlKind, Decision, RunState, reopen_fields
 from agent_fsm.table import CRASH_GUARD, STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
+from agent_fsm.tools.tool import ToolRegistry
 
 __all__ = ["Decisions", "finished", "reopen"]
 
@@ -49,11 +50,15 @@ def reopen(
     reply: str | None = None,
     approvals: Decisions | None = None,
     pause: str | None = None,
+    *,
+    tools: ToolRegistry | None = None,
 ) -> str:
     """Make ``state`` ready to continue; return what was answered ("reply", "approvals",
     "interrupted", "recovered" or "crashed").
 
     Args:
+        tools: the agent's tools, which arguments a person edited in an approval
+            (``Approval.arguments``) are checked against.
         pause: the pause the answer is for (``RunResult.pending.pause``): refused when the
             run has moved on to another (a late answer must not answer a pause nobody saw);
             required with a decision on every pending call at once (``approvals=True``),
@@ -83,7 +88,7 @@ def reopen(
             )
         answered = "crashed"
     else:
-        answered = _answer_stop(state, machine, limits, reply, approvals, pause)
+        answered = _answer_stop(state, machine, limits, reply, approvals, pause, tools)
     reopen_fields(state, stopped=False)
     state.resumed_at.append(len(state.trace))
     return answered
@@ -121,6 +126,7 @@ def _answer_stop(
     reply: str | None,
     approvals: Decisions | None,
     pause: str | None,
+    tools: ToolRegistry | None = None,
 ) -> str:
     """Put the answer into a stopped run and find the resume row that will take it; undo and
     raise when none will."""
@@ -131,7 +137,7 @@ def _answer_stop(
     if not candidates:
         raise finished(state.run_id, stop.value if stop else str(state.state))
     _check_pause(state, approvals, pause)
-    decisions = _check_answer(state, candidates, reply, approvals)
+    decisions = _check_answer(state, candidates, reply, approvals, tools)
     if reply is not None:
         state.pending_input.append(clean_text(reply))
     state.decisions = decisions
@@ -163,7 +169,11 @@ def _rows_leaving(rows: tuple[Row, ...], state: RunState, stop: StopReason | Non
 
 
 def _check_answer(
-    state: RunState, candidates: list[Row], reply: str | None, approvals: Decisions | None
+    state: RunState,
+    candidates: list[Row],
+    reply: str | None,
+    approvals: Decisions | None,
+    tools: ToolRegistry | None = None,
 ) -> list[Decision]:
     """Check the answer against what the stop's rows need: a reply (``reply_given``), approval
     decisions (``approvals_decided``), or neither (an optional reply); return the decisions."""
@@ -174,7 +184,7 @@ def _check_answer(
         if reply is not None:
             raise ResumeError(f"run {run_id} waits for approvals, not a reply: pass approvals=...")
         assert control is not None  # an approval stop always records its request
-        return decide(run_id, control, approvals)
+        return decide(run_id, control, approvals, tools)
     if "reply_given" in needs:
         question = control.text if control else ""
         if approvals is not None:

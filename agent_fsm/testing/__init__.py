@@ -12,12 +12,14 @@ README's "The adapter contract").
 Everything here works without hypothesis except ``assert_terminates``, the stateful machine
 (``assert_stateful``, ``agent_state_machine``, ``AgentStateMachine``) and
 ``agent_fsm.testing.strategies``, which need the ``testing`` extra
-(``pip install 'agent-fsm[testing]'``), and the store and adapter contracts, which need
+(``pip install -e '.[testing]'``), and the store and adapter contracts, which need
 pytest; those names are imported on first use.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from agent_fsm.extras import install_hint
 
 if TYPE_CHECKING:
     from agent_fsm.testing.adapter_contract import CONTRACT_KEY, ModelAdapterContract
@@ -169,7 +171,7 @@ def __getattr__(name: str) -> Any:
         where = (
             "pip install pytest"
             if exc.name == "pytest"
-            else "which comes with the testing extra: pip install 'agent-fsm[testing]'"
+            else f"which comes with the testing extra: {install_hint('testing')}"
         )
         raise ModuleNotFoundError(
             f"agent_fsm.testing.{name} needs {exc.name}, {where}", name=exc.name

@@ -11,7 +11,7 @@ new process would), resume the ones that stopped (answering ``ask_user``, decidi
 approvals, restarting aborted and timed-out runs), and try what must be refused: resumes
 that do not fit the stop, a second copy of one resume (a double-clicked Approve), and a
 second run started under a run's id. Up
-to ``max_runs`` runs are open at once, all checkpointed after every transition in one store.
+to ``max_runs`` runs are open at once, all checkpointed as they step, in one store.
 
 After every transition and every rule, every run must keep these invariants, and a run that
 stops must pass ``check_invariants`` (resumes included) with its events:
@@ -22,7 +22,8 @@ stops must pass ``check_invariants`` (resumes included) with its events:
   every tool call is answered exactly once, in order, except those of a run about to act;
 - the transcript and the trace only grow, through crashes and resumes alike;
 - the store's checkpoint holds the live transcript, trace and turn count (the engine saves
-  after every transition), so a crash loses nothing but input queued since the last step;
+  after every transition, a turn's end that goes on with the next step), so a crash loses
+  nothing but input queued since the last step;
 - a run never ends with a final answer while steering or follow-up messages wait unread;
 - a refused resume leaves the checkpoint exactly as it was.
 
