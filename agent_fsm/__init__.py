@@ -7,9 +7,14 @@ harness from ``agent_fsm.testing``.
 """
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from agent_fsm.version import __version__ as __version__
+
+# A library is silent until the application configures logging (``agent_fsm.logs``): without
+# this, Python's last-resort handler prints every warning on stderr.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent

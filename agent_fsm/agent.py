@@ -45,6 +45,7 @@ from agent_fsm.run.delegation import Delegable, delegate_of, delegation_tool
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.forking import copy_journal, fork_state
 from agent_fsm.run.history import HistoryRepair, prepare_history
+from agent_fsm.run.identity import agent_record, claim, keep_approvals
 from agent_fsm.run.residence import InProcess, Residence, Timekeeping, taken
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
@@ -544,6 +545,7 @@ class Agent:
             output_guardrails=outputs,
             dead_guards=_dead_guards(limits, offered, output, self.reflector, policies)
             - _guardrail_guards(inputs, outputs),
+            record=agent_record(registry.specs, self.system_prompt, machine.rows, offered),
         )
         _set(self, "_config", config)
         time = Timekeeping(clock=self.clock, sleep=self.sleep)
@@ -758,6 +760,7 @@ class Agent:
             self._config.tools_tokens,
             messages,
             self._config.count_tokens,
+            agent=self._config.record,
         )
         return state, repaired
 
@@ -819,11 +822,13 @@ class Agent:
         while (taken_run := residence.take_next()) is not None:
             state, keeper = taken_run
             try:
+                if config.record is not None:
+                    claim(state, config.record)
                 answered = reopen(state, config.machine, config.limits)
-            except ResumeError as exc:  # made with another table, say
+            except ResumeError as exc:  # made by another agent (other tools, another table)
                 residence.set_aside(state.run_id, exc)
                 continue
-            return Run(config, state, keeper, resumed=answered)
+            return Run(keep_approvals(config, state), state, keeper, resumed=answered)
         return None
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
@@ -915,10 +920,13 @@ class Agent:
         _check_id("run id", run_id)
         config = self._config
         with self._residence.readmit(run_id) as (state, keeper):
+            if config.record is not None:
+                claim(state, config.record)
+            kept = keep_approvals(config, state)
             answered = reopen(
-                state, config.machine, config.limits, reply, approvals, pause, tools=config.tools
+                state, kept.machine, kept.limits, reply, approvals, pause, tools=kept.tools
             )
-        return Run(config, state, keeper, resumed=answered)
+        return Run(kept, state, keeper, resumed=answered)
 
     async def resume(
         self,

@@ -32,6 +32,7 @@ from typing import Protocol, TextIO
 import structlog
 
 from agent_fsm.agent import Agent, machine_for
+from agent_fsm.cli_agent import Driver, add_mcp_options
 from agent_fsm.cli_model import add_model_options
 from agent_fsm.cli_stores import open_store
 from agent_fsm.custom_table import Table
@@ -77,9 +78,12 @@ class _UsageError(Exception):
 
 
 def _configure_logging(verbose: bool) -> None:
+    """Errors only by default: a warning (an ordinary tool error) is the run's business, and
+    on a terminal it would break the progress line. ``-v`` shows everything, warnings and
+    every transition."""
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(
-            logging.DEBUG if verbose else logging.WARNING
+            logging.DEBUG if verbose else logging.ERROR
         ),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
@@ -188,7 +192,9 @@ def _summary(out: TextIO, outcome: _Outcome) -> None:
     if outcome.status is RunStatus.FAILED:
         print(f"error: {outcome.error}", file=out)
         if outcome.output is not None:  # the last answer a limit asked for
-            print(f"last answer: {outcome.output}", file=out)
+            cut = getattr(outcome, "output_incomplete", False)  # a recorded run may not say
+            cut = " (cut off at its token limit)" if cut else ""
+            print(f"last answer{cut}: {outcome.output}", file=out)
     elif outcome.stop_reason is StopReason.ASK_USER:
         print(f"question for you: {outcome.output}", file=out)
     elif outcome.status is RunStatus.NEEDS_INPUT:
@@ -218,8 +224,10 @@ def _run_agent(
     *,
     streamed: bool = False,
     settle: Callable[[Agent, RunResult], RunResult] | None = None,
+    start: Callable[[Agent], RunResult] | None = None,
 ) -> int:
-    """Run ``agent`` on ``question``, printing as it goes; ``settle`` may answer its pauses
+    """Run ``agent`` on ``question``, printing as it goes (``start`` drives the run, as
+    ``cli_agent.Driver`` does; ``run_sync`` when None); ``settle`` may answer its pauses
     (``cli_model.run_until_settled``), else the outcome is summarised once."""
     writer = TraceWriter(trace) if trace else None  # a bad path fails before the run
     printer = _Printer(out, live=out.isatty(), max_turns=agent.limits.max_turns, streamed=streamed)
@@ -238,7 +246,7 @@ def _run_agent(
         file=out,
     )
     try:
-        result = agent.run_sync(question)
+        result = agent.run_sync(question) if start is None else start(agent)
         if settle is not None:
             result = settle(agent, result)
         else:
@@ -261,32 +269,47 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from agent_fsm.cli_model import build_agent
+    from agent_fsm.cli_agent import Driver, build_agent, kept
 
-    agent = build_agent(args)
-    return _run_agent(
-        agent,
-        args.question,
-        sys.stdout,
-        args.trace,
-        streamed=args.stream,
-        settle=lambda live, result: _settle(live, result, args),
-    )
+    with Driver(args) as driver:
+        agent = driver.agent = build_agent(args, driver.tools)
+        if args.continues is not None and not kept(agent, args):
+            raise _UsageError("--continues reads the run from a store: give --store PATH")
+        return _run_agent(
+            agent,
+            args.question,
+            sys.stdout,
+            args.trace,
+            streamed=args.stream,
+            settle=lambda live, result: _settle(live, result, args, driver),
+            start=lambda live: driver.run(live, args.question, args.continues),
+        )
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from agent_fsm.cli_model import StreamPrinter, build_agent
+    from agent_fsm.cli_agent import Driver
 
-    agent = build_agent(args).subscribe(
-        _Printer(sys.stdout, live=sys.stdout.isatty(), streamed=args.stream)
-    )
+    with Driver(args) as driver:
+        return _resume(args, driver)
+
+
+def _resume(args: argparse.Namespace, driver: Driver) -> int:
+    from agent_fsm.cli_agent import build_agent, kept
+    from agent_fsm.cli_model import StreamPrinter
+
+    agent = driver.agent = build_agent(args, driver.tools)
+    if not kept(agent, args):
+        raise _UsageError(
+            "resume continues a run of a store: give --store PATH (the store `run` was given)"
+        )
+    agent = agent.subscribe(_Printer(sys.stdout, live=sys.stdout.isatty(), streamed=args.stream))
     if args.stream:
         agent = agent.subscribe(StreamPrinter(sys.stdout))
     approvals: Decisions | None = None
     if args.approve or args.deny:
         approvals = _decisions(args.approve, args.deny)
-    result = agent.resume_sync(args.run_id, args.reply, approvals=approvals, pause=args.pause)
-    result = _settle(agent, result, args)
+    result = driver.resume(agent, args.run_id, args.reply, approvals, args.pause)
+    result = _settle(agent, result, args, driver)
     return 1 if result.status is RunStatus.FAILED else 0
 
 
@@ -299,19 +322,34 @@ def _decisions(approve: list[str], deny: list[str]) -> Decisions:
     return {**dict.fromkeys(approve, True), **dict.fromkeys(deny, False)}
 
 
-def _settle(agent: Agent, result: RunResult, args: argparse.Namespace) -> RunResult:
+def _settle(agent: Agent, result: RunResult, args: argparse.Namespace, driver: Driver) -> RunResult:
+    """Answer the run's pauses (``cli_model.run_until_settled``), summarise it with its id,
+    and say how to resume a run an outage stopped (``cli_agent.after_outage``)."""
+    from agent_fsm.cli_agent import after_outage, kept, resume_command
     from agent_fsm.cli_model import run_until_settled
 
-    return run_until_settled(
+    def summarise(outcome: RunResult) -> None:
+        _summary(sys.stdout, outcome)
+        print(f"run id:       {outcome.run_id}", file=sys.stdout)
+
+    settled = run_until_settled(
         result,
-        lambda reply, approvals, pause: agent.resume_sync(
-            result.run_id, reply, approvals=approvals, pause=pause
+        lambda reply, approvals, pause: driver.resume(
+            agent, result.run_id, reply, approvals, pause
         ),
         interactive=args.interactive,
         out=sys.stdout,
-        summarise=lambda outcome: _summary(sys.stdout, outcome),
-        store=args.store,
+        summarise=summarise,
+        resume_command=(
+            (lambda run_id, *answer: resume_command(args, run_id, *answer))
+            if kept(agent, args)
+            else None
+        ),
     )
+    advice = after_outage(agent, args, settled)
+    if advice is not None:
+        print(advice, file=sys.stdout)
+    return settled
 
 
 DEFAULT_STORE = "agent_fsm.sqlite3"
@@ -540,7 +578,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every transition")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log warnings (a failed tool call, a retried model call) and every transition",
+    )
     parser.add_argument("--version", action="version", version=f"agent-fsm {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trace_help = "write every event of the run to FILE as JSON Lines (see `replay`)"
@@ -560,14 +603,22 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
-        help="run the example tools (weather, calculator) against a real model",
-        description="Ask a question with the demo's tools against any OpenAI-compatible "
-        "server (--base-url, or OPENAI_BASE_URL). A pause (ask_user, an approval) is answered "
-        "at the terminal, or later with `agent-fsm resume` when the run has a --store. Exits "
-        "1 if the run fails, 2 for bad usage (no API key, a bad option or setting).",
+        help="run your agent (--agent module:attr), or the example tools, against a model",
+        description="Ask a question of your agent (--agent module:attr or file.py:attr: its "
+        "tools, prompt, table, limits and model; options given replace its own) or of the "
+        "demo's tools, against any provider or OpenAI-compatible server (--base-url). A pause "
+        "(ask_user, an approval) is answered at the terminal, or later with `agent-fsm "
+        "resume` when the run has a store; so is a run an outage stopped. Exits 1 if the run "
+        "fails, 2 for bad usage (no API key, a bad option or setting).",
     )
     run.add_argument("question")
     add_model_options(run, store_required=False)
+    add_mcp_options(run)
+    run.add_argument(
+        "--continues",
+        metavar="RUN_ID",
+        help="a new run that goes on from the conversation of a stopped run of the store",
+    )
     run.add_argument("--trace", metavar="FILE", help=trace_help)
     run.set_defaults(handler=_cmd_run)
 
@@ -575,8 +626,9 @@ def _parser() -> argparse.ArgumentParser:
         "resume",
         help="answer a paused run (ask_user, approvals) of a checkpoint store and go on",
         description="Continue a run that `agent-fsm run --store PATH` left paused (or "
-        "stopped by an outage) with the same model options. Exits 1 if the run fails, 2 if "
-        "the answer does not fit the pause.",
+        "stopped by an outage) with the options that built its agent (the same --agent, "
+        "model and prompt: a run refuses another agent). Exits 1 if the run fails, 2 if "
+        "the answer does not fit the pause or the agent is not the run's.",
     )
     resume.add_argument("run_id", metavar="RUN_ID")
     resume.add_argument("reply", nargs="?", help="the answer to the run's question")
@@ -601,6 +653,7 @@ def _parser() -> argparse.ArgumentParser:
         "`--approve all` / `--deny all`: a repeated command must not approve a later pause)",
     )
     add_model_options(resume, store_required=True)
+    add_mcp_options(resume)
     resume.set_defaults(handler=_cmd_resume)
 
     diagram = commands.add_parser(

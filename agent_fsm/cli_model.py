@@ -17,15 +17,12 @@ option or setting, an answer that does not fit the pause).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from agent_fsm.agent import Agent
-from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.events import Event, MessageUpdated, ModelResponded
 from agent_fsm.limits import Limits
@@ -36,15 +33,21 @@ from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import ControlKind, RunResult, RunStatus
 
 __all__ = [
+    "DEMO_MAX_TURNS",
+    "DEMO_SYSTEM",
+    "DEMO_TOKEN_BUDGET",
     "PROVIDERS",
     "Provider",
     "add_model_options",
-    "build_agent",
     "build_model",
     "run_until_settled",
 ]
 
-_TOOLS = ("get_weather", "calculator")
+
+DEMO_SYSTEM = "Answer the user's question. Use the tools; do arithmetic with the calculator."
+"""The demo's system prompt, which names its tools."""
+DEMO_MAX_TURNS = 10
+DEMO_TOKEN_BUDGET = 100_000
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, store_required: bool) -> None:
@@ -58,7 +61,18 @@ def add_model_options(parser: argparse.ArgumentParser, *, store_required: bool) 
         help="the API the model speaks (default: openai, Chat Completions, which any "
         "OpenAI-compatible server speaks too)",
     )
-    model.add_argument("--model", required=True, help="model name, e.g. gpt-4o-mini")
+    parser.add_argument(
+        "--agent",
+        metavar="MODULE:ATTR",
+        help="your agent, module:attr or path/file.py:attr (a function is called to build "
+        "it): its tools, prompt, table, limits and model; the options given replace its own "
+        "(default: the demo's weather and calculator tools)",
+    )
+    model.add_argument(
+        "--model",
+        help="model name, e.g. gpt-4o-mini (required without --agent; with it, replaces the "
+        "agent's model)",
+    )
     model.add_argument(
         "--base-url",
         help="the API root: an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1, or a "
@@ -89,80 +103,49 @@ def add_model_options(parser: argparse.ArgumentParser, *, store_required: bool) 
     run.add_argument(
         "--max-turns",
         type=int,
-        default=10,
-        help="model calls the run may make, retries aside (Limits.max_turns; default 10)",
+        help="model calls the run may make, retries aside (Limits.max_turns; default "
+        f"{DEMO_MAX_TURNS}, or the --agent's own)",
     )
     run.add_argument(
         "--token-budget",
         type=int,
-        default=100_000,
-        help="tokens the run may spend, prompts and replies (Limits.token_budget; default 100000)",
+        help="tokens the run may spend, prompts and replies (Limits.token_budget; default "
+        f"{DEMO_TOKEN_BUDGET}, or the --agent's own)",
     )
     run.add_argument(
         "--retries",
         type=int,
-        default=Limits().model_retries,
         help="retries of a failed model call before the run stops (Limits.model_retries; "
-        f"default {Limits().model_retries})",
+        f"default {Limits().model_retries}, or the --agent's own)",
     )
     run.add_argument(
         "--system",
-        default="Answer the user's question. Use the tools; do arithmetic with the calculator.",
-        help="the system prompt (default: the demo's, which names its tools)",
+        help="the system prompt (default: the demo's, which names its tools, or the --agent's)",
     )
     run.add_argument(
         "--require-approval",
         metavar="TOOL",
         action="append",
         default=[],
-        choices=_TOOLS,
-        help="a person approves every call of TOOL before it runs",
+        help="a person approves every call of TOOL before it runs (the run keeps the rule: "
+        "a resume need not repeat it)",
     )
     run.add_argument(
         "--store",
         metavar="PATH",
-        required=store_required,
-        help="checkpoint the run into this SQLite store, so that `agent-fsm resume` can "
-        "continue it later" + ("" if store_required else " (required for that)"),
+        help="the SQLite store of the run"
+        + (
+            " (required unless the --agent has a store of its own)"
+            if store_required
+            else ", so that `agent-fsm resume` can continue it later (required for that, "
+            "unless the --agent has a store of its own)"
+        ),
     )
     run.add_argument(
         "--interactive",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="answer a pause at the terminal (default: when stdin is a terminal)",
-    )
-
-
-def build_agent(args: argparse.Namespace) -> Agent:
-    """The agent the options describe.
-
-    Raises:
-        ConfigError: no API key where one is needed, a bad ``--set``, or a setting the
-            model refuses (the CLI exits 2).
-    """
-    from agent_fsm.demo import calculator, get_weather
-    from agent_fsm.limits import Limits
-    from agent_fsm.tools.tool import Tool
-
-    model = build_model(args)
-    tools: list[Tool] = [get_weather, calculator]
-    tools = [
-        dataclasses.replace(tool, requires_approval=True)
-        if tool.name in args.require_approval
-        else tool
-        for tool in tools
-    ]
-    return Agent(
-        model=model,
-        tools=tools,
-        system_prompt=args.system,
-        limits=Limits(
-            max_turns=args.max_turns,
-            token_budget=args.token_budget,
-            model_retries=args.retries,
-            model_retries_per_run=max(args.retries * 3, args.retries),
-        ),
-        store=SQLiteStore(args.store) if args.store else None,
     )
 
 
@@ -184,8 +167,11 @@ def build_model(args: argparse.Namespace) -> Model:
             )
         api_key = "unused"  # local OpenAI-compatible servers usually need no key
     adapter = provider.adapter()
-    fields = provider.settings(_fields(args.fields))
-    for name in ("temperature", "max_tokens", "timeout"):
+    requested = _fields(args.fields)
+    if args.temperature is not None:  # a request field: where the SDK has none, extra_body
+        requested["temperature"] = args.temperature
+    fields = provider.settings(requested)
+    for name in ("max_tokens", "timeout"):
         value = getattr(args, name)
         if value is not None:
             fields[name] = value
@@ -268,17 +254,18 @@ def run_until_settled(
     interactive: bool | None,
     out: TextIO,
     summarise: Callable[[RunResult], None],
-    store: str | None,
+    resume_command: Callable[..., str] | None,
 ) -> RunResult:
     """Answer the run's pauses at the terminal while it is interactive; otherwise say how to
-    answer later. Returns the last result."""
+    answer later: ``resume_command(run_id, *answer)`` is the command that does (None: the
+    run is kept nowhere a later process finds it). Returns the last result."""
     if interactive is None:
         interactive = sys.stdin.isatty()
     summarise(result)
     while result.status is RunStatus.NEEDS_INPUT:
         answer = _ask(result, out) if interactive else None
         if answer is None:
-            _how_to_resume(result, out, store)
+            _how_to_resume(result, out, resume_command)
             break
         reply, approvals = answer
         result = resume(reply, approvals, result.pending.pause if result.pending else None)
@@ -314,20 +301,20 @@ def _read_line(prompt: str, out: TextIO) -> str | None:
     return line.strip()
 
 
-def _how_to_resume(result: RunResult, out: TextIO, store: str | None) -> None:
+def _how_to_resume(
+    result: RunResult, out: TextIO, resume_command: Callable[..., str] | None
+) -> None:
     pending = result.pending
-    if store is None:
+    if resume_command is None:
         print(
             "the run waits for an answer; run with --store PATH to answer it later with "
             "`agent-fsm resume`",
             file=out,
         )
         return
-    answer = "'your answer'" if pending and pending.kind is ControlKind.ASK_USER else ""
-    approve = " --approve all (or --deny all)" if not answer else ""
-    pause = f" --pause {pending.pause}" if pending and pending.pause else ""
-    print(
-        f"answer later: agent-fsm resume {result.run_id} {answer}{approve}{pause} --store "
-        f"{store} (with the same --model and server options)".replace("  ", " "),
-        file=out,
-    )
+    asks = pending is not None and pending.kind is ControlKind.ASK_USER
+    answer = ["your answer"] if asks else ["--approve", "all"]
+    if pending is not None and pending.pause:
+        answer += ["--pause", pending.pause]
+    alternative = "" if asks else " (or --deny all)"
+    print(f"answer later: {resume_command(result.run_id, *answer)}{alternative}", file=out)

@@ -4,9 +4,13 @@ does.
 An application that configures structlog gets agent_fsm's events through its own structlog
 configuration (``structlog.configure`` was called: ``structlog.is_configured()``). Otherwise
 they go to the standard ``logging`` logger of the module that wrote them (``agent_fsm`` and
-below), rendered as ``event key=value ...``: unconfigured, Python's logging shows warnings
-and worse on stderr and nothing else, so the program's own output stays its own. Structlog's
-unconfigured default, by contrast, prints every level to stdout.
+below), rendered as ``event key=value ...``. The ``agent_fsm`` logger carries a
+``logging.NullHandler`` (added by the package's ``__init__``, so importing any part of
+agent_fsm sets it), so an application that configured no logging at all sees nothing
+(Python's last-resort handler would otherwise print every warning, ``tool_call_failed`` for an
+ordinary tool error among them, on stderr); one that calls ``logging.basicConfig`` or adds a
+handler of its own gets the lines. Structlog's unconfigured default, by contrast, prints every
+level to stdout.
 
 Decided when a logger is asked for (each run asks once), so configuring logging after
 importing agent_fsm works.

@@ -26,10 +26,11 @@ from agent_fsm.table import (
     resumable_stops,
     state_named,
 )
-from agent_fsm.tokens import calibrate
+from agent_fsm.tokens import Calibration
 
 __all__ = [
     "CONTROL_STOPS",
+    "AgentRecord",
     "Approval",
     "ControlKind",
     "ControlRequest",
@@ -160,6 +161,28 @@ class ModelFailure(BaseModel):
     """True when retrying cannot help (bad request, authentication, a broken script)."""
     retry_after_s: float | None = None
     """The server's requested delay before a retry, where it gave one."""
+    context_overflow: bool = False
+    """The server refused the prompt as longer than its context window (read by the
+    ``context_overflowed`` guard: the run shrinks the prompt, or stops ``context_window``)."""
+    prompt_tokens: int | None = None
+    """The refused prompt's size by the server's count, where its refusal said."""
+
+
+class AgentRecord(BaseModel):
+    """What the agent that made a run was, kept with the run (``RunState.agent``): a resume
+    by a different agent is refused, saying what differs, and the run's approval rules hold
+    whoever resumes it (``run.identity``). Digests, not copies: a checkpoint stays small."""
+
+    model_config = _FROZEN
+
+    tools: dict[str, str] = {}
+    """Each tool offered to the model, by name: a digest of its description and schema."""
+    system_prompt: str = ""
+    """A digest of the system prompt."""
+    table: str = ""
+    """A digest of the table's rows (the loop the run steps through)."""
+    approval: tuple[str, ...] = ()
+    """The tools whose calls wait for a person's approval (``Tool.requires_approval``)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -229,6 +252,10 @@ class RunState:
     run_id: str = _declared(L.RUN, "")
     state: StateName = _declared(L.RUN, "loop.machine", AgentState.OBSERVE)
     """Where the run is; moved only by the machine, when a row is taken."""
+    agent: AgentRecord | None = _declared(L.RUN, "run.identity", None)
+    """The agent that made the run (``AgentRecord``); None for a run checkpointed by an
+    older agent_fsm, which any agent may resume, and for a queued run until a worker takes
+    it (``run.identity.claim``)."""
     notes: dict[str, Any] = _declared(L.RUN, "", factory=dict)
     """What the user's own loop keeps: the work of a ``CustomState`` writes it (through
     ``StepContext.notes``), the table's own guards read it. JSON values, checkpointed with
@@ -263,7 +290,10 @@ class RunState:
     reported_prompt_tokens: int = _declared(L.RUN, "run.thinking", 0)
     estimated_prompt_tokens: int = _declared(L.RUN, "run.thinking", 0)
     """Prompt tokens the server reported, and what the engine had estimated for the same
-    calls: their ratio calibrates every later estimate (``calibrated_prompt_tokens``)."""
+    calls, summed over the run (``calibration`` is what scales the estimates)."""
+    calibration: Calibration = _declared(L.RUN, "", factory=Calibration)
+    """How the servers count what the engine estimates (``tokens.Calibration``), learned
+    from every reported usage and every context overflow (``calibrated_prompt_tokens``)."""
     context: ContextEdits = _declared(L.RUN, "run.context", factory=ContextEdits)
     """How the prompt sent differs from the transcript (``agent_fsm.prompt``)."""
     summary_due: SummaryDue | None = _declared(L.STOP, "run.compacting", None)
@@ -323,6 +353,9 @@ class RunState:
     after a stop, the transition at that position is the resume row."""
     abort_reason: str | None = _declared(L.STOP, "run.engine", None)
     output: str | None = _declared(L.STOP, "run.thinking run.answering run.outcome", None)
+    output_incomplete: bool = _declared(L.STOP, "run.thinking run.answering", False)
+    """``output`` was cut off at the model's token limit (finish ``length``): a final answer
+    (the run is then ``incomplete``) or a last answer (``Limits.last_answer``)."""
     error: str | None = _declared(L.STOP, "run.outcome", None)
     stop_reason: StopReason | None = _declared(L.STOP, "run.outcome run.resuming", None)
     """Why the run stopped, while it is in DONE or ERROR; what the resume rows' guards read."""
@@ -333,14 +366,9 @@ class RunState:
 
 
 def calibrated_prompt_tokens(state: RunState) -> int:
-    """The next prompt's estimated size (transcript as sent, plus tool definitions), scaled
-    by the ratio of the prompt tokens servers reported to what was estimated for those calls
-    (``tokens.calibrate``)."""
-    return calibrate(
-        state.prompt_tokens_estimate + state.tools_tokens_estimate,
-        state.reported_prompt_tokens,
-        state.estimated_prompt_tokens,
-    )
+    """The next prompt's estimated size (transcript as sent, plus tool definitions), as the
+    server would count it (``RunState.calibration``)."""
+    return state.calibration.prompt(state.prompt_tokens_estimate + state.tools_tokens_estimate)
 
 
 def _check_declarations(cls: type) -> None:
@@ -461,6 +489,10 @@ class RunResult(BaseModel):
     last_answers: int = 0
     """Last answers asked for when a limit ended the run (``Limits.last_answer``): model
     calls that are neither turns nor retries (``turns + retries + last_answers`` in all)."""
+    output_incomplete: bool = False
+    """``output`` is text cut off at the model's token limit, not a whole answer: a final
+    answer (status ``incomplete``) or the last answer of a run a limit ended (status
+    ``failed``, its text the best the run had)."""
     value: Any = None
     """The typed output (``Agent(output_type=...)``): an instance of the pydantic model, or
     the JSON value of the schema, validated; None when the run did not end with one."""
@@ -503,6 +535,7 @@ class RunResult(BaseModel):
             stop_reason=stop_reason,
             final_state=state.state,
             output=state.output,
+            output_incomplete=state.output_incomplete,
             error=state.error,
             turns=state.turns,
             usage=state.usage,

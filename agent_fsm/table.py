@@ -116,7 +116,8 @@ class StopReason(StrEnum):
     """The money budget (``Limits.cost_budget``) is spent, or the next prompt would pass it
     (stopped before the call)."""
     CONTEXT_WINDOW = "context_window"
-    """The prompt cannot be made to fit the model's context window (stopped before the call)."""
+    """The prompt cannot be made to fit the model's context window: stopped before the call,
+    or after the server refused it as too long. A resume with a larger window goes on."""
     MAX_TURNS = "max_turns"
     TIMEOUT = "timeout"
     LOOP_DETECTED = "loop_detected"
@@ -159,7 +160,8 @@ class Verb(StrEnum):
     CARRY_OUT = "carry_out"
     """Resume: the decided approvals are carried out."""
     RESUME = "resume"
-    """Resume: an aborted or timed-out run goes on."""
+    """Resume: an aborted or timed-out run goes on, or one whose prompt did not fit the
+    context window (with a larger one)."""
     RECOVER = "recover"
     """Resume: a run that a transient model failure stopped tries again."""
     RESTART = "restart"
@@ -311,6 +313,7 @@ STOP_GUARDS: dict[str, frozenset[StopReason]] = {
     "stopped_for_approval": frozenset({R.APPROVAL_REQUIRED}),
     "stopped_by_interruption": frozenset({R.ABORTED, R.TIMEOUT}),
     "stopped_by_transient_model_failure": frozenset({R.MODEL_ERROR}),
+    "stopped_by_context_window": frozenset({R.CONTEXT_WINDOW}),
     CRASH_GUARD: frozenset(),
 }
 """The guards that say which stop a resume row leaves, and the stop reasons each accepts (a
@@ -361,12 +364,22 @@ def _last_answer_before(trigger: Trigger, source: AgentState, *limit: str) -> tu
 
 def _failed_call_rows(trigger: Trigger, source: AgentState, budget: str) -> tuple[Row, ...]:
     """The stops of a state whose model call failed (THINK, SUMMARISE), in priority order:
-    the deadline cut it; it cannot succeed; no retry is left; the tokens left (``budget``,
-    the guard that says they are not) cannot pay for another. A retry row comes after."""
-    failed = "model_call_failed"
+    the deadline cut it; the server refused the prompt as longer than its context (THINK
+    shrinks it when the calibration, having learnt from the refusal, now says it exceeds the
+    window, through COMPACT, which stops ``context_window`` if nothing shrinks it); it cannot
+    succeed; no retry is left; the tokens left (``budget``, the guard that says they are not)
+    cannot pay for another. A retry row comes after."""
+    failed, overflowed = "model_call_failed", "context_overflowed"
+    shrink = (
+        (Row(trigger, source, S.COMPACT, (failed, overflowed, "prompt_exceeds_window"), V.COMPACT),)
+        if source is S.THINK
+        else ()
+    )
     return (
         *_last_answer_before(trigger, source, failed, "time_is_up"),
         Row(trigger, source, S.ERROR, (failed, "time_is_up"), R.TIMEOUT),
+        *shrink,
+        Row(trigger, source, S.ERROR, (failed, overflowed), R.CONTEXT_WINDOW),
         Row(trigger, source, S.ERROR, (failed, "model_error_is_permanent"), R.MODEL_ERROR),
         Row(trigger, source, S.ERROR, (failed, "no_retries_left"), R.MODEL_ERROR),
         *_last_answer_before(trigger, source, failed, budget),
@@ -492,6 +505,7 @@ TABLE: tuple[Row, ...] = (
     Row(T.RESUMED, S.DONE, S.ACT, ("stopped_for_approval", "approvals_decided"), V.CARRY_OUT),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_interruption",), V.RESUME),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_transient_model_failure",), V.RECOVER),
+    Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_context_window",), V.RESUME),
     # A run whose process died mid-step is reopened where its last checkpoint left it, and
     # does that step again (the tool journal keeps a call that ran from running twice).
     *crash_rows(S.OBSERVE, S.COMPACT, S.SUMMARISE, S.THINK, S.ACT, S.REFLECT, S.LAST_ANSWER),

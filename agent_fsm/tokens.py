@@ -1,19 +1,31 @@
-"""Token estimation for budget checks made before a model call.
+"""Token estimation for budget checks made before a model call, and its calibration.
 
-The estimate is deliberately cheap and slightly pessimistic (about four characters per token,
-plus a per-message overhead) because it gates whether a call may start: overestimating stops a
-run a little early, underestimating could overspend the budget. It is computed once per
-message as the message is appended, so the prompt estimate is O(1) per turn.
+The estimate is deliberately cheap (about four characters per token, plus a per-message
+overhead, or a model's own tokenizer: ``TextCounter``) because it gates whether a call may
+start. It is computed once per message as the message is appended, so the prompt estimate is
+O(1) per turn.
+
+A server counts differently: its chat template adds a fixed cost to every request (about 190
+tokens on llama-server with Gemma 3), and its tokenizer counts the content at its own rate.
+``Calibration`` learns both from the usage servers report, as ``fixed + per_content x
+estimate``: the rate from a least-squares fit over the last ``CALIBRATION_PAIRS`` (estimate,
+reported) pairs, the fixed part as the smallest that leaves none of them under-counted. One
+ratio for everything (what this module did before) counts the template cost again in every
+message, and stopped a run at 3,862 "tokens" for a prompt of 1,116.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolSpec
 
 __all__ = [
+    "CALIBRATION_PAIRS",
+    "Calibration",
     "TextCounter",
     "calibrate",
     "estimate_message_tokens",
@@ -56,10 +68,83 @@ def estimate_tools_tokens(
     )
 
 
-def calibrate(tokens: int, reported: int, estimated: int) -> int:
-    """``tokens`` (an estimate) scaled by the ratio of the prompt tokens servers reported to
-    the engine's estimate of the same prompts, rounded up. Never scaled down: an estimate
-    that was too high stays on the safe side of the window and the budget."""
-    if reported <= estimated:
-        return tokens
-    return -(-tokens * reported // estimated)
+CALIBRATION_PAIRS = 8
+"""How many recent (estimate, reported) pairs a calibration fits: enough to see past one odd
+request, few enough that refitting once per reply costs nothing next to the reply."""
+
+MIN_RATE, MAX_RATE = 0.2, 5.0
+"""The bounds of a fitted per-content rate: a fit outside them is noise, not a tokenizer."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Calibration:
+    """How a server counts a prompt the engine estimated at ``x`` tokens:
+    ``fixed + ceil(per_content * x)``.
+
+    Learned (``learn``) from each reply's reported prompt tokens, and from a server that
+    refused a prompt as longer than its context (a lower bound of its size). With one pair
+    (or every pair of the same estimate) the gap is taken as fixed cost at the estimate's own
+    rate; a prompt is then never counted below what the server said of a prompt of that size.
+    Reading it is O(1): the guards scale an estimate on every turn.
+    """
+
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+    """The last ``CALIBRATION_PAIRS`` (estimate, reported) pairs, oldest first."""
+    fixed: int = 0
+    """Tokens a server adds to every request (its template, the tool preamble)."""
+    per_content: float = 1.0
+    """Tokens the server counts per estimated token of content."""
+
+    def prompt(self, tokens: int) -> int:
+        """A whole request estimated at ``tokens``, as the server would count it."""
+        return self.fixed + self.content(tokens)
+
+    def content(self, tokens: int) -> int:
+        """Part of a request (a message, the tools) estimated at ``tokens``: no fixed cost."""
+        if self.per_content == 1.0:
+            return tokens
+        return math.ceil(tokens * self.per_content - 1e-9)
+
+    def learn(self, estimate: int, reported: int) -> None:
+        """Take in one request the engine estimated at ``estimate`` tokens and the server
+        counted at ``reported`` (or at least that many); pairs with a count that is not
+        positive are no evidence and ignored."""
+        if estimate <= 0 or reported <= 0:
+            return
+        pairs = self.pairs
+        pairs.append((estimate, reported))
+        if len(pairs) > CALIBRATION_PAIRS:
+            del pairs[0]
+        rate = self.per_content = _rate(pairs)
+        # One pass, no generators: this runs on every reply of every run (issue 35's
+        # "free when off": the per-turn cost in benchmarks/instructions.py).
+        worst = -math.inf
+        for x, y in pairs:
+            gap = y - rate * x
+            if gap > worst:
+                worst = gap
+        self.fixed = max(0, math.ceil(worst - 1e-9))
+
+
+def _rate(pairs: list[tuple[int, int]]) -> float:
+    """The least-squares slope of reported over estimated tokens, within the rate bounds;
+    1.0 while the estimates do not differ (no slope can be told from one size). Summed in
+    integers, in one pass: exact, whatever the sizes."""
+    n = sx = sy = sxx = sxy = 0
+    for x, y in pairs:
+        n += 1
+        sx += x
+        sy += y
+        sxx += x * x
+        sxy += x * y
+    spread = n * sxx - sx * sx  # n times the sum of squared deviations
+    if spread < n:  # the deviations' squares sum to less than 1
+        return 1.0
+    slope = (n * sxy - sx * sy) / spread
+    return min(max(slope, MIN_RATE), MAX_RATE)
+
+
+def calibrate(tokens: int, calibration: Calibration) -> int:
+    """``tokens``, the engine's estimate of a whole request, as the server would count it
+    (``Calibration.prompt``)."""
+    return calibration.prompt(tokens)

@@ -19,6 +19,7 @@ from typing import Any
 from tests.openai_payloads import api_error, sse
 
 Behaviour = Callable[[asyncio.StreamWriter], Awaitable[None]]
+Refusal = Callable[[dict[str, str], dict[str, Any]], tuple[int, Any] | None]
 
 ARGUMENTS_ERROR = "Failed to parse tool call arguments as JSON"
 CONTEXT_ERROR = "the request exceeds the available context size, try increasing it"
@@ -32,8 +33,22 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 class LocalServer:
     """``async with LocalServer() as base_url``: serves until the block ends."""
 
-    def __init__(self, *, check_arguments: bool = False, context_size: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        check_arguments: bool = False,
+        context_size: int | None = None,
+        refuse: Refusal | None = None,
+        template_tokens: int = 0,
+        chars_per_token: int = 3,
+    ) -> None:
         self.behaviours: deque[Behaviour] = deque()
+        self.refuse = refuse
+        self.template_tokens = template_tokens
+        """Tokens the chat template adds to every request, by this server's count."""
+        self.chars_per_token = chars_per_token
+        """Checks each request (headers, body) first: a (status, payload) it returns is the
+        reply, as a server that refuses what it cannot take answers."""
         self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.check_arguments = check_arguments
         self.context_size = context_size
@@ -151,8 +166,14 @@ class LocalServer:
                 body = json.loads(await reader.readexactly(int(headers.get("content-length", "0"))))
                 self.seen.append((headers, body))
                 if self.context_size is not None:
-                    self.counted.append(prompt_tokens(body))
-                if self.context_size is not None and self.counted[-1] > self.context_size:
+                    self.counted.append(
+                        self.template_tokens + prompt_tokens(body, self.chars_per_token)
+                    )
+                refused = self.refuse(headers, body) if self.refuse is not None else None
+                if refused is not None:
+                    self.reply(refused[1], refused[0])
+                    behaviour = self.behaviours.pop()
+                elif self.context_size is not None and self.counted[-1] > self.context_size:
                     self.reply(api_error(CONTEXT_ERROR, type_="exceed_context_size_error"), 400)
                     behaviour = self.behaviours.pop()
                 elif self.check_arguments and _unparseable_arguments(body):
@@ -171,12 +192,12 @@ class LocalServer:
             writer.close()
 
 
-def prompt_tokens(body: dict[str, Any]) -> int:
+def prompt_tokens(body: dict[str, Any], chars_per_token: int = 3) -> int:
     """The prompt's tokens as this server counts them: a chat template wraps every message
     and tool in text of its own, so it counts one token per three characters of the JSON
     sent (the engine's estimate, one per four of the text, runs about a third low)."""
     sent = json.dumps(body.get("messages", [])) + json.dumps(body.get("tools", []))
-    return len(sent) // 3
+    return len(sent) // chars_per_token
 
 
 def _unparseable_arguments(body: dict[str, Any]) -> bool:

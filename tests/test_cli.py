@@ -128,7 +128,7 @@ def test_diagram_with_a_trace_overlays_the_run(
     out = capsys.readouterr().out
     assert out == render(TABLE, "mermaid", run=read_run(path))
     assert "OBSERVE --> THINK : observed #9 [else] think ×4" in out
-    assert "THINK --> ACT : thought #15 [reply_has_tool_calls] act ×3" in out
+    assert "THINK --> ACT : thought #17 [reply_has_tool_calls] act ×3" in out
     assert "class DONE stopped_ok" in out
     assert "note right of DONE : stopped﹕ final_answer, 4 turns" in out
     # the format follows the output file's suffix
@@ -350,7 +350,7 @@ def test_runs_lists_a_store_shows_a_run_and_draws_its_path(
 
     assert main(["diagram", "--run", run_id, "--store", db]) == 0
     drawn = capsys.readouterr().out
-    assert "THINK --> ACT : thought #15 [reply_has_tool_calls] act ×3" in drawn
+    assert "THINK --> ACT : thought #17 [reply_has_tool_calls] act ×3" in drawn
     assert f"stopped﹕ final_answer, 4 turns (run {run_id[:12]})" in drawn
 
 

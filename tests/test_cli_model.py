@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from tests.openai_payloads import chunks_for, completion, tool_call
 pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
 
 KEY = "sk-from-my-variable-0123456789"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -33,9 +35,14 @@ _PROVIDER_VARIABLES = frozenset(
 )
 
 
-async def agent_fsm(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> Finished:
+async def agent_fsm(
+    *args: str, stdin: str = "", env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Finished:
     environment = {k: v for k, v in os.environ.items() if k not in _PROVIDER_VARIABLES}
     environment.update(env or {})
+    if cwd is not None:  # this checkout's agent_fsm, wherever the command runs
+        paths = [str(ROOT), *filter(None, [environment.get("PYTHONPATH")])]
+        environment["PYTHONPATH"] = os.pathsep.join(paths)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -45,6 +52,7 @@ async def agent_fsm(*args: str, stdin: str = "", env: dict[str, str] | None = No
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=environment,
+        cwd=cwd,
     )
     out, err = await process.communicate(stdin.encode())
     assert process.returncode is not None
@@ -115,9 +123,14 @@ async def test_a_question_is_answered_later_with_resume(tmp_path: Path) -> None:
         paused = await agent_fsm("run", "Weather?", *options, "--no-interactive")
         assert paused.code == 0, paused.err
         line = next(ln for ln in paused.out.splitlines() if ln.startswith("answer later:"))
-        run_id = line.split()[4]
-        assert f"agent-fsm resume {run_id} 'your answer' --pause pause-4 --store {store}" in line
-        done = await agent_fsm("resume", run_id, "Oslo", *options, "--no-interactive")
+        words = shlex.split(line.removeprefix("answer later: "))
+        run_id = words[2]
+        assert f"run id:       {run_id}" in paused.out
+        assert words == [
+            "agent-fsm", "resume", run_id, "your answer", "--pause", "pause-4", *options
+        ]  # fmt: skip
+        # the printed command, as a person pastes it, with their answer
+        done = await agent_fsm(*words[1:3], "Oslo", *words[4:], "--no-interactive")
     assert done.code == 0, done.err
     assert "final answer: Sunny in Oslo." in done.out
 
@@ -257,3 +270,34 @@ def test_one_registry_serves_the_package_and_the_command_line() -> None:
     add_model_options(parser, store_required=False)
     [choice] = [a for a in parser._actions if a.dest == "provider"]
     assert set(choice.choices or ()) == set(PROVIDERS)
+
+
+async def test_anthropic_takes_temperature_and_server_fields_from_the_command_line() -> None:
+    """The Anthropic SDK 2.x has no sampling parameters; a compatible server still gets
+    ``--temperature`` (and ``--set`` fields the SDK does not know) in the request's body."""
+    from agent_fsm.messages import AssistantMessage, ModelResponse
+    from tests.provider_kits import all_kits
+
+    [kit] = [k for k in all_kits() if k.name == "anthropic"]
+    server = LocalServer()
+    async with server as url:
+        encoded = kit.reply(ModelResponse(message=AssistantMessage(content="Hello.")))
+        server.raw(encoded.status, dict(encoded.headers), encoded.body)
+        done = await agent_fsm(
+            "run", "Hi?", "--provider", "anthropic", "--model", "local",
+            "--base-url", url.removesuffix("/v1"), "--temperature", "0.2",
+            "--set", "top_k=40", "--max-tokens", "64",
+        )  # fmt: skip
+    assert done.code == 0, done.err + done.out
+    assert "final answer: Hello." in done.out
+    _, body = server.seen[0]
+    assert (body["temperature"], body["top_k"], body["max_tokens"]) == (0.2, 40, 64)
+
+
+async def test_anthropic_refuses_a_near_miss_of_its_own_fields() -> None:
+    done = await agent_fsm(
+        "run", "Hi?", "--provider", "anthropic", "--model", "m",
+        "--base-url", "http://127.0.0.1:9", "--set", "max_token=5",
+    )  # fmt: skip
+    assert done.code == 2
+    assert "max_token" in done.err

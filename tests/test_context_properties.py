@@ -32,7 +32,7 @@ from agent_fsm.testing.strategies import (
     transcripts,
     window_pressure_for,
 )
-from agent_fsm.tokens import calibrate, estimate_message_tokens
+from agent_fsm.tokens import Calibration, estimate_message_tokens
 from tests.conftest import add, boom, echo
 
 TOOLS = [echo, add, boom]
@@ -68,9 +68,12 @@ def test_no_policy_orphans_a_call_or_drops_the_system_prompt_or_the_latest_input
     ratio: tuple[int, int],
 ) -> None:
     reported, estimated = ratio
+    calibration = Calibration()
+    calibration.learn(estimated, reported)
+    calibration.learn(estimated * 2, reported * 3)
 
     def count(message: Message) -> int:
-        return calibrate(estimate_message_tokens(message), reported, estimated)
+        return calibration.content(estimate_message_tokens(message))
 
     context = Context(messages=messages, edits=ContextEdits(), budget=budget, count=count)
     for policy in policies:  # as COMPACT offers the prompt to them, in order

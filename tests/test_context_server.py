@@ -48,11 +48,13 @@ async def run(base_url: str, window: int | None, **options: object) -> RunResult
 
 
 async def test_without_a_window_the_server_refuses_the_prompt_with_a_400() -> None:
+    """The refusal is a context overflow, not a model error (issue 35, point 2): without
+    context policies the run stops ``context_window``, which a resume can leave."""
     server = LocalServer(context_size=CONTEXT)
     async with server as base_url:
         queue_reads(server)
         result = await run(base_url, None)
-    assert result.stop_reason is StopReason.MODEL_ERROR
+    assert result.stop_reason is StopReason.CONTEXT_WINDOW
     assert CONTEXT_ERROR in (result.error or "")
     assert max(server.counted) > CONTEXT
 
@@ -92,5 +94,7 @@ def test_the_adapter_refuses_a_window_that_is_no_positive_int(window: object) ->
 
 
 def test_the_agent_takes_the_adapters_window() -> None:
-    model = OpenAIChatModel("local", base_url="http://127.0.0.1:9/v1", context_window=CONTEXT)
+    model = OpenAIChatModel(
+        "local", base_url="http://127.0.0.1:9/v1", api_key="unused", context_window=CONTEXT
+    )
     assert Agent(model=model).limits.context_window == CONTEXT

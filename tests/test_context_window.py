@@ -35,7 +35,7 @@ from agent_fsm.messages import (
 from agent_fsm.prompt import SUMMARY_HEADING, ContextEdits, SummaryDue
 from agent_fsm.testing import FunctionModel, ScriptedModel, call, check_invariants, reply
 from agent_fsm.testing.invariants import transcript_problems
-from agent_fsm.tokens import calibrate, estimate_message_tokens, estimate_tools_tokens
+from agent_fsm.tokens import Calibration, estimate_message_tokens, estimate_tools_tokens
 from agent_fsm.tools import ToolResult
 
 BIG = 4_000  # characters of one tool result: ~1,000 tokens
@@ -389,11 +389,31 @@ def test_limits_name_the_window_over_the_model() -> None:
 # --- calibration ---------------------------------------------------------------------------
 
 
-def test_calibrate_scales_up_by_the_reported_ratio_and_never_down() -> None:
-    assert calibrate(100, 0, 0) == 100
-    assert calibrate(100, 150, 100) == 150
-    assert calibrate(101, 3, 2) == 152  # rounded up
-    assert calibrate(100, 50, 100) == 100
+def test_one_report_is_taken_as_fixed_cost_and_never_scales_down() -> None:
+    calibration = Calibration()
+    assert calibration.prompt(100) == 100
+    calibration.learn(60, 250)  # llama-server: ~190 tokens of template on every request
+    assert (calibration.fixed, calibration.per_content) == (190, 1.0)
+    assert calibration.prompt(965) == 1_155  # the one ratio said 3,862 for 1,116
+    assert calibration.content(965) == 965  # a message alone carries no template
+    lower = Calibration()
+    lower.learn(100, 50)
+    assert lower.prompt(100) == 100
+
+
+def test_two_sizes_tell_the_rate_from_the_fixed_cost() -> None:
+    calibration = Calibration()
+    calibration.learn(100, 190 + 150)
+    calibration.learn(1_000, 190 + 1_500)
+    assert calibration.per_content == pytest.approx(1.5)
+    assert calibration.fixed == 190
+    assert calibration.prompt(2_000) == 3_190
+    # noise never leaves a pair seen under-counted
+    calibration.learn(500, 1_100)
+    assert all(calibration.prompt(x) >= y for x, y in calibration.pairs)
+    for n in range(20):  # a bounded memory
+        calibration.learn(100 + n, 200 + n)
+    assert len(calibration.pairs) == 8
 
 
 def engine_count(request: ModelRequest) -> int:
@@ -425,12 +445,14 @@ def test_estimates_learn_from_reported_usage_and_err_on_the_safe_side() -> None:
     events, result = run(agent)
     assert result.stop_reason is StopReason.FINAL_ANSWER  # type: ignore[attr-defined]
     requested = [e for e in events if isinstance(e, ModelRequested)]
-    # After the first reply, the estimates are about twice the engine's own count...
+    # One report is read as a fixed cost (a template's); once two prompt sizes were reported,
+    # the estimates are about twice the engine's own count...
     own = [engine_count(request) for request in model.requests]
     assert requested[0].estimated_prompt_tokens == own[0]
-    assert all(e.estimated_prompt_tokens >= 2 * own[i] for i, e in enumerate(requested) if i)
+    assert requested[1].estimated_prompt_tokens == own[1] + own[0]
+    assert all(e.estimated_prompt_tokens >= 2 * own[i] for i, e in enumerate(requested) if i > 1)
     # ...so what the server counts (twice the engine's count) always fit the window.
-    assert all(2 * tokens + 300 <= 6_000 for tokens in own[1:])
+    assert all(2 * tokens + 300 <= 6_000 for tokens in own[2:])
 
 
 @pytest.mark.parametrize("budget", range(6_000, 60_000, 3_000))

@@ -69,7 +69,7 @@ def test_the_machine_is_drawn_in_a_browser_with_no_network(tmp_path: Path) -> No
     svg = _svg(_drawn(render(TABLE, "html"), tmp_path))
     for state in AgentState:
         assert f">{state.value}<" in svg, state
-    assert "thought #20 [else] final_answer" in svg
+    assert "thought #22 [else] final_answer" in svg
 
 
 @tool

@@ -62,34 +62,37 @@ stateDiagram-v2
     SUMMARISE --> COMPACT : summarised #2 [last_answer_wanted ∧ model_call_failed ∧ time_is_up ∧ prompt_exceeds_window] compact
     SUMMARISE --> LAST_ANSWER : summarised #3 [last_answer_wanted ∧ model_call_failed ∧ time_is_up] last_answer
     SUMMARISE --> ERROR : summarised #4 [model_call_failed ∧ time_is_up] timeout
-    SUMMARISE --> ERROR : summarised #5 [model_call_failed ∧ model_error_is_permanent] model_error
-    SUMMARISE --> ERROR : summarised #6 [model_call_failed ∧ no_retries_left] model_error
-    SUMMARISE --> COMPACT : summarised #7 [last_answer_wanted ∧ model_call_failed ∧ budget_exhausted ∧ prompt_exceeds_window] compact
-    SUMMARISE --> LAST_ANSWER : summarised #8 [last_answer_wanted ∧ model_call_failed ∧ budget_exhausted] last_answer
-    SUMMARISE --> ERROR : summarised #9 [model_call_failed ∧ budget_exhausted] token_budget
-    SUMMARISE --> ERROR : summarised #10 [model_call_failed ∧ prompt_exceeds_cost_budget] cost_budget
-    SUMMARISE --> SUMMARISE : summarised #11 [model_call_failed] retry
-    SUMMARISE --> OBSERVE : summarised #12 [else] summarised
+    SUMMARISE --> ERROR : summarised #5 [model_call_failed ∧ context_overflowed] context_window
+    SUMMARISE --> ERROR : summarised #6 [model_call_failed ∧ model_error_is_permanent] model_error
+    SUMMARISE --> ERROR : summarised #7 [model_call_failed ∧ no_retries_left] model_error
+    SUMMARISE --> COMPACT : summarised #8 [last_answer_wanted ∧ model_call_failed ∧ budget_exhausted ∧ prompt_exceeds_window] compact
+    SUMMARISE --> LAST_ANSWER : summarised #9 [last_answer_wanted ∧ model_call_failed ∧ budget_exhausted] last_answer
+    SUMMARISE --> ERROR : summarised #10 [model_call_failed ∧ budget_exhausted] token_budget
+    SUMMARISE --> ERROR : summarised #11 [model_call_failed ∧ prompt_exceeds_cost_budget] cost_budget
+    SUMMARISE --> SUMMARISE : summarised #12 [model_call_failed] retry
+    SUMMARISE --> OBSERVE : summarised #13 [else] summarised
     THINK --> ERROR : thought #1 [abort_requested] aborted
     THINK --> COMPACT : thought #2 [last_answer_wanted ∧ model_call_failed ∧ time_is_up ∧ prompt_exceeds_window] compact
     THINK --> LAST_ANSWER : thought #3 [last_answer_wanted ∧ model_call_failed ∧ time_is_up] last_answer
     THINK --> ERROR : thought #4 [model_call_failed ∧ time_is_up] timeout
-    THINK --> ERROR : thought #5 [model_call_failed ∧ model_error_is_permanent] model_error
-    THINK --> ERROR : thought #6 [model_call_failed ∧ no_retries_left] model_error
-    THINK --> COMPACT : thought #7 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget ∧ prompt_exceeds_window] compact
-    THINK --> LAST_ANSWER : thought #8 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget] last_answer
-    THINK --> ERROR : thought #9 [model_call_failed ∧ prompt_exceeds_budget] token_budget
-    THINK --> ERROR : thought #10 [model_call_failed ∧ prompt_exceeds_cost_budget] cost_budget
-    THINK --> COMPACT : thought #11 [model_call_failed ∧ prompt_exceeds_window] compact
-    THINK --> THINK : thought #12 [model_call_failed] retry
-    THINK --> ERROR : thought #13 [reply_was_filtered] content_filter
-    THINK --> ERROR : thought #14 [reply_was_refused] refused
-    THINK --> ACT : thought #15 [reply_has_tool_calls] act
-    THINK --> ERROR : thought #16 [output_guardrail_tripped] guardrail_tripped
-    THINK --> REFLECT : thought #17 [output_rejected] correct
-    THINK --> REFLECT : thought #18 [input_waiting] follow_up
-    THINK --> DONE : thought #19 [reply_was_truncated] max_tokens
-    THINK --> DONE : thought #20 [else] final_answer
+    THINK --> COMPACT : thought #5 [model_call_failed ∧ context_overflowed ∧ prompt_exceeds_window] compact
+    THINK --> ERROR : thought #6 [model_call_failed ∧ context_overflowed] context_window
+    THINK --> ERROR : thought #7 [model_call_failed ∧ model_error_is_permanent] model_error
+    THINK --> ERROR : thought #8 [model_call_failed ∧ no_retries_left] model_error
+    THINK --> COMPACT : thought #9 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget ∧ prompt_exceeds_window] compact
+    THINK --> LAST_ANSWER : thought #10 [last_answer_wanted ∧ model_call_failed ∧ prompt_exceeds_budget] last_answer
+    THINK --> ERROR : thought #11 [model_call_failed ∧ prompt_exceeds_budget] token_budget
+    THINK --> ERROR : thought #12 [model_call_failed ∧ prompt_exceeds_cost_budget] cost_budget
+    THINK --> COMPACT : thought #13 [model_call_failed ∧ prompt_exceeds_window] compact
+    THINK --> THINK : thought #14 [model_call_failed] retry
+    THINK --> ERROR : thought #15 [reply_was_filtered] content_filter
+    THINK --> ERROR : thought #16 [reply_was_refused] refused
+    THINK --> ACT : thought #17 [reply_has_tool_calls] act
+    THINK --> ERROR : thought #18 [output_guardrail_tripped] guardrail_tripped
+    THINK --> REFLECT : thought #19 [output_rejected] correct
+    THINK --> REFLECT : thought #20 [input_waiting] follow_up
+    THINK --> DONE : thought #21 [reply_was_truncated] max_tokens
+    THINK --> DONE : thought #22 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
     REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
@@ -123,6 +126,7 @@ stateDiagram-v2
     DONE --> ACT : ⟲ resumed #2 [stopped_for_approval ∧ approvals_decided] carry_out
     ERROR --> OBSERVE : ⟲ resumed #1 [stopped_by_interruption] resume
     ERROR --> OBSERVE : ⟲ resumed #2 [stopped_by_transient_model_failure] recover
+    ERROR --> OBSERVE : ⟲ resumed #3 [stopped_by_context_window] resume
     OBSERVE --> OBSERVE : ⟲ resumed #1 [stopped_by_crash] restart
     COMPACT --> COMPACT : ⟲ resumed #1 [stopped_by_crash] restart
     SUMMARISE --> SUMMARISE : ⟲ resumed #1 [stopped_by_crash] restart
@@ -202,11 +206,11 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
 
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    OBSERVE --> THINK : observed #9 [else] think ×3\n" in mermaid
-    assert "    THINK --> ACT : thought #15 [reply_has_tool_calls] act ×2\n" in mermaid
+    assert "    THINK --> ACT : thought #17 [reply_has_tool_calls] act ×2\n" in mermaid
     assert "    REFLECT --> OBSERVE : reflected #24 [else] continue ×2\n" in mermaid
-    assert "    THINK --> DONE : thought #20 [else] final_answer ×1\n" in mermaid
+    assert "    THINK --> DONE : thought #22 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
-    assert "    THINK --> DONE : thought #19 [reply_was_truncated] max_tokens\n" in mermaid
+    assert "    THINK --> DONE : thought #21 [reply_was_truncated] max_tokens\n" in mermaid
     assert mermaid.count("×") == 5
     assert "    class OBSERVE, THINK, ACT, REFLECT visited\n" in mermaid
     assert "    class DONE stopped_ok\n" in mermaid
@@ -227,7 +231,7 @@ def test_dot_overlay_colours_and_counts() -> None:
     assert "think ×3" in think
     assert 'color="#1d4ed8"' in think
     assert "penwidth=3.0" in think
-    untaken = _line(dot, 'THINK -> DONE [label="thought #19')
+    untaken = _line(dot, 'THINK -> DONE [label="thought #21')
     assert "×" not in untaken
     assert 'color="#9ca3af"' in untaken
     assert 'label="stopped: final_answer, 3 turns' in dot
@@ -503,8 +507,8 @@ def test_a_runs_path_alone_is_drawn_with_path_only() -> None:
     edges = [line for line in mermaid.splitlines() if " --> " in line and "[*]" not in line]
     assert edges == [
         "    OBSERVE --> THINK : observed #9 [else] think ×3",
-        "    THINK --> ACT : thought #15 [reply_has_tool_calls] act ×2",
-        "    THINK --> DONE : thought #20 [else] final_answer ×1",
+        "    THINK --> ACT : thought #17 [reply_has_tool_calls] act ×2",
+        "    THINK --> DONE : thought #22 [else] final_answer ×1",
         "    ACT --> REFLECT : acted #1 [else] reflect ×2",
         "    REFLECT --> OBSERVE : reflected #24 [else] continue ×2",
     ]

@@ -123,7 +123,11 @@ def test_the_command_lines_run_options_say_what_they_are() -> None:
     options = {a.dest: a for a in parser._actions}
     for name in ("max_turns", "token_budget", "retries", "system"):
         assert options[name].help, name
-    assert options["retries"].default == Limits().model_retries  # not a number of its own
+    # not a number of its own: the demo's agent retries as Limits does, an --agent as its own
+    from agent_fsm.cli_agent import build_agent
+
+    args = parser.parse_args(["--model", "m", "--base-url", "http://127.0.0.1:9/v1"])
+    assert build_agent(args).limits.model_retries == Limits().model_retries
 
 
 def test_a_command_line_mistake_shows_that_commands_usage(

@@ -107,6 +107,7 @@ LAYERS = [
     "run.answering",
     "run.outcome",
     "run.resuming",
+    "run.identity",
     "run.forking",
     "run.history",
     "run.leasing",
@@ -174,6 +175,7 @@ LAYERS = [
     "evals",
     "evals.cli",
     "cli_model",
+    "cli_agent",
     "cli_stores",
     # ui/: the ui extra; only its app and its command's server start import Starlette/uvicorn
     "ui.runs",

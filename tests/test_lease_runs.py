@@ -87,7 +87,8 @@ async def test_a_driver_without_a_lease_cannot_write_a_leased_run(
     sent: list[int] = []
     run = sending_agent(store, sent, worker="first").start("go", run_id="r1")
     await run.step()
-    unleased = Agent(model=FunctionModel(lambda r: "x"), limits=limits(), store=store)
+    leased = sending_agent(store, sent, worker="first")
+    unleased = leased.replace(lease_s=None, worker_id=None)  # the same agent, no lease
     with pytest.raises(RunLeased, match="leased to worker 'first'"):
         await unleased.resume("r1")
     assert (await run.run()).output == "done"

@@ -103,6 +103,7 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         ((last, "model_call_failed", "time_is_up", window), "compact"),
         ((last, "model_call_failed", "time_is_up"), "last_answer"),
         (("model_call_failed", "time_is_up"), "timeout"),
+        (("model_call_failed", "context_overflowed"), "context_window"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
         (("model_call_failed", "no_retries_left"), "model_error"),
         ((last, "model_call_failed", "budget_exhausted", window), "compact"),
@@ -117,6 +118,8 @@ def test_think_and_observe_priority_order_is_pinned() -> None:
         ((last, "model_call_failed", "time_is_up", window), "compact"),
         ((last, "model_call_failed", "time_is_up"), "last_answer"),
         (("model_call_failed", "time_is_up"), "timeout"),
+        (("model_call_failed", "context_overflowed", window), "compact"),
+        (("model_call_failed", "context_overflowed"), "context_window"),
         (("model_call_failed", "model_error_is_permanent"), "model_error"),
         (("model_call_failed", "no_retries_left"), "model_error"),
         ((last, "model_call_failed", "prompt_exceeds_budget", window), "compact"),
@@ -420,21 +423,16 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     state = RunState(run_id="in-order", state=S.THINK, turns=1, last_tool_calls=1)
     assert machine.fire(machine.handle(state, Limits())).label == "act"
     leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
-    assert leading.count("model_call_failed") == 7
+    assert leading.count("model_call_failed") == 9
     # A last-answer row asks first whether a last answer is wanted: no, by default.
     assert asked == [
         "abort_requested",
         "last_answer_wanted",
         "last_answer_wanted",
-        "model_call_failed",
-        "model_call_failed",
-        "model_call_failed",
+        *["model_call_failed"] * 5,  # timeout, overflow (compact, stop), permanent, retries
         "last_answer_wanted",
         "last_answer_wanted",
-        "model_call_failed",
-        "model_call_failed",
-        "model_call_failed",
-        "model_call_failed",
+        *["model_call_failed"] * 4,  # token budget, cost budget, compact, retry
         "reply_was_filtered",
         "reply_was_refused",
         "reply_has_tool_calls",

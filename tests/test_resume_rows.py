@@ -42,6 +42,7 @@ def test_the_resumable_stops_come_from_the_rows() -> None:
         StopReason.ABORTED,
         StopReason.TIMEOUT,
         StopReason.MODEL_ERROR,
+        StopReason.CONTEXT_WINDOW,
     }
     without_recovery = tuple(r for r in TABLE if r.outcome is not Verb.RECOVER)
     assert StopReason.MODEL_ERROR not in resumable_stops(without_recovery)
@@ -55,6 +56,7 @@ def test_every_resume_row_leaves_a_stop_for_the_loop() -> None:
         (S.DONE, S.ACT, Verb.CARRY_OUT),
         (S.ERROR, S.OBSERVE, Verb.RESUME),
         (S.ERROR, S.OBSERVE, Verb.RECOVER),
+        (S.ERROR, S.OBSERVE, Verb.RESUME),
         # a crash is recovered through a row too: each loop state restarts itself
         *((state, state, Verb.RESTART) for state in loop),
     ]

@@ -75,6 +75,18 @@ def model_call_failed(state: RunState, limits: Limits) -> bool:
     return state.model_failure is not None
 
 
+def context_overflowed(state: RunState, limits: Limits) -> bool:
+    """The server refused the prompt as longer than its context window."""
+    failure = state.model_failure
+    return failure is not None and failure.context_overflow
+
+
+def stopped_by_context_window(state: RunState, limits: Limits) -> bool:
+    """The run stopped because its prompt did not fit the context window: a resume with a
+    larger window (or a shrunk transcript) can go on."""
+    return state.stop_reason in STOP_GUARDS["stopped_by_context_window"]
+
+
 def model_error_is_permanent(state: RunState, limits: Limits) -> bool:
     """The model failure cannot be cured by retrying."""
     return state.model_failure is not None and state.model_failure.permanent
@@ -292,6 +304,7 @@ GUARDS: dict[str, Guard] = {
         output_rejected,
         model_call_failed,
         model_error_is_permanent,
+        context_overflowed,
         too_many_errors,
         output_retries_exhausted,
         no_turns_left,
@@ -322,6 +335,7 @@ GUARDS: dict[str, Guard] = {
         stopped_for_approval,
         stopped_by_interruption,
         stopped_by_transient_model_failure,
+        stopped_by_context_window,
         stopped_by_crash,
         reply_given,
         approvals_decided,

@@ -47,6 +47,7 @@ from agent_fsm.models.common import (
     ClosesOnExit,
     DeltaReporter,
     check_adapter_options,
+    context_overflow,
     redact_url,
     scrub_secrets,
 )
@@ -411,9 +412,18 @@ class SDKModel(ClosesOnExit, ABC, Generic[ClientT, ToolsT]):
 
     def _rescrubbed(self, err: ModelCallError, prefix: str = "") -> ModelCallError:
         """A fresh copy of ``err`` with the credentials taken out: a reply's own text (a
-        finish message, an error event) can quote them."""
+        finish message, an error event) can quote them. A permanent failure whose text says
+        the prompt was longer than the context is a ``context_overflow`` (every adapter's
+        failures pass here, so each provider's wording is read the same way)."""
+        overflow, size = err.context_overflow, err.prompt_tokens
+        if not overflow and not err.transient:
+            overflow, size = context_overflow(str(err))
         return ModelCallError(
-            self._scrub(prefix + str(err)), transient=err.transient, retry_after_s=err.retry_after_s
+            self._scrub(prefix + str(err)),
+            transient=err.transient,
+            retry_after_s=err.retry_after_s,
+            context_overflow=overflow,
+            prompt_tokens=size,
         )
 
     def _scrub(self, text: str) -> str:

@@ -29,9 +29,9 @@ from agent_fsm.models.anthropic_convert import (
 )
 from agent_fsm.models.anthropic_reply import AnthropicReply
 from agent_fsm.models.base import ModelCallError, ToolSchemaIssue
-from agent_fsm.models.stainless import SDKErrors, StainlessModel, check_settings
+from agent_fsm.models.stainless import SDKErrors, StainlessModel, check_settings, split_fields
 
-__all__ = ["DEFAULT_MAX_TOKENS", "MAX_CONTINUATIONS", "AnthropicModel"]
+__all__ = ["DEFAULT_MAX_TOKENS", "MAX_CONTINUATIONS", "AnthropicModel", "request_settings"]
 
 DEFAULT_MAX_TOKENS = 4096
 """The reply cap sent when none is given. The API requires one; 4096 is the largest every
@@ -263,6 +263,27 @@ def _continued(
         last = messages[-1]
         return [*messages[:-1], {"role": "assistant", "content": [*last["content"], *content]}]
     return [*messages, {"role": "assistant", "content": content}]
+
+
+def request_settings(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``AnthropicModel`` settings from free-form request fields (a command line's
+    ``key=value`` pairs and sampling options): a field ``messages.create`` takes stays a
+    setting, any other goes in ``extra_body``, so a compatible server still gets the
+    ``temperature`` an SDK without sampling parameters cannot send.
+
+    Raises:
+        ConfigError: for a near miss of a field the SDK takes, a client option, or a field
+            the adapter sets itself.
+    """
+    settings = split_fields(
+        fields,
+        create=anthropic.resources.messages.AsyncMessages.create,
+        create_name="messages.create",
+        client_class=anthropic.AsyncAnthropic,
+        reserved=_RESERVED,
+    )
+    _check_settings(settings)
+    return settings
 
 
 def _check_settings(settings: Mapping[str, Any]) -> None:

@@ -87,14 +87,28 @@ class ModelCallError(Exception):
         transient: True when the same request may succeed later (rate limit, 5xx, timeout,
             dropped connection); False for bad requests, authentication and the like.
         retry_after_s: the server's requested delay before retrying, if it gave one.
+        context_overflow: the server refused the prompt as longer than its context window
+            (OpenAI's ``context_length_exceeded``, llama.cpp's exceed-context 400,
+            Anthropic's "prompt is too long", Gemini's "input token count ... exceeds"):
+            never transient, since the same prompt fails again, but the run can shrink it
+            (COMPACT) or stop ``context_window``, and resume with a larger window.
+        prompt_tokens: the prompt's size by the server's count, where its refusal says.
     """
 
     def __init__(
-        self, message: str, *, transient: bool = True, retry_after_s: float | None = None
+        self,
+        message: str,
+        *,
+        transient: bool = True,
+        retry_after_s: float | None = None,
+        context_overflow: bool = False,
+        prompt_tokens: int | None = None,
     ) -> None:
         super().__init__(message)
-        self.transient = transient
+        self.transient = transient and not context_overflow
         self.retry_after_s = retry_after_s
+        self.context_overflow = context_overflow
+        self.prompt_tokens = prompt_tokens
 
 
 def replayable_arguments(raw: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import email.utils
 import math
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
@@ -29,6 +30,7 @@ __all__ = [
     "ClosesOnExit",
     "DeltaReporter",
     "check_adapter_options",
+    "context_overflow",
     "close_field",
     "field_of",
     "is_transient_status",
@@ -263,6 +265,32 @@ def _caused_by(err: BaseException | None, kind: type[BaseException]) -> bool:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return False
+
+
+_OVERFLOW = re.compile(
+    r"context_length_exceeded|exceed_context_size|exceeds the available context size"
+    r"|maximum context length|prompt is too long|input token count.{0,40}exceeds"
+    r"|exceeds the maximum number of tokens|context window",
+    re.IGNORECASE,
+)
+"""What the servers say when a prompt is longer than the model's context: OpenAI's code
+and message, llama.cpp's error type and message, Anthropic's, Gemini's."""
+
+_PROMPT_SIZE = re.compile(
+    r"resulted in (\d+) tokens|prompt is too long: (\d+) tokens|input token count \((\d+)\)"
+    r"|\"n_prompt_tokens\": ?(\d+)|n_prompt_tokens=(\d+)",
+    re.IGNORECASE,
+)
+
+
+def context_overflow(text: str) -> tuple[bool, int | None]:
+    """Whether a server's refusal ``text`` says the prompt is longer than the context, and
+    the prompt's size by the server's count when it says (see ``ModelCallError``)."""
+    if not _OVERFLOW.search(text):
+        return False, None
+    found = _PROMPT_SIZE.search(text)
+    size = next((int(group) for group in found.groups() if group), None) if found else None
+    return True, size
 
 
 # -- reading replies: SDK objects and plain mappings alike

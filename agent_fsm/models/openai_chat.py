@@ -16,11 +16,9 @@ from typing import Any, ClassVar
 
 import openai
 
-from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ToolSpec
 from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.base import ToolSchemaIssue
-from agent_fsm.models.common import close_field
 from agent_fsm.models.openai_convert import (
     ReplyAssembler,
     response_format,
@@ -33,8 +31,7 @@ from agent_fsm.models.stainless import (
     SDKErrors,
     StainlessModel,
     check_settings,
-    parameter_names,
-    unknown_setting,
+    split_fields,
 )
 
 __all__ = ["OpenAIChatModel", "OpenAISDKModel", "request_settings"]
@@ -254,23 +251,12 @@ def request_settings(fields: Mapping[str, Any]) -> dict[str, Any]:
         ConfigError: for a near miss of a field the SDK takes (a typo would otherwise reach
             the server silently), a client option, or a field the adapter sets itself.
     """
-    accepted = parameter_names(_CREATE) or frozenset()
-    client_options = parameter_names(openai.AsyncOpenAI) or frozenset()
-    settings: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    problems: list[str] = []
-    for key, value in fields.items():
-        if key in accepted or key in _RESERVED:
-            settings[key] = value
-        elif key == "max_retries" or key in client_options or close_field(key, accepted):
-            problems.append(
-                unknown_setting(key, accepted, "chat.completions.create", openai.AsyncOpenAI)
-            )
-        else:
-            extra[key] = value
-    if problems:
-        raise ConfigError("; ".join(problems))
-    if extra:
-        settings["extra_body"] = {**settings.get("extra_body", {}), **extra}
+    settings = split_fields(
+        fields,
+        create=_CREATE,
+        create_name="chat.completions.create",
+        client_class=openai.AsyncOpenAI,
+        reserved=_RESERVED,
+    )
     _check_settings(settings)
     return settings

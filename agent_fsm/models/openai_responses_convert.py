@@ -61,7 +61,8 @@ def to_responses_input(
     line): the API's own field for the system prompt. A system message later in the transcript
     stays where it is, as a ``system`` input message, so its order is kept.
 
-    An assistant message becomes an assistant message item (when it has text) and one
+    Every item names its ``type`` (a message item too, where the API would infer it). An
+    assistant message becomes an assistant message item (when it has text) and one
     ``function_call`` item per call, with its reasoning items where they were (see the
     module docstring); a tool result becomes a ``function_call_output`` item. Call arguments
     that are not a JSON object go back as ``{}`` (``replayable_arguments``);
@@ -81,11 +82,11 @@ def to_responses_input(
     for message in messages:
         if isinstance(message, SystemMessage):
             if items:
-                items.append({"role": "system", "content": message.content})
+                items.append(_input_message("system", message.content))
             else:
                 instructions.append(message.content)
         elif isinstance(message, UserMessage):
-            items.append({"role": "user", "content": message.content})
+            items.append(_input_message("user", message.content))
         elif isinstance(message, AssistantMessage):
             items.extend(_assistant_items(message, stored=stored))
         elif isinstance(message, ToolMessage):
@@ -140,9 +141,16 @@ def _layout(message: AssistantMessage) -> list[dict[str, Any]] | None:
     return [entry for entry in entries if isinstance(entry, dict)]
 
 
+def _input_message(role: str, content: Any) -> dict[str, Any]:
+    """A message input item, typed: the API infers a missing ``type``, but compatible servers
+    do not (llama-server answers 400 "Cannot determine type of 'item'"), so every item says
+    what it is."""
+    return {"type": "message", "role": role, "content": content}
+
+
 def _message_item(text: str, item_id: object) -> dict[str, Any]:
     if not isinstance(item_id, str) or not item_id:
-        return {"role": "assistant", "content": text}
+        return _input_message("assistant", text)
     # The output item as the server wrote it: a reasoning item before it is matched to it.
     return {
         "type": "message",

@@ -36,6 +36,7 @@ __all__ = [
     "TRANSIENT_ERROR_CODES",
     "error_failure",
     "finish_reason_from",
+    "unreadable",
     "usage_from",
 ]
 
@@ -151,6 +152,8 @@ class ReplyAssembler(ReplyReader):
         self._strict_schemas: Mapping[str, Mapping[str, Any]] = strict_schemas or {}
         self._output_schema = output_schema
         self._items: dict[int, _Item] = {}
+        self._by_id: dict[str, int] = {}
+        """Output items by their id: where an event without ``output_index`` belongs."""
         self._calls = 0
         self._response_id: str | None = None
         self._model: str | None = None
@@ -187,15 +190,17 @@ class ReplyAssembler(ReplyReader):
         elif kind in ("response.output_item.added", "response.output_item.done"):
             item = field_of(event, "item")
             if item is None:
-                raise malformed(f"{kind} has no item")
-            return self._merge(_index(event), item)
+                raise unreadable(f"{kind} has no item")
+            index = self._index(event, field_of(item, "type"), new=kind.endswith("added"))
+            return self._merge(index, item)
         elif kind in ("response.output_text.delta", "response.refusal.delta"):
             refusal = kind == "response.refusal.delta"
-            return self._text(_index(event), _text(event, "delta"), refusal=refusal)
+            index = self._index(event, "message")
+            return self._text(index, _text(event, "delta"), refusal=refusal)
         elif kind == "response.function_call_arguments.delta":
-            return self._arguments(_index(event), _text(event, "delta"))
+            return self._arguments(self._index(event, "function_call"), _text(event, "delta"))
         elif kind == "response.function_call_arguments.done":
-            call = self._item(_index(event), "function_call")
+            call = self._item(self._index(event, "function_call"), "function_call")
             return self._announce(call) + self._settle_arguments(call, _text(event, "arguments"))
         elif kind == "error":
             # The API nests the details under "error"; the SDK's event type has them flat.
@@ -260,8 +265,10 @@ class ReplyAssembler(ReplyReader):
         deltas: list[ReplyDelta] = []
         output = field_of(response, "output")
         if isinstance(output, list) and output:  # a server may leave it out of a final event
-            for index, raw in enumerate(output):
-                deltas += self._merge(index, raw)
+            for position, raw in enumerate(output):
+                item_id = field_of(raw, "id")
+                known = self._by_id.get(item_id) if isinstance(item_id, str) else None
+                deltas += self._merge(position if known is None else known, raw)
         self._status = status
         self._incomplete_reason = field_of(field_of(response, "incomplete_details"), "reason")
         self._usage = usage_from(field_of(response, "usage"))
@@ -274,6 +281,32 @@ class ReplyAssembler(ReplyReader):
             self._response_id = response_id
         if isinstance(model, str) and model:
             self._model = model
+
+    def _index(self, event: object, kind: object, *, new: bool = False) -> int:
+        """The output item ``event`` is about: its ``output_index``; without one (llama-server
+        leaves it out), the item its ``item_id`` names, else the latest item of ``kind``, else
+        (and for a ``new`` item, announced by ``output_item.added``) the next one.
+
+        Raises:
+            ModelCallError: permanent (``unreadable``) for an index that is not a
+                non-negative integer.
+        """
+        index = field_of(event, "output_index")
+        if index is not None:
+            if type(index) is not int or index < 0:
+                raise unreadable("an event's output_index is not a non-negative integer")
+            return index
+        item_id = field_of(event, "item_id") or field_of(field_of(event, "item"), "id")
+        if isinstance(item_id, str) and item_id in self._by_id:
+            return self._by_id[item_id]
+        if not new:
+            latest = [i for i, item in self._items.items() if item.kind == kind]
+            if latest:
+                return max(latest)
+        index = max(self._items, default=-1) + 1
+        if isinstance(item_id, str) and item_id:
+            self._by_id[item_id] = index
+        return index
 
     def _item(self, index: int, kind: object) -> _Item:
         item = self._items.get(index)
@@ -290,6 +323,8 @@ class ReplyAssembler(ReplyReader):
         says is final, and any text beyond the deltas already reported is reported now."""
         item = self._item(index, field_of(raw, "type"))
         item.item_id = item.item_id or optional_str(field_of(raw, "id"), "item id")
+        if item.item_id:
+            self._by_id.setdefault(item.item_id, index)
         if item.kind == "reasoning":
             item.reasoning = _reasoning_fields(raw)
             return []
@@ -411,6 +446,12 @@ class ReplyAssembler(ReplyReader):
         return {PROVIDER_KEY: {"output": layout}}
 
 
+def unreadable(detail: str) -> ModelCallError:
+    """The failure for a stream event that cannot be read: permanent, since the same server
+    sends the same shape again (a retry only pays for another generation)."""
+    return ModelCallError(f"malformed stream event from the server: {detail}", transient=False)
+
+
 def _refusal_delta(text: str) -> list[ReplyDelta]:
     return [ReplyDelta(text=text)]
 
@@ -423,13 +464,6 @@ def _reasoning_fields(raw: object) -> dict[str, JsonValue]:
     if not isinstance(raw, Mapping):
         return {}
     return {key: copy.deepcopy(raw[key]) for key in REASONING_FIELDS if raw.get(key) is not None}
-
-
-def _index(event: object) -> int:
-    index = field_of(event, "output_index")
-    if type(index) is not int or index < 0:
-        raise malformed("an event's output_index is not a non-negative integer")
-    return index
 
 
 def _text(obj: object, name: str) -> str:

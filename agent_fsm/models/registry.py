@@ -92,6 +92,8 @@ PROVIDERS: Mapping[str, Provider] = {
             module="agent_fsm.models.anthropic_messages",
             key_variable="ANTHROPIC_API_KEY",
             extra="anthropic",
+            # sampling fields an SDK without them cannot send go to the server in extra_body
+            settings_from_fields="request_settings",
         ),
         Provider(
             name="gemini",

@@ -41,6 +41,7 @@ __all__ = [
     "attempt_at",
     "check_settings",
     "parameter_names",
+    "split_fields",
     "unknown_setting",
 ]
 
@@ -233,6 +234,42 @@ def check_settings(
     ]
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def split_fields(
+    fields: Mapping[str, Any],
+    *,
+    create: Callable[..., Any],
+    create_name: str,
+    client_class: type,
+    reserved: frozenset[str],
+) -> dict[str, Any]:
+    """Settings from free-form request fields (a command line's ``key=value`` pairs): a field
+    ``create`` takes (or one the adapter sets itself, refused later by the adapter's check)
+    stays a setting, any other goes in ``extra_body`` for the server (llama.cpp's ``top_k``,
+    a compatible server's ``temperature`` where the SDK has none).
+
+    Raises:
+        ConfigError: for a near miss of a field ``create`` takes (a typo would otherwise
+            reach the server silently) or an option of the client.
+    """
+    accepted = parameter_names(create) or frozenset()
+    client_options = parameter_names(client_class) or frozenset()
+    settings: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in fields.items():
+        if key in accepted or key in reserved:
+            settings[key] = value
+        elif key == "max_retries" or key in client_options or close_field(key, accepted):
+            problems.append(unknown_setting(key, accepted, create_name, client_class))
+        else:
+            extra[key] = value
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if extra:
+        settings["extra_body"] = {**settings.get("extra_body", {}), **extra}
+    return settings
 
 
 def unknown_setting(key: str, accepted: frozenset[str], create_name: str, client: type) -> str:

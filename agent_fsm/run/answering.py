@@ -27,6 +27,7 @@ from agent_fsm.cancellation import StopEvent, StopScope
 from agent_fsm.failures import is_own_failure
 from agent_fsm.messages import (
     AssistantMessage,
+    FinishReason,
     ModelResponse,
     UserMessage,
 )
@@ -34,7 +35,7 @@ from agent_fsm.run.context import RunContext
 from agent_fsm.run.thinking import failure_from, report_failure, request_aside, take_response
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import StopReason, softened_stop
-from agent_fsm.tokens import calibrate, estimate_message_tokens
+from agent_fsm.tokens import estimate_message_tokens
 
 __all__ = ["LAST_ANSWER_PROMPT", "answer", "last_answer_request"]
 
@@ -88,7 +89,7 @@ def _estimate(ctx: RunContext, extra: int) -> tuple[int, int]:
     calibrated."""
     state = ctx.state
     raw = state.prompt_tokens_estimate + extra
-    return raw, calibrate(raw, state.reported_prompt_tokens, state.estimated_prompt_tokens)
+    return raw, state.calibration.prompt(raw)
 
 
 def _fits(ctx: RunContext, extra: int) -> bool:
@@ -141,6 +142,9 @@ def _take_answer(ctx: RunContext, request: UserMessage, response: object, estima
     ctx.append(request)
     ctx.append(AssistantMessage(content=message.content))
     state.output = message.content
+    state.output_incomplete = response.finish_reason is FinishReason.LENGTH
+    if state.output_incomplete:
+        ctx.log.warning("last_answer_cut_off", chars=len(message.content))
 
 
 def _skipped(ctx: RunContext, why: str) -> None:

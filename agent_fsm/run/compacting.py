@@ -24,7 +24,7 @@ from agent_fsm.prompt import ContextEdits, SummaryDue
 from agent_fsm.run.context import RunContext
 from agent_fsm.state import calibrated_prompt_tokens
 from agent_fsm.table import softened_stop
-from agent_fsm.tokens import calibrate, estimate_message_tokens
+from agent_fsm.tokens import estimate_message_tokens
 
 __all__ = ["compact", "policy_context", "summary_messages", "take_summary"]
 
@@ -38,14 +38,15 @@ def policy_context(
     state, config, limits = ctx.state, ctx.config, ctx.limits
     if share is None:
         share = limits.compact_to
-    reported, estimated = state.reported_prompt_tokens, state.estimated_prompt_tokens
+    calibration = state.calibration
     count_text = config.count_tokens
 
     def count(message: Message) -> int:
-        return calibrate(estimate_message_tokens(message, count_text), reported, estimated)
+        return calibration.content(estimate_message_tokens(message, count_text))
 
-    room = (limits.context_window or 0) - limits.reply_tokens
-    tools = calibrate(state.tools_tokens_estimate, reported, estimated)
+    # The server's fixed cost of a request is spent whatever the messages: room for none.
+    room = (limits.context_window or 0) - limits.reply_tokens - calibration.fixed
+    tools = calibration.content(state.tools_tokens_estimate)
     return Context(
         messages=TranscriptView(state.messages),  # read-only: a policy cannot change the run
         edits=state.context if edits is None else edits,

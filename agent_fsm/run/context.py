@@ -29,7 +29,7 @@ from agent_fsm.models.base import Model
 from agent_fsm.output import OutputSpec
 from agent_fsm.pricing import Pricing
 from agent_fsm.prompt import ContextEdits, prompt_messages
-from agent_fsm.state import RunResult, RunState
+from agent_fsm.state import AgentRecord, RunResult, RunState
 from agent_fsm.table import Row
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 from agent_fsm.tools.tool import ToolRegistry
@@ -76,6 +76,8 @@ class RunConfig:
     pricing: Pricing | None = None
     """What the agent's model's tokens cost (``Limits.prices``); None without prices, so
     an agent without a price pays one attribute check per model call."""
+    record: AgentRecord | None = None
+    """What the agent is, kept with each run it starts (``run.identity``)."""
     dead_guards: frozenset[str] = frozenset()
     """Guards that are false on every run of this agent, because it does not use the
     feature they read (``Agent``: no last answer, no context window, no reflector, no

@@ -54,7 +54,7 @@ from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.residence import RunKeeper
 from agent_fsm.run.summarising import summarise
 from agent_fsm.run.thinking import think
-from agent_fsm.state import RunResult, RunState, TraceEntry, reopen_fields
+from agent_fsm.state import AgentRecord, RunResult, RunState, TraceEntry, reopen_fields
 from agent_fsm.table import (
     LAST_CALL_STATE,
     TERMINAL_STATES,
@@ -438,6 +438,7 @@ def new_run_state(
     tools_tokens: int,
     history: Sequence[Message] = (),
     count: TextCounter = estimate_text_tokens,
+    agent: AgentRecord | None = None,
 ) -> RunState:
     """The state of a run that has not taken a step yet: the system prompt, then ``history``
     (already repaired: ``run.history``), with ``user_input`` waiting to be observed."""
@@ -447,6 +448,7 @@ def new_run_state(
     messages.extend(history)
     return RunState(
         run_id=run_id,
+        agent=agent,
         messages=messages,
         prompt_tokens_estimate=sum(estimate_message_tokens(m, count) for m in messages),
         tools_tokens_estimate=tools_tokens,

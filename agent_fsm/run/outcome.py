@@ -75,7 +75,11 @@ def _model_error(state: RunState, limits: Limits) -> str:
 
 
 def _context_window(state: RunState, limits: Limits) -> str:
-    """Why the prompt could not be made to fit, with the numbers."""
+    """Why the prompt could not be made to fit, with the numbers (or the server's words,
+    when it refused the prompt)."""
+    failure = state.model_failure
+    if failure is not None and failure.context_overflow:
+        return f"the server refused the prompt as longer than its context: {failure.message}"
     window = limits.context_window or 0
     return (
         f"the prompt (about {calibrated_prompt_tokens(state)} tokens with the tool "

@@ -13,7 +13,7 @@ same way. Must not raise for anything the model does.
 
 from __future__ import annotations
 
-from agent_fsm.messages import ModelResponse
+from agent_fsm.messages import FinishReason, ModelResponse
 from agent_fsm.models.base import Model
 from agent_fsm.run.compacting import summary_messages, take_summary
 from agent_fsm.run.context import RunContext
@@ -27,7 +27,7 @@ from agent_fsm.run.thinking import (
     take_response,
 )
 from agent_fsm.state import ModelFailure
-from agent_fsm.tokens import calibrate, estimate_message_tokens
+from agent_fsm.tokens import estimate_message_tokens
 
 __all__ = ["summarise"]
 
@@ -49,8 +49,7 @@ async def summarise(ctx: RunContext) -> None:
 
     async def call() -> tuple[object, int]:
         await count_call(ctx, previous)
-        reported, estimated = state.reported_prompt_tokens, state.estimated_prompt_tokens
-        calibrated = calibrate(estimate, reported, estimated)
+        calibrated = state.calibration.prompt(estimate)
         request = request_without_tools(ctx, messages, model=model.name, estimate=calibrated)
         return await model.request(request), estimate
 
@@ -63,5 +62,12 @@ def _take_summary(ctx: RunContext, response: ModelResponse, estimate: int) -> No
     summary = take_response(ctx, response, estimate).content.strip()
     if not summary:
         failed(ctx, ModelFailure(message="the summary call wrote no text", permanent=False))
+        return
+    if response.finish_reason is FinishReason.LENGTH:
+        # A summary cut at its token limit would replace the turns it summarises with half
+        # of what they said: the transcript is kept, and the call counts as failed (retried
+        # while retries last: another try may be shorter).
+        message = "the summary was cut off at the model's token limit; the transcript is kept"
+        failed(ctx, ModelFailure(message=message, permanent=False))
         return
     take_summary(ctx, summary)

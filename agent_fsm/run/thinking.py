@@ -40,7 +40,7 @@ from agent_fsm.run.context import RunContext
 from agent_fsm.run.guarding import screen_output
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import Verb
-from agent_fsm.tokens import calibrate, estimate_message_tokens, estimate_tools_tokens
+from agent_fsm.tokens import estimate_message_tokens, estimate_tools_tokens
 from agent_fsm.tools.execution import retry_delay
 
 __all__ = [
@@ -70,7 +70,11 @@ def failure_from(exc: BaseException) -> ModelFailure:
     if isinstance(exc, ModelCallError):
         message = describe(exc).removeprefix(f"{type(exc).__name__}: ")
         return ModelFailure(
-            message=message, permanent=not exc.transient, retry_after_s=exc.retry_after_s
+            message=message,
+            permanent=not exc.transient,
+            retry_after_s=exc.retry_after_s,
+            context_overflow=exc.context_overflow,
+            prompt_tokens=exc.prompt_tokens,
         )
     transient = isinstance(exc, TimeoutError | ConnectionError)
     if isinstance(exc, ScriptExhaustedError):
@@ -129,6 +133,8 @@ async def think(ctx: RunContext) -> None:
         _take_reply(ctx, *made)
         if ctx.config.output_guardrails and _would_end_the_run(ctx):
             await screen_output(ctx, state.output or "")
+    elif state.model_failure is not None and state.model_failure.context_overflow:
+        _learn_overflow(ctx, state.model_failure, estimate)
 
 
 def _would_end_the_run(ctx: RunContext) -> bool:
@@ -143,6 +149,16 @@ def _would_end_the_run(ctx: RunContext) -> bool:
         and not state.follow_ups
         and state.last_finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     )
+
+
+def _learn_overflow(ctx: RunContext, failure: ModelFailure, estimate: int) -> None:
+    """A prompt the server refused as too long teaches the calibration: it was at least the
+    size the server named, else longer than the window, so the estimate of a prompt that
+    size now exceeds the window and the rows shrink it (or stop ``context_window``)."""
+    window = ctx.limits.context_window
+    size = failure.prompt_tokens or (window + 1 if window is not None else None)
+    if size is not None:
+        ctx.state.calibration.learn(estimate, size)
 
 
 STOPPED = ModelFailure(message="stopped before the call", permanent=True)
@@ -316,9 +332,7 @@ def _request_for(
                 run_id=state.run_id,
                 turn=state.turns,
                 messages=len(messages),
-                estimated_prompt_tokens=calibrate(
-                    estimate, state.reported_prompt_tokens, state.estimated_prompt_tokens
-                ),
+                estimated_prompt_tokens=state.calibration.prompt(estimate),
                 model=model_name,
             )
         )
@@ -366,7 +380,7 @@ async def _planned(
     )
     window = limits.context_window
     if window is not None and changed > estimate:
-        tokens = calibrate(changed, state.reported_prompt_tokens, state.estimated_prompt_tokens)
+        tokens = state.calibration.prompt(changed)
         if tokens + limits.reply_tokens > window:
             raise ModelCallError(
                 f"before_model hook failed: its prompt of ~{tokens} tokens leaves less than "
@@ -502,6 +516,7 @@ def _take_usage(
     if not usage.estimated and estimate > 0:
         state.reported_prompt_tokens += usage.input_tokens
         state.estimated_prompt_tokens += estimate
+        state.calibration.learn(estimate, usage.input_tokens)
     state.usage = state.usage + usage
     return usage
 
@@ -517,6 +532,7 @@ def _take_reply(ctx: RunContext, response: ModelResponse, estimate: int) -> None
         message = with_call_ids(message, state.turns)
     else:
         state.output = message.content
+        state.output_incomplete = response.finish_reason is FinishReason.LENGTH
     ctx.append(message)
     if ctx.config.output is not None and not message.tool_calls:
         _hold_to_output_type(ctx, message.content, response.finish_reason)

@@ -27,6 +27,7 @@ from agent_fsm.messages import (
 )
 from agent_fsm.prompt import ContextEdits, SummaryDue
 from agent_fsm.state import (
+    AgentRecord,
     Approval,
     ControlKind,
     ControlRequest,
@@ -37,6 +38,7 @@ from agent_fsm.state import (
     RunState,
 )
 from agent_fsm.table import StopReason
+from agent_fsm.tokens import Calibration
 
 __all__ = [
     "BAD_IDS",
@@ -106,7 +108,13 @@ def sample_state(run_id: str = "run-1") -> RunState:
     )
     return RunState(
         run_id=run_id,
-        state="TRIAGE",  # a CustomState of the user's table: stored by name
+        state="TRIAGE",
+        agent=AgentRecord(
+            tools={"add": "0123456789abcdef", "transfer": "fedcba9876543210"},
+            system_prompt="00ff00ff00ff00ff",
+            table="abcdefabcdefabcd",
+            approval=("transfer",),
+        ),  # a CustomState of the user's table: stored by name
         notes={"plan": ["look", "pay"], "nested": {"n": 1.5, "none": None, "ok": True}},
         turns=3,
         retries=2,
@@ -155,6 +163,7 @@ def sample_state(run_id: str = "run-1") -> RunState:
         tools_tokens_estimate=64,
         reported_prompt_tokens=300,
         estimated_prompt_tokens=280,
+        calibration=Calibration(pairs=[(280, 300), (400, 420)], fixed=20, per_content=1.0),
         context=ContextEdits(start=1, cleared=frozenset({3}), summary="earlier", latest_input=1),
         summary_due=SummaryDue(policy=0, through=2, instructions="summarise", text="..."),
         summarised=True,
@@ -203,6 +212,7 @@ def sample_state(run_id: str = "run-1") -> RunState:
         resumed_at=[2],
         abort_reason="user pressed stop",
         output="approve the transfer?",
+        output_incomplete=True,
         error="partial",
         stop_reason=StopReason.APPROVAL_REQUIRED,
         trace=[(0, 0), (1, 1), (2, 1), (3, 1), (0, 1), (1, 2)],
