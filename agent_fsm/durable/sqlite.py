@@ -251,22 +251,13 @@ class SQLiteStore(ClosingStore):
         live: list[Message],
         revision: int | None,
     ) -> bool:
-        """Whether the live message at index ``kept - 1`` is the stored one: known without
-        reading it when this store saw the stored revision end with that very object."""
-        if kept == 0:
-            return True
-        last = live[kept - 1]
-        seen = self._seen.get(run_id)
-        if (
-            seen is not None
-            and (seen.revision, seen.messages) == (revision, kept)
-            and seen.last is last
-        ):
+        """Whether the live message at index ``kept - 1`` is the stored one."""
+        if kept == 0 or self._known(run_id, revision, (kept, live[kept - 1]), messages=True):
             return True
         found = conn.execute(
             "SELECT json FROM messages WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
         ).fetchone()
-        return found is not None and found[0] == encode_message(last)
+        return found is not None and found[0] == encode_message(live[kept - 1])
 
     def _same_step(
         self,
@@ -276,22 +267,25 @@ class SQLiteStore(ClosingStore):
         live: list[tuple[int, int]],
         revision: int | None,
     ) -> bool:
-        """Whether the live trace entry at index ``kept - 1`` is the stored one: known without
-        reading it when this store saw the stored revision end with that very tuple."""
-        if kept == 0:
-            return True
-        last = live[kept - 1]
-        seen = self._seen.get(run_id)
-        if (
-            seen is not None
-            and (seen.revision, seen.steps) == (revision, kept)
-            and seen.last_step is last
-        ):
+        """Whether the live trace entry at index ``kept - 1`` is the stored one."""
+        if kept == 0 or self._known(run_id, revision, (kept, live[kept - 1]), messages=False):
             return True
         found = conn.execute(
             "SELECT row, turn FROM trace WHERE run_id = ? AND idx = ?", (run_id, kept - 1)
         ).fetchone()
-        return found is not None and tuple(found) == tuple(last)
+        return found is not None and tuple(found) == tuple(live[kept - 1])
+
+    def _known(
+        self, run_id: str, revision: int | None, last: tuple[int, object], *, messages: bool
+    ) -> bool:
+        """Whether this store saw the stored ``revision`` hold ``last[0]`` messages (or
+        trace entries) ending with that very object ``last[1]``: then they match without
+        reading one back (a live state's entries are not changed in place)."""
+        seen = self._seen.get(run_id)
+        if seen is None or seen.revision != revision:
+            return False
+        count, entry = (seen.messages, seen.last) if messages else (seen.steps, seen.last_step)
+        return count == last[0] and entry is last[1]
 
     def load(self, run_id: str) -> RunState:
         check_id(run_id)
