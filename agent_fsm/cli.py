@@ -546,8 +546,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         asked = store.cancel(args.run_id, args.reason)
     if asked:
         print(
-            f"cancel requested: run {args.run_id} stops at its next transition (ERROR"
-            " aborted, resumable), or at once when a worker takes it",
+            f"cancel requested: run {args.run_id} stops at its next checkpoint, before another"
+            " model or tool call (ERROR aborted, resumable), or at once when a worker takes it",
             file=sys.stdout,
         )
     else:
@@ -726,7 +726,8 @@ def _parser() -> argparse.ArgumentParser:
         "cancel",
         help="stop a run of a checkpoint store, wherever a worker drives it",
         description="Ask whoever drives RUN_ID (a worker with lease_s, on any machine) to "
-        "stop it at its next transition: it ends in ERROR aborted, with REASON as its error, "
+        "stop it at its next checkpoint, before another model or tool call starts: it ends in "
+        "ERROR aborted, with REASON as its error, "
         "and can be resumed. A run no worker drives now stops at once when one takes it. A "
         "run that has stopped is left as it is (exit 0, saying so). Exits 2 for an unknown "
         "run.",

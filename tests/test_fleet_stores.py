@@ -167,7 +167,7 @@ def test_agent_fsm_cancel_and_runs(
     where = _location(open_shared_store)
     assert main(["cancel", "queued", "--reason", "the customer withdrew", *where]) == 0
     out = capsys.readouterr().out
-    assert "cancel requested: run queued stops at its next transition" in out
+    assert "cancel requested: run queued stops at its next checkpoint" in out
     assert main(["cancel", "done", *where]) == 0
     assert "run done has already stopped: nothing to cancel" in capsys.readouterr().out
     assert main(["runs", *where]) == 0

@@ -98,9 +98,10 @@ class RunCancels(Protocol):
     request waits in the store for the run's driver, or whoever takes the run next."""
 
     def cancel(self, run_id: str, reason: str) -> bool:
-        """Ask the run's driver to stop it at its next transition (ERROR ``aborted``,
-        resumable); True when the request was recorded, False when the run had stopped
-        already (nothing is recorded then). See the module's contract.
+        """Ask the run's driver to stop it at its next checkpoint or lease renewal, before
+        another model or tool call starts (ERROR ``aborted``, resumable); True when the
+        request was recorded, False when the run had stopped already (nothing is recorded
+        then). See the module's contract.
 
         Raises:
             CheckpointError: no such run.
