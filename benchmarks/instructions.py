@@ -15,7 +15,12 @@ on top, which depends on the application's processor, not on agent_fsm); and dur
 unsubscribed agent checkpointed in a ``SQLiteStore`` (a file in a temporary directory): what
 a durable turn costs, saves and the tool journal included.
 
-    python benchmarks/instructions.py [--turns 10 110] [--only VARIANT]
+    python benchmarks/instructions.py [--turns 10 110] [--only VARIANT] [--no-gc]
+
+A full collection of the cyclic collector costs tens of millions of instructions, and whether
+one falls inside the long run but not the short one moves a per-turn figure by up to 200k:
+compare commits with longer runs (``--turns 10 310``), or with ``--no-gc`` (the collector off
+in the measured process), which counts the engine's own work alone.
 
 It installs nothing: without valgrind it says how to get it (``apt-get install valgrind``)
 and exits 2. A measurement takes a minute or two (Python runs ~50x slower under valgrind).
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -106,8 +112,9 @@ def _workload(turns: int, variant: str = "subscribed") -> None:
         raise SystemExit(f"the workload did not run as intended: {result.stop_reason}")
 
 
-def _instructions(turns: int, folder: Path, variant: str) -> int:
-    """Instructions executed by one child process running ``turns`` turns."""
+def _instructions(turns: int, folder: Path, variant: str, collector: bool = True) -> int:
+    """Instructions executed by one child process running ``turns`` turns (with the cyclic
+    collector off unless ``collector``)."""
     out = folder / f"callgrind.{variant}.{turns}.out"
     command = [
         "valgrind",
@@ -118,6 +125,7 @@ def _instructions(turns: int, folder: Path, variant: str) -> int:
         CHILD_FLAG,
         str(turns),
         variant,
+        "gc" if collector else "no-gc",
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     subprocess.run(command, check=True, env=env, capture_output=True)
@@ -143,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         help="measure one variant: with an event subscriber, without, traced by OtelTracer, "
         "traced and exported, or durable (default: all five)",
     )
+    parser.add_argument(
+        "--no-gc",
+        action="store_true",
+        help="turn the cyclic collector off in the measured process: the engine's own work, "
+        "without the full collections whose place in a run moves the per-turn figure",
+    )
     args = parser.parse_args(argv)
     short, long = args.turns
     if long <= short:
@@ -158,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     per_turn: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         for variant in variants:
-            counts = {t: _instructions(t, Path(folder), variant) for t in (short, long)}
+            counts = {
+                t: _instructions(t, Path(folder), variant, not args.no_gc) for t in (short, long)
+            }
             for turns, count in counts.items():
                 print(f"{variant:>13} {turns:>6} {count:>16,}")
             per_turn[variant] = (counts[long] - counts[short]) / (long - short)
@@ -174,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == CHILD_FLAG:
+    if len(sys.argv) == 5 and sys.argv[1] == CHILD_FLAG:
+        if sys.argv[4] == "no-gc":
+            gc.disable()
         _workload(int(sys.argv[2]), variant=sys.argv[3])
     else:
         raise SystemExit(main())
