@@ -211,6 +211,11 @@ class Row:
     restarts: bool = field(init=False, repr=False, compare=False)
     """A resume row that restarts the step a crashed run was in (``CRASH_GUARD``): read on
     every model call, so worked out once."""
+    ends: bool = field(init=False, repr=False, compare=False)
+    """The row stops the run (its destination is DONE or ERROR)."""
+    saves_later: bool = field(init=False, repr=False, compare=False)
+    """A durable run saves this transition with the next one (``saved_with_next_step``).
+    ``ends`` and this are read after every transition, so both are worked out once."""
 
     def __post_init__(self) -> None:
         _set = object.__setattr__  # a frozen dataclass normalises its own fields here
@@ -221,6 +226,8 @@ class Row:
         _set(self, "outcome", _OUTCOMES.get(self.outcome, self.outcome))
         _set(self, "label", str(self.outcome))
         _set(self, "restarts", self.trigger is Trigger.RESUMED and CRASH_GUARD in self.guards)
+        _set(self, "ends", self.dest in TERMINAL_STATES)
+        _set(self, "saves_later", saved_with_next_step(self))
 
     @property
     def stop_reason(self) -> StopReason | None:
@@ -242,6 +249,17 @@ V = Verb
 
 INITIAL_STATE = S.OBSERVE
 TERMINAL_STATES = frozenset({S.DONE, S.ERROR})
+
+
+def saved_with_next_step(row: Row) -> bool:
+    """Whether a durable run's checkpoint skips the transition ``row`` and takes it in with
+    the next one: a turn's end that goes on (REFLECT -> OBSERVE). REFLECT takes in nothing
+    that lasts (a reflector's "not done" leaves no trace), and the save after OBSERVE comes
+    before anything from outside does (a model call, a tool call), so a crash in between
+    redoes REFLECT from the save after ACT, as a crash row allows. Every other transition is
+    saved as it is taken, and every stop."""
+    return row.source is AgentState.REFLECT and row.dest is AgentState.OBSERVE
+
 
 TURN_STATE = S.THINK
 """Entering this state makes the turn's model call: a row into it counts one turn, or one
@@ -516,16 +534,6 @@ TABLE: tuple[Row, ...] = (
 _RESUMABLE: dict[int, tuple[tuple[Row, ...], frozenset[StopReason]]] = {}
 """``resumable_stops`` by the identity of the rows it was asked about: asked for every run's
 result (``state.status_for``), it would otherwise scan the table each time."""
-
-
-def saved_with_next_step(row: Row) -> bool:
-    """Whether a durable run's checkpoint skips the transition ``row`` and takes it in with
-    the next one: a turn's end that goes on (REFLECT -> OBSERVE). REFLECT takes in nothing
-    that lasts (a reflector's "not done" leaves no trace), and the save after OBSERVE comes
-    before anything from outside does (a model call, a tool call), so a crash in between
-    redoes REFLECT from the save after ACT, as a crash row allows. Every other transition is
-    saved as it is taken, and every stop."""
-    return row.source is AgentState.REFLECT and row.dest is AgentState.OBSERVE
 
 
 def resumable_stops(rows: tuple[Row, ...]) -> frozenset[StopReason]:

@@ -408,6 +408,10 @@ def test_the_machine_takes_the_first_row_whose_guards_all_pass(
 
 
 def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> None:
+    """Rows are tried in table order; a row stops at its first false guard, and rows in a row
+    that begin with the same guard share one reading of it (guards are pure), so a turn whose
+    model call succeeded reads ``model_call_failed`` once per run of the failed call's rows,
+    not once per row."""
     asked: list[str] = []
 
     def counted(name: str) -> Callable[[RunState, Limits], bool]:
@@ -427,15 +431,44 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
     # A last-answer row asks first whether a last answer is wanted: no, by default.
     assert asked == [
         "abort_requested",
-        "last_answer_wanted",
-        "last_answer_wanted",
-        *["model_call_failed"] * 5,  # timeout, overflow (compact, stop), permanent, retries
-        "last_answer_wanted",
-        "last_answer_wanted",
-        *["model_call_failed"] * 4,  # token budget, cost budget, compact, retry
+        "last_answer_wanted",  # two last-answer rows (compact, last answer) for the timeout
+        "model_call_failed",  # timeout, overflow (compact, stop), permanent, retries
+        "last_answer_wanted",  # the same for the token budget
+        "model_call_failed",  # token budget, cost budget, compact, retry
         "reply_was_filtered",
         "reply_was_refused",
         "reply_has_tool_calls",
+    ]
+
+
+def test_rows_that_share_a_first_guard_still_read_their_other_guards_in_order() -> None:
+    """When the shared first guard is true, each row of the run reads its own guards in
+    turn, and the first row whose guards all pass is taken: a failed call that is
+    permanent stops ``model_error``, past the rows for the deadline and the context."""
+    asked: list[str] = []
+
+    def counted(name: str) -> Callable[[RunState, Limits], bool]:
+        guard = GUARDS[name]
+
+        def ask(state: RunState, limits: Limits) -> bool:
+            asked.append(name)
+            return guard(state, limits)
+
+        return ask
+
+    machine = AgentMachine(TABLE, {name: counted(name) for name in GUARDS})
+    failure = ModelFailure(message="bad request", permanent=True)
+    state = RunState(run_id="failed", state=S.THINK, turns=1, model_failure=failure)
+    row = machine.fire(machine.handle(state, Limits()))
+    assert row.stop_reason is StopReason.MODEL_ERROR
+    assert asked == [
+        "abort_requested",
+        "last_answer_wanted",
+        "model_call_failed",
+        "time_is_up",
+        "context_overflowed",  # the compact row: overflowed, then the window
+        "context_overflowed",  # the context_window stop
+        "model_error_is_permanent",
     ]
 
 

@@ -61,7 +61,6 @@ from agent_fsm.table import (
     AgentState,
     Row,
     Trigger,
-    saved_with_next_step,
 )
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
 
@@ -303,8 +302,9 @@ class Run:
                 at its next save, writing nothing; the other one carries the run on).
         """
         try:
-            while not self.done:
-                await self._advance()
+            ended = self.done
+            while not ended:
+                ended = (await self._advance()).ends  # a row into DONE or ERROR ends it
         except BaseException:
             self._release()  # a driver that gives up lets the run go at once
             raise
@@ -394,9 +394,9 @@ class Run:
                     turn=state.turns,
                 )
             )
-        if row.dest in TERMINAL_STATES:
+        if row.ends:
             self._finish(row)
-        elif not saved_with_next_step(row):  # one write transaction fewer per turn
+        elif not row.saves_later:  # one write transaction fewer per turn
             self._saved(state)
 
     def _finish(self, row: Row) -> None:
