@@ -39,7 +39,9 @@ __all__ = [
     "Lifetime",
     "LoopState",
     "ModelFailure",
+    "ParentLink",
     "StateName",
+    "SubAgentPause",
     "RunResult",
     "RunState",
     "RunStatus",
@@ -71,6 +73,8 @@ class ControlKind(StrEnum):
     TERMINAL_TOOL = "terminal_tool"
     """A user tool declared ``terminal`` ran successfully: its output is the run's output."""
     APPROVAL = "approval"
+    SUB_AGENT = "sub_agent"
+    """A sub-agent stopped to ask the user or for approvals (``ControlRequest.sub_agent``)."""
 
 
 CONTROL_STOPS: dict[ControlKind, StopReason] = {
@@ -78,8 +82,38 @@ CONTROL_STOPS: dict[ControlKind, StopReason] = {
     ControlKind.FINISH_TASK: StopReason.FINISH_TASK,
     ControlKind.TERMINAL_TOOL: StopReason.TERMINAL_TOOL,
     ControlKind.APPROVAL: StopReason.APPROVAL_REQUIRED,
+    ControlKind.SUB_AGENT: StopReason.SUB_AGENT_PAUSED,
 }
 """The stop each kind of control request ends the run with, when its row wins."""
+
+
+class SubAgentPause(BaseModel):
+    """Where a paused sub-agent waits (``ControlRequest.sub_agent``): the parent's answer is
+    passed down to it (``run.delegation.carry_out_child``)."""
+
+    model_config = _FROZEN
+
+    run_id: str
+    """The child's run, checkpointed under its own id (``RunState.parent`` links it back)."""
+    tool: str
+    """The sub-agent tool the parent called."""
+    asks: ControlKind
+    """What the child waits for: ``ASK_USER`` (a reply) or ``APPROVAL`` (decisions)."""
+    pause: str = ""
+    """The child's own pause (its ``ControlRequest.pause``)."""
+    counted: dict[str, JsonValue] = {}
+    """The child's spend the parent counted when it paused (turns, last answers, retries,
+    usage, cost), so that only what it spends after is added when it finishes."""
+
+
+class ParentLink(BaseModel):
+    """The call of the parent run that started a sub-agent's run (``RunState.parent``)."""
+
+    model_config = _FROZEN
+
+    run_id: str
+    tool_call_id: str
+    tool: str
 
 
 class ControlRequest(BaseModel):
@@ -101,6 +135,9 @@ class ControlRequest(BaseModel):
     and a decision on every pending call at once (``approvals=True``) must: a decision that
     arrives late (a double click, a retried request) must not answer a pause nobody saw.
     Empty for a checkpoint of an older agent_fsm."""
+    sub_agent: SubAgentPause | None = None
+    """For kind SUB_AGENT: the child that waits; ``text`` and ``pending_calls`` are its
+    question or the calls it waits to have approved."""
 
 
 class GuardrailTrip(BaseModel):
@@ -327,6 +364,14 @@ class RunState:
     control: ControlRequest | None = _declared(L.STOP, "run.outcome", None)
     """The request the run stopped on (ask_user's question, the approvals it waits for...):
     recorded from ``requests`` when a control row ends the run."""
+    parent: ParentLink | None = _declared(L.RUN, "run.delegation", None)
+    """The parent run's call that started this run (a sub-agent's); None for a run of its
+    own."""
+    awaiting_child: ControlRequest | None = _declared(L.RUN, "run.outcome run.acting", None)
+    """The sub-agent that paused the run (kind SUB_AGENT), until its answer is carried out:
+    kept across the stop, which resets ``control``."""
+    child_reply: str | None = _declared(L.RUN, "run.resuming run.acting", None)
+    """The reply a resume gave for a paused sub-agent's question, until ACT passes it down."""
     decisions: list[Decision] = _declared(L.RUN, "run.resuming run.acting", factory=list)
     """Approval decisions given on resume, with their calls; carried out and emptied by the
     ACT state the resume leads to (so empty at every stop)."""

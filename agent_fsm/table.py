@@ -101,6 +101,9 @@ class StopReason(StrEnum):
     """A tool declared terminal ran successfully; its output is the run's output."""
     ASK_USER = "ask_user"
     APPROVAL_REQUIRED = "approval_required"
+    SUB_AGENT_PAUSED = "sub_agent_paused"
+    """A sub-agent (``Agent.as_tool``) stopped to ask the user or for approvals: the whole
+    tree waits, and the parent's ``RunResult.pending`` says what the child asks."""
     MAX_TOKENS = "max_tokens"
     ABORTED = "aborted"
     MODEL_ERROR = "model_error"
@@ -158,7 +161,8 @@ class Verb(StrEnum):
     ANSWER = "answer"
     """Resume: the person's reply to ask_user is observed."""
     CARRY_OUT = "carry_out"
-    """Resume: the decided approvals are carried out."""
+    """Resume: the decided approvals are carried out, or a paused sub-agent is resumed with
+    the answer."""
     RESUME = "resume"
     """Resume: an aborted or timed-out run goes on, or one whose prompt did not fit the
     context window (with a larger one)."""
@@ -311,6 +315,7 @@ after a crash."""
 STOP_GUARDS: dict[str, frozenset[StopReason]] = {
     "stopped_to_ask_user": frozenset({R.ASK_USER}),
     "stopped_for_approval": frozenset({R.APPROVAL_REQUIRED}),
+    "stopped_for_sub_agent": frozenset({R.SUB_AGENT_PAUSED}),
     "stopped_by_interruption": frozenset({R.ABORTED, R.TIMEOUT}),
     "stopped_by_transient_model_failure": frozenset({R.MODEL_ERROR}),
     "stopped_by_context_window": frozenset({R.CONTEXT_WINDOW}),
@@ -321,7 +326,7 @@ crash is no stop: ``CRASH_GUARD`` accepts none). Every resume row names exactly 
 (the verifier checks), so the rows alone say which stops can be resumed:
 ``resumable_stops``."""
 
-ANSWER_GUARDS = frozenset({"reply_given", "approvals_decided"})
+ANSWER_GUARDS = frozenset({"reply_given", "approvals_decided", "sub_agent_answered"})
 """The guards of resume rows that read the answer a resume gives, rather than the stop."""
 
 CONTROL_GUARDS: dict[str, StopReason] = {
@@ -329,6 +334,7 @@ CONTROL_GUARDS: dict[str, StopReason] = {
     "finish_task_called": R.FINISH_TASK,
     "terminal_tool_succeeded": R.TERMINAL_TOOL,
     "approval_pending": R.APPROVAL_REQUIRED,
+    "sub_agent_paused": R.SUB_AGENT_PAUSED,
 }
 """The guards that read the control requests of a turn (``RunState.requests``), each true
 when the turn made a request of its kind, with the stop its row ends the run with. A turn
@@ -475,6 +481,8 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("finish_task_called",), R.FINISH_TASK),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("terminal_tool_succeeded",), R.TERMINAL_TOOL),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("approval_pending",), R.APPROVAL_REQUIRED),
+    # A sub-agent stopped to ask the user or for approvals: the whole tree waits.
+    Row(T.REFLECTED, S.REFLECT, S.DONE, ("sub_agent_paused",), R.SUB_AGENT_PAUSED),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("too_many_errors",), R.CONSECUTIVE_ERRORS),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("output_retries_exhausted",), R.INVALID_OUTPUT),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),
@@ -503,6 +511,8 @@ TABLE: tuple[Row, ...] = (
     # no row leaves cannot be resumed, and resume refuses it before changing anything.
     Row(T.RESUMED, S.DONE, S.OBSERVE, ("stopped_to_ask_user", "reply_given"), V.ANSWER),
     Row(T.RESUMED, S.DONE, S.ACT, ("stopped_for_approval", "approvals_decided"), V.CARRY_OUT),
+    # The answer of a paused sub-agent goes down to it; ACT resumes it, its result comes up.
+    Row(T.RESUMED, S.DONE, S.ACT, ("stopped_for_sub_agent", "sub_agent_answered"), V.CARRY_OUT),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_interruption",), V.RESUME),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_transient_model_failure",), V.RECOVER),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_context_window",), V.RESUME),

@@ -35,6 +35,7 @@ def test_reflect_priority_order_is_pinned() -> None:
         (("finish_task_called",), "finish_task"),
         (("terminal_tool_succeeded",), "terminal_tool"),
         (("approval_pending",), "approval_required"),
+        (("sub_agent_paused",), "sub_agent_paused"),
         (("too_many_errors",), "consecutive_errors"),
         (("output_retries_exhausted",), "invalid_output"),
         (("last_answer_wanted", "budget_exhausted", "prompt_exceeds_window"), "compact"),

@@ -20,6 +20,8 @@ from agent_fsm import (
     Limits,
     MemoryStore,
     Pricing,
+    ResumeError,
+    RunLeased,
     SQLiteStore,
     StopReason,
     tool,
@@ -31,7 +33,13 @@ from agent_fsm.events import (
     SubAgentStarted,
     ToolFinished,
 )
-from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, ToolStatus
+from agent_fsm.messages import (
+    AssistantMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolMessage,
+    ToolStatus,
+)
 from agent_fsm.run import delegation
 from agent_fsm.state import RunResult, RunState, RunStatus
 from agent_fsm.testing import (
@@ -44,7 +52,7 @@ from agent_fsm.testing import (
     call,
     reply,
 )
-from agent_fsm.testing.invariants import check_invariants
+from agent_fsm.testing.invariants import check_invariants, transcript_problems
 from tests.conftest import FAST, Recorder, add, echo
 
 PRICES = {
@@ -514,32 +522,152 @@ def test_the_harness_checks_each_sub_agents_run_under_its_carved_limits(
     assert "turns exceed max_turns" in violation
 
 
-def test_a_child_that_asks_the_user_answers_its_parents_call_with_the_question() -> None:
-    """Not yet a pause of the whole tree: a child that stops to ask a person answers the
-    call as an error carrying its question, and the parent goes on (its model may ask the
-    user itself)."""
-    worker = Agent(
-        model=ScriptedModel([reply("", call("ask_user", question="Which city?"))], name="worker")
+def _asking_tree(
+    store: Any = None, *, resumed: bool = False
+) -> tuple[Agent, ScriptedModel, ScriptedModel]:
+    """A boss whose sub-agent asks the user a question, then answers with what it heard
+    (``resumed``: the models of a new process, whose first replies were given already)."""
+    first = 1 if resumed else 0
+    worker_model = ScriptedModel(
+        [reply("", call("ask_user", question="Which city?"), usage=(10, 2)), "Sunny in Paris"][
+            first:
+        ],
+        name="worker",
+    )
+    worker = Agent(model=worker_model)
+    boss_model = ScriptedModel(
+        [reply("", call("work", task="weather"), usage=(20, 4)), "Done: sunny"][first:],
+        name="boss",
     )
     boss = Agent(
-        model=ScriptedModel(
-            [
-                reply("", call("work", task="weather")),
-                reply("", call("ask_user", question="City?")),
-            ],
-            name="boss",
-        ),
+        model=boss_model,
         tools=[worker.as_tool(name="work", description="Works.")],
-        limits=Limits(**FAST),
+        limits=Limits(**FAST, prices=PRICES),
+        store=store,
     )
-    _, result = run(boss)
-    (answer,) = tool_results(result)[:1]
-    assert answer.status is ToolStatus.ERROR
-    assert "ask_user" in answer.content
-    assert "Which city?" in answer.content
-    details: Any = answer.details
-    assert details["status"] == "needs_input"
-    assert result.stop_reason is StopReason.ASK_USER
+    return boss, boss_model, worker_model
+
+
+def test_a_child_that_asks_the_user_pauses_the_whole_tree_and_resumes_with_the_answer() -> None:
+    """The child stops to ask; its parent stops too, showing the child's question, with a
+    valid transcript (the sub-agent call answered, as an approval's call is). The user
+    answers the parent; the child goes on with the answer, and its result comes to the
+    parent's model in the next user message. The spend of the tree is counted once."""
+    boss, boss_model, worker_model = _asking_tree()
+    recorder = Recorder()
+    boss = boss.subscribe(recorder)
+    paused = boss.run_sync("go")
+    check_invariants(paused, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    assert paused.status is RunStatus.NEEDS_INPUT
+    assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+    pending = paused.pending
+    assert pending is not None
+    assert pending.sub_agent is not None
+    assert (pending.kind.value, pending.text) == ("sub_agent", "Which city?")
+    assert (pending.sub_agent.tool, pending.sub_agent.asks.value) == ("work", "ask_user")
+    (answer,) = tool_results(paused)
+    assert "waits for the user (Which city?)" in answer.content
+    child_id = pending.sub_agent.run_id
+    assert paused.turns == 2  # its own call and the child's
+    assert paused.cost == pytest.approx((20 + 2 * 4 + 10 + 2 * 2) / 1e6)
+    with pytest.raises(ResumeError, match="asked the user 'Which city\\?'"):
+        boss.resume_sync(paused.run_id)
+    with pytest.raises(ResumeError, match="not approvals"):
+        boss.resume_sync(paused.run_id, approvals=True, pause=pending.pause)
+    recorder.clear()
+    done = boss.resume_sync(paused.run_id, "Paris")
+    check_invariants(done, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    assert (done.status, done.output) == (RunStatus.COMPLETED, "Done: sunny")
+    assert "Paris" in str(worker_model.requests[-1].messages[-1])
+    told = boss_model.requests[-1].messages[-1]
+    assert "Sunny in Paris" in str(told)
+    assert "which waited for the user" in str(told)
+    assert done.turns == 2 + 1 + 1  # the child's second turn and the boss's answer
+    assert done.usage.requests == len(boss_model.requests) + len(worker_model.requests)
+    finished = [e.run_id for e in recorder if isinstance(e, RunFinished)]
+    assert finished == [child_id, done.run_id]
+
+
+def test_approvals_inside_a_child_pause_the_tree_and_name_their_pause() -> None:
+    """The child's call needs approval: the parent's pending request lists it; the user
+    approves it on the parent run (each call by id, or all at once naming the pause); it
+    runs once, in the child."""
+    booked: list[str] = []
+
+    @tool(requires_approval=True)
+    def book(city: str) -> str:
+        """Book a trip."""
+        booked.append(city)
+        return f"booked {city}"
+
+    def tree() -> tuple[Agent, ScriptedModel]:
+        worker = Agent(
+            model=ScriptedModel([reply("", call("book", city="Paris")), "Booked."], name="w"),
+            tools=[book],
+        )
+        boss_model = ScriptedModel([reply("", call("travel", task="book Paris")), "All set."])
+        boss = Agent(
+            model=boss_model,
+            tools=[worker.as_tool(name="travel", description="Books trips.")],
+            limits=Limits(**FAST),
+        )
+        return boss, boss_model
+
+    for blanket in (False, True):
+        booked.clear()
+        boss, boss_model = tree()
+        paused = boss.run_sync("go")
+        check_invariants(paused, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+        pending = paused.pending
+        assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+        assert pending is not None
+        assert pending.sub_agent is not None
+        assert pending.sub_agent.asks.value == "approval"
+        (waiting,) = pending.pending_calls
+        assert waiting.name == "book"
+        assert booked == []
+        with pytest.raises(ResumeError, match="waits for approvals, not a reply"):
+            boss.resume_sync(paused.run_id, "yes")
+        if blanket:
+            with pytest.raises(ResumeError, match="must name the pause"):
+                boss.resume_sync(paused.run_id, approvals=True)
+            done = boss.resume_sync(paused.run_id, approvals=True, pause=pending.pause)
+        else:
+            done = boss.resume_sync(paused.run_id, approvals={waiting.id: True})
+        check_invariants(done, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+        assert (done.status, done.output) == (RunStatus.COMPLETED, "All set.")
+        assert "Booked." in str(boss_model.requests[-1].messages[-1])
+        assert booked == ["Paris"]
+
+
+def test_a_paused_tree_resumes_from_its_store_in_a_new_agent(tmp_path: Path) -> None:
+    """With a store, the child's run is checkpointed in it under its own id, linked to the
+    parent's call; a new agent (a new process) answers the parent, and the child goes on
+    from its checkpoint."""
+    path = tmp_path / "runs.db"
+    boss, _, _ = _asking_tree(SQLiteStore(path))
+    _, paused = run(boss)
+    pending = paused.pending
+    assert pending is not None
+    assert pending.sub_agent is not None
+    (call_message,) = tool_results(paused)
+    child_id = pending.sub_agent.run_id
+    assert child_id == delegation.child_run_id(paused.run_id, 1, call_message.tool_call_id)
+    stored = SQLiteStore(path).load(child_id)
+    assert stored.parent is not None
+    assert (stored.parent.run_id, stored.parent.tool_call_id, stored.parent.tool) == (
+        paused.run_id,
+        call_message.tool_call_id,
+        "work",
+    )
+    assert stored.stop_reason is StopReason.ASK_USER
+    later, _, worker_model = _asking_tree(SQLiteStore(path), resumed=True)
+    done = later.resume_sync(paused.run_id, "Paris")
+    assert (done.status, done.output) == (RunStatus.COMPLETED, "Done: sunny")
+    assert len(worker_model.requests) == 1  # the child went on, it did not start again
+    child = SQLiteStore(path).load(child_id)
+    assert child.stop_reason is StopReason.FINAL_ANSWER
+    assert [m.role for m in child.messages].count("user") == 2  # the task and "Paris"
 
 
 def test_a_child_answered_from_the_journal_after_a_crash_still_counts() -> None:
@@ -593,3 +721,75 @@ def test_a_child_answered_from_the_journal_after_a_crash_still_counts() -> None:
     assert details["runtime"]["replayed"] is True
     assert result.turns == 1 + 2 + 1  # its call, the child's two (counted again), its answer
     assert result.usage.requests == 2 + 0 + 0 + 2  # what the replies reported, with the child's
+
+
+def test_the_parents_lost_lease_stops_its_child() -> None:
+    """The parent's lease is taken over while its child works: the heartbeat finds it, the
+    parent's step is stopped, the child is aborted with it (its call cancelled, its run
+    stopped and checkpointed), and the parent's driver stops with ``RunLeased`` at its save,
+    writing nothing."""
+    entered = asyncio.Event()
+    cancelled: list[bool] = []
+
+    @tool
+    async def wait_forever() -> str:
+        """Wait."""
+        entered.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "never"
+
+    class Stolen(MemoryStore):
+        """The parent's lease (and only its) is taken over once ``stolen``."""
+
+        stolen = False
+
+        def _check(self, run_id: str) -> None:
+            if self.stolen and run_id == "leased":
+                raise RunLeased(
+                    "taken over by worker 'thief'", run_id=run_id, holder="thief", expires_at=0.0
+                )
+
+        def renew(self, lease: Any) -> Any:
+            self._check(lease.run_id)
+            return super().renew(lease)
+
+        def save(self, state: RunState, *, lease: Any = None) -> Any:
+            self._check(state.run_id)
+            return super().save(state, lease=lease)
+
+    store = Stolen()
+    worker = Agent(
+        model=ScriptedModel([reply("", call("wait_forever"))], name="worker"),
+        tools=[wait_forever],
+    )
+    boss = Agent(
+        model=ScriptedModel([reply("", call("work", task="wait"))], name="boss"),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST),
+        store=store,
+        lease_s=0.3,
+        worker_id="first",
+    )
+
+    async def main() -> None:
+        task = asyncio.ensure_future(boss.run("go", run_id="leased"))
+        await entered.wait()
+        before = store.load("leased")
+        store.stolen = True
+        with pytest.raises(RunLeased, match="thief"):
+            await asyncio.wait_for(task, 60)
+        assert store.load("leased").trace == before.trace  # the stale driver wrote nothing
+        (call_message,) = [m for m in before.messages if m.role == "assistant"]
+        assert isinstance(call_message, AssistantMessage)
+        child_id = delegation.child_run_id("leased", 1, call_message.tool_calls[0].id)
+        child = store.load(child_id)
+        assert child.stop_reason is StopReason.ABORTED
+        assert "lease was lost" in (child.error or "")
+        assert not transcript_problems(child.messages)
+
+    asyncio.run(main())
+    assert cancelled == [True]

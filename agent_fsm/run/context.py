@@ -114,6 +114,13 @@ class RunContext:
     the step ends (``run.acting.fold``): the turn count keys the tool journal, so it must
     not move while the step's calls run. A child started meanwhile is carved from what
     they left too (``run.delegation.carve``)."""
+    home: Any = None
+    """Where the run lives (its agent's ``run.residence.Residence``), for its sub-agents:
+    a child of a run kept in a store is kept in the same store (``run.delegation``). None
+    where the driver does not say (a child then lives where its own agent keeps runs)."""
+    counted_children: dict[str, Any] = field(default_factory=dict)
+    """By child run id: what this run counted of a child when it paused, so that only
+    what the child spends after it goes on is added (``run.acting.fold``)."""
     started_at: float = 0.0
     """When this activation started by ``clock``, less the run's elapsed time before it:
     ``clock() - started_at`` is the run's time so far (a sub-agent's is carved from what

@@ -111,6 +111,7 @@ class Run:
         resumed: str | None = None,
         repaired: HistoryRepair | None = None,
         path: tuple[str, ...] = (),
+        home: object = None,
     ) -> None:
         log = get_logger("agent_fsm").bind(run_id=state.run_id)
         time = keeper.time
@@ -136,6 +137,7 @@ class Run:
             sleep=time.sleep,
             random=time.random,
             path=path,
+            home=home,
         )
         self._started_at = time.clock() - state.elapsed_s
         self._handle: RunHandle | None = None

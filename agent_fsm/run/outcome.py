@@ -51,6 +51,8 @@ def _take_request(state: RunState, stop_reason: StopReason) -> None:
         if CONTROL_STOPS[request.kind] is stop_reason:
             state.control = request.model_copy(update={"pause": f"pause-{len(state.trace)}"})
             state.output = request.text
+            if request.sub_agent is not None:  # kept across the stop, for ACT to carry out
+                state.awaiting_child = state.control
             return
 
 
