@@ -547,6 +547,11 @@ class Agent:
             delegates=delegates,
             input_guardrails=inputs,
             output_guardrails=outputs,
+            screened_ends=frozenset(
+                str(row.source)
+                for row in machine.rows
+                if outputs and OUTPUT_GUARDRAIL_GUARD in row.guards and row.source != "THINK"
+            ),
             dead_guards=_dead_guards(limits, offered, output, self.reflector, policies)
             - _guardrail_guards(inputs, outputs),
             record=agent_record(registry.specs, self.system_prompt, machine.rows, offered),

@@ -356,7 +356,7 @@ class RunState:
     last_tool_calls: int = _declared(L.STOP, "run.thinking run.outcome", 0)
     """Tool calls in the last reply (0 once they are answered by the end of the run)."""
     model_failure: ModelFailure | None = _declared(L.STOP, "run.thinking run.custom", None)
-    requests: list[ControlRequest] = _declared(L.STOP, "run.acting", factory=list)
+    requests: list[ControlRequest] = _declared(L.STOP, "run.acting run.guarding", factory=list)
     """Every control request of the last turn, at most one per kind (ask_user, finish_task,
     a terminal tool's result, the calls awaiting approval): each is read by its own guard
     (``table.CONTROL_GUARDS``), and the first REFLECT row that matches decides which ends

@@ -31,6 +31,7 @@ __all__ = [
     "INITIAL_STATE",
     "INPUT_GUARDRAIL_GUARD",
     "OUTPUT_GUARDRAIL_GUARD",
+    "OUTPUT_GUARDRAIL_STATES",
     "LAST_ANSWER_DUE_GUARD",
     "LAST_ANSWER_GUARD",
     "LAST_CALL_STATE",
@@ -299,9 +300,13 @@ INPUT_GUARDRAIL_GUARD = "input_guardrail_tripped"
 the run, so no way on skips it (the verifier checks)."""
 
 OUTPUT_GUARDRAIL_GUARD = "output_guardrail_tripped"
-"""The guard of the row that stops a run whose answer a guardrail did not pass: it leaves
-``TURN_STATE`` (THINK, whose work takes the reply in), before any row into DONE (the
-verifier checks)."""
+"""The guard of the rows that stop a run whose answer a guardrail did not pass: they leave
+the states whose work takes in an answer that would end the run (``OUTPUT_GUARDRAIL_STATES``:
+THINK's final answer, REFLECT's finish_task summary or terminal tool output, which ACT
+screened, and the last answer), before any row into DONE (the verifier checks)."""
+
+OUTPUT_GUARDRAIL_STATES = frozenset({S.THINK, S.REFLECT, S.LAST_ANSWER})
+"""Where a row guarded by ``OUTPUT_GUARDRAIL_GUARD`` may stand."""
 
 RESUME_TRIGGER = T.RESUMED
 """The trigger of the resume rows: fired only on a reopened run, by ``Agent.resume``."""
@@ -477,6 +482,9 @@ TABLE: tuple[Row, ...] = (
     # (``CONTROL_GUARDS``) decide among the requests of one turn: the first that matches ends
     # the run, and ACT answers the turn's calls in this same order (``control_order``).
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("abort_requested",), R.ABORTED),
+    # The output guardrails read a finish_task summary or a terminal tool's output that
+    # would end the run (ACT screened it), before any row ends it with it.
+    Row(T.REFLECTED, S.REFLECT, S.ERROR, (OUTPUT_GUARDRAIL_GUARD,), R.GUARDRAIL_TRIPPED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("ask_user_called",), R.ASK_USER),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("finish_task_called",), R.FINISH_TASK),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("terminal_tool_succeeded",), R.TERMINAL_TOOL),
@@ -502,7 +510,9 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.OBSERVE, (), V.CONTINUE),
     # LAST_ANSWER: the last answer was written (or could not be); the run ends with the stop
     # that asked for it. No abort row: that stop has fired already, and an abort during the
-    # last answer cancels the call, nothing more.
+    # last answer cancels the call, nothing more. The output guardrails read the last
+    # answer first: one they do not pass is not the run's output.
+    Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, (OUTPUT_GUARDRAIL_GUARD,), R.GUARDRAIL_TRIPPED),
     Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_token_budget",), R.TOKEN_BUDGET),
     Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_max_turns",), R.MAX_TURNS),
     Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_timeout",), R.TIMEOUT),

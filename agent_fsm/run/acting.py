@@ -56,6 +56,7 @@ from agent_fsm.run.approvals import (
     outcome_message,
 )
 from agent_fsm.run.context import RunContext, acting_for
+from agent_fsm.run.guarding import screen_ending
 from agent_fsm.state import CONTROL_STOPS, ControlKind, ControlRequest, RunResult, SubAgentPause
 from agent_fsm.table import StopReason
 from agent_fsm.tools.hooks import AfterTool, BeforeTool, review_result, screen_call
@@ -78,6 +79,7 @@ from agent_fsm.tools.tool import PreparedCall, ToolResult
 __all__ = [
     "act",
     "act_as_parent",
+    "act_screened",
     "answer_calls",
     "carry_out",
     "fold",
@@ -95,6 +97,14 @@ _CONTROL_ANSWER = {
     "next user message.",
     ControlKind.FINISH_TASK: "The task is marked as finished.",
 }
+
+
+async def act_screened(ctx: RunContext) -> None:
+    """ACT's work for an agent whose output guardrails screen what ends a run in REFLECT:
+    the turn's finish_task summary or terminal tool output is checked once the calls are
+    answered (``run.guarding.screen_ending``). The engine picks it for such an agent only."""
+    await (act_as_parent(ctx) if ctx.config.delegates else act(ctx))
+    await screen_ending(ctx)
 
 
 async def act_as_parent(ctx: RunContext) -> None:

@@ -69,7 +69,13 @@ class RunConfig:
     input_guardrails: tuple[Guardrail, ...] = ()
     """Check each user message OBSERVE takes in (``agent_fsm.guardrails``)."""
     output_guardrails: tuple[Guardrail, ...] = ()
-    """Check an answer that would end the run, in THINK."""
+    """Check an answer that would end the run, in THINK (and in ACT and LAST_ANSWER, where
+    ``screened_ends`` says)."""
+    screened_ends: frozenset[str] = frozenset()
+    """Beyond THINK, the states whose answers the output guardrails screen, because a row
+    guarded by ``output_guardrail_tripped`` leaves them: REFLECT (a finish_task summary, a
+    terminal tool's output, screened by ACT) and LAST_ANSWER. Empty without output
+    guardrails."""
     delegates: bool = False
     """Some tool is a sub-agent (``Agent.as_tool``): ACT lets the tools see the run
     (``run.delegation.acting_for``). False costs one attribute check per ACT."""

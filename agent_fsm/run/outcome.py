@@ -32,7 +32,8 @@ def record_stop(ctx: RunContext, row: Row) -> None:
         _take_request(state, stop_reason)
     if row.dest is AgentState.ERROR:
         state.error = describe_failure(state, ctx.limits, stop_reason)
-        if row.source is not LAST_CALL_STATE:  # its output is the last answer, if written
+        # its output is the last answer, if written (and passed the output guardrails)
+        if row.source is not LAST_CALL_STATE or stop_reason is StopReason.GUARDRAIL_TRIPPED:
             state.output = None
     if row.source is AgentState.THINK and state.last_tool_calls:
         last = state.messages[-1]
