@@ -127,6 +127,10 @@ class RunContext:
     counted_children: dict[str, Any] = field(default_factory=dict)
     """By child run id: what this run counted of a child when it paused, so that only
     what the child spends after it goes on is added (``run.acting.fold``)."""
+    chosen_pricing: Pricing | None = None
+    """The price of the model a ``before_model`` hook chose for the call in flight, when it
+    is not the agent's own (``run.thinking``): its reply is priced at it, then it is
+    cleared."""
     started_at: float = 0.0
     """When this activation started by ``clock``, less the run's elapsed time before it:
     ``clock() - started_at`` is the run's time so far (a sub-agent's is carved from what
