@@ -892,3 +892,72 @@ def test_the_tree_property_catches_a_childs_spend_counted_twice_across_a_pause(
     monkeypatch.setattr(acting, "fold", twice)
     with pytest.raises((AssertionError, ExceptionGroup)):
         test_a_tree_paused_and_resumed_any_way_keeps_every_promise()
+
+
+def test_a_handoff_that_asks_the_user_ends_its_parent_once_answered() -> None:
+    """A handoff's child asks; the tree pauses; answered, the child's answer ends the
+    parent's run through the terminal_tool row, as a handoff that did not pause does."""
+    taker = Agent(
+        model=ScriptedModel([reply("", call("ask_user", question="Your name?")), "Hi Ann."])
+    )
+    boss_model = ScriptedModel([reply("", call("transfer", note="greet"))])
+    boss = Agent(
+        model=boss_model,
+        tools=[taker.as_handoff(name="transfer", description="Hands over.")],
+        limits=Limits(**FAST),
+    )
+    paused = boss.run_sync("hello")
+    check_invariants(paused, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+    done = boss.resume_sync(paused.run_id, "Ann")
+    check_invariants(done, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    assert (done.stop_reason, done.output) == (StopReason.TERMINAL_TOOL, "Hi Ann.")
+    assert len(boss_model.requests) == 1  # the parent's model was not asked again
+
+
+def test_the_parents_abort_while_a_paused_child_goes_on_aborts_the_child() -> None:
+    """Resumed with the answer, the parent goes on with its child; the parent is aborted
+    meanwhile: the child is aborted first (its call in flight cancelled), and the parent
+    stops ``aborted`` with a valid transcript, its model told the child was stopped once it
+    is resumed."""
+    entered = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Take long."""
+        entered.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    worker = Agent(
+        model=ScriptedModel([reply("", call("ask_user", question="Go?")), reply("", call("slow"))]),
+        tools=[slow],
+    )
+    boss_model = ScriptedModel([reply("", call("work", task="x")), "stopped, fine"])
+    boss = Agent(
+        model=boss_model,
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=Limits(**FAST),
+        store=MemoryStore(),
+    )
+    paused = boss.run_sync("go")
+    pending = paused.pending
+    assert pending is not None
+    assert pending.sub_agent is not None
+
+    async def main() -> RunResult:
+        run = boss.reopen(paused.run_id, "yes")
+        task = asyncio.ensure_future(run.run())
+        await entered.wait()
+        run.abort("the user gave up")
+        return await asyncio.wait_for(task, 60)
+
+    aborted = asyncio.run(main())
+    check_invariants(aborted, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    assert aborted.stop_reason is StopReason.ABORTED
+    child = boss.checkpoints.load(pending.sub_agent.run_id)
+    assert child.stop_reason is StopReason.ABORTED
+    assert not transcript_problems(child.messages)
+    again = boss.resume_sync(aborted.run_id)
+    assert again.output == "stopped, fine"
+    assert "was stopped before it finished" in str(boss_model.requests[-1].messages[-1])

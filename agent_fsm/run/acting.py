@@ -191,12 +191,25 @@ async def _carry_out_child(ctx: RunContext, waiting: ControlRequest) -> None:
         said = f"the sub-agent tool {pause.tool} is not one of this agent's tools any more"
         state.pending_input.append(_told(pause.tool, waiting.tool_call_id, said))
         return
-    answer: ToolResult = await go_on(ctx, pause, reply, decisions)
-    if pause_request(waiting.tool_call_id, pause.tool, answer.details) is not None:
-        _pause_for_child(ctx, waiting.tool_call_id, pause.tool, answer.details)
+    answer: ToolResult | None = None
+    with StopScope(ctx.stop):  # the run's abort or deadline aborts the child
+        answer = await go_on(ctx, pause, reply, decisions)
+    if answer is None:  # stopped before the child's answer came
+        said = f"it was stopped before it finished: {ctx.why_stopped()}"
+        state.pending_input.append(_told(pause.tool, waiting.tool_call_id, said))
+        return
+    call_id = waiting.tool_call_id
+    if pause_request(call_id, pause.tool, answer.details) is not None:
+        _pause_for_child(ctx, call_id, pause.tool, answer.details)
+        return
+    if found is not None and found.terminal and not answer.is_error:  # a handoff's answer
+        request = ControlRequest(
+            kind=ControlKind.TERMINAL_TOOL, text=answer.output, tool_call_id=call_id
+        )
+        state.requests.append(request)  # ends the run, by the terminal_tool row
         return
     said = f"it stopped without finishing: {answer.output}" if answer.is_error else answer.output
-    state.pending_input.append(_told(pause.tool, waiting.tool_call_id, said))
+    state.pending_input.append(_told(pause.tool, call_id, said))
 
 
 def _told(tool: str, call_id: str, said: str) -> str:

@@ -587,10 +587,12 @@ def delegation_tool(
     delegate = Delegate(agent=agent, name=name, handoff=handoff, observer=observer)
     own = agent.run_config.limits
 
-    async def call_sub_agent(call: ToolCall, /, task: str) -> ToolResult:
+    # The engine passes the call first (``Tool.receives_call``); called directly, without
+    # one, the child runs under a fresh id.
+    async def call_sub_agent(call: ToolCall | None = None, /, *, task: str) -> ToolResult:
         return await run_child(delegate, task, call)
 
-    async def hand_off(call: ToolCall, /, note: str = "") -> ToolResult:
+    async def hand_off(call: ToolCall | None = None, /, *, note: str = "") -> ToolResult:
         return await run_child(delegate, note, call)
 
     fn: Callable[..., Any] = hand_off if handoff else call_sub_agent
