@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import itertools
 from pathlib import Path
 from types import SimpleNamespace
@@ -961,3 +962,55 @@ def test_the_parents_abort_while_a_paused_child_goes_on_aborts_the_child() -> No
     again = boss.resume_sync(aborted.run_id)
     assert again.output == "stopped, fine"
     assert "was stopped before it finished" in str(boss_model.requests[-1].messages[-1])
+
+
+def test_a_child_kept_in_memory_under_a_durable_parent_is_never_started_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parent whose journal is durable but whose child lives in memory (as a DBOS
+    parent's does): the process dies mid-child (the store as it was then is what a new
+    process finds); the redone call cannot find the child, and does not start it again: its
+    outcome is unknown, and the child's side effect happened once."""
+    effects: list[str] = []
+    entered = asyncio.Event()
+
+    @tool
+    async def charge() -> str:
+        """Charge (not idempotent)."""
+        effects.append("charged")
+        entered.set()
+        await asyncio.sleep(3600)
+        return "charged"
+
+    def build(store: MemoryStore, *script: ModelResponse | str) -> Agent:
+        worker = Agent(
+            model=ScriptedModel([reply("", call("charge")), "ok"], name="w"), tools=[charge]
+        )
+        return Agent(
+            model=ScriptedModel(list(script), name="boss"),
+            tools=[worker.as_tool(name="pay", description="Pays.")],
+            store=store,
+            limits=Limits(**FAST),
+        )
+
+    monkeypatch.setattr(delegation, "_home", lambda delegate, parent: delegate.agent.residence)
+    store = MemoryStore()
+
+    async def crash() -> MemoryStore:
+        task = asyncio.ensure_future(
+            build(store, reply("", call("pay", task="pay"))).run("go", run_id="p")
+        )
+        await entered.wait()
+        died = copy.deepcopy(store)  # what the store holds when the process dies
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return died
+
+    died = asyncio.run(crash())
+    resumed = build(died, "Could not tell.")
+    result = resumed.resume_sync("p")
+    check_invariants(result, limits=resumed.limits, bound=resumed.bound)
+    assert effects == ["charged"]
+    (answer,) = tool_results(result)
+    assert "outcome is unknown" in answer.content

@@ -58,6 +58,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, JsonValue
 
+from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.errors import CheckpointError, ConfigError, ResumeError, RunLeased
 from agent_fsm.events import SubAgentStarted
 from agent_fsm.limits import Limits
@@ -68,7 +69,7 @@ from agent_fsm.run.context import PARENT_RUN, RunConfig, RunContext
 from agent_fsm.run.engine import Run, new_run_state
 from agent_fsm.run.history import prepare_history
 from agent_fsm.run.identity import claim, keep_approvals
-from agent_fsm.run.residence import Residence
+from agent_fsm.run.residence import InProcess, Residence
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
 from agent_fsm.state import (
@@ -338,6 +339,10 @@ async def run_child(delegate: Delegate, task: str, call: ToolCall | None = None)
         )
     run_id = child_run_id(parent.state.run_id, parent.state.turns, call.id)
     home = _home(delegate, parent)
+    if parent.journal is not None and isinstance(home, InProcess):
+        lost = _started_before(parent.journal, run_id, call)
+        if lost is not None:
+            return lost
     try:
         if home.holds(run_id):
             outcome = await go_on(delegate, parent, home, run_id)
@@ -375,6 +380,27 @@ async def carry_out_child(
     except (CheckpointError, ResumeError, RunLeased, ConfigError) as exc:
         return _not_run(delegate.name, pause.run_id, exc)
     return outcome if isinstance(outcome, ToolResult) else _answer(delegate.name, outcome)
+
+
+def _started_before(journal: ToolJournal, run_id: str, call: ToolCall) -> ToolResult | None:
+    """For a durable parent whose child cannot outlive the process (kept in memory: a DBOS
+    parent's, say): the call's answer when the child was started before, by a process that
+    died (it cannot be found, and starting it again could repeat its side effects: the
+    outcome is unknown), or when that cannot be known; None after recording, in the parent's
+    journal, that it starts now."""
+    key = f"sub-agent {run_id}"
+    try:
+        if journal.lookup(key) is not None:
+            return ToolResult(
+                f"The sub-agent was started before the run was interrupted, and its outcome "
+                f"is unknown: it was not run again (call {call.id}).",
+                details={"sub_agent_run_id": run_id, "stop_reason": "outcome_unknown"},
+                is_error=True,
+            )
+        journal.record_started(key, call)
+    except Exception as exc:  # unread is not unrun: never start a child the journal cannot see
+        return _not_run(call.name, run_id, exc)
+    return None
 
 
 def _not_run(name: str, run_id: str, exc: Exception) -> ToolResult:
