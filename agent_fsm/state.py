@@ -297,24 +297,24 @@ class RunState:
     """What the user's own loop keeps: the work of a ``CustomState`` writes it (through
     ``StepContext.notes``), the table's own guards read it. JSON values, checkpointed with
     the run."""
-    turns: int = _declared(L.RUN, "run.thinking run.acting", 0)
+    turns: int = _declared(L.RUN, "run.thinking run.parenting", 0)
     """Turns so far (model calls that were not retries), over every activation; with the
-    turns of its sub-agents' runs (``run.delegation.fold``)."""
-    retries: int = _declared(L.RUN, "run.thinking run.acting", 0)
+    turns of its sub-agents' runs (``run.parenting.fold``)."""
+    retries: int = _declared(L.RUN, "run.thinking run.parenting", 0)
     """Retries of failed model calls so far, over every activation."""
     turn_retries: int = _declared(L.RUN, "run.thinking", 0)
     """Retries of the current turn's model call."""
     turn_retry_wait_s: float = _declared(L.RUN, "run.thinking", 0.0)
     """Seconds the current turn has waited before its retries."""
-    usage: Usage = _declared(L.RUN, "run.thinking run.acting", factory=Usage)
-    cost: float | None = _declared(L.RUN, "run.thinking run.acting", None)
+    usage: Usage = _declared(L.RUN, "run.thinking run.parenting", factory=Usage)
+    cost: float | None = _declared(L.RUN, "run.thinking run.parenting", None)
     """What the model calls cost so far (``Limits.prices``); None while none was priced."""
     messages: list[Message] = _declared(
         L.RUN, "run.context durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
     """The transcript, append-only (``RunContext.append``; the stores refill it on load)."""
     pending_input: list[str] = _declared(
-        L.RUN, "run.observing run.engine run.resuming run.acting", factory=list
+        L.RUN, "run.observing run.engine run.resuming run.acting run.parenting", factory=list
     )
     """User messages (the input, steering, answers, approval outcomes) not yet observed; all
     are taken at the next OBSERVE."""
@@ -356,7 +356,9 @@ class RunState:
     last_tool_calls: int = _declared(L.STOP, "run.thinking run.outcome", 0)
     """Tool calls in the last reply (0 once they are answered by the end of the run)."""
     model_failure: ModelFailure | None = _declared(L.STOP, "run.thinking run.custom", None)
-    requests: list[ControlRequest] = _declared(L.STOP, "run.acting run.guarding", factory=list)
+    requests: list[ControlRequest] = _declared(
+        L.STOP, "run.acting run.guarding run.parenting", factory=list
+    )
     """Every control request of the last turn, at most one per kind (ask_user, finish_task,
     a terminal tool's result, the calls awaiting approval): each is read by its own guard
     (``table.CONTROL_GUARDS``), and the first REFLECT row that matches decides which ends
@@ -367,12 +369,14 @@ class RunState:
     parent: ParentLink | None = _declared(L.RUN, "run.delegation", None)
     """The parent run's call that started this run (a sub-agent's); None for a run of its
     own."""
-    awaiting_child: ControlRequest | None = _declared(L.RUN, "run.outcome run.acting", None)
+    awaiting_child: ControlRequest | None = _declared(L.RUN, "run.outcome run.parenting", None)
     """The sub-agent that paused the run (kind SUB_AGENT), until its answer is carried out:
     kept across the stop, which resets ``control``."""
-    child_reply: str | None = _declared(L.RUN, "run.resuming run.acting", None)
+    child_reply: str | None = _declared(L.RUN, "run.resuming run.parenting", None)
     """The reply a resume gave for a paused sub-agent's question, until ACT passes it down."""
-    decisions: list[Decision] = _declared(L.RUN, "run.resuming run.acting", factory=list)
+    decisions: list[Decision] = _declared(
+        L.RUN, "run.resuming run.acting run.parenting", factory=list
+    )
     """Approval decisions given on resume, with their calls; carried out and emptied by the
     ACT state the resume leads to (so empty at every stop)."""
     loop: LoopState = _declared(L.RUN, "run.observing", factory=LoopState)

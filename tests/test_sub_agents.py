@@ -43,7 +43,7 @@ from agent_fsm.messages import (
     ToolMessage,
     ToolStatus,
 )
-from agent_fsm.run import acting, delegation
+from agent_fsm.run import delegation, parenting
 from agent_fsm.state import RunResult, RunState, RunStatus
 from agent_fsm.testing import (
     Behaviour,
@@ -885,12 +885,12 @@ def test_the_tree_property_catches_a_childs_spend_counted_twice_across_a_pause(
 ) -> None:
     """A seeded bug: a child that goes on after a pause has all its spend added again (not
     only what it spent since): the property above finds it."""
-    fold = acting.fold
+    fold = parenting.fold
 
     def twice(parent: Any, child: RunResult, counted: Any = None) -> None:
         fold(parent, child, None)
 
-    monkeypatch.setattr(acting, "fold", twice)
+    monkeypatch.setattr(parenting, "fold", twice)
     with pytest.raises((AssertionError, ExceptionGroup)):
         test_a_tree_paused_and_resumed_any_way_keeps_every_promise()
 

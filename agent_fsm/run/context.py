@@ -117,7 +117,7 @@ class RunContext:
     its own."""
     finished_children: list[RunResult] = field(default_factory=list)
     """Sub-agent runs that ended during the current ACT, counted in this run's spend when
-    the step ends (``run.acting.fold``): the turn count keys the tool journal, so it must
+    the step ends (``run.parenting.fold``): the turn count keys the tool journal, so it must
     not move while the step's calls run. A child started meanwhile is carved from what
     they left too (``run.delegation.carve``)."""
     home: Any = None
@@ -126,7 +126,7 @@ class RunContext:
     where the driver does not say (a child then lives where its own agent keeps runs)."""
     counted_children: dict[str, Any] = field(default_factory=dict)
     """By child run id: what this run counted of a child when it paused, so that only
-    what the child spends after it goes on is added (``run.acting.fold``)."""
+    what the child spends after it goes on is added (``run.parenting.fold``)."""
     chosen_pricing: Pricing | None = None
     """The price of the model a ``before_model`` hook chose for the call in flight, when it
     is not the agent's own (``run.thinking``): its reply is priced at it, then it is

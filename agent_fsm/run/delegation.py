@@ -7,7 +7,7 @@ it. The promises of a run hold for the whole tree:
   starts (``carve``): each budget is the smaller of its own and what remains of the
   parent's: turns (model calls that are not retries, its last answer included), retries,
   tokens, money and time. What the child spent is added to the parent's counts when the
-  step ends (``run.acting.fold``: the turn count keys the tool journal, so it does not move
+  step ends (``run.parenting.fold``: the turn count keys the tool journal, so it does not move
   while the step's calls run): its turns and last answer to the parent's turns (at least
   one: a child call that made no model call still uses a turn, so ``max_turns`` bounds how
   many a run makes), its retries, usage and cost to the parent's. The parent's own guards
@@ -16,7 +16,7 @@ it. The promises of a run hold for the whole tree:
   call of it. A sub-agent tool runs alone (``Tool.sequential``): the next child of the same
   reply is carved from what the previous ones left. A step redone after a crash answers a
   finished child's call from the journal, and counts its spend again from the answer's
-  details (``run.acting.fold_replayed``).
+  details (``run.parenting.fold_replayed``).
 - **Cascades.** The parent's abort or deadline cancels the tool call; the child is then
   aborted (ERROR ``aborted``, a valid transcript) before the call is answered, and what it
   spent is still counted.
@@ -41,7 +41,7 @@ crash calls it again, and the call finds its child and goes on with it from its 
 run again, its result taken as it is.
 **A child that waits for the user pauses the tree.** Its call is answered "waits for the
 user" (``details["awaiting_sub_agent"]`` holds its request); ACT makes of it a request of
-the parent's turn (``run.acting.pause_request``) and the ``sub_agent_paused`` row stops the
+the parent's turn (``run.parenting.pause_request``) and the ``sub_agent_paused`` row stops the
 parent, showing what the child asks. Resumed with the answer, the parent's ACT passes it down
 (``carry_out_child``) and goes on with the child within what the parent has left
 (``carve`` with what was ``counted``).
@@ -53,18 +53,18 @@ import asyncio
 import hashlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import BaseModel, JsonValue
+from pydantic import JsonValue
 
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.errors import CheckpointError, ConfigError, ResumeError, RunLeased
 from agent_fsm.events import SubAgentStarted
-from agent_fsm.limits import Limits
 from agent_fsm.loop.verify import TerminationBound
 from agent_fsm.messages import AssistantMessage, Message, ToolCall, Usage
 from agent_fsm.output import typed_result
+from agent_fsm.run.carving import LimitsLeft, carve, carved_config
 from agent_fsm.run.context import PARENT_RUN, RunConfig, RunContext
 from agent_fsm.run.engine import Run, new_run_state
 from agent_fsm.run.history import prepare_history
@@ -92,8 +92,6 @@ __all__ = [
     "delegation_tool",
     "run_child",
 ]
-
-_COST_GUARDS = frozenset({"prompt_exceeds_cost_budget", "cost_budget_spent"})
 
 HANDOFF_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -151,96 +149,6 @@ def delegate_of(tool: Tool) -> Delegate | None:
     return found if isinstance(found, Delegate) else None
 
 
-class LimitsLeft(BaseModel):
-    """What a parent run has left when a child starts (``carve``), or why nothing is."""
-
-    limits: Limits | None
-    """The child's limits; None when the parent has nothing left to give."""
-    why_not: str = ""
-    """Which budget the parent has spent, when ``limits`` is None."""
-
-
-def carve(
-    own: Limits, parent: RunContext | None, counted: Mapping[str, JsonValue] | None = None
-) -> LimitsLeft:
-    """The limits of a child started now by ``parent``: each budget the smaller of the
-    child's own and what remains of the parent's (turns, retries, tokens, money, time), the
-    parent's prices added to the child's (its own win). A last answer is kept only when a
-    turn is left for it beyond one turn of work. Without a parent: its own limits.
-
-    A child that goes on after a pause has spent ``counted`` already, which its parent
-    counted: each of its budgets is then that spend plus what the parent has left (at
-    most its own), so across the pause it still never outspends its parent."""
-    if parent is None:
-        return LimitsLeft(limits=own)
-    state, limits = parent.state, parent.limits
-    earlier = parent.finished_children  # this step's, not counted in the state yet
-    turns = limits.max_turns - state.turns - sum(max(c.turns + c.last_answers, 1) for c in earlier)
-    tokens = (
-        limits.token_budget - state.usage.total_tokens - sum(c.usage.total_tokens for c in earlier)
-    )
-    retries = max(limits.model_retries_per_run - state.retries - sum(c.retries for c in earlier), 0)
-    elapsed = parent.clock() - parent.started_at
-    seconds = limits.timeout_s - elapsed
-    money: float | None = None
-    if limits.cost_budget is not None:
-        money = limits.cost_budget - (state.cost or 0.0) - sum(c.cost or 0.0 for c in earlier)
-    for spent, why in (
-        (turns < 1, "no turns"),
-        (tokens < 1, "no tokens"),
-        (money is not None and money <= 0, "no money"),
-        (seconds <= 0, "no time"),
-    ):
-        if spent:
-            return LimitsLeft(limits=None, why_not=why)
-    before = counted or {}
-    spent_turns = _count_of(before, "turns") + _count_of(before, "last_answers")
-    spent_usage = before.get("usage")
-    spent_tokens = 0
-    if isinstance(spent_usage, dict):
-        spent_tokens = Usage.model_validate(spent_usage).total_tokens
-    spent_cost = before.get("cost")
-    last_answer = own.last_answer and turns >= 2
-    max_turns = min(own.max_turns, spent_turns + (turns - 1 if last_answer else turns))
-    tokens += spent_tokens
-    retries += _count_of(before, "retries")
-    if money is not None and isinstance(spent_cost, int | float):
-        money += float(spent_cost)
-    cost_budget = own.cost_budget
-    if money is not None:
-        cost_budget = money if cost_budget is None else min(cost_budget, money)
-    prices = dict(limits.prices) | dict(own.prices)
-    values = {
-        **own.model_dump(exclude={"prices"}),
-        "max_turns": max_turns,
-        "last_answer": last_answer,
-        "token_budget": min(own.token_budget, tokens),
-        "model_retries_per_run": min(own.model_retries_per_run, retries),
-        "timeout_s": min(own.timeout_s, seconds),
-        "cost_budget": cost_budget,
-        "prices": prices,
-    }
-    return LimitsLeft(limits=Limits(**values))
-
-
-def _count_of(spent: Mapping[str, JsonValue], key: str) -> int:
-    """A count of a child's recorded spend, as a non-negative int (0 when it is not)."""
-    value = spent.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _child_config(config: RunConfig, limits: Limits) -> RunConfig:
-    """The child's configuration under carved ``limits``: priced by them when its own were
-    not, and with the rows the carve turned on (a money budget, no last answer) live."""
-    pricing = config.pricing or limits.price_of(config.model.name)
-    dead = set(config.dead_guards)
-    if limits.cost_budget is not None:
-        dead -= _COST_GUARDS
-    if not limits.last_answer:
-        dead.add("last_answer_wanted")
-    return replace(config, limits=limits, pricing=pricing, dead_guards=frozenset(dead))
-
-
 def child_run_id(parent_run_id: str, turn: int, call_id: str) -> str:
     """The run id of the child a parent's call starts: the same for the same call of the
     same turn of the same parent, so that a parent redoing a step after a crash finds the
@@ -261,7 +169,7 @@ def _home(delegate: Delegate, parent: RunContext | None) -> Residence:
 
 
 def _spend(result: RunResult) -> dict[str, JsonValue]:
-    """What a child spent, as its call's details keep it (``run.acting.fold`` reads it)."""
+    """What a child spent, as its call's details keep it (``run.parenting.fold`` reads it)."""
     return {
         "turns": result.turns,
         "retries": result.retries,
@@ -274,7 +182,7 @@ def _spend(result: RunResult) -> dict[str, JsonValue]:
 def _details(result: RunResult) -> dict[str, Any]:
     """The call's details: how the child ended and what it spent, enough to count it in
     the parent again when the call's answer is replayed from the journal
-    (``run.acting.fold_replayed``)."""
+    (``run.parenting.fold_replayed``)."""
     usage: Usage = result.usage
     return {
         "sub_agent_run_id": result.run_id,
@@ -429,7 +337,7 @@ async def _start(
             details={"stop_reason": "not_started", "why": left.why_not},
             is_error=True,
         )
-    child_config = _child_config(config, left.limits)
+    child_config = carved_config(config, left.limits)
     history: list[Message] = []
     if delegate.handoff:
         history = _conversation(parent)
@@ -503,7 +411,7 @@ async def go_on(
                 details={"sub_agent_run_id": run_id, "stop_reason": "not_resumed"},
                 is_error=True,
             )
-        child_config = keep_approvals(_child_config(config, left.limits), state)
+        child_config = keep_approvals(carved_config(config, left.limits), state)
         if config.record is not None:
             claim(state, config.record)
         if at_pause:

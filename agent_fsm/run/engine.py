@@ -42,7 +42,7 @@ from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage, clean_text
 from agent_fsm.output import typed_result
-from agent_fsm.run.acting import act, act_as_parent, act_screened
+from agent_fsm.run.acting import act
 from agent_fsm.run.answering import answer
 from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
@@ -50,6 +50,7 @@ from agent_fsm.run.custom import custom_work
 from agent_fsm.run.history import HistoryRepair
 from agent_fsm.run.observing import observe, observe_guarded
 from agent_fsm.run.outcome import ending_events, record_stop
+from agent_fsm.run.parenting import act_as_parent, act_screened
 from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.residence import RunKeeper
 from agent_fsm.run.summarising import summarise
