@@ -139,6 +139,12 @@ class ControlRequest(BaseModel):
     """For kind SUB_AGENT: the child that waits; ``text`` and ``pending_calls`` are its
     question or the calls it waits to have approved."""
 
+    @property
+    def waits_for(self) -> ControlKind:
+        """What a person answers this pause with: ``ASK_USER`` (a reply) or ``APPROVAL``
+        (decisions), its own or, for a sub-agent's pause, the child's."""
+        return self.sub_agent.asks if self.sub_agent is not None else self.kind
+
 
 class GuardrailTrip(BaseModel):
     """A guardrail that did not pass (``agent_fsm.guardrails``): read by the

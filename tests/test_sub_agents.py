@@ -862,7 +862,7 @@ def test_a_tree_paused_and_resumed_any_way_keeps_every_promise(
             break
         assert answers < 20, "the tree never stops pausing"
         answers += 1
-        asks = pending.sub_agent.asks if pending.sub_agent is not None else pending.kind
+        asks = pending.waits_for
         if asks.value == "ask_user":
             result = boss.resume_sync(result.run_id, f"answer {answers}")
         else:

@@ -82,7 +82,7 @@ def pause_request(tool_call_id: str, tool_name: str, details: object) -> Control
         run_id = str(details["sub_agent_run_id"])
     except (ValueError, KeyError):
         return None
-    asks = asked.sub_agent.asks if asked.sub_agent is not None else asked.kind
+    asks = asked.waits_for
     spent = {key: details[key] for key in _SPEND_KEYS if key in details}
     return ControlRequest(
         kind=ControlKind.SUB_AGENT,

@@ -128,10 +128,7 @@ def _check_pause(state: RunState, approvals: Decisions | None, pause: str | None
 
 def _asks_approvals(control: ControlRequest) -> bool:
     """The run waits for approvals: its own calls', or a sub-agent's."""
-    child = control.sub_agent
-    return control.kind is ControlKind.APPROVAL or (
-        child is not None and child.asks is ControlKind.APPROVAL
-    )
+    return control.waits_for is ControlKind.APPROVAL
 
 
 def _answer_stop(
