@@ -42,6 +42,7 @@ from agent_fsm.messages import (
     ModelResponse,
     ToolMessage,
     ToolStatus,
+    UserMessage,
 )
 from agent_fsm.run import delegation, parenting
 from agent_fsm.state import RunResult, RunState, RunStatus
@@ -1014,3 +1015,70 @@ def test_a_child_kept_in_memory_under_a_durable_parent_is_never_started_twice(
     assert effects == ["charged"]
     (answer,) = tool_results(result)
     assert "outcome is unknown" in answer.content
+
+
+def test_a_parent_that_dies_while_its_answered_child_goes_on_resumes_it_once() -> None:
+    """The tree paused for the child's question; answered, the child goes on and its next
+    call (not idempotent) is in flight when the parent's process dies (the store as it was
+    then is what a new process finds). Resumed, the parent carries the answer out again: the
+    child, no longer at its pause, goes on from its checkpoint (the call's outcome unknown,
+    not run again), and its result reaches the parent once."""
+    effects: list[str] = []
+    entered = asyncio.Event()
+
+    @tool
+    async def charge() -> str:
+        """Charge (not idempotent)."""
+        effects.append("charged")
+        entered.set()
+        await asyncio.sleep(3600)
+        return "charged"
+
+    def build(store: MemoryStore) -> tuple[Agent, FunctionModel]:
+        def worker_decides(request: ModelRequest) -> ModelResponse:
+            answers = [m for m in request.messages if isinstance(m, ToolMessage)]
+            if not answers:
+                return reply("", call("ask_user", question="Charge?"))
+            if len(answers) == 1:
+                return reply("", call("charge"))
+            return reply(f"worker saw: {answers[-1].content}")
+
+        def boss_decides(request: ModelRequest) -> ModelResponse:
+            if len(request.messages) <= 2:
+                return reply("", call("pay", task="pay"))
+            return reply("boss done")
+
+        worker_model = FunctionModel(worker_decides, name="w")
+        worker = Agent(model=worker_model, tools=[charge])
+        boss = Agent(
+            model=FunctionModel(boss_decides, name="boss"),
+            tools=[worker.as_tool(name="pay", description="Pays.")],
+            store=store,
+            limits=Limits(**FAST),
+        )
+        return boss, worker_model
+
+    store = MemoryStore()
+    boss, _ = build(store)
+    paused = boss.run_sync("go")
+    assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+
+    async def crash() -> MemoryStore:
+        task = asyncio.ensure_future(boss.resume(paused.run_id, "yes"))
+        await entered.wait()
+        died = copy.deepcopy(store)  # what the store holds when the process dies
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return died
+
+    died = asyncio.run(crash())
+    later, worker_model = build(died)
+    result = later.resume_sync(paused.run_id)
+    check_invariants(result, limits=later.limits, bound=later.bound, rows=later.machine.rows)
+    assert (result.stop_reason, result.output) == (StopReason.FINAL_ANSWER, "boss done")
+    assert effects == ["charged"]
+    told = [m for m in result.messages if isinstance(m, UserMessage)][-1]
+    assert "worker saw:" in told.content
+    assert "outcome" in told.content.lower()  # the charge's outcome is unknown
+    assert len(worker_model.requests) == 1  # the child went on where it was
