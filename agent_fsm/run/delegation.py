@@ -194,10 +194,13 @@ def _details(result: RunResult) -> dict[str, Any]:
     }
 
 
-def _answer(name: str, result: RunResult) -> ToolResult:
+def _answer(delegate: Delegate, result: RunResult) -> ToolResult:
     """The tool result of a child that stopped: its output, why it has none, or, for a
     child that waits for the user, that it waits (``details["awaiting_sub_agent"]`` holds
-    its request, from which the parent's pause is made: ``pause_request``)."""
+    its request, from which the parent's pause is made: ``run.parenting.pause_request``).
+    A handoff's wait is answered as an error, so that the ``terminal_tool`` row does not
+    end the parent with it."""
+    name = delegate.name
     details = _details(result)
     if result.status is RunStatus.COMPLETED:
         return ToolResult(result.output or "", details=details)
@@ -207,7 +210,7 @@ def _answer(name: str, result: RunResult) -> ToolResult:
         return ToolResult(
             AWAITING_SUB_AGENT.format(name=name, asked=pending.text),
             details=details,
-            is_error=True,
+            is_error=delegate.handoff,
         )
     said = f" Its last words: {result.output}" if result.output else ""
     why = f" ({result.error})" if result.error else ""
@@ -254,7 +257,7 @@ async def run_child(delegate: Delegate, task: str, call: ToolCall | None = None)
     try:
         if home.holds(run_id):
             outcome = await go_on(delegate, parent, home, run_id)
-            return outcome if isinstance(outcome, ToolResult) else _answer(delegate.name, outcome)
+            return outcome if isinstance(outcome, ToolResult) else _answer(delegate, outcome)
         link = ParentLink(run_id=parent.state.run_id, tool_call_id=call.id, tool=delegate.name)
         return await _start(delegate, parent, run_id, home, task, link)
     except (CheckpointError, ResumeError, RunLeased, ConfigError) as exc:
@@ -287,7 +290,7 @@ async def carry_out_child(
         )
     except (CheckpointError, ResumeError, RunLeased, ConfigError) as exc:
         return _not_run(delegate.name, pause.run_id, exc)
-    return outcome if isinstance(outcome, ToolResult) else _answer(delegate.name, outcome)
+    return outcome if isinstance(outcome, ToolResult) else _answer(delegate, outcome)
 
 
 def _started_before(journal: ToolJournal, run_id: str, call: ToolCall) -> ToolResult | None:
@@ -354,7 +357,7 @@ async def _start(
     state.parent = link
     run = Run(child_config, state, home.admit(state), path=_path(parent), home=home)
     result = await _drive(delegate, parent, run, child_config)
-    return _answer(delegate.name, result)
+    return _answer(delegate, result)
 
 
 def _path(parent: RunContext | None) -> tuple[str, ...]:
