@@ -206,6 +206,8 @@ def _check_control_rows(machine: AgentMachine, offered: Sequence[Tool]) -> None:
             wanted.setdefault(StopReason.TERMINAL_TOOL, []).append(item.name)
         if item.requires_approval is not False:
             wanted.setdefault(StopReason.APPROVAL_REQUIRED, []).append(item.name)
+        if delegate_of(item) is not None:  # its child may stop to ask: the tree waits
+            wanted.setdefault(StopReason.SUB_AGENT_PAUSED, []).append(item.name)
     guards = {stop: guard for guard, stop in CONTROL_GUARDS.items()}
     missing = [
         f"{', '.join(names)} need(s) a REFLECT row guarded by {guards[stop]!r} (ending the run "
@@ -273,6 +275,8 @@ def _dead_guards(
         dead.add("terminal_tool_succeeded")
     if all(item.requires_approval is False for item in offered):
         dead.add("approval_pending")
+    if all(delegate_of(item) is None for item in offered):
+        dead.add("sub_agent_paused")
     return frozenset(dead)
 
 
@@ -543,6 +547,11 @@ class Agent:
             delegates=delegates,
             input_guardrails=inputs,
             output_guardrails=outputs,
+            screened_ends=frozenset(
+                str(row.source)
+                for row in machine.rows
+                if outputs and OUTPUT_GUARDRAIL_GUARD in row.guards and row.source != "THINK"
+            ),
             dead_guards=_dead_guards(limits, offered, output, self.reflector, policies)
             - _guardrail_guards(inputs, outputs),
             record=agent_record(registry.specs, self.system_prompt, machine.rows, offered),
@@ -732,7 +741,7 @@ class Agent:
         # The run's id is claimed now: another start under the same id, here or (for a
         # durable run, atomically) in another process, is refused before either takes a step.
         keeper = self._residence.admit(state)
-        return Run(self._config, state, keeper, repaired=repaired)
+        return Run(self._config, state, keeper, repaired=repaired, home=self._residence)
 
     def _new_state(
         self,
@@ -828,7 +837,8 @@ class Agent:
             except ResumeError as exc:  # made by another agent (other tools, another table)
                 residence.set_aside(state.run_id, exc)
                 continue
-            return Run(keep_approvals(config, state), state, keeper, resumed=answered)
+            kept = keep_approvals(config, state)
+            return Run(kept, state, keeper, resumed=answered, home=residence)
         return None
 
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
@@ -926,7 +936,7 @@ class Agent:
             answered = reopen(
                 state, kept.machine, kept.limits, reply, approvals, pause, tools=kept.tools
             )
-        return Run(kept, state, keeper, resumed=answered)
+        return Run(kept, state, keeper, resumed=answered, home=self._residence)
 
     async def resume(
         self,

@@ -277,7 +277,7 @@ def _ask(result: RunResult, out: TextIO) -> tuple[str | None, Decisions | None] 
     """The person's answer to the pause, read from stdin; None at end of input."""
     pending = result.pending
     assert pending is not None  # a run that needs input says what it waits for
-    if pending.kind is ControlKind.ASK_USER:
+    if pending.waits_for is ControlKind.ASK_USER:
         reply = _read_line("your answer> ", out)
         if not reply:
             return None
@@ -312,7 +312,7 @@ def _how_to_resume(
             file=out,
         )
         return
-    asks = pending is not None and pending.kind is ControlKind.ASK_USER
+    asks = pending is not None and pending.waits_for is ControlKind.ASK_USER
     answer = ["your answer"] if asks else ["--approve", "all"]
     if pending is not None and pending.pause:
         answer += ["--pause", pending.pause]

@@ -39,7 +39,9 @@ __all__ = [
     "Lifetime",
     "LoopState",
     "ModelFailure",
+    "ParentLink",
     "StateName",
+    "SubAgentPause",
     "RunResult",
     "RunState",
     "RunStatus",
@@ -71,6 +73,8 @@ class ControlKind(StrEnum):
     TERMINAL_TOOL = "terminal_tool"
     """A user tool declared ``terminal`` ran successfully: its output is the run's output."""
     APPROVAL = "approval"
+    SUB_AGENT = "sub_agent"
+    """A sub-agent stopped to ask the user or for approvals (``ControlRequest.sub_agent``)."""
 
 
 CONTROL_STOPS: dict[ControlKind, StopReason] = {
@@ -78,8 +82,38 @@ CONTROL_STOPS: dict[ControlKind, StopReason] = {
     ControlKind.FINISH_TASK: StopReason.FINISH_TASK,
     ControlKind.TERMINAL_TOOL: StopReason.TERMINAL_TOOL,
     ControlKind.APPROVAL: StopReason.APPROVAL_REQUIRED,
+    ControlKind.SUB_AGENT: StopReason.SUB_AGENT_PAUSED,
 }
 """The stop each kind of control request ends the run with, when its row wins."""
+
+
+class SubAgentPause(BaseModel):
+    """Where a paused sub-agent waits (``ControlRequest.sub_agent``): the parent's answer is
+    passed down to it (``run.delegation.carry_out_child``)."""
+
+    model_config = _FROZEN
+
+    run_id: str
+    """The child's run, checkpointed under its own id (``RunState.parent`` links it back)."""
+    tool: str
+    """The sub-agent tool the parent called."""
+    asks: ControlKind
+    """What the child waits for: ``ASK_USER`` (a reply) or ``APPROVAL`` (decisions)."""
+    pause: str = ""
+    """The child's own pause (its ``ControlRequest.pause``)."""
+    counted: dict[str, JsonValue] = {}
+    """The child's spend the parent counted when it paused (turns, last answers, retries,
+    usage, cost), so that only what it spends after is added when it finishes."""
+
+
+class ParentLink(BaseModel):
+    """The call of the parent run that started a sub-agent's run (``RunState.parent``)."""
+
+    model_config = _FROZEN
+
+    run_id: str
+    tool_call_id: str
+    tool: str
 
 
 class ControlRequest(BaseModel):
@@ -101,6 +135,15 @@ class ControlRequest(BaseModel):
     and a decision on every pending call at once (``approvals=True``) must: a decision that
     arrives late (a double click, a retried request) must not answer a pause nobody saw.
     Empty for a checkpoint of an older agent_fsm."""
+    sub_agent: SubAgentPause | None = None
+    """For kind SUB_AGENT: the child that waits; ``text`` and ``pending_calls`` are its
+    question or the calls it waits to have approved."""
+
+    @property
+    def waits_for(self) -> ControlKind:
+        """What a person answers this pause with: ``ASK_USER`` (a reply) or ``APPROVAL``
+        (decisions), its own or, for a sub-agent's pause, the child's."""
+        return self.sub_agent.asks if self.sub_agent is not None else self.kind
 
 
 class GuardrailTrip(BaseModel):
@@ -260,24 +303,24 @@ class RunState:
     """What the user's own loop keeps: the work of a ``CustomState`` writes it (through
     ``StepContext.notes``), the table's own guards read it. JSON values, checkpointed with
     the run."""
-    turns: int = _declared(L.RUN, "run.thinking run.acting", 0)
+    turns: int = _declared(L.RUN, "run.thinking run.parenting", 0)
     """Turns so far (model calls that were not retries), over every activation; with the
-    turns of its sub-agents' runs (``run.delegation.fold``)."""
-    retries: int = _declared(L.RUN, "run.thinking run.acting", 0)
+    turns of its sub-agents' runs (``run.parenting.fold``)."""
+    retries: int = _declared(L.RUN, "run.thinking run.parenting", 0)
     """Retries of failed model calls so far, over every activation."""
     turn_retries: int = _declared(L.RUN, "run.thinking", 0)
     """Retries of the current turn's model call."""
     turn_retry_wait_s: float = _declared(L.RUN, "run.thinking", 0.0)
     """Seconds the current turn has waited before its retries."""
-    usage: Usage = _declared(L.RUN, "run.thinking run.acting", factory=Usage)
-    cost: float | None = _declared(L.RUN, "run.thinking run.acting", None)
+    usage: Usage = _declared(L.RUN, "run.thinking run.parenting", factory=Usage)
+    cost: float | None = _declared(L.RUN, "run.thinking run.parenting", None)
     """What the model calls cost so far (``Limits.prices``); None while none was priced."""
     messages: list[Message] = _declared(
         L.RUN, "run.context durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
     """The transcript, append-only (``RunContext.append``; the stores refill it on load)."""
     pending_input: list[str] = _declared(
-        L.RUN, "run.observing run.engine run.resuming run.acting", factory=list
+        L.RUN, "run.observing run.engine run.resuming run.acting run.parenting", factory=list
     )
     """User messages (the input, steering, answers, approval outcomes) not yet observed; all
     are taken at the next OBSERVE."""
@@ -319,7 +362,9 @@ class RunState:
     last_tool_calls: int = _declared(L.STOP, "run.thinking run.outcome", 0)
     """Tool calls in the last reply (0 once they are answered by the end of the run)."""
     model_failure: ModelFailure | None = _declared(L.STOP, "run.thinking run.custom", None)
-    requests: list[ControlRequest] = _declared(L.STOP, "run.acting", factory=list)
+    requests: list[ControlRequest] = _declared(
+        L.STOP, "run.acting run.guarding run.parenting", factory=list
+    )
     """Every control request of the last turn, at most one per kind (ask_user, finish_task,
     a terminal tool's result, the calls awaiting approval): each is read by its own guard
     (``table.CONTROL_GUARDS``), and the first REFLECT row that matches decides which ends
@@ -327,7 +372,17 @@ class RunState:
     control: ControlRequest | None = _declared(L.STOP, "run.outcome", None)
     """The request the run stopped on (ask_user's question, the approvals it waits for...):
     recorded from ``requests`` when a control row ends the run."""
-    decisions: list[Decision] = _declared(L.RUN, "run.resuming run.acting", factory=list)
+    parent: ParentLink | None = _declared(L.RUN, "run.delegation", None)
+    """The parent run's call that started this run (a sub-agent's); None for a run of its
+    own."""
+    awaiting_child: ControlRequest | None = _declared(L.RUN, "run.outcome run.parenting", None)
+    """The sub-agent that paused the run (kind SUB_AGENT), until its answer is carried out:
+    kept across the stop, which resets ``control``."""
+    child_reply: str | None = _declared(L.RUN, "run.resuming run.parenting", None)
+    """The reply a resume gave for a paused sub-agent's question, until ACT passes it down."""
+    decisions: list[Decision] = _declared(
+        L.RUN, "run.resuming run.acting run.parenting", factory=list
+    )
     """Approval decisions given on resume, with their calls; carried out and emptied by the
     ACT state the resume leads to (so empty at every stop)."""
     loop: LoopState = _declared(L.RUN, "run.observing", factory=LoopState)

@@ -31,6 +31,7 @@ __all__ = [
     "INITIAL_STATE",
     "INPUT_GUARDRAIL_GUARD",
     "OUTPUT_GUARDRAIL_GUARD",
+    "OUTPUT_GUARDRAIL_STATES",
     "LAST_ANSWER_DUE_GUARD",
     "LAST_ANSWER_GUARD",
     "LAST_CALL_STATE",
@@ -101,6 +102,9 @@ class StopReason(StrEnum):
     """A tool declared terminal ran successfully; its output is the run's output."""
     ASK_USER = "ask_user"
     APPROVAL_REQUIRED = "approval_required"
+    SUB_AGENT_PAUSED = "sub_agent_paused"
+    """A sub-agent (``Agent.as_tool``) stopped to ask the user or for approvals: the whole
+    tree waits, and the parent's ``RunResult.pending`` says what the child asks."""
     MAX_TOKENS = "max_tokens"
     ABORTED = "aborted"
     MODEL_ERROR = "model_error"
@@ -158,7 +162,8 @@ class Verb(StrEnum):
     ANSWER = "answer"
     """Resume: the person's reply to ask_user is observed."""
     CARRY_OUT = "carry_out"
-    """Resume: the decided approvals are carried out."""
+    """Resume: the decided approvals are carried out, or a paused sub-agent is resumed with
+    the answer."""
     RESUME = "resume"
     """Resume: an aborted or timed-out run goes on, or one whose prompt did not fit the
     context window (with a larger one)."""
@@ -313,9 +318,13 @@ INPUT_GUARDRAIL_GUARD = "input_guardrail_tripped"
 the run, so no way on skips it (the verifier checks)."""
 
 OUTPUT_GUARDRAIL_GUARD = "output_guardrail_tripped"
-"""The guard of the row that stops a run whose answer a guardrail did not pass: it leaves
-``TURN_STATE`` (THINK, whose work takes the reply in), before any row into DONE (the
-verifier checks)."""
+"""The guard of the rows that stop a run whose answer a guardrail did not pass: they leave
+the states whose work takes in an answer that would end the run (``OUTPUT_GUARDRAIL_STATES``:
+THINK's final answer, REFLECT's finish_task summary or terminal tool output, which ACT
+screened, and the last answer), before any row into DONE (the verifier checks)."""
+
+OUTPUT_GUARDRAIL_STATES = frozenset({S.THINK, S.REFLECT, S.LAST_ANSWER})
+"""Where a row guarded by ``OUTPUT_GUARDRAIL_GUARD`` may stand."""
 
 RESUME_TRIGGER = T.RESUMED
 """The trigger of the resume rows: fired only on a reopened run, by ``Agent.resume``."""
@@ -329,6 +338,7 @@ after a crash."""
 STOP_GUARDS: dict[str, frozenset[StopReason]] = {
     "stopped_to_ask_user": frozenset({R.ASK_USER}),
     "stopped_for_approval": frozenset({R.APPROVAL_REQUIRED}),
+    "stopped_for_sub_agent": frozenset({R.SUB_AGENT_PAUSED}),
     "stopped_by_interruption": frozenset({R.ABORTED, R.TIMEOUT}),
     "stopped_by_transient_model_failure": frozenset({R.MODEL_ERROR}),
     "stopped_by_context_window": frozenset({R.CONTEXT_WINDOW}),
@@ -339,7 +349,7 @@ crash is no stop: ``CRASH_GUARD`` accepts none). Every resume row names exactly 
 (the verifier checks), so the rows alone say which stops can be resumed:
 ``resumable_stops``."""
 
-ANSWER_GUARDS = frozenset({"reply_given", "approvals_decided"})
+ANSWER_GUARDS = frozenset({"reply_given", "approvals_decided", "sub_agent_answered"})
 """The guards of resume rows that read the answer a resume gives, rather than the stop."""
 
 CONTROL_GUARDS: dict[str, StopReason] = {
@@ -347,6 +357,7 @@ CONTROL_GUARDS: dict[str, StopReason] = {
     "finish_task_called": R.FINISH_TASK,
     "terminal_tool_succeeded": R.TERMINAL_TOOL,
     "approval_pending": R.APPROVAL_REQUIRED,
+    "sub_agent_paused": R.SUB_AGENT_PAUSED,
 }
 """The guards that read the control requests of a turn (``RunState.requests``), each true
 when the turn made a request of its kind, with the stop its row ends the run with. A turn
@@ -489,10 +500,15 @@ TABLE: tuple[Row, ...] = (
     # (``CONTROL_GUARDS``) decide among the requests of one turn: the first that matches ends
     # the run, and ACT answers the turn's calls in this same order (``control_order``).
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("abort_requested",), R.ABORTED),
+    # The output guardrails read a finish_task summary or a terminal tool's output that
+    # would end the run (ACT screened it), before any row ends it with it.
+    Row(T.REFLECTED, S.REFLECT, S.ERROR, (OUTPUT_GUARDRAIL_GUARD,), R.GUARDRAIL_TRIPPED),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("ask_user_called",), R.ASK_USER),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("finish_task_called",), R.FINISH_TASK),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("terminal_tool_succeeded",), R.TERMINAL_TOOL),
     Row(T.REFLECTED, S.REFLECT, S.DONE, ("approval_pending",), R.APPROVAL_REQUIRED),
+    # A sub-agent stopped to ask the user or for approvals: the whole tree waits.
+    Row(T.REFLECTED, S.REFLECT, S.DONE, ("sub_agent_paused",), R.SUB_AGENT_PAUSED),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("too_many_errors",), R.CONSECUTIVE_ERRORS),
     Row(T.REFLECTED, S.REFLECT, S.ERROR, ("output_retries_exhausted",), R.INVALID_OUTPUT),
     *_last_answer_before(T.REFLECTED, S.REFLECT, "budget_exhausted"),
@@ -512,7 +528,9 @@ TABLE: tuple[Row, ...] = (
     Row(T.REFLECTED, S.REFLECT, S.OBSERVE, (), V.CONTINUE),
     # LAST_ANSWER: the last answer was written (or could not be); the run ends with the stop
     # that asked for it. No abort row: that stop has fired already, and an abort during the
-    # last answer cancels the call, nothing more.
+    # last answer cancels the call, nothing more. The output guardrails read the last
+    # answer first: one they do not pass is not the run's output.
+    Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, (OUTPUT_GUARDRAIL_GUARD,), R.GUARDRAIL_TRIPPED),
     Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_token_budget",), R.TOKEN_BUDGET),
     Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_max_turns",), R.MAX_TURNS),
     Row(T.LAST_ANSWERED, S.LAST_ANSWER, S.ERROR, ("closing_on_timeout",), R.TIMEOUT),
@@ -521,6 +539,8 @@ TABLE: tuple[Row, ...] = (
     # no row leaves cannot be resumed, and resume refuses it before changing anything.
     Row(T.RESUMED, S.DONE, S.OBSERVE, ("stopped_to_ask_user", "reply_given"), V.ANSWER),
     Row(T.RESUMED, S.DONE, S.ACT, ("stopped_for_approval", "approvals_decided"), V.CARRY_OUT),
+    # The answer of a paused sub-agent goes down to it; ACT resumes it, its result comes up.
+    Row(T.RESUMED, S.DONE, S.ACT, ("stopped_for_sub_agent", "sub_agent_answered"), V.CARRY_OUT),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_interruption",), V.RESUME),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_transient_model_failure",), V.RECOVER),
     Row(T.RESUMED, S.ERROR, S.OBSERVE, ("stopped_by_context_window",), V.RESUME),

@@ -59,7 +59,7 @@ def test_diagram_of_a_table_of_your_own(capsys: pytest.CaptureFixture[str], tmp_
     assert main(["diagram", "--table", "examples/plan_execute.py:TABLE"]) == 0
     drawn = capsys.readouterr().out
     assert drawn == (ROOT / "diagrams" / "plan_execute.mmd").read_text()
-    assert "REFLECT --> PLAN : reflected #24 [replan_wanted] replan" in drawn
+    assert "REFLECT --> PLAN : reflected #26 [replan_wanted] replan" in drawn
     assert main(["diagram", "--table", "agent_fsm.table:TABLE"]) == 0
     assert capsys.readouterr().out == render(TABLE, "mermaid")
     looping = tmp_path / "looping.py"

@@ -3,6 +3,7 @@ reported, and a run out of money stopped before its next call, by a row of its o
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from agent_fsm import Agent, ConfigError, Limits, Pricing, StopReason
 from agent_fsm.evals.records import Pricing as EvalsPricing
 from agent_fsm.events import ModelResponded, RunFinished
+from agent_fsm.hooks import ModelPlan, StepHooks
 from agent_fsm.messages import ModelRequest, ModelResponse, Usage
 from agent_fsm.state import RunResult, RunStatus
 from agent_fsm.testing import FunctionModel, ScriptedModel, assert_terminates, call, reply
@@ -162,3 +164,53 @@ def test_a_cost_budget_agent_terminates_whatever_its_model_does() -> None:
         ),
     )
     assert_terminates(agent, max_examples=120)
+
+
+def test_a_model_chosen_by_a_hook_is_priced_at_its_own_price() -> None:
+    """A ``before_model`` hook sends the call to another model: its reply is priced at that
+    model's price, not the agent's; a model the prices do not cover is refused (a permanent
+    model error naming it), not counted as free."""
+    big = ScriptedModel([reply("big answer", usage=(100, 10))], name="big")
+    prices = {
+        "small": Pricing(input_per_million=1.0, output_per_million=2.0),
+        "big": Pricing(input_per_million=100.0, output_per_million=200.0),
+    }
+
+    def to_big(plan: ModelPlan) -> ModelPlan:
+        return dataclasses.replace(plan, model=big)
+
+    agent = Agent(
+        model=ScriptedModel([], name="small"),
+        hooks=StepHooks(before_model=to_big),
+        limits=Limits(**FAST, cost_budget=1.0, prices=prices),
+    )
+    events, result = run(agent)
+    assert result.output == "big answer"
+    assert result.cost == pytest.approx((100 * 100 + 10 * 200) / 1e6)
+    (responded,) = [e for e in events if isinstance(e, ModelResponded)]
+    assert responded.cost == pytest.approx(result.cost)
+
+    stranger = ScriptedModel(["never"], name="stranger")
+
+    def to_stranger(plan: ModelPlan) -> ModelPlan:
+        return dataclasses.replace(plan, model=stranger)
+
+    for limits in (Limits(**FAST, cost_budget=1.0, prices=prices), Limits(**FAST, prices=prices)):
+        refused = Agent(
+            model=ScriptedModel([], name="small"),
+            hooks=StepHooks(before_model=to_stranger),
+            limits=limits,
+        )
+        _, result = run(refused)
+        assert result.stop_reason is StopReason.MODEL_ERROR
+        assert "chose the model 'stranger', which Limits.prices does not price" in (
+            result.error or ""
+        )
+        assert stranger.requests == []
+    # without prices nothing is priced, whichever model is chosen
+    free = Agent(
+        model=ScriptedModel([], name="small"),
+        hooks=StepHooks(before_model=to_stranger),
+        limits=Limits(**FAST),
+    )
+    assert run(free)[1].cost is None

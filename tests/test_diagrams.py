@@ -95,35 +95,39 @@ stateDiagram-v2
     THINK --> DONE : thought #22 [else] final_answer
     ACT --> REFLECT : acted #1 [else] reflect
     REFLECT --> ERROR : reflected #1 [abort_requested] aborted
-    REFLECT --> DONE : reflected #2 [ask_user_called] ask_user
-    REFLECT --> DONE : reflected #3 [finish_task_called] finish_task
-    REFLECT --> DONE : reflected #4 [terminal_tool_succeeded] terminal_tool
-    REFLECT --> DONE : reflected #5 [approval_pending] approval_required
-    REFLECT --> ERROR : reflected #6 [too_many_errors] consecutive_errors
-    REFLECT --> ERROR : reflected #7 [output_retries_exhausted] invalid_output
-    REFLECT --> COMPACT : reflected #8 [last_answer_wanted ∧ budget_exhausted ∧ prompt_exceeds_window] compact
-    REFLECT --> LAST_ANSWER : reflected #9 [last_answer_wanted ∧ budget_exhausted] last_answer
-    REFLECT --> ERROR : reflected #10 [budget_exhausted] token_budget
-    REFLECT --> ERROR : reflected #11 [cost_budget_spent] cost_budget
-    REFLECT --> COMPACT : reflected #12 [last_answer_wanted ∧ no_turns_left ∧ prompt_exceeds_window] compact
-    REFLECT --> LAST_ANSWER : reflected #13 [last_answer_wanted ∧ no_turns_left] last_answer
-    REFLECT --> ERROR : reflected #14 [no_turns_left] max_turns
-    REFLECT --> COMPACT : reflected #15 [last_answer_wanted ∧ time_is_up ∧ prompt_exceeds_window] compact
-    REFLECT --> LAST_ANSWER : reflected #16 [last_answer_wanted ∧ time_is_up] last_answer
-    REFLECT --> ERROR : reflected #17 [time_is_up] timeout
-    REFLECT --> OBSERVE : reflected #18 [is_looping ∧ nudge_due] nudge
-    REFLECT --> OBSERVE : reflected #19 [is_looping ∧ withhold_due] withhold
-    REFLECT --> COMPACT : reflected #20 [last_answer_wanted ∧ is_looping ∧ prompt_exceeds_window] compact
-    REFLECT --> LAST_ANSWER : reflected #21 [last_answer_wanted ∧ is_looping] last_answer
-    REFLECT --> ERROR : reflected #22 [is_looping] loop_detected
-    REFLECT --> DONE : reflected #23 [reflector_says_done] reflector_done
-    REFLECT --> OBSERVE : reflected #24 [else] continue
-    LAST_ANSWER --> ERROR : last_answered #1 [closing_on_token_budget] token_budget
-    LAST_ANSWER --> ERROR : last_answered #2 [closing_on_max_turns] max_turns
-    LAST_ANSWER --> ERROR : last_answered #3 [closing_on_timeout] timeout
-    LAST_ANSWER --> ERROR : last_answered #4 [else] loop_detected
+    REFLECT --> ERROR : reflected #2 [output_guardrail_tripped] guardrail_tripped
+    REFLECT --> DONE : reflected #3 [ask_user_called] ask_user
+    REFLECT --> DONE : reflected #4 [finish_task_called] finish_task
+    REFLECT --> DONE : reflected #5 [terminal_tool_succeeded] terminal_tool
+    REFLECT --> DONE : reflected #6 [approval_pending] approval_required
+    REFLECT --> DONE : reflected #7 [sub_agent_paused] sub_agent_paused
+    REFLECT --> ERROR : reflected #8 [too_many_errors] consecutive_errors
+    REFLECT --> ERROR : reflected #9 [output_retries_exhausted] invalid_output
+    REFLECT --> COMPACT : reflected #10 [last_answer_wanted ∧ budget_exhausted ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #11 [last_answer_wanted ∧ budget_exhausted] last_answer
+    REFLECT --> ERROR : reflected #12 [budget_exhausted] token_budget
+    REFLECT --> ERROR : reflected #13 [cost_budget_spent] cost_budget
+    REFLECT --> COMPACT : reflected #14 [last_answer_wanted ∧ no_turns_left ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #15 [last_answer_wanted ∧ no_turns_left] last_answer
+    REFLECT --> ERROR : reflected #16 [no_turns_left] max_turns
+    REFLECT --> COMPACT : reflected #17 [last_answer_wanted ∧ time_is_up ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #18 [last_answer_wanted ∧ time_is_up] last_answer
+    REFLECT --> ERROR : reflected #19 [time_is_up] timeout
+    REFLECT --> OBSERVE : reflected #20 [is_looping ∧ nudge_due] nudge
+    REFLECT --> OBSERVE : reflected #21 [is_looping ∧ withhold_due] withhold
+    REFLECT --> COMPACT : reflected #22 [last_answer_wanted ∧ is_looping ∧ prompt_exceeds_window] compact
+    REFLECT --> LAST_ANSWER : reflected #23 [last_answer_wanted ∧ is_looping] last_answer
+    REFLECT --> ERROR : reflected #24 [is_looping] loop_detected
+    REFLECT --> DONE : reflected #25 [reflector_says_done] reflector_done
+    REFLECT --> OBSERVE : reflected #26 [else] continue
+    LAST_ANSWER --> ERROR : last_answered #1 [output_guardrail_tripped] guardrail_tripped
+    LAST_ANSWER --> ERROR : last_answered #2 [closing_on_token_budget] token_budget
+    LAST_ANSWER --> ERROR : last_answered #3 [closing_on_max_turns] max_turns
+    LAST_ANSWER --> ERROR : last_answered #4 [closing_on_timeout] timeout
+    LAST_ANSWER --> ERROR : last_answered #5 [else] loop_detected
     DONE --> OBSERVE : ⟲ resumed #1 [stopped_to_ask_user ∧ reply_given] answer
     DONE --> ACT : ⟲ resumed #2 [stopped_for_approval ∧ approvals_decided] carry_out
+    DONE --> ACT : ⟲ resumed #3 [stopped_for_sub_agent ∧ sub_agent_answered] carry_out
     ERROR --> OBSERVE : ⟲ resumed #1 [stopped_by_interruption] resume
     ERROR --> OBSERVE : ⟲ resumed #2 [stopped_by_transient_model_failure] recover
     ERROR --> OBSERVE : ⟲ resumed #3 [stopped_by_context_window] resume
@@ -176,7 +180,7 @@ def test_every_row_is_one_edge_with_priority_and_guards() -> None:
     dot = render(TABLE, "dot")
     edges = [line for line in dot.splitlines() if " -> " in line and "__start" not in line]
     assert len(edges) == len(TABLE)
-    assert 'REFLECT -> OBSERVE [label="reflected #24 [else] continue"];' in dot
+    assert 'REFLECT -> OBSERVE [label="reflected #26 [else] continue"];' in dot
     assert "DONE [shape=doublecircle];" in dot
     assert "ERROR [shape=doublecircle];" in dot
 
@@ -207,7 +211,7 @@ def test_overlay_counts_each_edge_a_scripted_run_took() -> None:
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    OBSERVE --> THINK : observed #9 [else] think ×3\n" in mermaid
     assert "    THINK --> ACT : thought #17 [reply_has_tool_calls] act ×2\n" in mermaid
-    assert "    REFLECT --> OBSERVE : reflected #24 [else] continue ×2\n" in mermaid
+    assert "    REFLECT --> OBSERVE : reflected #26 [else] continue ×2\n" in mermaid
     assert "    THINK --> DONE : thought #22 [else] final_answer ×1\n" in mermaid
     # untaken edges keep their plain label
     assert "    THINK --> DONE : thought #21 [reply_was_truncated] max_tokens\n" in mermaid
@@ -245,7 +249,7 @@ def test_overlay_of_a_failed_run_marks_error() -> None:
     mermaid = render(TABLE, "mermaid", run=result)
     assert "    class ERROR stopped_error\n" in mermaid
     assert "note right of ERROR : stopped﹕ max_turns, 2 turns" in mermaid
-    assert "    REFLECT --> ERROR : reflected #14 [no_turns_left] max_turns ×1\n" in mermaid
+    assert "    REFLECT --> ERROR : reflected #16 [no_turns_left] max_turns ×1\n" in mermaid
     assert "class DONE" not in mermaid
     assert 'ERROR [style="rounded,filled", fillcolor="#fee2e2"' in render(TABLE, "dot", run=result)
 
@@ -510,7 +514,7 @@ def test_a_runs_path_alone_is_drawn_with_path_only() -> None:
         "    THINK --> ACT : thought #17 [reply_has_tool_calls] act ×2",
         "    THINK --> DONE : thought #22 [else] final_answer ×1",
         "    ACT --> REFLECT : acted #1 [else] reflect ×2",
-        "    REFLECT --> OBSERVE : reflected #24 [else] continue ×2",
+        "    REFLECT --> OBSERVE : reflected #26 [else] continue ×2",
     ]
     assert "    DONE --> [*]" in mermaid
     assert "ERROR --> [*]" not in mermaid

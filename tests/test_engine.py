@@ -257,7 +257,7 @@ def test_final_state_and_diagram() -> None:
     assert agent.run_sync("go").final_state is AgentState.DONE
     text = agent.diagram()
     assert text.startswith("stateDiagram-v2")
-    assert "REFLECT --> DONE : reflected #2 [ask_user_called] ask_user" in text
+    assert "REFLECT --> DONE : reflected #3 [ask_user_called] ask_user" in text
     assert ToolCall(id="a", name="b").arguments == "{}"
 
 

@@ -15,7 +15,7 @@ import pytest
 from agent_fsm import Agent, ConfigError, Limits, StopReason, tool
 from agent_fsm.guardrails import Guardrail, Rewrite, Trip
 from agent_fsm.loop.verify import verify_table
-from agent_fsm.messages import UserMessage
+from agent_fsm.messages import ToolMessage, UserMessage
 from agent_fsm.state import RunResult, RunStatus
 from agent_fsm.table import TABLE, AgentState, Row, Trigger
 from agent_fsm.testing import ScriptedModel, assert_terminates, call, reply
@@ -174,6 +174,85 @@ def test_an_output_guardrail_may_ask_for_rewrites_a_bounded_number_of_times() ->
     assert "still asking for a rewrite after 2" in result.error
 
 
+def no_leaks(text: str) -> bool | Trip | Rewrite:
+    """Trips on 'secret'; asks for a rewrite of 'draft'."""
+    if "secret" in text:
+        return Trip("leaks a secret")
+    return Rewrite("no drafts") if "draft" in text else True
+
+
+@tool(terminal=True)
+def submit(answer: str) -> str:
+    """Submit the answer: it ends the run."""
+    return answer
+
+
+def test_a_finish_task_summary_is_screened_before_it_ends_the_run() -> None:
+    """A summary that trips stops the run in ERROR (by the REFLECT row, not with the
+    summary as output); one sent back is withdrawn (the run goes on) and rewritten."""
+    agent = Agent(
+        model=ScriptedModel([reply("", call("finish_task", summary="the secret is 42"))]),
+        output_guardrails=[no_leaks],
+        limits=Limits(**FAST),
+    )
+    result = run(agent)
+    assert (result.stop_reason, result.output) == (StopReason.GUARDRAIL_TRIPPED, None)
+    assert result.trace[-1].source is S.REFLECT
+    assert result.trace[-1].guards == ("output_guardrail_tripped",)
+    model = ScriptedModel(
+        [
+            reply("", call("finish_task", summary="a draft")),
+            reply("", call("finish_task", summary="the final one")),
+        ]
+    )
+    agent = Agent(model=model, output_guardrails=[no_leaks], limits=Limits(**FAST))
+    result = run(agent)
+    assert (result.stop_reason, result.output) == (StopReason.FINISH_TASK, "the final one")
+    asked = model.requests[1].messages[-1]
+    assert isinstance(asked, UserMessage)
+    assert "not accepted by the no_leaks check: no drafts" in asked.content
+
+
+def test_a_terminal_tools_output_is_screened_before_it_ends_the_run() -> None:
+    agent = Agent(
+        model=ScriptedModel([reply("", call("submit", answer="the secret is 42"))]),
+        tools=[submit],
+        output_guardrails=[no_leaks],
+        limits=Limits(**FAST),
+    )
+    result = run(agent)
+    assert (result.stop_reason, result.output) == (StopReason.GUARDRAIL_TRIPPED, None)
+    model = ScriptedModel(
+        [reply("", call("submit", answer="a draft")), reply("", call("submit", answer="done"))]
+    )
+    agent = Agent(model=model, tools=[submit], output_guardrails=[no_leaks], limits=Limits(**FAST))
+    result = run(agent)  # the invariants: only the answer that ended the run says it does
+    assert (result.stop_reason, result.output) == (StopReason.TERMINAL_TOOL, "done")
+    first = next(m for m in result.messages if isinstance(m, ToolMessage))
+    assert "ends_run" not in str(first.details)
+
+
+def test_a_last_answer_is_screened_and_cannot_be_rewritten() -> None:
+    def looping(answer: str) -> ScriptedModel:
+        return ScriptedModel([reply("", call("echo", text="a")), answer])
+
+    for answer, stop, output, error in (
+        ("the secret is 42", StopReason.GUARDRAIL_TRIPPED, None, "leaks a secret"),
+        ("a draft", StopReason.GUARDRAIL_TRIPPED, None, "a last answer cannot be rewritten"),
+        ("what I found", StopReason.MAX_TURNS, "what I found", "all 1 turns used"),
+    ):
+        agent = Agent(
+            model=looping(answer),
+            tools=[echo],
+            output_guardrails=[no_leaks],
+            limits=Limits(**{**FAST, "max_turns": 1}, last_answer=True),
+        )
+        result = run(agent)
+        assert (result.stop_reason, result.output) == (stop, output)
+        assert error in (result.error or "")
+        assert result.last_answers == 1
+
+
 def test_tool_calls_are_not_screened_as_answers() -> None:
     screened: list[str] = []
 
@@ -257,6 +336,14 @@ def test_an_agent_with_guardrails_terminates_whatever_its_model_does() -> None:
         input_guardrails=[_fickle],
         output_guardrails=[_fickle],
         limits=Limits(max_turns=6),
+    )
+    assert_terminates(agent, max_examples=200)
+    # the other answers that end a run: finish_task, a terminal tool, a last answer
+    agent = Agent(
+        model=ScriptedModel([]),
+        tools=[echo, submit],
+        output_guardrails=[_fickle],
+        limits=Limits(max_turns=6, last_answer=True),
     )
     assert_terminates(agent, max_examples=200)
 

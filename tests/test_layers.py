@@ -103,6 +103,7 @@ LAYERS = [
     "run.custom",
     "run.approvals",
     "run.acting",
+    "run.parenting",
     "run.reflecting",
     "run.answering",
     "run.outcome",
@@ -113,6 +114,7 @@ LAYERS = [
     "run.leasing",
     "run.stored",
     "run.engine",
+    "run.carving",
     "run.delegation",
     "run",
     # the top

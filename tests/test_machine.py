@@ -31,10 +31,12 @@ def _rows(state: AgentState) -> list[tuple[tuple[str, ...], str]]:
 def test_reflect_priority_order_is_pinned() -> None:
     assert _rows(S.REFLECT) == [
         (("abort_requested",), "aborted"),
+        (("output_guardrail_tripped",), "guardrail_tripped"),
         (("ask_user_called",), "ask_user"),
         (("finish_task_called",), "finish_task"),
         (("terminal_tool_succeeded",), "terminal_tool"),
         (("approval_pending",), "approval_required"),
+        (("sub_agent_paused",), "sub_agent_paused"),
         (("too_many_errors",), "consecutive_errors"),
         (("output_retries_exhausted",), "invalid_output"),
         (("last_answer_wanted", "budget_exhausted", "prompt_exceeds_window"), "compact"),
@@ -62,6 +64,7 @@ def test_last_answer_rows_are_pinned() -> None:
     run with the stop that asked for it. It has no abort row: the limit has already fired,
     and an abort during the last answer only cancels that call."""
     assert _rows(S.LAST_ANSWER) == [
+        (("output_guardrail_tripped",), "guardrail_tripped"),
         (("closing_on_token_budget",), "token_budget"),
         (("closing_on_max_turns",), "max_turns"),
         (("closing_on_timeout",), "timeout"),

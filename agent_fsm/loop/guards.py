@@ -171,6 +171,11 @@ def approval_pending(state: RunState, limits: Limits) -> bool:
     return bool(state.requests) and _requested(state, ControlKind.APPROVAL)
 
 
+def sub_agent_paused(state: RunState, limits: Limits) -> bool:
+    """A sub-agent called in this turn stopped to ask the user or for approvals."""
+    return bool(state.requests) and _requested(state, ControlKind.SUB_AGENT)
+
+
 def budget_exhausted(state: RunState, limits: Limits) -> bool:
     """Reported usage has reached the token budget."""
     return state.usage.total_tokens >= limits.token_budget
@@ -255,6 +260,11 @@ def stopped_for_approval(state: RunState, limits: Limits) -> bool:
     return state.stop_reason in STOP_GUARDS["stopped_for_approval"]
 
 
+def stopped_for_sub_agent(state: RunState, limits: Limits) -> bool:
+    """The run stopped because a sub-agent waits for the user (a reply or approvals)."""
+    return state.stop_reason in STOP_GUARDS["stopped_for_sub_agent"]
+
+
 def stopped_by_interruption(state: RunState, limits: Limits) -> bool:
     """The run was aborted or ran out of time; its transcript is valid and it can go on."""
     return state.stop_reason in STOP_GUARDS["stopped_by_interruption"]
@@ -280,6 +290,18 @@ def stopped_by_crash(state: RunState, limits: Limits) -> bool:
 def reply_given(state: RunState, limits: Limits) -> bool:
     """A user message (the resume's reply) waits to be observed."""
     return bool(state.pending_input)
+
+
+def sub_agent_answered(state: RunState, limits: Limits) -> bool:
+    """The sub-agent the run waits for has its answer: the reply to its question, or a
+    decision on every call it waits to have approved."""
+    control = state.control
+    if control is None or control.sub_agent is None:
+        return False
+    if control.sub_agent.asks is ControlKind.ASK_USER:
+        return bool(state.child_reply)
+    decided = {decision.call.id for decision in state.decisions}
+    return bool(decided) and all(call.id in decided for call in control.pending_calls)
 
 
 def approvals_decided(state: RunState, limits: Limits) -> bool:
@@ -318,6 +340,7 @@ GUARDS: dict[str, Guard] = {
         finish_task_called,
         terminal_tool_succeeded,
         approval_pending,
+        sub_agent_paused,
         budget_exhausted,
         time_is_up,
         is_looping,
@@ -333,12 +356,14 @@ GUARDS: dict[str, Guard] = {
         closing_on_timeout,
         stopped_to_ask_user,
         stopped_for_approval,
+        stopped_for_sub_agent,
         stopped_by_interruption,
         stopped_by_transient_model_failure,
         stopped_by_context_window,
         stopped_by_crash,
         reply_given,
         approvals_decided,
+        sub_agent_answered,
     )
 }
 """Every guard by name: the vocabulary the table may use."""

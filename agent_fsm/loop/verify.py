@@ -72,13 +72,13 @@ from agent_fsm.table import (
     LAST_ANSWER_WINDOW_GUARD,
     LAST_CALL_STATE,
     OUTPUT_GUARDRAIL_GUARD,
+    OUTPUT_GUARDRAIL_STATES,
     RESUME_TRIGGER,
     RETRY_BUDGET_GUARD,
     STOP_GUARDS,
     TERMINAL_STATES,
     TRIGGER_FOR_STATE,
     TURN_BUDGET_GUARD,
-    TURN_STATE,
     TURN_STATES,
     AgentState,
     Row,
@@ -394,16 +394,17 @@ def _check_guardrail_rows(rows: tuple[Row, ...]) -> None:
     for i, row in enumerate(rows):
         if row.resumes:
             continue
-        for guard, state, before in (
-            (INPUT_GUARDRAIL_GUARD, INITIAL_STATE, "every row that goes on"),
-            (OUTPUT_GUARDRAIL_GUARD, TURN_STATE, "every row into DONE"),
+        for guard, states, before in (
+            (INPUT_GUARDRAIL_GUARD, frozenset({INITIAL_STATE}), "every row that goes on"),
+            (OUTPUT_GUARDRAIL_GUARD, OUTPUT_GUARDRAIL_STATES, "every row into DONE"),
         ):
             if guard not in row.guards:
                 continue
-            if row.source != state or row.dest not in TERMINAL_STATES:
+            if row.source not in states or row.dest not in TERMINAL_STATES:
+                where = " or ".join(sorted(str(state) for state in states))
                 raise ConfigError(
                     f"{_describe(row, i)}: the row guarded by '{guard}' stops the run from "
-                    f"{state}, where its guardrails run, before {before}"
+                    f"{where}, where its guardrails run, before {before}"
                 )
             for j, earlier in enumerate(rows[:i]):
                 if (earlier.trigger, earlier.source) != (row.trigger, row.source):
@@ -432,6 +433,8 @@ def _last_answer_exits(rows: tuple[Row, ...]) -> set[StopReason]:
                 f"{_describe(row, i)} does not end the run: a last answer is the run's last "
                 "model call"
             )
+        if row.guards == (OUTPUT_GUARDRAIL_GUARD,):  # the last answer did not pass
+            continue
         closing = [g for g in row.guards if g in CLOSING_GUARDS]
         if row.guards and (len(closing) != 1 or CLOSING_GUARDS[closing[0]] != row.outcome):
             raise ConfigError(

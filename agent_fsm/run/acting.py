@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Sequence
-from typing import Any
 
 from pydantic import JsonValue
 
@@ -47,7 +46,7 @@ from agent_fsm.constructors import builder
 from agent_fsm.durable.journal import CallStatus, journal_key
 from agent_fsm.events import ToolFinished
 from agent_fsm.loop.detection import canonical_arguments, record_calls, record_turn_results
-from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, ToolStatus, Usage
+from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, ToolStatus
 from agent_fsm.run.approvals import (
     approval_request,
     awaiting_approval,
@@ -55,8 +54,8 @@ from agent_fsm.run.approvals import (
     needs_approval,
     outcome_message,
 )
-from agent_fsm.run.context import RunContext, acting_for
-from agent_fsm.state import CONTROL_STOPS, ControlKind, ControlRequest, RunResult
+from agent_fsm.run.context import RunContext
+from agent_fsm.state import CONTROL_STOPS, ControlKind, ControlRequest
 from agent_fsm.table import StopReason
 from agent_fsm.tools.hooks import AfterTool, BeforeTool, review_result, screen_call
 from agent_fsm.tools.results import (
@@ -75,7 +74,7 @@ from agent_fsm.tools.scheduling import (
 )
 from agent_fsm.tools.tool import PreparedCall
 
-__all__ = ["act", "act_as_parent", "answer_calls", "carry_out", "fold", "fold_replayed"]
+__all__ = ["act", "answer_calls", "carry_out"]
 
 _tool_finished = builder(ToolFinished)  # built on every tool call (see constructors.builder)
 
@@ -87,65 +86,6 @@ _CONTROL_ANSWER = {
     "next user message.",
     ControlKind.FINISH_TASK: "The task is marked as finished.",
 }
-
-
-async def act_as_parent(ctx: RunContext) -> None:
-    """ACT's work (``act``) for an agent with sub-agent tools: they see the run as their
-    parent (``run.delegation``), and the spend of a sub-agent call answered from the journal
-    is counted again (``fold_replayed``). The engine picks it for such an agent only."""
-    state = ctx.state
-    before = len(state.messages)
-    try:
-        with acting_for(ctx):
-            await act(ctx)
-    finally:  # the step's calls are answered (or abandoned): its children's spend counts
-        children, ctx.finished_children = ctx.finished_children, []
-        for child in children:
-            fold(ctx, child)
-    for message in state.messages[before:]:
-        if isinstance(message, ToolMessage):
-            fold_replayed(ctx, message)
-
-
-def fold(parent: RunContext, child: RunResult) -> None:
-    """Count what a child spent in its parent: its turns and last answers as the parent's
-    turns (at least one: a call that made no model call still uses a turn, so ``max_turns``
-    bounds how many a run makes), its retries, usage and cost as the parent's (the cost
-    only when the parent is priced)."""
-    state = parent.state
-    state.turns += max(child.turns + child.last_answers, 1)
-    state.retries += child.retries
-    state.usage = state.usage + child.usage
-    if child.cost is not None and parent.config.pricing is not None:
-        state.cost = (state.cost or 0.0) + child.cost
-
-
-def fold_replayed(parent: RunContext, answer: ToolMessage) -> None:
-    """Count in the parent what a child spent when its call's answer was replayed from the
-    journal (a step redone after a crash: the checkpoint the parent restarted from was taken
-    before the call, so the spend the call counted was lost with the process). Answers that
-    are no sub-agent's, or were not replayed, are left alone."""
-    details = answer.details
-    if not isinstance(details, dict) or "sub_agent_run_id" not in details:
-        return
-    runtime = details.get("runtime")
-    if not isinstance(runtime, dict) or runtime.get("replayed") is not True:
-        return
-    state = parent.state
-    state.turns += max(_spent(details, "turns") + _spent(details, "last_answers"), 1)
-    state.retries += _spent(details, "retries")
-    usage = details.get("usage")
-    if isinstance(usage, dict):
-        state.usage = state.usage + Usage.model_validate(usage)
-    cost = details.get("cost")
-    if isinstance(cost, int | float) and parent.config.pricing is not None:
-        state.cost = (state.cost or 0.0) + float(cost)
-
-
-def _spent(details: dict[str, Any], key: str) -> int:
-    """A count of a sub-agent's details, as a non-negative int (0 when it is anything else)."""
-    value = details.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 async def act(ctx: RunContext) -> None:

@@ -32,6 +32,7 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.run.context import RunContext
+from agent_fsm.run.guarding import screen_output
 from agent_fsm.run.thinking import failure_from, report_failure, request_aside, take_response
 from agent_fsm.state import ModelFailure
 from agent_fsm.table import StopReason, softened_stop
@@ -126,6 +127,9 @@ async def _ask(ctx: RunContext, request: UserMessage, extra: int) -> None:
         _skipped(ctx, f"the call was interrupted: {ctx.why_stopped()}")
         return
     _take_answer(ctx, request, response, estimate)
+    output = ctx.state.output
+    if output is not None and "LAST_ANSWER" in ctx.config.screened_ends:
+        await screen_output(ctx, output, rewrite=False)
 
 
 def _take_answer(ctx: RunContext, request: UserMessage, response: object, estimate: int) -> None:

@@ -69,7 +69,13 @@ class RunConfig:
     input_guardrails: tuple[Guardrail, ...] = ()
     """Check each user message OBSERVE takes in (``agent_fsm.guardrails``)."""
     output_guardrails: tuple[Guardrail, ...] = ()
-    """Check an answer that would end the run, in THINK."""
+    """Check an answer that would end the run, in THINK (and in ACT and LAST_ANSWER, where
+    ``screened_ends`` says)."""
+    screened_ends: frozenset[str] = frozenset()
+    """Beyond THINK, the states whose answers the output guardrails screen, because a row
+    guarded by ``output_guardrail_tripped`` leaves them: REFLECT (a finish_task summary, a
+    terminal tool's output, screened by ACT) and LAST_ANSWER. Empty without output
+    guardrails."""
     delegates: bool = False
     """Some tool is a sub-agent (``Agent.as_tool``): ACT lets the tools see the run
     (``run.delegation.acting_for``). False costs one attribute check per ACT."""
@@ -111,9 +117,20 @@ class RunContext:
     its own."""
     finished_children: list[RunResult] = field(default_factory=list)
     """Sub-agent runs that ended during the current ACT, counted in this run's spend when
-    the step ends (``run.acting.fold``): the turn count keys the tool journal, so it must
+    the step ends (``run.parenting.fold``): the turn count keys the tool journal, so it must
     not move while the step's calls run. A child started meanwhile is carved from what
     they left too (``run.delegation.carve``)."""
+    home: Any = None
+    """Where the run lives (its agent's ``run.residence.Residence``), for its sub-agents:
+    a child of a run kept in a store is kept in the same store (``run.delegation``). None
+    where the driver does not say (a child then lives where its own agent keeps runs)."""
+    counted_children: dict[str, Any] = field(default_factory=dict)
+    """By child run id: what this run counted of a child when it paused, so that only
+    what the child spends after it goes on is added (``run.parenting.fold``)."""
+    chosen_pricing: Pricing | None = None
+    """The price of the model a ``before_model`` hook chose for the call in flight, when it
+    is not the agent's own (``run.thinking``): its reply is priced at it, then it is
+    cleared."""
     started_at: float = 0.0
     """When this activation started by ``clock``, less the run's elapsed time before it:
     ``clock() - started_at`` is the run's time so far (a sub-agent's is carved from what

@@ -7,7 +7,7 @@ it. The promises of a run hold for the whole tree:
   starts (``carve``): each budget is the smaller of its own and what remains of the
   parent's: turns (model calls that are not retries, its last answer included), retries,
   tokens, money and time. What the child spent is added to the parent's counts when the
-  step ends (``run.acting.fold``: the turn count keys the tool journal, so it does not move
+  step ends (``run.parenting.fold``: the turn count keys the tool journal, so it does not move
   while the step's calls run): its turns and last answer to the parent's turns (at least
   one: a child call that made no model call still uses a turn, so ``max_turns`` bounds how
   many a run makes), its retries, usage and cost to the parent's. The parent's own guards
@@ -16,7 +16,7 @@ it. The promises of a run hold for the whole tree:
   call of it. A sub-agent tool runs alone (``Tool.sequential``): the next child of the same
   reply is carved from what the previous ones left. A step redone after a crash answers a
   finished child's call from the journal, and counts its spend again from the answer's
-  details (``run.acting.fold_replayed``).
+  details (``run.parenting.fold_replayed``).
 - **Cascades.** The parent's abort or deadline cancels the tool call; the child is then
   aborted (ERROR ``aborted``, a valid transcript) before the call is answered, and what it
   spent is still counted.
@@ -33,33 +33,54 @@ The tool finds its parent through a context variable that ACT sets (``PARENT_RUN
 for an agent that has sub-agent tools (``RunConfig.delegates``), so an agent without them
 pays one attribute check per ACT. Called outside a run, a child runs with its own limits.
 
-Not yet: a child run's checkpoint is not linked to its parent's call, so a crash of the
-parent does not resume the child (with a store, the call is journaled like any tool call:
-after a crash it is answered "outcome unknown", never run twice); a child that stops to ask
-a person (ask_user, an approval) answers the call with its question, as an error, and does
-not pause the parent.
+**Durable nesting.** A parent's call starts the child under ``child_run_id(parent run id,
+turn, call id)``, its ``RunState.parent`` linking it back, in the parent's store when the
+parent has one (``_home``). The tool is marked idempotent: a parent redoing the step after a
+crash calls it again, and the call finds its child and goes on with it from its checkpoint
+(``go_on``), whose own journal answers the calls it made; a child that had stopped is not
+run again, its result taken as it is.
+**A child that waits for the user pauses the tree.** Its call is answered "waits for the
+user" (``details["awaiting_sub_agent"]`` holds its request); ACT makes of it a request of
+the parent's turn (``run.parenting.pause_request``) and the ``sub_agent_paused`` row stops the
+parent, showing what the child asks. Resumed with the answer, the parent's ACT passes it down
+(``carry_out_child``) and goes on with the child within what the parent has left
+(``carve`` with what was ``counted``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import BaseModel
+from pydantic import JsonValue
 
-from agent_fsm.errors import ConfigError
+from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.errors import CheckpointError, ConfigError, ResumeError, RunLeased
 from agent_fsm.events import SubAgentStarted
-from agent_fsm.limits import Limits
 from agent_fsm.loop.verify import TerminationBound
-from agent_fsm.messages import AssistantMessage, Message, Usage
+from agent_fsm.messages import AssistantMessage, Message, ToolCall, Usage
+from agent_fsm.output import typed_result
+from agent_fsm.run.carving import LimitsLeft, carve, carved_config
 from agent_fsm.run.context import PARENT_RUN, RunConfig, RunContext
 from agent_fsm.run.engine import Run, new_run_state
 from agent_fsm.run.history import prepare_history
-from agent_fsm.run.residence import Residence
-from agent_fsm.state import RunResult, RunStatus
+from agent_fsm.run.identity import claim, keep_approvals
+from agent_fsm.run.residence import InProcess, Residence
+from agent_fsm.run.resuming import Decisions, reopen
+from agent_fsm.run.stored import Leased, Stored
+from agent_fsm.state import (
+    Decision,
+    ParentLink,
+    RunResult,
+    RunState,
+    RunStatus,
+    SubAgentPause,
+)
+from agent_fsm.table import TERMINAL_STATES, StopReason
 from agent_fsm.tools.tool import Tool, ToolResult
 
 __all__ = [
@@ -71,8 +92,6 @@ __all__ = [
     "delegation_tool",
     "run_child",
 ]
-
-_COST_GUARDS = frozenset({"prompt_exceeds_cost_budget", "cost_budget_spent"})
 
 HANDOFF_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -130,97 +149,69 @@ def delegate_of(tool: Tool) -> Delegate | None:
     return found if isinstance(found, Delegate) else None
 
 
-class LimitsLeft(BaseModel):
-    """What a parent run has left when a child starts (``carve``), or why nothing is."""
+def child_run_id(parent_run_id: str, turn: int, call_id: str) -> str:
+    """The run id of the child a parent's call starts: the same for the same call of the
+    same turn of the same parent, so that a parent redoing a step after a crash finds the
+    child it had started, and resumes it instead of starting another."""
+    key = "\x00".join((parent_run_id, str(turn), call_id)).encode("utf-8", "surrogatepass")
+    return "sub-" + hashlib.sha256(key).hexdigest()[:32]
 
-    limits: Limits | None
-    """The child's limits; None when the parent has nothing left to give."""
-    why_not: str = ""
-    """Which budget the parent has spent, when ``limits`` is None."""
+
+def _home(delegate: Delegate, parent: RunContext | None) -> Residence:
+    """Where the child's run lives: in its parent's store (leased by the same worker)
+    when the parent is kept in one, so that it outlives a crash with it; else where its own
+    agent keeps runs."""
+    own = delegate.agent.residence
+    home = parent.home if parent is not None else None
+    if isinstance(home, Stored | Leased):
+        return home.nested(own.time)
+    return own
 
 
-def carve(own: Limits, parent: RunContext | None) -> LimitsLeft:
-    """The limits of a child started now by ``parent``: each budget the smaller of the
-    child's own and what remains of the parent's (turns, retries, tokens, money, time), the
-    parent's prices added to the child's (its own win). A last answer is kept only when a
-    turn is left for it beyond one turn of work. Without a parent: its own limits."""
-    if parent is None:
-        return LimitsLeft(limits=own)
-    state, limits = parent.state, parent.limits
-    earlier = parent.finished_children  # this step's, not counted in the state yet
-    turns = limits.max_turns - state.turns - sum(max(c.turns + c.last_answers, 1) for c in earlier)
-    tokens = (
-        limits.token_budget - state.usage.total_tokens - sum(c.usage.total_tokens for c in earlier)
-    )
-    retries = max(limits.model_retries_per_run - state.retries - sum(c.retries for c in earlier), 0)
-    elapsed = parent.clock() - parent.started_at
-    seconds = limits.timeout_s - elapsed
-    money: float | None = None
-    if limits.cost_budget is not None:
-        money = limits.cost_budget - (state.cost or 0.0) - sum(c.cost or 0.0 for c in earlier)
-    for spent, why in (
-        (turns < 1, "no turns"),
-        (tokens < 1, "no tokens"),
-        (money is not None and money <= 0, "no money"),
-        (seconds <= 0, "no time"),
-    ):
-        if spent:
-            return LimitsLeft(limits=None, why_not=why)
-    last_answer = own.last_answer and turns >= 2
-    max_turns = min(own.max_turns, turns - 1 if last_answer else turns)
-    cost_budget = own.cost_budget
-    if money is not None:
-        cost_budget = money if cost_budget is None else min(cost_budget, money)
-    prices = dict(limits.prices) | dict(own.prices)
-    values = {
-        **own.model_dump(exclude={"prices"}),
-        "max_turns": max_turns,
-        "last_answer": last_answer,
-        "token_budget": min(own.token_budget, tokens),
-        "model_retries_per_run": min(own.model_retries_per_run, retries),
-        "timeout_s": min(own.timeout_s, seconds),
-        "cost_budget": cost_budget,
-        "prices": prices,
+def _spend(result: RunResult) -> dict[str, JsonValue]:
+    """What a child spent, as its call's details keep it (``run.parenting.fold`` reads it)."""
+    return {
+        "turns": result.turns,
+        "retries": result.retries,
+        "last_answers": result.last_answers,
+        "usage": result.usage.model_dump(),
+        "cost": result.cost,
     }
-    return LimitsLeft(limits=Limits(**values))
-
-
-def _child_config(config: RunConfig, limits: Limits) -> RunConfig:
-    """The child's configuration under carved ``limits``: priced by them when its own were
-    not, and with the rows the carve turned on (a money budget, no last answer) live."""
-    pricing = config.pricing or limits.price_of(config.model.name)
-    dead = set(config.dead_guards)
-    if limits.cost_budget is not None:
-        dead -= _COST_GUARDS
-    if not limits.last_answer:
-        dead.add("last_answer_wanted")
-    return replace(config, limits=limits, pricing=pricing, dead_guards=frozenset(dead))
 
 
 def _details(result: RunResult) -> dict[str, Any]:
     """The call's details: how the child ended and what it spent, enough to count it in
     the parent again when the call's answer is replayed from the journal
-    (``run.acting.fold_replayed``)."""
+    (``run.parenting.fold_replayed``)."""
     usage: Usage = result.usage
     return {
         "sub_agent_run_id": result.run_id,
         "status": result.status.value,
         "stop_reason": result.stop_reason.value,
-        "turns": result.turns,
-        "retries": result.retries,
-        "last_answers": result.last_answers,
+        **_spend(result),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
-        "usage": usage.model_dump(),
-        "cost": result.cost,
     }
 
 
-def _answer(name: str, result: RunResult) -> ToolResult:
-    """The tool result of a finished child: its output, or why it has none."""
+def _answer(delegate: Delegate, result: RunResult) -> ToolResult:
+    """The tool result of a child that stopped: its output, why it has none, or, for a
+    child that waits for the user, that it waits (``details["awaiting_sub_agent"]`` holds
+    its request, from which the parent's pause is made: ``run.parenting.pause_request``).
+    A handoff's wait is answered as an error, so that the ``terminal_tool`` row does not
+    end the parent with it."""
+    name = delegate.name
     details = _details(result)
     if result.status is RunStatus.COMPLETED:
         return ToolResult(result.output or "", details=details)
+    pending = result.pending
+    if result.status is RunStatus.NEEDS_INPUT and pending is not None:
+        details["awaiting_sub_agent"] = pending.model_dump(mode="json")
+        return ToolResult(
+            AWAITING_SUB_AGENT.format(name=name, asked=pending.text),
+            details=details,
+            is_error=delegate.handoff,
+        )
     said = f" Its last words: {result.output}" if result.output else ""
     why = f" ({result.error})" if result.error else ""
     return ToolResult(
@@ -230,12 +221,116 @@ def _answer(name: str, result: RunResult) -> ToolResult:
     )
 
 
-async def run_child(delegate: Delegate, task: str) -> ToolResult:
+AWAITING_SUB_AGENT = (
+    "The sub-agent {name} waits for the user ({asked}). The whole run waits with it; its "
+    "result will arrive in the next user message."
+)
+"""The answer of a call whose child stopped to ask the user (a question, approvals)."""
+
+
+async def run_child(delegate: Delegate, task: str, call: ToolCall | None = None) -> ToolResult:
     """Run the child on ``task`` within what its parent has left; the answer of the call.
+
+    Called by a parent, the child's run id is ``child_run_id`` of the call, and it lives
+    where ``_home`` says: a call redone after the parent crashed finds the child's run and
+    goes on with it from its checkpoint (its journal answers the calls it made), or takes
+    its result if it had stopped.
 
     Raises only the caller's cancellation, after the child was aborted and its spend
     counted."""
     parent = PARENT_RUN.get()
+    if parent is None or call is None:
+        return await _start(delegate, parent, uuid.uuid4().hex, delegate.agent.residence, task)
+    if any(child.status is RunStatus.NEEDS_INPUT for child in parent.finished_children):
+        return ToolResult(  # one child waits for the user: the run pauses with it
+            f"The sub-agent {delegate.name} was not started: another sub-agent of this turn "
+            "waits for the user, and the run waits with it. Call it again afterwards.",
+            details={"stop_reason": "not_started", "why": "another sub-agent waits"},
+            is_error=True,
+        )
+    run_id = child_run_id(parent.state.run_id, parent.state.turns, call.id)
+    home = _home(delegate, parent)
+    if parent.journal is not None and isinstance(home, InProcess):
+        lost = _started_before(parent.journal, run_id, call)
+        if lost is not None:
+            return lost
+    try:
+        if home.holds(run_id):
+            outcome = await go_on(delegate, parent, home, run_id)
+            return outcome if isinstance(outcome, ToolResult) else _answer(delegate, outcome)
+        link = ParentLink(run_id=parent.state.run_id, tool_call_id=call.id, tool=delegate.name)
+        return await _start(delegate, parent, run_id, home, task, link)
+    except (CheckpointError, ResumeError, RunLeased, ConfigError) as exc:
+        return _not_run(delegate.name, run_id, exc)
+
+
+async def carry_out_child(
+    delegate: Delegate,
+    parent: RunContext,
+    pause: SubAgentPause,
+    reply: str | None,
+    decisions: Sequence[Decision],
+) -> ToolResult:
+    """Pass a resume's answer down to the child its parent paused for (``pause``), go on
+    with it within what the parent has left, and return the answer its call would have
+    had (``_answer``): its result, why it stopped, or that it waits again. Only what it
+    spends from now is added to the parent's (``RunContext.counted_children``)."""
+    approvals = {d.call.id: d.approval for d in decisions} if decisions else None
+    parent.counted_children[pause.run_id] = pause.counted
+    try:
+        outcome = await go_on(
+            delegate,
+            parent,
+            _home(delegate, parent),
+            pause.run_id,
+            counted=pause.counted,
+            reply=reply,
+            approvals=approvals,
+            pause=pause.pause,
+        )
+    except (CheckpointError, ResumeError, RunLeased, ConfigError) as exc:
+        return _not_run(delegate.name, pause.run_id, exc)
+    return outcome if isinstance(outcome, ToolResult) else _answer(delegate, outcome)
+
+
+def _started_before(journal: ToolJournal, run_id: str, call: ToolCall) -> ToolResult | None:
+    """For a durable parent whose child cannot outlive the process (kept in memory: a DBOS
+    parent's, say): the call's answer when the child was started before, by a process that
+    died (it cannot be found, and starting it again could repeat its side effects: the
+    outcome is unknown), or when that cannot be known; None after recording, in the parent's
+    journal, that it starts now."""
+    key = f"sub-agent {run_id}"
+    try:
+        if journal.lookup(key) is not None:
+            return ToolResult(
+                f"The sub-agent was started before the run was interrupted, and its outcome "
+                f"is unknown: it was not run again (call {call.id}).",
+                details={"sub_agent_run_id": run_id, "stop_reason": "outcome_unknown"},
+                is_error=True,
+            )
+        journal.record_started(key, call)
+    except Exception as exc:  # unread is not unrun: never start a child the journal cannot see
+        return _not_run(call.name, run_id, exc)
+    return None
+
+
+def _not_run(name: str, run_id: str, exc: Exception) -> ToolResult:
+    return ToolResult(
+        f"The sub-agent {name} could not be run: {exc}",
+        details={"sub_agent_run_id": run_id, "stop_reason": "not_started", "why": str(exc)},
+        is_error=True,
+    )
+
+
+async def _start(
+    delegate: Delegate,
+    parent: RunContext | None,
+    run_id: str,
+    home: Residence,
+    task: str,
+    link: ParentLink | None = None,
+) -> ToolResult:
+    """Start a new child run under ``run_id`` where ``home`` keeps it, and drive it."""
     agent = delegate.agent
     config = agent.run_config
     left = carve(config.limits, parent)
@@ -245,8 +340,7 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
             details={"stop_reason": "not_started", "why": left.why_not},
             is_error=True,
         )
-    child_config = _child_config(config, left.limits)
-    run_id = uuid.uuid4().hex
+    child_config = carved_config(config, left.limits)
     history: list[Message] = []
     if delegate.handoff:
         history = _conversation(parent)
@@ -258,15 +352,111 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
         child_config.tools_tokens,
         history,
         child_config.count_tokens,
+        agent=config.record,
     )
-    path = () if parent is None else (*parent.path, parent.state.run_id)
-    run = Run(child_config, state, agent.residence.admit(state), path=path)
+    state.parent = link
+    run = Run(child_config, state, home.admit(state), path=_path(parent), home=home)
+    result = await _drive(delegate, parent, run, child_config)
+    return _answer(delegate, result)
+
+
+def _path(parent: RunContext | None) -> tuple[str, ...]:
+    return () if parent is None else (*parent.path, parent.state.run_id)
+
+
+async def go_on(
+    delegate: Delegate,
+    parent: RunContext,
+    home: Residence,
+    run_id: str,
+    *,
+    counted: Mapping[str, JsonValue] | None = None,
+    reply: str | None = None,
+    approvals: Decisions | None = None,
+    pause: str = "",
+) -> RunResult | ToolResult:
+    """Go on with the child run ``run_id`` that ``home`` keeps, within what ``parent`` has
+    left beyond what it counted of the child already (``counted``), and return how it
+    stopped; a ``ToolResult`` when it cannot go on (the parent has nothing left for it).
+
+    Where the child stands decides: at the pause ``pause`` the answer (``reply`` or
+    ``approvals``) is for, it is resumed with it; stopped elsewhere (another pause, or for
+    good), it is not run, and how it stopped is returned; interrupted (its process died),
+    or aborted with its parent, it goes on from its last checkpoint without an answer.
+
+    Raises:
+        CheckpointError, ResumeError, RunLeased: the child's run cannot be loaded or taken
+            (the caller answers with why).
+    """
+    agent = delegate.agent
+    config = agent.run_config
+    with home.readmit(run_id) as (state, keeper):
+        stopped = state.state in TERMINAL_STATES
+        control = state.control
+        at_pause = (
+            stopped
+            and control is not None
+            and bool(pause)
+            and control.pause == pause
+            and (reply is not None or approvals is not None)
+        )
+        interrupted = not stopped or state.stop_reason in _GOES_ON
+        if not at_pause and not interrupted:  # it stopped: report how, run nothing
+            keeper.release()
+            result = _stored_result(state, config)
+            _ended(delegate, parent, result, config)  # its spend counts, as if it ran now
+            return result
+        left = carve(config.limits, parent, counted or {})
+        if left.limits is None:
+            keeper.release()
+            return ToolResult(
+                f"The sub-agent {delegate.name} cannot go on: the run has {left.why_not} left.",
+                details={"sub_agent_run_id": run_id, "stop_reason": "not_resumed"},
+                is_error=True,
+            )
+        child_config = keep_approvals(carved_config(config, left.limits), state)
+        if config.record is not None:
+            claim(state, config.record)
+        if at_pause:
+            answered = reopen(
+                state,
+                child_config.machine,
+                child_config.limits,
+                reply,
+                approvals,
+                pause,
+                tools=child_config.tools,
+            )
+        else:
+            answered = reopen(state, child_config.machine, child_config.limits)
+    run = Run(child_config, state, keeper, resumed=answered, path=_path(parent), home=home)
+    return await _drive(delegate, parent, run, child_config)
+
+
+_GOES_ON = frozenset({StopReason.ABORTED, StopReason.TIMEOUT})
+"""The stops a child goes on from without an answer when its parent calls it again: its
+parent's abort or deadline stopped it (a parent redoing the step after a crash)."""
+
+
+def _stored_result(state: RunState, config: RunConfig) -> RunResult:
+    """How a stored child run stopped, as its ``RunResult``."""
+    result = RunResult.from_state(state, config.machine.rows)
+    if config.output is not None:
+        result = typed_result(result, config.output)
+    return result
+
+
+async def _drive(
+    delegate: Delegate, parent: RunContext | None, run: Run, child_config: RunConfig
+) -> RunResult:
+    """Run the child to its stop, its events delivered to the parent's listeners; the
+    parent's cancellation aborts it first (its spend still counted)."""
     if parent is not None and parent.bus.emitter is not None:
         bus = parent.bus
         bus.emit(
             SubAgentStarted(
                 run_id=parent.state.run_id,
-                sub_agent_run_id=run_id,
+                sub_agent_run_id=run.run_id,
                 tool=delegate.name,
                 turn=parent.state.turns,
                 path=parent.path,
@@ -285,7 +475,7 @@ async def run_child(delegate: Delegate, task: str) -> ToolResult:
             _ended(delegate, parent, task_of_child.result(), child_config)
         raise
     _ended(delegate, parent, result, child_config)
-    return _answer(delegate.name, result)
+    return result
 
 
 def _ended(
@@ -334,14 +524,24 @@ def delegation_tool(
     delegate = Delegate(agent=agent, name=name, handoff=handoff, observer=observer)
     own = agent.run_config.limits
 
-    async def call_sub_agent(task: str) -> ToolResult:
-        return await run_child(delegate, task)
+    # The engine passes the call first (``Tool.receives_call``); called directly, without
+    # one, the child runs under a fresh id.
+    async def call_sub_agent(call: ToolCall | None = None, /, *, task: str) -> ToolResult:
+        return await run_child(delegate, task, call)
 
-    async def hand_off(note: str = "") -> ToolResult:
-        return await run_child(delegate, note)
+    async def hand_off(call: ToolCall | None = None, /, *, note: str = "") -> ToolResult:
+        return await run_child(delegate, note, call)
 
     fn: Callable[..., Any] = hand_off if handoff else call_sub_agent
     fn.delegate = delegate  # type: ignore[attr-defined]  # read by delegate_of
+    fn.receives_call = True  # type: ignore[attr-defined]  # the child is named after it
+
+    async def go_on_after_pause(
+        parent: RunContext, pause: SubAgentPause, reply: str | None, decisions: list[Decision]
+    ) -> ToolResult:
+        return await carry_out_child(delegate, parent, pause, reply, decisions)
+
+    fn.go_on = go_on_after_pause  # type: ignore[attr-defined]  # read by run.acting
     # Its own deadline ends the child first: the tool's timeout is only a backstop.
     backstop = own.timeout_s + own.last_answer_timeout_s + 30.0 if timeout_s is None else timeout_s
     return Tool(
@@ -351,5 +551,10 @@ def delegation_tool(
         fn,
         timeout_s=backstop,
         sequential=True,
+        # Run again when a crash left the call unfinished: it finds its child and goes on
+        # with it (``run_child``), whose own journal keeps its calls from running twice.
+        # Never retried on a failure of its own.
+        idempotent=True,
+        max_retries=0,
         terminal=handoff,
     )

@@ -42,7 +42,7 @@ from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import Message, SystemMessage, clean_text
 from agent_fsm.output import typed_result
-from agent_fsm.run.acting import act, act_as_parent
+from agent_fsm.run.acting import act
 from agent_fsm.run.answering import answer
 from agent_fsm.run.compacting import compact
 from agent_fsm.run.context import Reflector, RunConfig, RunContext
@@ -50,6 +50,7 @@ from agent_fsm.run.custom import custom_work
 from agent_fsm.run.history import HistoryRepair
 from agent_fsm.run.observing import observe, observe_guarded
 from agent_fsm.run.outcome import ending_events, record_stop
+from agent_fsm.run.parenting import act_as_parent, act_screened
 from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.residence import RunKeeper
 from agent_fsm.run.summarising import summarise
@@ -88,12 +89,15 @@ def _work_for(config: RunConfig) -> dict[AgentState | str, Callable[[RunContext]
     """The work of each state for the runs of ``config``: ``_WORK``, with OBSERVE's and
     ACT's variants for the features that need them (guardrails, the loop ladder,
     sub-agents), so an agent without them runs the plain work and pays nothing for them."""
-    if not (config.input_guardrails or config.limits.loop_ladder or config.delegates):
+    screens = "REFLECT" in config.screened_ends
+    if not (config.input_guardrails or config.limits.loop_ladder or config.delegates or screens):
         return _WORK
     work = dict(_WORK)
     if config.input_guardrails or config.limits.loop_ladder:
         work[AgentState.OBSERVE] = observe_guarded
-    if config.delegates:
+    if screens:
+        work[AgentState.ACT] = act_screened
+    elif config.delegates:
         work[AgentState.ACT] = act_as_parent
     return work
 
@@ -110,6 +114,7 @@ class Run:
         resumed: str | None = None,
         repaired: HistoryRepair | None = None,
         path: tuple[str, ...] = (),
+        home: object = None,
     ) -> None:
         log = get_logger("agent_fsm").bind(run_id=state.run_id)
         time = keeper.time
@@ -135,6 +140,7 @@ class Run:
             sleep=time.sleep,
             random=time.random,
             path=path,
+            home=home,
         )
         self._started_at = time.clock() - state.elapsed_s
         self._handle: RunHandle | None = None

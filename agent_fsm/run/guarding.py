@@ -16,11 +16,13 @@ from collections.abc import Awaitable, Sequence
 from agent_fsm.cancellation import StopScope
 from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.guardrails import Guardrail, Rewrite, Trip
+from agent_fsm.messages import ToolMessage, ToolStatus
 from agent_fsm.run.context import RunContext
-from agent_fsm.state import GuardrailTrip
+from agent_fsm.state import CONTROL_STOPS, ControlKind, GuardrailTrip
+from agent_fsm.table import StopReason
 from agent_fsm.tools.execution import run_in_thread
 
-__all__ = ["REWRITE_PROMPT", "screen_input", "screen_output"]
+__all__ = ["NOT_ACCEPTED", "REWRITE_PROMPT", "screen_ending", "screen_input", "screen_output"]
 
 REWRITE_PROMPT = (
     "Your answer was not accepted by the {guardrail} check: {instructions}\n"
@@ -98,23 +100,26 @@ async def screen_input(ctx: RunContext, texts: Sequence[str]) -> None:
             return
 
 
-async def screen_output(ctx: RunContext, text: str) -> None:
+async def screen_output(ctx: RunContext, text: str, *, rewrite: bool = True) -> bool:
     """Check an answer that would end the run with the output guardrails: a trip is recorded
     for the ``output_guardrail_tripped`` row; a rewrite becomes the correction the
     ``output_rejected`` row sends back, while ``Limits.guardrail_rewrites`` allows, and a
-    trip after that."""
+    trip after that (at once when no ``rewrite`` can be: a last answer, the run's last call).
+    True when a rewrite was asked for."""
     found = await _screen(ctx, ctx.config.output_guardrails, text, "output")
     if found is None:
-        return
+        return False
     state = ctx.state
     guardrail, verdict = found
-    if isinstance(verdict, Rewrite):
+    if isinstance(verdict, Rewrite) and not rewrite:
+        reason = f"a last answer cannot be rewritten ({verdict.instructions})"
+    elif isinstance(verdict, Rewrite):
         if state.guardrail_rewrites < ctx.limits.guardrail_rewrites:
             state.guardrail_rewrites += 1
             state.correction = REWRITE_PROMPT.format(
                 guardrail=guardrail.name, instructions=verdict.instructions
             )
-            return
+            return True
         reason = (
             f"still asking for a rewrite after {ctx.limits.guardrail_rewrites} "
             f"({verdict.instructions})"
@@ -122,3 +127,60 @@ async def screen_output(ctx: RunContext, text: str) -> None:
     else:
         reason = verdict.reason
     state.guardrail_trip = GuardrailTrip(kind="output", guardrail=guardrail.name, reason=reason)
+    return False
+
+
+_SCREENED_KINDS = (ControlKind.FINISH_TASK, ControlKind.TERMINAL_TOOL)
+
+
+async def screen_ending(ctx: RunContext) -> None:
+    """After ACT: when the request that would end the run is a finish_task summary or a
+    terminal tool's output (the first the REFLECT rows rank: ``AgentMachine.control_order``),
+    check it with the output guardrails. A trip is recorded for the REFLECT row; a rewrite
+    withdraws the request (the run goes on, the correction observed next, and a terminal
+    tool's answer no longer says it ends the run)."""
+    state = ctx.state
+    requests = state.requests
+    if not requests:
+        return
+    order = ctx.config.machine.control_order
+    first = min(requests, key=lambda request: _rank(order, request.kind))
+    if first.kind not in _SCREENED_KINDS:
+        return
+    if await screen_output(ctx, first.text):
+        state.requests = [request for request in requests if request is not first]
+        _not_ending(ctx, first.tool_call_id)
+
+
+def _rank(order: Sequence[StopReason], kind: ControlKind) -> int:
+    stop = CONTROL_STOPS[kind]
+    return order.index(stop) if stop in order else len(order)
+
+
+def _not_ending(ctx: RunContext, call_id: str) -> None:
+    """The answer of the call whose request was withdrawn, in this turn's results, no longer
+    says it ends the run: a finish_task call is answered as not accepted (the correction,
+    observed next, says why), a terminal tool's answer loses its ``ends_run`` mark."""
+    messages = ctx.state.messages
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if not isinstance(message, ToolMessage):
+            return
+        if message.tool_call_id != call_id:
+            continue
+        details = message.details
+        runtime = details.get("runtime") if isinstance(details, dict) else None
+        if isinstance(details, dict) and isinstance(runtime, dict) and "ends_run" in runtime:
+            kept = {key: value for key, value in runtime.items() if key != "ends_run"}
+            rest = {key: value for key, value in details.items() if key != "runtime"}
+            update = {**rest, "runtime": kept} if kept else rest
+            messages[index] = message.model_copy(update={"details": update or None})
+        elif message.status is ToolStatus.OK:  # finish_task's "marked as finished"
+            messages[index] = message.model_copy(
+                update={"content": NOT_ACCEPTED, "status": ToolStatus.ERROR}
+            )
+        return
+
+
+NOT_ACCEPTED = "The task was not marked as finished: the summary was not accepted (see below)."
+"""The answer of a finish_task call whose summary an output guardrail sent back."""

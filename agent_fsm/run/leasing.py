@@ -114,8 +114,10 @@ class RunLease:
 
     def _beat(self) -> None:
         """Renew the lease if a step is in flight, then come back in ``ttl_s / 3``. A lease
-        found taken over is only logged: the next save raises ``RunLeased``, and the journal
-        refuses calls this driver would start meanwhile."""
+        found taken over aborts the run here: what is in flight is cancelled (a sub-agent's
+        run is aborted with it, so no child outlives its parent's lease), the next save
+        raises ``RunLeased`` without writing, and the journal refuses calls this driver
+        would start meanwhile."""
         self._heartbeat = None
         lease = self._lease
         if lease is None:
@@ -125,6 +127,8 @@ class RunLease:
                 self._heard(self._leases.renew(lease))
             except RunLeased as lost:
                 self._log.warning("lease_lost", error=str(lost))
+                if self._abort is not None:  # stop the step: its sub-agents and calls too
+                    self._abort(f"the run's lease was lost: {lost}")
                 return
             except CheckpointError as exc:  # the store is unreachable: try again later
                 self._log.warning("lease_renewal_failed", error=str(exc))

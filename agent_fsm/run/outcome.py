@@ -32,7 +32,8 @@ def record_stop(ctx: RunContext, row: Row) -> None:
         _take_request(state, stop_reason)
     if row.dest is AgentState.ERROR:
         state.error = describe_failure(state, ctx.limits, stop_reason)
-        if row.source is not LAST_CALL_STATE:  # its output is the last answer, if written
+        # its output is the last answer, if written (and passed the output guardrails)
+        if row.source is not LAST_CALL_STATE or stop_reason is StopReason.GUARDRAIL_TRIPPED:
             state.output = None
     if row.source is AgentState.THINK and state.last_tool_calls:
         last = state.messages[-1]
@@ -51,6 +52,8 @@ def _take_request(state: RunState, stop_reason: StopReason) -> None:
         if CONTROL_STOPS[request.kind] is stop_reason:
             state.control = request.model_copy(update={"pause": f"pause-{len(state.trace)}"})
             state.output = request.text
+            if request.sub_agent is not None:  # kept across the stop, for ACT to carry out
+                state.awaiting_child = state.control
             return
 
 

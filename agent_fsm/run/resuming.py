@@ -27,7 +27,14 @@ from agent_fsm.loop.machine import AgentMachine
 from agent_fsm.messages import clean_text
 from agent_fsm.run.approvals import Decisions, decide
 from agent_fsm.run.residence import finished
-from agent_fsm.state import Approval, ControlKind, Decision, RunState, reopen_fields
+from agent_fsm.state import (
+    Approval,
+    ControlKind,
+    ControlRequest,
+    Decision,
+    RunState,
+    reopen_fields,
+)
 from agent_fsm.table import CRASH_GUARD, STOP_GUARDS, TERMINAL_STATES, Row, StopReason, Verb
 from agent_fsm.tools.tool import ToolRegistry
 
@@ -110,13 +117,18 @@ def _check_pause(state: RunState, approvals: Decisions | None, pause: str | None
             "after the pause answered (a late or repeated answer); look at it again"
         )
     blanket = isinstance(approvals, bool | Approval)
-    approving = control is not None and control.kind is ControlKind.APPROVAL
+    approving = control is not None and _asks_approvals(control)
     if blanket and approving and pause is None and waits_at:
         raise ResumeError(
             f"run {state.run_id}: a decision on every pending call at once must name the pause "
             f"it answers: pass pause={waits_at!r} (RunResult.pending.pause, RunPaused.pause), "
             "or decide each call by its id"
         )
+
+
+def _asks_approvals(control: ControlRequest) -> bool:
+    """The run waits for approvals: its own calls', or a sub-agent's."""
+    return control.waits_for is ControlKind.APPROVAL
 
 
 def _answer_stop(
@@ -138,13 +150,20 @@ def _answer_stop(
         raise finished(state.run_id, stop.value if stop else str(state.state))
     _check_pause(state, approvals, pause)
     decisions = _check_answer(state, candidates, reply, approvals, tools)
+    for_child = stop is StopReason.SUB_AGENT_PAUSED
     if reply is not None:
-        state.pending_input.append(clean_text(reply))
+        if for_child:  # passed down to the sub-agent that asked, by ACT
+            state.child_reply = clean_text(reply)
+        else:
+            state.pending_input.append(clean_text(reply))
     state.decisions = decisions
     row = machine.resume_row(state, limits)
     if row is None:
         if reply is not None:
-            state.pending_input.pop()
+            if for_child:
+                state.child_reply = None
+            else:
+                state.pending_input.pop()
         state.decisions = []
         failure = state.model_failure
         detail = f": {failure.message}" if failure is not None and failure.permanent else ""
@@ -180,6 +199,8 @@ def _check_answer(
     run_id = state.run_id
     needs = {guard for row in candidates for guard in row.guards}
     control = state.control
+    if "sub_agent_answered" in needs and control is not None and control.sub_agent is not None:
+        return _check_child_answer(run_id, control, reply, approvals, tools)
     if "approvals_decided" in needs:
         if reply is not None:
             raise ResumeError(f"run {run_id} waits for approvals, not a reply: pass approvals=...")
@@ -200,3 +221,46 @@ def _check_answer(
         stop = state.stop_reason.value if state.stop_reason else str(state.state)
         raise ResumeError(f"run {run_id} ended {stop}; it has nothing to approve")
     return []
+
+
+def _check_child_answer(
+    run_id: str,
+    control: ControlRequest,
+    reply: str | None,
+    approvals: Decisions | None,
+    tools: ToolRegistry | None,
+) -> list[Decision]:
+    """Check the answer for the sub-agent a run waits for: a reply to its question, or a
+    decision per call it waits to have approved (edited arguments checked against the
+    sub-agent's tools, when it is one of ``tools``); return the decisions."""
+    child = control.sub_agent
+    assert child is not None
+    if child.asks is ControlKind.APPROVAL:
+        if reply is not None:
+            raise ResumeError(
+                f"run {run_id}: its sub-agent {child.tool} waits for approvals, not a reply: "
+                "pass approvals=..."
+            )
+        return decide(run_id, control, approvals, _tools_of_child(tools, child.tool))
+    if approvals is not None:
+        raise ResumeError(
+            f"run {run_id}: its sub-agent {child.tool} asked the user {control.text!r}: "
+            "answer with reply=..., not approvals"
+        )
+    if not reply:
+        raise ResumeError(
+            f"run {run_id}: its sub-agent {child.tool} asked the user {control.text!r}: pass "
+            "the answer as reply=..."
+        )
+    return []
+
+
+def _tools_of_child(tools: ToolRegistry | None, name: str) -> ToolRegistry | None:
+    """The tools of the sub-agent that the tool ``name`` runs (``run.delegation`` marks its
+    function with its ``delegate``), which edited arguments are checked against; None when
+    it is no sub-agent tool here."""
+    found = tools.get(name) if tools is not None else None
+    agent = getattr(getattr(found.fn, "delegate", None), "agent", None) if found else None
+    config = getattr(agent, "run_config", None)
+    registry = getattr(config, "tools", None)
+    return registry if isinstance(registry, ToolRegistry) else None

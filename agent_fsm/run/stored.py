@@ -52,6 +52,11 @@ class Stored:
     def holds(self, run_id: str) -> bool:
         return self.store.exists(run_id)
 
+    def nested(self, time: Timekeeping) -> Stored:
+        """Where the sub-agents of this residence's runs live: the same store, their own
+        time (``run.delegation``)."""
+        return Stored(self.store, time)
+
     def admit(self, state: RunState) -> RunKeeper:
         if not self.store.create(state):
             raise taken(state.run_id)
@@ -153,6 +158,11 @@ class Leased:
 
     def holds(self, run_id: str) -> bool:
         return self.store.exists(run_id)
+
+    def nested(self, time: Timekeeping) -> Leased:
+        """Where the sub-agents of this residence's runs live: the same store, leased by
+        the same worker, their own time (``run.delegation``)."""
+        return Leased(self._leases, ttl_s=self._ttl_s, worker_id=self._worker_id, time=time)
 
     def admit(self, state: RunState) -> RunKeeper:
         with self._claimed(state.run_id) as lease:

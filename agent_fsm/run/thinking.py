@@ -33,8 +33,9 @@ from agent_fsm.messages import (
     UserMessage,
     clean_message,
 )
-from agent_fsm.models.base import ModelCallError
+from agent_fsm.models.base import Model, ModelCallError
 from agent_fsm.output import OutputInvalid
+from agent_fsm.pricing import Pricing
 from agent_fsm.prompt import prompt_messages
 from agent_fsm.run.context import RunContext
 from agent_fsm.run.guarding import screen_output
@@ -308,9 +309,34 @@ async def _call_model(
             retry=state.turn_retries, last_error=None if previous is None else previous.message,
         )  # fmt: skip
         plan, estimate = await _planned(ctx, hooks.before_model, plan, estimate)
-        model, messages, tools, choice = plan.model, plan.messages, plan.tools, plan.tool_choice
+        chosen = plan.model
+        ctx.chosen_pricing = None if chosen is model else _price_of_chosen(ctx, chosen)
+        model, messages, tools, choice = chosen, plan.messages, plan.tools, plan.tool_choice
     request = _request_for(ctx, model.name, messages, tools, choice, estimate)
     return await model.request(request), estimate
+
+
+def _price_of_chosen(ctx: RunContext, model: Model) -> Pricing | None:
+    """The price of a model a ``before_model`` hook chose instead of the agent's own, when
+    the limits have prices (None when they have none: nothing is priced).
+
+    Raises:
+        ModelCallError: "before_model hook failed: ..." (permanent): the limits price models
+            but not this one, so its call could not be counted against the money budget nor
+            its cost reported; it is refused rather than counted as free.
+    """
+    limits = ctx.limits
+    if not limits.prices:
+        return None
+    pricing = limits.price_of(model.name)
+    if pricing is None:
+        raise ModelCallError(
+            f"before_model hook failed: it chose the model {model.name!r}, which "
+            f"Limits.prices does not price (it prices {[name for name, _ in limits.prices]}): "
+            "its call could not be counted",
+            transient=False,
+        )
+    return pricing
 
 
 def _request_for(
@@ -475,6 +501,10 @@ def take_response(
     message = clean_message(response.message)  # output and loop detection read it too
     usage = _take_usage(ctx, response, message, estimate)
     pricing, cost = ctx.config.pricing, None
+    chosen = ctx.chosen_pricing
+    if chosen is not None:  # a before_model hook chose another model: its price
+        pricing = chosen
+        ctx.chosen_pricing = None
     if pricing is not None:
         cost = pricing.cost(usage)
         state.cost = (state.cost or 0.0) + cost

@@ -328,7 +328,10 @@ async def _attempt(
     assert fn is not None
     deadline = _Deadline(timeout_s)
     try:
-        value = await fn(**values) if tool.is_async else await run_in_thread(fn, values)
+        if tool.receives_call:
+            value = await fn(call, **values)
+        else:
+            value = await fn(**values) if tool.is_async else await run_in_thread(fn, values)
     except BaseException as exc:
         if deadline.finish():
             return _timed_out(call, tool, timeout_s, runtime)

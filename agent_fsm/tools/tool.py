@@ -130,6 +130,10 @@ class Tool:
     """A quick test that passes only arguments the schema accepts, for simple schemas (flat,
     primitive types); a failure is confirmed, and explained, by the full validator."""
     is_async: bool = field(init=False, repr=False, compare=False)
+    receives_call: bool = field(init=False, repr=False, compare=False)
+    """The function takes the ``ToolCall`` first, before the arguments: an async function
+    marked ``fn.receives_call = True`` (a sub-agent tool, whose child run is named after
+    its call: ``run.delegation``)."""
     integer_parameters: frozenset[str] = field(init=False, repr=False, compare=False)
     """Top-level parameters typed integer: a validated ``2.0`` among them is passed as ``2``
     when no arguments model converts the arguments."""
@@ -151,6 +155,8 @@ class Tool:
         object.__setattr__(self, "validator", schema_validator(self.parameters))
         object.__setattr__(self, "fast_check", fast_check(self.parameters))
         object.__setattr__(self, "is_async", _is_async(self.fn))
+        receives = getattr(self.fn, "receives_call", False) is True and self.is_async
+        object.__setattr__(self, "receives_call", receives)
         object.__setattr__(self, "integer_parameters", integer_parameters(self.parameters))
 
     def _check_schema(self) -> None:
