@@ -59,7 +59,8 @@ def observe(ctx: RunContext) -> None:
     state = ctx.state
     taken = bool(state.pending_input) or state.correction is not None
     while state.pending_input:
-        ctx.append(UserMessage(content=state.pending_input.pop(0)))
+        waiting = state.pending_input.pop(0)
+        ctx.append(waiting if isinstance(waiting, UserMessage) else UserMessage(content=waiting))
     if state.correction is not None:  # a typed answer that did not validate (``correct``)
         ctx.append(UserMessage(content=state.correction))
         state.correction = None
