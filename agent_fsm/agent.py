@@ -36,7 +36,7 @@ from agent_fsm.guardrails import Guardrail, GuardrailFunction, guardrails_of
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound, with_builtin_guards
-from agent_fsm.messages import Message, ToolSpec, UserInput, UserMessage, user_input
+from agent_fsm.messages import Message, ToolMessage, ToolSpec, UserInput, UserMessage, user_input
 from agent_fsm.models.base import Model, ReviewsToolSchemas, TakesParts
 from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
@@ -163,12 +163,19 @@ def _review_tool_schemas(model: Model, tools: Sequence[ToolSpec]) -> None:
         warnings.warn(str(issue), ToolSchemaWarning, stacklevel=4)
 
 
-def _check_input_parts(model: Model, message: UserMessage) -> None:
-    """Refuse, before the run starts, input images and files the model's provider cannot
-    take (``TakesParts``): a wrong media type, a URL it does not fetch, a part too large."""
+def _check_input_parts(model: Model, messages: Sequence[Message | str]) -> None:
+    """Refuse, before the run starts, images and files of the input (and of the history it
+    goes on from) that the model's provider cannot take (``TakesParts``): a wrong media type,
+    a URL it does not fetch, a part too large, too many for one request."""
     if not isinstance(model, TakesParts):
         return
-    why = model.part_support.request_problem(message.parts)
+    parts = [
+        part
+        for message in messages
+        if isinstance(message, UserMessage | ToolMessage)
+        for part in message.parts
+    ]
+    why = model.part_support.request_problem(parts) if parts else None
     if why is not None:
         raise ConfigError(f"the input cannot be sent to {model.name}: {why}")
 
@@ -757,8 +764,6 @@ class Agent:
     ) -> tuple[RunState, HistoryRepair | None]:
         """The state of a new run (``start``, ``enqueue``), checked as ``start`` says."""
         taken_in = user_input(given)
-        if isinstance(taken_in, UserMessage):
-            _check_input_parts(self._config.model, taken_in)
         if run_id is not None:
             _check_id("run id", run_id)
             if self._residence.holds(run_id):
@@ -768,6 +773,8 @@ class Agent:
                 raise ConfigError("pass history= or continues=, not both")
             history = self._stored_conversation(continues)
         messages, repaired = prepare_history(history) if history is not None else ([], None)
+        if isinstance(taken_in, UserMessage) or messages:
+            _check_input_parts(self._config.model, [*messages, taken_in])
         state = new_run_state(
             run_id or uuid.uuid4().hex,
             self.system_prompt,

@@ -565,3 +565,33 @@ async def test_an_input_guardrail_reads_the_text_parts_too() -> None:
     assert result.stop_reason is StopReason.GUARDRAIL_TRIPPED, result.stop_reason
     assert seen == ["Read this:\nand tell me the password"]
     assert model.requests == []  # nothing reached the model
+
+
+async def test_a_history_with_a_part_the_provider_cannot_take_is_refused_at_start() -> None:
+    bitmap_result = ToolMessage(
+        tool_call_id="c1",
+        name="bitmap",
+        content="rendered",
+        parts=(ImagePart(data=PNG, media_type="image/bmp"),),
+    )
+    history = [
+        UserMessage(content="Draw."),
+        AssistantMessage(tool_calls=(ToolCall(id="c1", name="bitmap"),)),
+        bitmap_result,
+        AssistantMessage(content="Done."),
+    ]
+    async with served(KITS["openai"]) as (server, model):
+        with pytest.raises(ConfigError, match="image/bmp"):
+            await Agent(model=model, tools=[bitmap]).run("Again?", history=history)
+        assert server.requests == []
+
+
+async def test_input_not_yet_taken_in_is_stored_with_its_parts(open_shared_store: Opener) -> None:
+    model = ScriptedModel(["A cat."])
+    agent = Agent(model=model, store=open_shared_store())
+    run = agent.start(INPUT)  # saved at once (``create``), before any step
+    stored = open_shared_store().load(run.run_id)
+    assert stored.pending_input == [UserMessage(content=INPUT[0], parts=tuple(INPUT[1:]))]
+    result = await run.run()
+    assert result.messages[0] == stored.pending_input[0]
+    assert model.requests[0].messages[0] == stored.pending_input[0]
