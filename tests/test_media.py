@@ -39,7 +39,10 @@ from agent_fsm.messages import (
     UserMessage,
     user_input,
 )
+from agent_fsm.models.anthropic_convert import ANTHROPIC_PARTS, to_anthropic_prompt
 from agent_fsm.models.base import Model, ModelCallError
+from agent_fsm.models.gemini_convert import GEMINI_PARTS, to_gemini_contents
+from agent_fsm.models.openai_responses_convert import RESPONSES_PARTS, to_responses_input
 from agent_fsm.models.parts import PartBudget
 from agent_fsm.prompt import cleared_result
 from agent_fsm.testing import ScriptedModel, assert_terminates, call, reply
@@ -595,3 +598,32 @@ async def test_input_not_yet_taken_in_is_stored_with_its_parts(open_shared_store
     result = await run.run()
     assert result.messages[0] == stored.pending_input[0]
     assert model.requests[0].messages[0] == stored.pending_input[0]
+
+
+def test_files_by_url_and_plain_text_in_each_form() -> None:
+    by_url = FilePart(url="https://example.test/a.pdf")
+    notes = FilePart(data="héllo".encode(), media_type="text/plain", name="notes.txt")
+    message = UserMessage(content="", parts=(by_url, notes))
+    _, items = to_responses_input(
+        [UserMessage(content="", parts=(by_url,))], support=RESPONSES_PARTS
+    )
+    assert items[0]["content"] == [{"type": "input_file", "file_url": "https://example.test/a.pdf"}]
+    with pytest.raises(ModelCallError, match="'text/plain'"):  # PDFs only
+        to_responses_input([message], support=RESPONSES_PARTS)
+    prompt = to_anthropic_prompt([message], support=ANTHROPIC_PARTS)
+    assert prompt.messages[0]["content"] == [
+        {"type": "document", "source": {"type": "url", "url": "https://example.test/a.pdf"}},
+        {
+            "type": "document",
+            "source": {"type": "text", "media_type": "text/plain", "data": "héllo"},
+            "title": "notes.txt",
+        },
+    ]
+    request = to_gemini_contents([message], run_id="r", support=GEMINI_PARTS)
+    assert request.contents[0]["parts"] == [
+        {"file_data": {"file_uri": "https://example.test/a.pdf", "mime_type": "application/pdf"}},
+        {"inline_data": {"mime_type": "text/plain", "data": "héllo".encode()}},
+    ]
+    unknown = UserMessage(content="", parts=(FilePart(url="gs://bucket/blob"),))
+    with pytest.raises(ModelCallError, match="needs the media type"):
+        to_gemini_contents([unknown], run_id="r", support=GEMINI_PARTS)
