@@ -28,7 +28,7 @@ from agent_fsm import (
 )
 from agent_fsm.compaction import render_conversation
 from agent_fsm.content import MB, PartSupport
-from agent_fsm.durable.encoding import MESSAGE_ADAPTER, encode_message
+from agent_fsm.durable.encoding import MESSAGE_ADAPTER, encode_message, encode_model
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
@@ -406,6 +406,8 @@ def test_parts_are_base64_in_json_and_read_back_from_it() -> None:
     assert MESSAGE_ADAPTER.validate_json(text_) == message
     # a dict from JSON (history=, a checkpoint read as Python) reads base64 too
     assert MESSAGE_ADAPTER.validate_python(json.loads(text_)) == message
+    # the tool journal keeps a result the same way: a replayed result has its parts
+    assert ToolMessage.model_validate_json(encode_model(message)) == message
     # a text message is stored as it always was: no "parts" key
     assert "parts" not in json.loads(encode_message(UserMessage(content="hi")))
 
