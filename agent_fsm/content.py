@@ -26,7 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
 
 __all__ = [
     "Binary",
@@ -35,10 +43,30 @@ __all__ = [
     "ImagePart",
     "PartSupport",
     "TextPart",
+    "clean_text",
     "encoded_size",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate (``"\\ud83d"``, as ``os.listdir`` returns for a
+    file name in another encoding) replaced by U+FFFD. Such text cannot be encoded as UTF-8,
+    so it would break the next checkpoint, trace line or provider request; the transcript
+    therefore never holds it. The same object when there is nothing to replace."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+Clean = Annotated[str, AfterValidator(clean_text)]
+"""Text cleaned as it enters a part (``clean_text``): a part is made clean, so the
+transcript's cleaning (``messages.clean_message``) never has to look into its parts."""
 
 
 def _from_base64(value: Any) -> Any:
@@ -67,7 +95,7 @@ class TextPart(BaseModel):
     model_config = _FROZEN
 
     type: Literal["text"] = "text"
-    text: str
+    text: Clean
 
 
 class _Media(BaseModel):
@@ -77,9 +105,9 @@ class _Media(BaseModel):
 
     data: Binary | None = None
     """The content itself; base64 in JSON."""
-    url: str | None = None
+    url: Clean | None = None
     """Where the provider fetches it from (``https://...``; ``gs://`` for Gemini)."""
-    media_type: str | None = None
+    media_type: Clean | None = None
     """The IANA media type (``image/png``, ``application/pdf``): required with ``data``;
     with a ``url``, taken from the URL's extension where a provider needs it."""
 
@@ -135,7 +163,7 @@ class FilePart(_Media):
     ``FilePart.from_path("report.pdf")``."""
 
     type: Literal["file"] = "file"
-    name: str | None = None
+    name: Clean | None = None
     """The file's name, where the provider shows it to the model (OpenAI)."""
 
     @classmethod

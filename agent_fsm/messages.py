@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar, cast, overload
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from agent_fsm.constructors import quick_init
-from agent_fsm.content import ContentPart, FilePart, ImagePart, TextPart
+from agent_fsm.content import ContentPart, FilePart, ImagePart, TextPart, clean_text
 from agent_fsm.errors import ConfigError
 
 __all__ = [
@@ -311,20 +311,6 @@ class ModelRequest:
     its ``tool_choice``)."""
 
 
-def clean_text(text: str) -> str:
-    """``text`` with every lone surrogate (``"\\ud83d"``, as ``os.listdir`` returns for a
-    file name in another encoding) replaced by U+FFFD. Such text cannot be encoded as UTF-8,
-    so it would break the next checkpoint, trace line or provider request; the transcript
-    therefore never holds it. The same object when there is nothing to replace."""
-    if text.isascii():
-        return text
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
-
-
 def _json_is_clean(value: JsonValue) -> bool:
     if isinstance(value, str):
         return clean_text(value) is value
@@ -391,26 +377,9 @@ def clean_message(message: _M) -> _M:
         and not _json_is_clean(message.provider_data)
     ):
         update["provider_data"] = clean_json(message.provider_data)
-    if isinstance(message, _WITH_PARTS) and message.parts:
-        parts = tuple(_clean_part(part) for part in message.parts)
-        if any(new is not old for new, old in zip(parts, message.parts, strict=True)):
-            update["parts"] = parts
     if not update:
         return message
     return cast("_M", message.model_copy(update=update))
-
-
-_WITH_PARTS = (UserMessage, ToolMessage)
-
-
-def _clean_part(part: TextPart | ImagePart | FilePart) -> TextPart | ImagePart | FilePart:
-    if isinstance(part, TextPart):
-        text = clean_text(part.text)
-        return part if text is part.text else TextPart(text=text)
-    if isinstance(part, FilePart) and part.name is not None:
-        name = clean_text(part.name)
-        return part if name is part.name else part.model_copy(update={"name": name})
-    return part
 
 
 UserInput = str | UserMessage | Sequence[str | TextPart | ImagePart | FilePart]

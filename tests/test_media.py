@@ -364,6 +364,10 @@ def test_input_lists_become_one_user_message() -> None:
     )
     assert user_input(image) == UserMessage(content="", parts=(image,))
     assert user_input(["bad \ud83d"]) == UserMessage(content="bad \ufffd")
+    # a part's text is cleaned as the part is made, wherever it is made (a tool's result too)
+    assert user_input(["a", "b \ud83d"]).parts == (TextPart(text="b \ufffd"),)  # type: ignore[union-attr]
+    named = FilePart(data=PDF, media_type="application/pdf", name="r\udcff.pdf")
+    assert named.name == "r\ufffd.pdf"
     for bad in ([], [1], b"bytes", {"a": 1}, None):
         with pytest.raises(ConfigError, match=r"the input must be|an input list holds"):
             user_input(bad)
