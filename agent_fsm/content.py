@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import mimetypes
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -41,6 +41,7 @@ __all__ = [
     "ContentPart",
     "FilePart",
     "ImagePart",
+    "MB",
     "PartSupport",
     "TextPart",
     "clean_text",
@@ -199,6 +200,7 @@ def encoded_size(part: TextPart | ImagePart | FilePart) -> int:
 
 
 MB = 1024 * 1024
+"""A megabyte as providers count one in their limits (2**20 bytes)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,8 +270,3 @@ class PartSupport:
                 f"files in one request, this one has {total:,}: send fewer or smaller ones"
             )
         return None
-
-
-def media_parts(parts: Sequence[TextPart | ImagePart | FilePart]) -> int:
-    """How many of ``parts`` are images or files."""
-    return sum(1 for part in parts if not isinstance(part, TextPart))
