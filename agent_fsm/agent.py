@@ -36,8 +36,8 @@ from agent_fsm.guardrails import Guardrail, GuardrailFunction, guardrails_of
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine, TerminationBound, with_builtin_guards
-from agent_fsm.messages import Message, ToolSpec
-from agent_fsm.models.base import Model, ReviewsToolSchemas
+from agent_fsm.messages import Message, ToolMessage, ToolSpec, UserInput, UserMessage, user_input
+from agent_fsm.models.base import Model, ReviewsToolSchemas, TakesParts
 from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.pricing import Pricing
@@ -161,6 +161,23 @@ def _review_tool_schemas(model: Model, tools: Sequence[ToolSpec]) -> None:
         raise ConfigError("tool schemas the model cannot be sent:\n- " + "\n- ".join(fatal))
     for issue in issues:
         warnings.warn(str(issue), ToolSchemaWarning, stacklevel=4)
+
+
+def _check_input_parts(model: Model, messages: Sequence[Message | str]) -> None:
+    """Refuse, before the run starts, images and files of the input (and of the history it
+    goes on from) that the model's provider cannot take (``TakesParts``): a wrong media type,
+    a URL it does not fetch, a part too large, too many for one request."""
+    if not isinstance(model, TakesParts):
+        return
+    parts = [
+        part
+        for message in messages
+        if isinstance(message, UserMessage | ToolMessage)
+        for part in message.parts
+    ]
+    why = model.part_support.request_problem(parts) if parts else None
+    if why is not None:
+        raise ConfigError(f"the input cannot be sent to {model.name}: {why}")
 
 
 def _residence(
@@ -702,7 +719,7 @@ class Agent:
 
     def start(
         self,
-        user_input: str,
+        user_input: UserInput,
         *,
         run_id: str | None = None,
         history: History | None = None,
@@ -711,7 +728,9 @@ class Agent:
         """A new run, not yet stepped: drive it with ``step()``, ``iterate()`` or ``run()``.
 
         Args:
-            user_input: the user's message.
+            user_input: the user's message: text, or a list of texts, images and files
+                (``["What is this?", ImagePart.from_path("photo.jpg")]``), or a
+                ``UserMessage`` (``agent_fsm.content``).
             run_id: the new run's id; a fresh one when None.
             history: an earlier conversation to start from: the messages of an earlier
                 ``RunResult`` (or the result itself), or any list of transcript messages
@@ -732,7 +751,9 @@ class Agent:
                 its calls would never run. Resume that run, delete it, or choose a new id.
                 With a store, the new run is saved here (``CheckpointStore.create``), so a
                 second start under its id is refused even before this one takes a step.
-                Also: a malformed ``history``, both ``history`` and ``continues``, or a
+                Also: input that is neither text nor a list of texts, images and files,
+                or with an image or file the model's provider cannot take (``TakesParts``);
+                a malformed ``history``, both ``history`` and ``continues``, or a
                 ``continues`` run that has not stopped.
             CheckpointError: no run ``continues`` in the store.
             RunLeased: another worker leased ``run_id`` first (``lease_s``).
@@ -745,14 +766,13 @@ class Agent:
 
     def _new_state(
         self,
-        user_input: str,
+        given: UserInput,
         run_id: str | None,
         history: History | None,
         continues: str | None,
     ) -> tuple[RunState, HistoryRepair | None]:
         """The state of a new run (``start``, ``enqueue``), checked as ``start`` says."""
-        if not isinstance(user_input, str):
-            raise ConfigError(f"the input must be a str, got {type(user_input).__name__}")
+        taken_in = user_input(given)
         if run_id is not None:
             _check_id("run id", run_id)
             if self._residence.holds(run_id):
@@ -762,10 +782,12 @@ class Agent:
                 raise ConfigError("pass history= or continues=, not both")
             history = self._stored_conversation(continues)
         messages, repaired = prepare_history(history) if history is not None else ([], None)
+        if isinstance(taken_in, UserMessage) or messages:
+            _check_input_parts(self._config.model, [*messages, taken_in])
         state = new_run_state(
             run_id or uuid.uuid4().hex,
             self.system_prompt,
-            user_input,
+            taken_in,
             self._config.tools_tokens,
             messages,
             self._config.count_tokens,
@@ -777,7 +799,7 @@ class Agent:
 
     def enqueue(
         self,
-        user_input: str,
+        user_input: UserInput,
         *,
         run_id: str | None = None,
         priority: int = 0,
@@ -987,7 +1009,7 @@ class Agent:
 
     async def run(
         self,
-        user_input: str,
+        user_input: UserInput,
         *,
         run_id: str | None = None,
         history: History | None = None,
@@ -1002,7 +1024,7 @@ class Agent:
 
     def run_sync(
         self,
-        user_input: str,
+        user_input: UserInput,
         *,
         run_id: str | None = None,
         history: History | None = None,
@@ -1037,7 +1059,7 @@ class Agent:
 
     async def stream(
         self,
-        user_input: str,
+        user_input: UserInput,
         *,
         run_id: str | None = None,
         history: History | None = None,

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from agent_fsm.content import ImagePart, TextPart
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, UserMessage
 from agent_fsm.prompt import ContextEdits, SummaryDue, cleared_result, prompt_messages
@@ -171,7 +172,7 @@ class ClearToolResults:
             if (
                 isinstance(message, ToolMessage)
                 and index not in edits.cleared
-                and len(message.content) >= self.min_chars
+                and (len(message.content) >= self.min_chars or message.parts)
             ):
                 saved = context.count(message) - context.count(cleared_result(message))
                 if saved > 0:  # a short output is smaller than its stub: leave it
@@ -203,10 +204,26 @@ def render_conversation(messages: Sequence[Message], max_chars_per_message: int)
             calls = "".join(f" [calls {c.name}({cut(c.arguments)})]" for c in message.tool_calls)
             lines.append(f"Assistant: {cut(message.content)}{calls}")
         elif isinstance(message, ToolMessage):
-            lines.append(f"Result of {message.name}: {cut(message.content)}")
+            lines.append(f"Result of {message.name}: {cut(message.content)}{_noted(message)}")
         else:
-            lines.append(f"{message.role.capitalize()}: {cut(message.content)}")
+            lines.append(f"{message.role.capitalize()}: {cut(message.content)}{_noted(message)}")
     return lines
+
+
+def _noted(message: Message) -> str:
+    """The parts of a message as a summary call is shown them: their text, and a marker
+    for each image or file (a summary is text; the model writing it is not sent them)."""
+    if not isinstance(message, UserMessage | ToolMessage) or not message.parts:
+        return ""
+    notes = []
+    for part in message.parts:
+        if isinstance(part, TextPart):
+            notes.append(part.text)
+        elif isinstance(part, ImagePart):
+            notes.append("[an image]")
+        else:
+            notes.append(f"[a file: {part.name or part.media_type or part.url}]")
+    return " " + " ".join(notes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,11 +23,13 @@ server sends) are the only ones that import ``mcp``. The contracts:
   that is not an object: the SDK would refuse the whole listing), or an input or output schema
   that ``Tool``'s checks refuse (too deep, a ``$ref`` loop, a pattern no linear-time engine
   takes).
-* **Results.** Text is what the model reads; structured content and what a model cannot read
-  as text (images, audio, binary resources) go to ``details``, with a one-line note for the
-  model. Structured content with no text is shown to the model as JSON. ``isError`` results
-  are tool errors, and so is structured content its ``outputSchema`` refuses (validated with
-  patterns in linear time: the server writes both, and may be hostile).
+* **Results.** Text is what the model reads, with PNG, JPEG and WebP images and PDF
+  resources shown after it (``ToolResult.parts``); structured content and what the model
+  cannot read (audio, other images and binary resources) go to ``details``, with a one-line
+  note for the model. Structured content with no text is shown to the model as JSON.
+  ``isError`` results are tool errors, and so is structured content its ``outputSchema``
+  refuses (validated with patterns in linear time: the server writes both, and may be
+  hostile).
 * **Failures are results.** A server that refuses a call, dies, hangs, answers with garbage or
   drops the connection makes an error result that says so, never an exception in the run. A
   dead connection stays dead: later calls say the server is unavailable, at once. Exceptions

@@ -15,6 +15,7 @@ against its ``outputSchema`` with jsonschema, whose patterns run on Python's bac
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import io
@@ -32,6 +33,7 @@ from mcp import ClientSession, MCPError
 from mcp_types import methods
 from pydantic import JsonValue, ValidationError
 
+from agent_fsm.content import FilePart, ImagePart
 from agent_fsm.failures import describe
 from agent_fsm.tools.results import ToolResult
 
@@ -279,8 +281,35 @@ def _read_for_the_model(block: Any) -> tuple[str, bool]:
     return f"[{getattr(block, 'type', 'unknown')} content: not shown to you]", True
 
 
+SHOWN_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp"})
+"""The image types every adapter's provider reads: an MCP image of one of them goes to the
+model as an ``ImagePart``; one of another type stays a note (and in the details), since a
+part the provider cannot take would fail the next model call."""
+
+
+def _shown(block: Any) -> ImagePart | FilePart | None:
+    """The part the model is shown for an image or a PDF resource; None for other blocks."""
+    try:
+        if isinstance(block, mcp_types.ImageContent) and block.mime_type in SHOWN_IMAGE_TYPES:
+            return ImagePart(
+                data=base64.b64decode(block.data, validate=True), media_type=block.mime_type
+            )
+        if (
+            isinstance(block, mcp_types.EmbeddedResource)
+            and isinstance(block.resource, mcp_types.BlobResourceContents)
+            and block.resource.mime_type == "application/pdf"
+        ):
+            name = str(block.resource.uri).rstrip("/").rpartition("/")[2] or None
+            data = base64.b64decode(block.resource.blob, validate=True)
+            return FilePart(data=data, media_type="application/pdf", name=name)
+    except ValueError:  # not base64: a note, as for what the model cannot read
+        return None
+    return None
+
+
 def to_tool_result(server: str, tool: str, result: mcp_types.CallToolResult) -> ToolResult:
-    """A ``CallToolResult`` as agent_fsm answers it: text for the model, the rest in details.
+    """A ``CallToolResult`` as agent_fsm answers it: text for the model, images (PNG, JPEG,
+    WebP) and PDF resources as parts it is shown after the text, the rest in details.
 
     ``details`` holds ``server`` and ``tool`` (the server's own name for it), and, when there
     are any, ``structured_content`` and ``content`` (the blocks the model cannot read, as the
@@ -288,7 +317,12 @@ def to_tool_result(server: str, tool: str, result: mcp_types.CallToolResult) -> 
     """
     texts: list[str] = []
     kept: list[JsonValue] = []
+    parts: list[ImagePart | FilePart] = []
     for block in result.content:
+        part = _shown(block)
+        if part is not None:
+            parts.append(part)
+            continue
         text, keep = _read_for_the_model(block)
         texts.append(text)
         if keep:
@@ -302,4 +336,8 @@ def to_tool_result(server: str, tool: str, result: mcp_types.CallToolResult) -> 
         details["structured_content"] = structured
     if kept:
         details["content"] = kept
-    return ToolResult(output or "(the tool returned no content)", details, result.is_error)
+    if not output and parts:
+        output = f"(the tool returned {len(parts)} image(s) or file(s))"
+    return ToolResult(
+        output or "(the tool returned no content)", details, result.is_error, parts=parts
+    )

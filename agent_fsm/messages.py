@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, TypeVar, cast, overload
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from agent_fsm.constructors import quick_init
+from agent_fsm.content import ContentPart, FilePart, ImagePart, TextPart, clean_text
+from agent_fsm.errors import ConfigError
 
 __all__ = [
     "AssistantMessage",
@@ -35,10 +37,16 @@ __all__ = [
     "ToolStatus",
     "TranscriptView",
     "Usage",
+    "UserInput",
     "UserMessage",
+    "user_input",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def _empty(parts: tuple[ContentPart, ...]) -> bool:
+    return not parts
 
 
 class ToolCall(BaseModel):
@@ -71,6 +79,10 @@ class UserMessage(BaseModel):
 
     role: Literal["user"] = "user"
     content: str
+    """The message's text (its leading text, when it has ``parts``)."""
+    parts: tuple[ContentPart, ...] = Field(default=(), exclude_if=_empty)
+    """What follows the text, in order: images, files, more text (``agent_fsm.content``).
+    Left out of JSON when empty, so a text message is stored as it always was."""
 
 
 class AssistantMessage(BaseModel):
@@ -110,6 +122,9 @@ class ToolMessage(BaseModel):
     """The tool name of the call this answers."""
     content: str
     """What the model sees: the tool's output or an error it can act on."""
+    parts: tuple[ContentPart, ...] = Field(default=(), exclude_if=_empty)
+    """Images and files the tool returned (and text around them), after ``content``: how
+    each provider takes them is its adapter's ``PartSupport.tool_results``."""
     status: ToolStatus = ToolStatus.OK
     """ok, error (the model should correct itself) or skipped (the call was never run)."""
     details: JsonValue = None
@@ -300,20 +315,6 @@ class ModelRequest:
     its ``tool_choice``)."""
 
 
-def clean_text(text: str) -> str:
-    """``text`` with every lone surrogate (``"\\ud83d"``, as ``os.listdir`` returns for a
-    file name in another encoding) replaced by U+FFFD. Such text cannot be encoded as UTF-8,
-    so it would break the next checkpoint, trace line or provider request; the transcript
-    therefore never holds it. The same object when there is nothing to replace."""
-    if text.isascii():
-        return text
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
-
-
 def _json_is_clean(value: JsonValue) -> bool:
     if isinstance(value, str):
         return clean_text(value) is value
@@ -383,3 +384,49 @@ def clean_message(message: _M) -> _M:
     if not update:
         return message
     return cast("_M", message.model_copy(update=update))
+
+
+UserInput = str | UserMessage | Sequence[str | TextPart | ImagePart | FilePart]
+"""What a run takes as the user's message: text; or a list of texts, images and files
+(``["What is in this picture?", ImagePart.from_path("cat.png")]``); or a ``UserMessage``."""
+
+
+def user_input(value: object) -> str | UserMessage:
+    """The user's message as the transcript keeps it: a str stays a str (the text-only path
+    builds nothing more); a list becomes one ``UserMessage``, its leading text the
+    ``content`` and everything after it ``parts`` (a str among them a ``TextPart``). Text
+    is cleaned (``clean_text``).
+
+    Raises:
+        ConfigError: anything else (a list of something other than texts and parts, an
+            empty list).
+    """
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, UserMessage):
+        return clean_message(value)
+    if isinstance(value, TextPart | ImagePart | FilePart):
+        value = [value]
+    if not isinstance(value, Sequence) or isinstance(value, bytes) or not value:
+        raise ConfigError(
+            "the input must be a str, a UserMessage, or a non-empty list of str, TextPart,"
+            f" ImagePart and FilePart; got {type(value).__name__}"
+        )
+    items = list(value)
+    content = ""
+    first = items[0]
+    if isinstance(first, str | TextPart):
+        content = first if isinstance(first, str) else first.text
+        items = items[1:]
+    parts: list[TextPart | ImagePart | FilePart] = []
+    for item in items:
+        if isinstance(item, str):
+            parts.append(TextPart(text=item))
+        elif isinstance(item, TextPart | ImagePart | FilePart):
+            parts.append(item)
+        else:
+            raise ConfigError(
+                "an input list holds str, TextPart, ImagePart and FilePart, "
+                f"got {type(item).__name__}"
+            )
+    return clean_message(UserMessage(content=content, parts=tuple(parts)))

@@ -140,6 +140,9 @@ def cleared_result(message: ToolMessage) -> ToolMessage:
         f"[The output of this {message.name} call ({len(message.content)} characters) was "
         "cleared from the context to save space. Call the tool again if you need it.]"
     )
+    if message.parts:  # its images and files go with it: a part never outlives its text
+        stub = stub.replace(" was ", f" and its {len(message.parts)} other part(s) were ", 1)
+        return message.model_copy(update={"content": stub, "parts": ()})
     return message.model_copy(update={"content": stub})
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, JsonValue, PlainValidator, TypeAdapter, model_validator
 
 from agent_fsm.constructors import builder, quick_init
-from agent_fsm.messages import FinishReason, Message, ToolCall, Usage
+from agent_fsm.messages import FinishReason, Message, ToolCall, Usage, UserMessage
 from agent_fsm.prompt import ContextEdits, SummaryDue
 from agent_fsm.table import (
     TABLE,
@@ -319,11 +319,12 @@ class RunState:
         L.RUN, "run.context durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
     """The transcript, append-only (``RunContext.append``; the stores refill it on load)."""
-    pending_input: list[str] = _declared(
+    pending_input: list[str | UserMessage] = _declared(
         L.RUN, "run.observing run.engine run.resuming run.acting run.parenting", factory=list
     )
     """User messages (the input, steering, answers, approval outcomes) not yet observed; all
-    are taken at the next OBSERVE."""
+    are taken at the next OBSERVE. A text is kept as a str; a message with images or files
+    (``UserMessage.parts``) as the message."""
     follow_ups: list[str] = _declared(L.RUN, "run.engine run.observing", factory=list)
     """Follow-up messages, delivered one at a time when the run would otherwise end."""
     prompt_tokens_estimate: int = _declared(L.RUN, "run.context", 0)

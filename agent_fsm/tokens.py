@@ -21,14 +21,18 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolSpec
+from agent_fsm.content import FilePart, ImagePart, TextPart
+from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolSpec, UserMessage
 
 __all__ = [
     "CALIBRATION_PAIRS",
+    "FILE_PAGE_TOKENS",
+    "IMAGE_TOKENS",
     "Calibration",
     "TextCounter",
     "calibrate",
     "estimate_message_tokens",
+    "estimate_parts_tokens",
     "estimate_text_tokens",
     "estimate_tools_tokens",
 ]
@@ -55,7 +59,54 @@ def estimate_message_tokens(message: Message, count: TextCounter = estimate_text
             tokens += MESSAGE_OVERHEAD_TOKENS + count(call.name + call.arguments)
     elif isinstance(message, ToolMessage):
         tokens += count(message.tool_call_id)
+        if message.parts:
+            tokens += estimate_parts_tokens(message.parts, count)
+    elif isinstance(message, UserMessage) and message.parts:
+        tokens += estimate_parts_tokens(message.parts, count)
     return tokens
+
+
+IMAGE_TOKENS = 1_600
+"""The estimate for one image, whatever its size: providers scale an image down before
+they count it, and an image at the size they scale to costs about this much (Anthropic
+counts width x height / 750, some 1,600 at its 1.15 megapixels; OpenAI at most 1,105 for
+its high detail at 768 x 2,000; Gemini 258 per 768 x 768 tile). The estimate gates a call,
+so it takes the high end. Its base64 text is never counted as prose: that would make a
+100 KB screenshot 34,000 "tokens"."""
+
+FILE_PAGE_TOKENS = 2_000
+"""The estimate per page of a PDF (providers send each page as its text and as an image:
+Anthropic says 1,500 to 3,000 tokens a page). A file of another type is counted as its text
+when it is text (``text/*``, JSON), else as one page; a PDF given by URL, as one page."""
+
+
+def estimate_parts_tokens(
+    parts: tuple[TextPart | ImagePart | FilePart, ...], count: TextCounter = estimate_text_tokens
+) -> int:
+    """Estimated tokens of a message's parts (``IMAGE_TOKENS``, ``FILE_PAGE_TOKENS``)."""
+    tokens = 0
+    for part in parts:
+        if isinstance(part, TextPart):
+            tokens += count(part.text)
+        elif isinstance(part, ImagePart):
+            tokens += IMAGE_TOKENS
+        else:
+            tokens += _file_tokens(part, count)
+    return tokens
+
+
+def _file_tokens(part: FilePart, count: TextCounter) -> int:
+    data, kind = part.data, part.guessed_media_type() or ""
+    if data is None:
+        return FILE_PAGE_TOKENS
+    if kind.startswith("text/") or kind == "application/json":
+        return count(data.decode(errors="replace"))
+    if kind == "application/pdf":
+        # Page objects: "/Type /Page" (not "/Pages", the page tree), spaced or not.
+        pages = data.count(b"/Type /Page") + data.count(b"/Type/Page")
+        pages -= data.count(b"/Type /Pages") + data.count(b"/Type/Pages")
+        return FILE_PAGE_TOKENS * max(pages, 1)
+    return FILE_PAGE_TOKENS
 
 
 def estimate_tools_tokens(

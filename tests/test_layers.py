@@ -20,6 +20,7 @@ LAYERS = [
     "constructors",
     "table",
     "custom_table",
+    "content",
     "messages",
     "prompt",
     "tokens",
@@ -70,6 +71,7 @@ LAYERS = [
     "output",
     # models/: the Model protocol and its adapters
     "models.base",
+    "models.parts",
     "models.common",
     "models.adapter",
     "models.stainless",

@@ -27,6 +27,7 @@ import pytest
 from agent_fsm import (
     Agent,
     ConfigError,
+    ImagePart,
     Limits,
     RunResult,
     RunStatus,
@@ -251,15 +252,10 @@ async def test_text_goes_to_the_model_and_the_rest_to_details(server: MCPConnect
     assert json.loads(forecast.content) == weather  # the server's text, a JSON copy
     assert isinstance(forecast.details, dict)
     assert forecast.details["structured_content"] == weather
-    # An image: a note for the model, the image itself for people.
-    assert snapshot.content == "Snapshot x\n[image image/png, 8 bytes: not shown to you]"
-    assert snapshot.details == {
-        "server": "test-tools",
-        "tool": "snapshot",
-        "content": [
-            {"type": "image", "data": base64.b64encode(PNG).decode(), "mimeType": "image/png"}
-        ],
-    }
+    # An image: shown to the model after the text (issue 35: images in tool results).
+    assert snapshot.content == "Snapshot x"
+    assert snapshot.parts == (ImagePart(data=PNG, media_type="image/png"),)
+    assert snapshot.details == {"server": "test-tools", "tool": "snapshot"}
     # Structured content alone: the model reads it as JSON.
     assert json.loads(tally.content) == {"word": "hey", "letters": 3}
 
@@ -613,3 +609,50 @@ async def test_an_http_url_where_nothing_listens_fails_the_block() -> None:
     with pytest.raises(MCPConnectionError, match="ConnectError"):
         async with MCPConnection.http(f"http://127.0.0.1:{port}/mcp"):
             pass
+
+
+def test_images_and_pdfs_are_shown_and_the_rest_noted() -> None:
+    import mcp.types as mcp_types
+
+    from agent_fsm.content import FilePart
+    from agent_fsm.mcp_client import to_tool_result
+
+    pdf = b"%PDF-1.7 ..."
+    result = mcp_types.CallToolResult(
+        content=[
+            mcp_types.TextContent(type="text", text="Here:"),
+            mcp_types.ImageContent(
+                type="image", data=base64.b64encode(PNG).decode(), mimeType="image/png"
+            ),
+            mcp_types.ImageContent(type="image", data="R0lGOD", mimeType="image/gif"),
+            mcp_types.ImageContent(type="image", data="not base64!", mimeType="image/jpeg"),
+            mcp_types.EmbeddedResource(
+                type="resource",
+                resource=mcp_types.BlobResourceContents(
+                    uri="file:///tmp/report.pdf",
+                    mimeType="application/pdf",
+                    blob=base64.b64encode(pdf).decode(),
+                ),
+            ),
+        ]
+    )
+    answer = to_tool_result("srv", "look", result)
+    assert answer.parts == (
+        ImagePart(data=PNG, media_type="image/png"),
+        FilePart(data=pdf, media_type="application/pdf", name="report.pdf"),
+    )
+    # a GIF (Gemini reads none) and an image that is no base64 stay notes, kept in details
+    assert answer.output == (
+        "Here:\n[image image/gif, 4 bytes: not shown to you]\n"
+        "[image image/jpeg, 8 bytes: not shown to you]"
+    )
+    assert isinstance(answer.details, dict)
+    assert [block["mimeType"] for block in answer.details["content"]] == ["image/gif", "image/jpeg"]
+    only = mcp_types.CallToolResult(
+        content=[
+            mcp_types.ImageContent(
+                type="image", data=base64.b64encode(PNG).decode(), mimeType="image/webp"
+            )
+        ]
+    )
+    assert to_tool_result("srv", "look", only).output == "(the tool returned 1 image(s) or file(s))"

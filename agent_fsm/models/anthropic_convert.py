@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent_fsm.content import MB, FilePart, ImagePart, PartSupport, TextPart
 from agent_fsm.messages import (
     AssistantMessage,
     Message,
@@ -37,8 +38,10 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.models.base import replayable_arguments
+from agent_fsm.models.parts import PartBudget
 
 __all__ = [
+    "ANTHROPIC_PARTS",
     "PROVIDER",
     "AnthropicPrompt",
     "ConvertedSchema",
@@ -62,6 +65,23 @@ _COMBINATORS = ("allOf", "anyOf", "oneOf")
 _OWN_BLOCKS = frozenset({"text", "tool_use"})
 
 
+ANTHROPIC_PARTS = PartSupport(
+    provider="Anthropic",
+    image_types=frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"}),
+    file_types=frozenset({"application/pdf", "text/plain"}),
+    image_urls=True,
+    file_urls=True,
+    max_image_bytes=5 * MB,
+    max_file_bytes=32 * MB,
+    max_request_bytes=32 * MB,
+    tool_results="in the tool_result block's content, as image and document blocks",
+)
+"""What the Messages API takes: ``image`` blocks (base64 or URL source) and ``document``
+blocks (a PDF as base64 or by URL, plain text as a text source), in user messages and in
+``tool_result`` content alike. Its documented limits: 5 MB per image (as sent), 32 MB per
+request."""
+
+
 @dataclass(frozen=True, slots=True)
 class AnthropicPrompt:
     """A transcript in the Messages API's terms."""
@@ -74,7 +94,9 @@ class AnthropicPrompt:
     """The tools the history's calls and results name, in order of first appearance."""
 
 
-def to_anthropic_prompt(messages: Iterable[Message]) -> AnthropicPrompt:
+def to_anthropic_prompt(
+    messages: Iterable[Message], *, support: PartSupport | None = None
+) -> AnthropicPrompt:
     """Convert a transcript to the ``system`` field and ``messages``.
 
     The leading system messages become ``system``; a later one (a note the engine adds
@@ -83,11 +105,15 @@ def to_anthropic_prompt(messages: Iterable[Message]) -> AnthropicPrompt:
     object go as ``{}``, see ``replayable_arguments``), with the thinking blocks their
     ``provider_data`` kept, in their places (``AnthropicReply`` records them); tool results
     become ``tool_result`` blocks. Consecutive messages of one role are merged, tool results
-    first in their user message; empty texts and messages are left out.
+    first in their user message; empty texts and messages are left out. Images and files
+    (``parts``) become ``image`` and ``document`` blocks after their message's text, in a
+    user message or in the ``tool_result``'s content, each checked against ``support``.
 
     Raises:
         TypeError: for an object that is not a transcript message (a programming error).
+        ModelCallError: not transient: a part ``support`` says the server cannot take.
     """
+    budget: PartBudget | None = None
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     names: dict[str, None] = {}
@@ -97,11 +123,20 @@ def to_anthropic_prompt(messages: Iterable[Message]) -> AnthropicPrompt:
             continue
         if isinstance(message, SystemMessage | UserMessage):
             role, blocks = "user", _text_blocks(message.content)
+            if isinstance(message, UserMessage) and message.parts:
+                budget = budget or PartBudget(support)
+                blocks.extend(_part_block(part, budget) for part in message.parts)
         elif isinstance(message, AssistantMessage):
             role, blocks = "assistant", assistant_blocks(message)
             names.update(dict.fromkeys(call.name for call in message.tool_calls))
         elif isinstance(message, ToolMessage):
-            role, blocks = "user", [_result_block(message)]
+            block = _result_block(message)
+            if message.parts:
+                budget = budget or PartBudget(support)
+                block["content"] = _text_blocks(message.content) + [
+                    _part_block(part, budget) for part in message.parts
+                ]
+            role, blocks = "user", [block]
             names[message.name] = None
         else:
             raise TypeError(f"not a transcript message: {type(message).__name__}")
@@ -183,6 +218,28 @@ def _result_block(message: ToolMessage) -> dict[str, Any]:
         block["content"] = message.content
     if message.status is ToolStatus.ERROR:
         block["is_error"] = True
+    return block
+
+
+def _part_block(part: TextPart | ImagePart | FilePart, budget: PartBudget) -> dict[str, Any]:
+    """One part as a content block, checked against the request's budget."""
+    budget.take(part)
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    source: dict[str, Any]
+    if part.url is not None:
+        source = {"type": "url", "url": part.url}
+    elif part.media_type == "text/plain":
+        assert part.data is not None
+        text = part.data.decode(errors="replace")
+        source = {"type": "text", "media_type": "text/plain", "data": text}
+    else:
+        source = {"type": "base64", "media_type": part.media_type, "data": part.base64()}
+    if isinstance(part, ImagePart):
+        return {"type": "image", "source": source}
+    block = {"type": "document", "source": source}
+    if part.name:
+        block["title"] = part.name
     return block
 
 

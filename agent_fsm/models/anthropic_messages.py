@@ -20,6 +20,7 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ToolSpec
 from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.anthropic_convert import (
+    ANTHROPIC_PARTS,
     PROVIDER,
     anthropic_schema,
     stub_tools,
@@ -128,6 +129,9 @@ class AnthropicModel(StainlessModel[anthropic.AsyncAnthropic, list[dict[str, Any
         client=(anthropic.AnthropicError, TypeError),
     )
 
+    part_support = ANTHROPIC_PARTS
+    """Images and documents, in user messages and tool results (``ANTHROPIC_PARTS``)."""
+
     def __init__(
         self,
         model: str,
@@ -188,7 +192,7 @@ class AnthropicModel(StainlessModel[anthropic.AsyncAnthropic, list[dict[str, Any
         return [f"max_tokens={self._max_tokens}"]
 
     def _call(self, request: ModelRequest) -> dict[str, Any]:
-        prompt = to_anthropic_prompt(request.messages)
+        prompt = to_anthropic_prompt(request.messages, support=ANTHROPIC_PARTS)
         kwargs: dict[str, Any] = dict(self._settings)
         kwargs["model"] = self._model
         kwargs["max_tokens"] = self._max_tokens

@@ -15,12 +15,18 @@ from typing import Protocol, runtime_checkable
 
 from pydantic_core import from_json
 
-from agent_fsm.messages import ModelRequest, ModelResponse, ToolSpec
+from agent_fsm.content import PartSupport
+from agent_fsm.messages import (
+    ModelRequest,
+    ModelResponse,
+    ToolSpec,
+)
 
 __all__ = [
     "Model",
     "ModelCallError",
     "ReviewsToolSchemas",
+    "TakesParts",
     "ToolSchemaIssue",
     "replayable_arguments",
 ]
@@ -76,6 +82,18 @@ class ReviewsToolSchemas(Protocol):
 
     def tool_schema_issues(self, tools: Sequence[ToolSpec]) -> Sequence[ToolSchemaIssue]:
         """The issues of ``tools`` for this provider; empty when every schema goes as it is."""
+        ...
+
+
+@runtime_checkable
+class TakesParts(Protocol):
+    """A Model that says which images and files its provider takes (``PartSupport``):
+    ``Agent.start`` refuses input it cannot take, and the adapter refuses a request it
+    cannot send, before anything is spent. A model without it is sent every part as is."""
+
+    @property
+    def part_support(self) -> PartSupport:
+        """What the provider takes."""
         ...
 
 

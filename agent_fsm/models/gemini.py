@@ -37,6 +37,7 @@ from agent_fsm.models.common import (
     redact_url,
 )
 from agent_fsm.models.gemini_convert import (
+    GEMINI_PARTS,
     ReplyAssembler,
     needs_signatures,
     output_config,
@@ -148,6 +149,9 @@ class GeminiModel(SDKModel[genai.Client, list[dict[str, Any]]]):
         self._settings = MappingProxyType(dict(settings))
         self._check_credentials()
 
+    part_support = GEMINI_PARTS
+    """Images and files as inline_data and file_data parts (``GEMINI_PARTS``)."""
+
     supports_native_output = True
     """Typed output travels as ``response_json_schema`` (in the system instruction instead
     when Gemini 1.x/2.x is offered tools: see the class docstring)."""
@@ -209,6 +213,7 @@ class GeminiModel(SDKModel[genai.Client, list[dict[str, Any]]]):
             request.messages,
             run_id=request.run_id,
             stand_in_signature=needs_signatures(self._model),
+            support=GEMINI_PARTS,
         )
         instruction = self._typed(config, request, contents.system_instruction)
         if instruction is not None:

@@ -51,6 +51,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from agent_fsm.content import MB, FilePart, ImagePart, PartSupport, TextPart
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
@@ -70,8 +71,10 @@ from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.base import ModelCallError, replayable_arguments
 from agent_fsm.models.common import field_of, malformed
 from agent_fsm.models.gemini_schema import gemini_schema
+from agent_fsm.models.parts import PartBudget, media_type_of
 
 __all__ = [
+    "GEMINI_PARTS",
     "PROVIDER_KEY",
     "SKIP_SIGNATURE",
     "GeminiRequest",
@@ -115,6 +118,26 @@ _BEFORE_GEMINI_3 = re.compile(r"(^|/)gemini-(1|2)(\.|-)")
 
 # --------------------------------------------------------------------------- requests
 
+GEMINI_PARTS = PartSupport(
+    provider="Gemini",
+    image_types=frozenset({"image/png", "image/jpeg", "image/webp", "image/heic", "image/heif"}),
+    file_types=frozenset(
+        {"application/pdf", "text/plain", "text/csv", "text/html", "text/markdown", "text/xml"}
+    ),
+    image_urls=True,
+    file_urls=True,
+    max_image_bytes=20 * MB,
+    max_file_bytes=20 * MB,
+    max_request_bytes=20 * MB,
+    tool_results=(
+        "after the function responses, in the same user turn, as inline_data (or file_data) "
+        "parts introduced by the call they belong to: every Gemini model takes that"
+    ),
+)
+"""What the Gemini API takes: bytes as ``inline_data`` parts (20 MB per request, inline),
+URLs as ``file_data`` parts (``gs://``, Files API and https URLs; the media type is taken
+from the URL's extension unless given)."""
+
 
 @dataclass(frozen=True, slots=True)
 class GeminiRequest:
@@ -131,7 +154,11 @@ def needs_signatures(model: str) -> bool:
 
 
 def to_gemini_contents(
-    messages: Iterable[Message], *, run_id: str, stand_in_signature: bool = True
+    messages: Iterable[Message],
+    *,
+    run_id: str,
+    stand_in_signature: bool = True,
+    support: PartSupport | None = None,
 ) -> GeminiRequest:
     """Convert a transcript to ``systemInstruction`` and ``contents``.
 
@@ -148,10 +175,17 @@ def to_gemini_contents(
     ``provider_data["gemini"]`` (anything unreadable there counts as absent); when the first
     call of a turn has none and ``stand_in_signature`` is set, ``SKIP_SIGNATURE`` stands in.
 
+    Images and files (``parts``) follow their message's text as ``inline_data`` or
+    ``file_data`` parts, each checked against ``support``; a tool result's follow the
+    function responses of its turn (``GEMINI_PARTS.tool_results``).
+
     Raises:
         TypeError: for an object that is not a transcript message (a programming error).
+        ModelCallError: not transient: a part ``support`` says the server cannot take.
     """
     synthetic = re.compile(rf"{re.escape(run_id)}_\d+_\d+")
+    budget: PartBudget | None = None
+    shown = False  # a turn holds a tool result's parts: responses go first
     system: list[str] = []
     turns: list[tuple[str, list[dict[str, Any]]]] = []
     for message in messages:
@@ -160,10 +194,18 @@ def to_gemini_contents(
             continue
         if isinstance(message, SystemMessage | UserMessage):
             role, parts = "user", _text_parts(message.content)
+            if isinstance(message, UserMessage) and message.parts:
+                budget = budget or PartBudget(support)
+                parts.extend(_media_part(part, budget) for part in message.parts)
         elif isinstance(message, AssistantMessage):
             role, parts = "model", _model_parts(message, synthetic, stand_in_signature)
         elif isinstance(message, ToolMessage):
             role, parts = "user", [_result_part(message, synthetic)]
+            if message.parts:
+                budget, shown = budget or PartBudget(support), True
+                intro = f"Returned by the {message.name} call {message.tool_call_id}:"
+                parts.append({"text": intro})
+                parts.extend(_media_part(part, budget) for part in message.parts)
         else:
             raise TypeError(f"not a transcript message: {type(message).__name__}")
         if not parts:
@@ -172,8 +214,21 @@ def to_gemini_contents(
             turns[-1][1].extend(parts)
         else:
             turns.append((role, parts))
+    if shown:  # stable: every function response of a turn first, then what follows them
+        for _, parts in turns:
+            parts.sort(key=lambda part: "function_response" not in part)
     instruction = "\n\n".join(text for text in system if text) or None
     return GeminiRequest(instruction, [{"role": role, "parts": parts} for role, parts in turns])
+
+
+def _media_part(part: TextPart | ImagePart | FilePart, budget: PartBudget) -> dict[str, Any]:
+    """One part as a Gemini part, checked against the request's budget."""
+    budget.take(part)
+    if isinstance(part, TextPart):
+        return {"text": part.text}
+    if part.data is not None:
+        return {"inline_data": {"mime_type": part.media_type, "data": part.data}}
+    return {"file_data": {"file_uri": part.url, "mime_type": media_type_of(part, "Gemini")}}
 
 
 def _text_parts(text: str) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from agent_fsm.messages import ModelRequest, ToolSpec
 from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.base import ToolSchemaIssue
 from agent_fsm.models.openai_convert import (
+    CHAT_PARTS,
     ReplyAssembler,
     response_format,
     to_openai_messages,
@@ -158,6 +159,8 @@ class OpenAIChatModel(OpenAISDKModel):
     supports_native_output = True
     """Typed output can travel as ``response_format`` (a JSON Schema), for servers that
     support structured outputs (OpenAI, vLLM, llama.cpp)."""
+    part_support = CHAT_PARTS
+    """Images and PDFs, and how a tool result's reach the model (``CHAT_PARTS``)."""
 
     def __init__(
         self,
@@ -201,7 +204,7 @@ class OpenAIChatModel(OpenAISDKModel):
     def _call(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self._settings)
         kwargs["model"] = self._model
-        kwargs["messages"] = to_openai_messages(request.messages)
+        kwargs["messages"] = to_openai_messages(request.messages, support=CHAT_PARTS)
         if request.output is not None:
             kwargs["response_format"] = response_format(request.output, strict=self._strict)
         if request.tools:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_fsm.content import MB, FilePart, ImagePart, PartSupport, TextPart
 from agent_fsm.messages import (
     AssistantMessage,
     FinishReason,
@@ -35,8 +36,11 @@ from agent_fsm.models.adapter import ReplyReader
 from agent_fsm.models.base import ModelCallError, replayable_arguments
 from agent_fsm.models.common import field_of, malformed, optional_str
 from agent_fsm.models.openai_schema import strict_schema, without_strict_nulls
+from agent_fsm.models.parts import PartBudget, file_name
 
 __all__ = [
+    "CHAT_PARTS",
+    "OPENAI_IMAGE_TYPES",
     "ReplyAssembler",
     "response_format",
     "finish_reason_from",
@@ -59,7 +63,31 @@ _FINISH_REASONS: Mapping[str, FinishReason] = {
 # --------------------------------------------------------------------------- requests
 
 
-def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
+OPENAI_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
+"""The image types OpenAI's APIs read (a GIF is read as its first frame)."""
+
+CHAT_PARTS = PartSupport(
+    provider="OpenAI Chat Completions",
+    image_types=OPENAI_IMAGE_TYPES,
+    file_types=frozenset({"application/pdf"}),
+    image_urls=True,
+    file_urls=False,
+    max_image_bytes=20 * MB,
+    max_file_bytes=32 * MB,
+    max_request_bytes=50 * MB,
+    tool_results=(
+        "a tool message takes text only: the result's text goes in it, with a note, and its "
+        "images and files follow in one user message after the turn's tool results"
+    ),
+)
+"""What Chat Completions takes: images as ``image_url`` (a URL or a ``data:`` URL), PDFs as
+``file`` parts with ``file_data`` (a ``data:`` URL) and a file name; a file by URL it does not
+fetch. Its documented limits: 50 MB per request, 32 MB of files."""
+
+
+def to_openai_messages(
+    messages: Iterable[Message], *, support: PartSupport | None = None
+) -> list[dict[str, Any]]:
     """Convert a transcript to Chat Completions ``messages``.
 
     ``ToolMessage.details`` and ``ToolMessage.status`` are never sent: the model sees only the
@@ -67,13 +95,33 @@ def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
     (``replayable_arguments``). An assistant message with tool calls and no text is sent with
     ``content: null``, as the API itself returns it.
 
+    A user message with ``parts`` is sent as a list of content parts. A tool message takes
+    only text, so a tool result's images and files (``ToolMessage.parts``) follow in one user
+    message after the turn's tool results, each introduced by the call it answers, and the
+    tool message says they follow (``CHAT_PARTS.tool_results``): nothing is dropped.
+
+    Args:
+        support: what the server takes; each part is checked against it (``PartBudget``).
+
     Raises:
         TypeError: for an object that is not a transcript message (a programming error).
+        ModelCallError: not transient: a part ``support`` says the server cannot take.
     """
     out: list[dict[str, Any]] = []
+    budget: PartBudget | None = None
+    shown: list[dict[str, Any]] = []  # tool results' images and files, for after the results
     for message in messages:
+        if shown and not isinstance(message, ToolMessage):
+            out.append({"role": "user", "content": shown})
+            shown = []
         if isinstance(message, SystemMessage | UserMessage):
-            out.append({"role": message.role, "content": message.content})
+            if isinstance(message, UserMessage) and message.parts:
+                budget = budget or PartBudget(support)
+                content = _text_parts(message.content)
+                content.extend(_chat_part(part, budget) for part in message.parts)
+                out.append({"role": "user", "content": content})
+            else:
+                out.append({"role": message.role, "content": message.content})
         elif isinstance(message, AssistantMessage):
             wire: dict[str, Any] = {"role": "assistant"}
             wire["content"] = message.content or (None if message.tool_calls else "")
@@ -91,12 +139,52 @@ def to_openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
                 ]
             out.append(wire)
         elif isinstance(message, ToolMessage):
-            out.append(
-                {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
-            )
+            text = message.content
+            if message.parts:
+                budget = budget or PartBudget(support)
+                text, media = _tool_parts(message, budget)
+                shown.extend(media)
+            out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
         else:
             raise TypeError(f"not a transcript message: {type(message).__name__}")
+    if shown:
+        out.append({"role": "user", "content": shown})
     return out
+
+
+def _text_parts(text: str) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": text}] if text else []
+
+
+def _chat_part(part: TextPart | ImagePart | FilePart, budget: PartBudget) -> dict[str, Any]:
+    """One part as a Chat Completions content part, checked against the request's budget."""
+    budget.take(part)
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImagePart):
+        url = part.url if part.url is not None else part.data_url()
+        return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "file", "file": {"file_data": part.data_url(), "filename": file_name(part, 1)}}
+
+
+def _tool_parts(message: ToolMessage, budget: PartBudget) -> tuple[str, list[dict[str, Any]]]:
+    """A tool result's text (its text parts included) and its images and files as the
+    content of the user message that follows the turn's results."""
+    texts = [message.content] if message.content else []
+    media: list[dict[str, Any]] = []
+    for part in message.parts:
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+        else:
+            media.append(_chat_part(part, budget))
+    if not media:
+        return "\n\n".join(texts), []
+    texts.append(f"[{len(media)} image(s) or file(s) follow in the next user message]")
+    intro = {
+        "type": "text",
+        "text": f"Returned by the {message.name} call {message.tool_call_id}:",
+    }
+    return "\n\n".join(texts), [intro, *media]
 
 
 def to_openai_tool_choice(choice: str) -> str | dict[str, Any]:

@@ -49,6 +49,7 @@ from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ModelRequest, ToolSpec
 from agent_fsm.models.openai_chat import OpenAISDKModel
 from agent_fsm.models.openai_responses_convert import (
+    RESPONSES_PARTS,
     text_format,
     to_responses_input,
     to_responses_tools,
@@ -129,6 +130,9 @@ class OpenAIResponsesModel(OpenAISDKModel):
     strict_provider = f"{PROVIDER} strict mode"
     supports_native_output = True
     """Typed output travels as ``text.format`` (a JSON Schema)."""
+    part_support = RESPONSES_PARTS
+    """Images and files: ``input_image`` and ``input_file``, in user messages and tool
+    results (``RESPONSES_PARTS``)."""
 
     def __init__(
         self,
@@ -182,7 +186,9 @@ class OpenAIResponsesModel(OpenAISDKModel):
 
     def _call(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self._settings)
-        instructions, items = to_responses_input(request.messages, stored=self._store)
+        instructions, items = to_responses_input(
+            request.messages, stored=self._store, support=RESPONSES_PARTS
+        )
         kwargs.update(model=self._model, input=items, store=self._store)
         if instructions is not None:
             kwargs["instructions"] = instructions

@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from agent_fsm.content import MB, FilePart, ImagePart, PartSupport, TextPart
 from agent_fsm.messages import (
     AssistantMessage,
     Message,
@@ -34,10 +35,13 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.models.base import replayable_arguments
+from agent_fsm.models.openai_convert import OPENAI_IMAGE_TYPES
 from agent_fsm.models.openai_schema import strict_schema
+from agent_fsm.models.parts import PartBudget, file_name
 
 __all__ = [
     "PROVIDER_KEY",
+    "RESPONSES_PARTS",
     "REASONING_FIELDS",
     "text_format",
     "to_responses_input",
@@ -52,8 +56,25 @@ REASONING_FIELDS = ("type", "id", "summary", "encrypted_content", "content")
 ``status``, is not kept)."""
 
 
+RESPONSES_PARTS = PartSupport(
+    provider="OpenAI Responses",
+    image_types=OPENAI_IMAGE_TYPES,
+    file_types=frozenset({"application/pdf"}),
+    image_urls=True,
+    file_urls=True,
+    max_image_bytes=20 * MB,
+    max_file_bytes=32 * MB,
+    max_request_bytes=50 * MB,
+    tool_results="in the function_call_output's output, as input_text, input_image, input_file",
+)
+"""What the Responses API takes: images as ``input_image`` (a URL or a ``data:`` URL), PDFs
+as ``input_file`` (``file_data``, a ``data:`` URL with a file name, or ``file_url``), in user
+messages and in tool results alike. Its documented limits: 50 MB per request, 32 MB of
+files."""
+
+
 def to_responses_input(
-    messages: Iterable[Message], *, stored: bool = False
+    messages: Iterable[Message], *, stored: bool = False, support: PartSupport | None = None
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """Convert a transcript to ``(instructions, input)``.
 
@@ -73,10 +94,16 @@ def to_responses_input(
         stored: whether the server stores responses (``store=True``). Without storage a
             reasoning item is only replayable with its ``encrypted_content``; one without it
             is left out, since the server would look its id up and fail.
+        support: what the server takes of images and files; each part is checked against
+            it (``PartBudget``). A user message with ``parts`` goes as a list of
+            ``input_text``, ``input_image`` and ``input_file`` items, a tool result with
+            parts as a ``function_call_output`` whose ``output`` is such a list.
 
     Raises:
         TypeError: for an object that is not a transcript message (a programming error).
+        ModelCallError: not transient: a part ``support`` says the server cannot take.
     """
+    budget: PartBudget | None = None
     instructions: list[str] = []
     items: list[dict[str, Any]] = []
     for message in messages:
@@ -86,20 +113,50 @@ def to_responses_input(
             else:
                 instructions.append(message.content)
         elif isinstance(message, UserMessage):
-            items.append(_input_message("user", message.content))
+            if message.parts:
+                budget = budget or PartBudget(support)
+                items.append(_input_message("user", _input_parts(message, budget)))
+            else:
+                items.append(_input_message("user", message.content))
         elif isinstance(message, AssistantMessage):
             items.extend(_assistant_items(message, stored=stored))
         elif isinstance(message, ToolMessage):
+            output: str | list[dict[str, Any]] = message.content
+            if message.parts:
+                budget = budget or PartBudget(support)
+                output = _input_parts(message, budget)
             items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": message.tool_call_id,
-                    "output": message.content,
-                }
+                {"type": "function_call_output", "call_id": message.tool_call_id, "output": output}
             )
         else:
             raise TypeError(f"not a transcript message: {type(message).__name__}")
     return ("\n\n".join(instructions) if instructions else None), items
+
+
+def _input_parts(message: UserMessage | ToolMessage, budget: PartBudget) -> list[dict[str, Any]]:
+    """A message's text and parts as Responses input content, each part checked."""
+    content: list[dict[str, Any]] = []
+    if message.content:
+        content.append({"type": "input_text", "text": message.content})
+    for position, part in enumerate(message.parts, 1):
+        budget.take(part)
+        content.append(_input_part(part, position))
+    return content
+
+
+def _input_part(part: TextPart | ImagePart | FilePart, position: int) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"type": "input_text", "text": part.text}
+    if isinstance(part, ImagePart):
+        url = part.url if part.url is not None else part.data_url()
+        return {"type": "input_image", "image_url": url, "detail": "auto"}
+    if part.url is not None:
+        return {"type": "input_file", "file_url": part.url}
+    return {
+        "type": "input_file",
+        "file_data": part.data_url(),
+        "filename": file_name(part, position),
+    }
 
 
 def _assistant_items(message: AssistantMessage, *, stored: bool) -> list[dict[str, Any]]:

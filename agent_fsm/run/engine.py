@@ -40,7 +40,7 @@ from agent_fsm.events import (
 )
 from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
-from agent_fsm.messages import Message, SystemMessage, clean_text
+from agent_fsm.messages import Message, SystemMessage, UserMessage, clean_text
 from agent_fsm.output import typed_result
 from agent_fsm.run.acting import act
 from agent_fsm.run.answering import answer
@@ -328,6 +328,8 @@ class Run:
         bus = self._ctx.bus
         if self._resumed is None:
             first = state.pending_input[0] if state.pending_input else ""
+            if isinstance(first, UserMessage):
+                first = first.content
             bus.emit(RunStarted(run_id=state.run_id, input=first, path=self._ctx.path))
             repaired = self._repaired
             if repaired:
@@ -440,7 +442,7 @@ def _handler_failed(log: Any, event: Event) -> None:
 def new_run_state(
     run_id: str,
     system_prompt: str,
-    user_input: str,
+    user_input: str | UserMessage,
     tools_tokens: int,
     history: Sequence[Message] = (),
     count: TextCounter = estimate_text_tokens,
@@ -458,5 +460,5 @@ def new_run_state(
         messages=messages,
         prompt_tokens_estimate=sum(estimate_message_tokens(m, count) for m in messages),
         tools_tokens_estimate=tools_tokens,
-        pending_input=[clean_text(user_input)],
+        pending_input=[clean_text(user_input) if isinstance(user_input, str) else user_input],
     )

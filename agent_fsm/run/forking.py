@@ -28,7 +28,7 @@ from agent_fsm.tokens import TextCounter, estimate_message_tokens
 __all__ = ["copy_journal", "fork_state"]
 
 
-def _cut(messages: Sequence[Message], dest: str, turn: int) -> tuple[int, list[str]]:
+def _cut(messages: Sequence[Message], dest: str, turn: int) -> tuple[int, list[str | UserMessage]]:
     """Where the transcript stood when the run entered ``dest`` on turn ``turn``, and the
     user messages it had taken in but not yet observed (entering OBSERVE)."""
     replies = [i for i, m in enumerate(messages) if isinstance(m, AssistantMessage)]
@@ -43,7 +43,11 @@ def _cut(messages: Sequence[Message], dest: str, turn: int) -> tuple[int, list[s
         end += 1
     if dest == "OBSERVE":  # what OBSERVE takes in is still waiting
         following = replies[turn] if turn < len(replies) else len(messages)
-        waiting = [m.content for m in messages[end:following] if isinstance(m, UserMessage)]
+        waiting: list[str | UserMessage] = [
+            (m if m.parts else m.content)
+            for m in messages[end:following]
+            if isinstance(m, UserMessage)
+        ]
         return end, waiting
     following = replies[turn] if turn < len(replies) else len(messages)
     return following, []

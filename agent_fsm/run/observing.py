@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
+from agent_fsm.content import TextPart
 from agent_fsm.messages import UserMessage
 from agent_fsm.run.context import RunContext
 from agent_fsm.run.guarding import screen_input
@@ -59,7 +60,8 @@ def observe(ctx: RunContext) -> None:
     state = ctx.state
     taken = bool(state.pending_input) or state.correction is not None
     while state.pending_input:
-        ctx.append(UserMessage(content=state.pending_input.pop(0)))
+        waiting = state.pending_input.pop(0)
+        ctx.append(waiting if isinstance(waiting, UserMessage) else UserMessage(content=waiting))
     if state.correction is not None:  # a typed answer that did not validate (``correct``)
         ctx.append(UserMessage(content=state.correction))
         state.correction = None
@@ -86,8 +88,18 @@ def observe_guarded(ctx: RunContext) -> Awaitable[None] | None:
     if not ctx.config.input_guardrails:
         return None
     texts = [
-        message.content
+        _text_of(message)
         for message in state.messages[before:]
         if isinstance(message, UserMessage) and message.content != ours
     ]
     return screen_input(ctx, texts) if texts else None
+
+
+def _text_of(message: UserMessage) -> str:
+    """All the text of a user message, its text parts included: a guardrail screens every
+    word the model will read (images and files are not text; a guardrail of your own can
+    read them from the transcript)."""
+    if not message.parts:
+        return message.content
+    texts = [message.content, *(part.text for part in message.parts if isinstance(part, TextPart))]
+    return "\n".join(text for text in texts if text)

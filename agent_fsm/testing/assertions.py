@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from agent_fsm.agent import Agent
 from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.messages import UserInput
 from agent_fsm.models.base import Model
 from agent_fsm.testing.behaviour import Behaviour
 from agent_fsm.testing.harness import (
@@ -73,7 +74,7 @@ def _batches(
 def assert_terminates(
     agent: Agent,
     *,
-    user_input: str = DEFAULT_INPUT,
+    user_input: UserInput = DEFAULT_INPUT,
     behaviours: st.SearchStrategy[Behaviour] | None = None,
     tool_failures: bool = True,
     max_examples: int | None = None,
@@ -95,7 +96,8 @@ def assert_terminates(
 
     Args:
         agent: the agent under test.
-        user_input: the message every run starts with.
+        user_input: the message every run starts with (text, or texts, images and files:
+            ``Agent.start``).
         behaviours: the behaviours to try; ``behaviours_for(agent)`` by default.
         tool_failures: let generated tool doubles misbehave.
         max_examples: how many behaviours to try at least (runs: rounded up to whole

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from agent_fsm.agent import Agent
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.events import Event
-from agent_fsm.messages import ModelRequest, ModelResponse
+from agent_fsm.messages import ModelRequest, ModelResponse, UserInput
 from agent_fsm.models.base import Model
 from agent_fsm.run.context import RunConfig
 from agent_fsm.run.delegation import delegate_of, delegation_tool
@@ -164,7 +164,7 @@ class CaseResult:
     """The run's result; None when it did not end (or raised)."""
     violation: str | None
     """Every broken invariant, or None when the run was fine."""
-    user_input: str = DEFAULT_INPUT
+    user_input: UserInput = DEFAULT_INPUT
     """The message the run started with."""
     tools: Mapping[str, tuple[ToolOutcome, ...]] = field(default_factory=dict)
     """The tool doubles that were called, with their outcomes."""
@@ -270,7 +270,7 @@ class Stage:
         self,
         agent: Agent,
         *,
-        user_input: str = DEFAULT_INPUT,
+        user_input: UserInput = DEFAULT_INPUT,
         store: CheckpointStore | None = None,
         through: Callable[[Model], Model] | None = None,
         real_tools: bool = False,

@@ -13,7 +13,7 @@ import json
 import keyword
 from collections.abc import Iterable, Mapping, Sequence
 
-from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, Usage
+from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, Usage, UserInput
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.testing.behaviour import EXHAUSTED, ToolOutcome, UnreadableError
 
@@ -108,6 +108,10 @@ _IMPORTS = {
     "with_tool_doubles": "agent_fsm.testing",
     "check_invariants": "agent_fsm.testing",
     "UnreadableError": "agent_fsm.testing",
+    "FilePart": "agent_fsm.content",
+    "ImagePart": "agent_fsm.content",
+    "TextPart": "agent_fsm.content",
+    "UserMessage": "agent_fsm.messages",
     "CancelledError": "asyncio",
 }
 
@@ -125,7 +129,7 @@ def _imports(names: set[str]) -> str:
 def reproducer(
     played: Sequence[object],
     *,
-    user_input: str,
+    user_input: UserInput,
     tools: Mapping[str, Sequence[ToolOutcome]] | None = None,
     aborted_at: int | None = None,
 ) -> str:
@@ -139,6 +143,9 @@ def reproducer(
         items.pop()
     body, names = script_source(items)
     names |= {"FakeClock", "ScriptedModel", "check_invariants"}
+    if not isinstance(user_input, str):  # images or files: their reprs are their sources
+        shown = repr(user_input)
+        names |= {n for n in ("FilePart", "ImagePart", "TextPart", "UserMessage") if n in shown}
     lines = ["model = ScriptedModel(["]
     if aborted_at is not None:
         lines.append(f"    # the test aborted the run during model request {aborted_at}")

@@ -27,14 +27,17 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from agent_fsm.content import ContentPart
 from agent_fsm.failures import describe, failure_traceback, is_own_failure
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_message
 from agent_fsm.tools.results import (
+    PART_CARRIERS,
     ToolResult,
     error_result,
     merge_runtime_details,
     serialise_output,
+    split_parts,
     truncate,
 )
 from agent_fsm.tools.tool import PreparedCall, Tool
@@ -381,11 +384,14 @@ def _answer(
     """The message for a value the tool returned, cut to the tool's output limit."""
     details: JsonValue = None
     status = ToolStatus.OK
+    parts: tuple[ContentPart, ...] = ()
     try:
         if isinstance(value, ToolResult):
-            output, details = value.output, value.details
+            output, details, parts = value.output, value.details, value.parts
             if value.is_error:
                 status = ToolStatus.ERROR
+        elif isinstance(value, PART_CARRIERS) and (split := split_parts(value)) is not None:
+            output, parts = split
         else:
             output = serialise_output(value)
     except (TypeError, ValueError) as exc:
@@ -410,4 +416,6 @@ def _answer(
         message = ToolMessage(
             tool_call_id=call.id, name=call.name, content=output, status=status, details=details
         )
+    if parts:
+        message = message.model_copy(update={"parts": parts})
     return clean_message(message)

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
+from agent_fsm.content import ContentPart, FilePart, ImagePart, TextPart
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_message
 
 __all__ = [
@@ -24,7 +25,9 @@ __all__ = [
     "ToolResult",
     "error_result",
     "merge_runtime_details",
+    "PART_CARRIERS",
     "serialise_output",
+    "split_parts",
     "skipped_result",
     "fit_turn",
     "truncate",
@@ -48,9 +51,51 @@ class ToolResult(BaseModel):
     """Structured data for people and events only; must be JSON-able."""
     is_error: bool = False
     """Answer the call as an error the model should correct."""
+    parts: tuple[ContentPart, ...] = ()
+    """Images and files for the model after ``output`` (``ToolMessage.parts``)."""
 
-    def __init__(self, output: str, details: JsonValue = None, is_error: bool = False) -> None:
-        super().__init__(output=output, details=details, is_error=is_error)
+    def __init__(
+        self,
+        output: str,
+        details: JsonValue = None,
+        is_error: bool = False,
+        parts: Sequence[ContentPart] = (),
+    ) -> None:
+        super().__init__(output=output, details=details, is_error=is_error, parts=tuple(parts))
+
+
+_MEDIA = (ImagePart, FilePart)
+PART_CARRIERS = (ImagePart, FilePart, list, tuple)
+"""The types of return value that may carry images or files (``split_parts``): one
+``isinstance`` keeps every other return off that path."""
+
+
+def split_parts(value: Any) -> tuple[str, tuple[ContentPart, ...]] | None:
+    """A return value with images or files, as the result's text and its parts: an
+    ``ImagePart`` or ``FilePart`` alone, or a list or tuple holding at least one, whose
+    leading text (a str or ``TextPart``) becomes the text and the rest the parts (a str
+    among them a ``TextPart``; any other item its JSON text). None for any other value
+    (``serialise_output`` takes it).
+
+    Raises:
+        TypeError, ValueError: an item has no JSON form.
+    """
+    if isinstance(value, _MEDIA):
+        return "", (value,)
+    if not isinstance(value, list | tuple) or not any(isinstance(item, _MEDIA) for item in value):
+        return None
+    items = list(value)
+    text = ""
+    if items and isinstance(items[0], str | TextPart):
+        first = items.pop(0)
+        text = first if isinstance(first, str) else first.text
+    parts: list[ContentPart] = []
+    for item in items:
+        if isinstance(item, TextPart | ImagePart | FilePart):
+            parts.append(item)
+        else:
+            parts.append(TextPart(text=serialise_output(item)))
+    return text, tuple(parts)
 
 
 def _json_default(value: Any) -> Any:
