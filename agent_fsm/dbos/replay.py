@@ -37,6 +37,7 @@ run to look in.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +53,8 @@ from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunState
 
 __all__ = [
+    "CANCEL_CALL",
+    "CANCEL_KEY",
     "MODEL_STEP",
     "SLEEP_STEP",
     "START_STEP",
@@ -74,6 +77,13 @@ TOOL_STEP = "agent_fsm.tool:"
 the step it recorded at each position, so a run that diverges fails loudly."""
 
 
+CANCEL_KEY = "cancel"
+"""The journal key, after an activation's key prefix (``RunTime.key_prefix``), of a request
+to cancel that activation (``agent_fsm.dbos.cancelling``); no tool step's key is one."""
+CANCEL_CALL = "agent_fsm.cancel"
+"""The name of the call a cancel request is recorded as, its arguments ``{"reason": ...}``."""
+
+
 def options(name: str) -> StepOptions:
     """A step that DBOS never retries: the engine's own retry rows decide what is retried,
     and a retried step would be a second model or tool call the run never asked for."""
@@ -90,6 +100,7 @@ class RunTime:
 
     __slots__ = (
         "admission",
+        "cancelled",
         "journal",
         "key_prefix",
         "now",
@@ -130,6 +141,9 @@ class RunTime:
         """What the sleep step waits with: the agent's own ``sleep``."""
         self.state = state
         """The run's state (read only: which state is making a model call)."""
+        self.cancelled: str | None = None
+        """Why the activation was cancelled from outside, once a step's recorded outcome
+        said so (the same on every execution): the steps after it make no call."""
 
     def journal_key(self, step_id: int) -> str:
         """The journal key of the tool step at ``step_id``: its position in the workflow,
@@ -138,6 +152,23 @@ class RunTime:
 
     def clock(self) -> float:
         return self.now
+
+    def cancel_requested(self) -> str | None:
+        """The reason of a request to cancel this activation, if one is pending in the
+        run's journal (``agent_fsm.dbos.cancelling``). Read inside steps only, which record
+        the answer. A look-up that fails counts as no request: a store that blinks must not
+        abort every run it holds (the next step reads it again)."""
+        try:
+            entry = self.journal.lookup(self.key_prefix + CANCEL_KEY)
+        except Exception:
+            return None
+        if entry is None or entry.call.name != CANCEL_CALL:
+            return None
+        try:
+            reason = json.loads(entry.call.arguments).get("reason")
+        except (ValueError, AttributeError):
+            reason = None
+        return reason if isinstance(reason, str) else "cancelled"
 
     def advance(self, ended_at: float) -> None:
         """A step recorded that it ended at unix time ``ended_at``. The clock never goes back
