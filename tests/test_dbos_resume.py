@@ -178,7 +178,8 @@ async def test_a_stop_saved_and_loaded_while_the_store_blinks_is_not_lost(
     fails (they are idempotent), so a short outage only delays them."""
     transfers = Transfers()
     agent = durable(journal, transfer_then_answer, transfers.tools)
-    real_load, real_save = PostgresStore.load, PostgresStore.save
+    # The save step saves with save_unless_behind (dbos.pausing.save_forward).
+    real_load, real_save = PostgresStore.load, PostgresStore.save_unless_behind
     failures = {"load": 0, "save": 0}
 
     def blinking(kind: str, real: Any) -> Any:
@@ -190,7 +191,7 @@ async def test_a_stop_saved_and_loaded_while_the_store_blinks_is_not_lost(
 
         return call
 
-    monkeypatch.setattr(PostgresStore, "save", blinking("save", real_save))
+    monkeypatch.setattr(PostgresStore, "save_unless_behind", blinking("save", real_save))
     paused = await agent.run("Pay Bob.", run_id="approve-blink")
     assert failures["save"] == 2
     assert paused.pending is not None
