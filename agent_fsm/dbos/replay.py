@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from dbos import DBOS, StepOptions
 
 from agent_fsm.dbos.liveness import Admission
-from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.durable.journal import JournalEntry, PairedLookup, ToolJournal
 from agent_fsm.errors import ConfigError
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunState
@@ -159,16 +159,24 @@ class RunTime:
         the answer. A look-up that fails counts as no request: a store that blinks must not
         abort every run it holds (the next step reads it again)."""
         try:
-            entry = self.journal.lookup(self.key_prefix + CANCEL_KEY)
+            return _reason(self.journal.lookup(self.key_prefix + CANCEL_KEY))
         except Exception:
             return None
-        if entry is None or entry.call.name != CANCEL_CALL:
-            return None
-        try:
-            reason = json.loads(entry.call.arguments).get("reason")
-        except (ValueError, AttributeError):
-            reason = None
-        return reason if isinstance(reason, str) else "cancelled"
+
+    def entry_and_request(self, key: str) -> tuple[JournalEntry | None, str | None]:
+        """The journal entry of ``key`` and this activation's pending cancel request
+        (``cancel_requested``), in one read of a journal that offers it (``PairedLookup``:
+        a tool step's one round trip before its call). Read inside steps only.
+
+        Raises:
+            as ``ToolJournal.lookup``, when the entry cannot be read (a request that
+            cannot be read is None).
+        """
+        journal = self.journal
+        if isinstance(journal, PairedLookup):
+            entry, request = journal.lookup_pair(key, self.key_prefix + CANCEL_KEY)
+            return entry, _reason(request)
+        return journal.lookup(key), self.cancel_requested()
 
     def advance(self, ended_at: float) -> None:
         """A step recorded that it ended at unix time ``ended_at``. The clock never goes back
@@ -188,6 +196,17 @@ class RunTime:
         """Real seconds left before the deadline, on the fleet's clock. Read inside steps
         only: outside, its answer would differ between executions."""
         return self.started_at + self.timeout_s - self.admission.now()
+
+
+def _reason(entry: JournalEntry | None) -> str | None:
+    """The reason a cancel request's journal entry gives; None for no request."""
+    if entry is None or entry.call.name != CANCEL_CALL:
+        return None
+    try:
+        reason = json.loads(entry.call.arguments).get("reason")
+    except (ValueError, AttributeError):
+        reason = None
+    return reason if isinstance(reason, str) else "cancelled"
 
 
 _ACTIVE: ContextVar[RunTime] = ContextVar("agent_fsm_dbos_run")

@@ -286,10 +286,10 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
     key = run.journal_key(step_id)
     call = ToolCall(id=key, name=tool.name, arguments=json.dumps(values, default=str))
     journal = run.journal
-    try:
-        entry, unread = _twice(journal.lookup, key), None
+    try:  # one read: the call's entry, and a cancel request (agent_fsm.dbos.cancelling)
+        (entry, reason), unread = _twice(run.entry_and_request, key), None
     except Exception as exc:
-        entry, unread = None, exc
+        entry, reason, unread = None, None, exc
     if entry is not None and entry.status is CallStatus.FINISHED and entry.result is not None:
         return Answered(run.fleet_now(), entry.result)
     if (entry is not None or unread is not None) and not tool.idempotent:
@@ -300,7 +300,6 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
         with contextlib.suppress(Exception):  # then a later execution answers the same
             _twice(journal.record_finished, key, result)
         return Answered(run.fleet_now(), result)
-    reason = run.cancel_requested()
     if reason is not None:  # cancelled from outside: the call never starts
         message = error_result(call, _not_run(tool.name, reason), {"runtime": {"cancelled": True}})
         return Answered(run.fleet_now(), message, cancelled=reason)
