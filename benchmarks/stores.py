@@ -16,7 +16,8 @@ step instead, which is in "rest"), so the save columns are empty.
 Printed per store and number of workers: runs per second (all runs over the wall time from
 the first worker's start to the last one's end), saves per run, the mean and the 99th
 percentile of one save (what a transition pays for its checkpoint), what the tool journal
-costs per tool call (its look-up, start and finish), and the rest of the time per
+costs per tool call (its look-up, start and finish; for DBOS also the model steps'
+look-ups of a cancel request), and the rest of the time per
 transition (the engine, the model, the tool, leases taken and released). On PostgreSQL
 also what the server did, from its statistics (the benchmark's cluster serves nothing
 else, but every process's background work is counted): transactions committed per run,
@@ -115,10 +116,11 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
 
     store.save = timed_save
     journal_s: list[float] = []
+    started_keys: list[str] = []
     journal = store.journal
 
     def timed_journal(run_id: str, **lease: Any) -> _TimedJournal:
-        return _TimedJournal(journal(run_id, **lease), journal_s)
+        return _TimedJournal(journal(run_id, **lease), journal_s, started_keys)
 
     store.journal = timed_journal
     runner: Any
@@ -153,17 +155,22 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
         "end": ended,
         "saves": saves,
         "journal_s": sum(journal_s),
-        "tool_calls": len(journal_s) // 3,  # a lookup, a start and a finish each
+        "tool_calls": len(started_keys),
         "transitions": transitions,
     }
 
 
 class _TimedJournal:
-    """A tool journal that adds the time of each of its calls to ``spent``."""
+    """A tool journal that adds the time of each of its calls to ``spent``, and the key of
+    each call started to ``started`` (a DBOS model step reads the journal too: a cancel
+    request, ``agent_fsm.dbos.cancelling``, whose time counts here)."""
 
-    def __init__(self, journal: Any, spent: list[float]) -> None:
+    def __init__(self, journal: Any, spent: list[float], started: list[str]) -> None:
         self._journal = journal
         self._spent = spent
+        self._started = started
+        if hasattr(journal, "lookup_pair"):  # one read for a DBOS tool step (PairedLookup)
+            self.lookup_pair = self._lookup_pair
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -175,7 +182,11 @@ class _TimedJournal:
     def lookup(self, key: str) -> Any:
         return self._timed("lookup", key)
 
+    def _lookup_pair(self, key: str, other: str) -> Any:
+        return self._timed("lookup_pair", key, other)
+
     def record_started(self, key: str, call: Any) -> None:
+        self._started.append(key)
         self._timed("record_started", key, call)
 
     def record_finished(self, key: str, result: Any) -> None:
