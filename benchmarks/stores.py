@@ -16,8 +16,14 @@ step instead, which is in "rest"), so the save columns are empty.
 Printed per store and number of workers: runs per second (all runs over the wall time from
 the first worker's start to the last one's end), saves per run, the mean and the 99th
 percentile of one save (what a transition pays for its checkpoint), what the tool journal
-costs per tool call (its look-up, start and finish), and the rest of the time per
-transition (the engine, the model, the tool, leases taken and released).
+costs per tool call (its look-up, start and finish; for DBOS also the model steps'
+look-ups of a cancel request), and the rest of the time per
+transition (the engine, the model, the tool, leases taken and released). On PostgreSQL
+also what the server did, from its statistics (the benchmark's cluster serves nothing
+else, but every process's background work is counted): transactions committed per run,
+and WAL flushes to disk per tool call (``pg_stat_wal.wal_sync``): the fsync-bearing round
+trips, less what group commit shares between workers, plus the WAL writer's own flushes of
+the commits made without waiting for the disk.
 
     python benchmarks/stores.py [--runs 1000] [--turns 10] [--workers 1 4] [--stores ...]
     (stores: memory sqlite postgres dbos)
@@ -110,10 +116,11 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
 
     store.save = timed_save
     journal_s: list[float] = []
+    started_keys: list[str] = []
     journal = store.journal
 
     def timed_journal(run_id: str, **lease: Any) -> _TimedJournal:
-        return _TimedJournal(journal(run_id, **lease), journal_s)
+        return _TimedJournal(journal(run_id, **lease), journal_s, started_keys)
 
     store.journal = timed_journal
     runner: Any
@@ -148,17 +155,22 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
         "end": ended,
         "saves": saves,
         "journal_s": sum(journal_s),
-        "tool_calls": len(journal_s) // 3,  # a lookup, a start and a finish each
+        "tool_calls": len(started_keys),
         "transitions": transitions,
     }
 
 
 class _TimedJournal:
-    """A tool journal that adds the time of each of its calls to ``spent``."""
+    """A tool journal that adds the time of each of its calls to ``spent``, and the key of
+    each call started to ``started`` (a DBOS model step reads the journal too: a cancel
+    request, ``agent_fsm.dbos.cancelling``, whose time counts here)."""
 
-    def __init__(self, journal: Any, spent: list[float]) -> None:
+    def __init__(self, journal: Any, spent: list[float], started: list[str]) -> None:
         self._journal = journal
         self._spent = spent
+        self._started = started
+        if hasattr(journal, "lookup_pair"):  # one read for a DBOS tool step (PairedLookup)
+            self.lookup_pair = self._lookup_pair
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -170,30 +182,56 @@ class _TimedJournal:
     def lookup(self, key: str) -> Any:
         return self._timed("lookup", key)
 
+    def _lookup_pair(self, key: str, other: str) -> Any:
+        return self._timed("lookup_pair", key, other)
+
     def record_started(self, key: str, call: Any) -> None:
+        self._started.append(key)
         self._timed("record_started", key, call)
 
     def record_finished(self, key: str, result: Any) -> None:
         self._timed("record_finished", key, result)
 
 
+def _server_counts(location: str) -> tuple[int, int]:
+    """The PostgreSQL server's transactions committed in the database, and its WAL flushes
+    to disk (``pg_stat_wal.wal_sync``), so far."""
+    import psycopg
+
+    url = location.split(" ", 1)[0]
+    with psycopg.connect(url, autocommit=True) as conn:
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        syncs = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    assert commits is not None
+    assert syncs is not None
+    return int(commits[0]), int(syncs[0])
+
+
 def measure(kind: str, location: str, runs: int, turns: int, workers: int) -> dict[str, float]:
     """One configuration: ``runs`` runs split between ``workers`` processes."""
     ids = [f"run-{n:05d}" for n in range(runs)]
     context = multiprocessing.get_context("spawn")  # no connection crosses a fork
+    on_server = kind in ("postgres", "dbos")
+    before = _server_counts(location) if on_server else (0, 0)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         parts = [
             pool.submit(_worker, kind, location, ids[n::workers], turns) for n in range(workers)
         ]
         results = [part.result() for part in parts]
+    after = _server_counts(location) if on_server else (0, 0)
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     saves = [s for r in results for s in r["saves"]]
     transitions = sum(r["transitions"] for r in results)
     busy = sum(r["end"] - r["start"] for r in results)
     journal_s = sum(r["journal_s"] for r in results)
     tool_calls = sum(r["tool_calls"] for r in results)
-    nan = float("nan")  # no checkpoints (dbos)
+    nan = float("nan")  # no checkpoints (dbos); no server (memory, sqlite)
+    calls = runs * (turns - 1)  # every turn but the last calls the tool once
     return {
+        "commits_per_run": (after[0] - before[0]) / runs if on_server else nan,
+        "syncs_per_call": (after[1] - before[1]) / calls if on_server else nan,
         "runs_per_s": runs / wall,
         "saves_per_run": len(saves) / runs,
         "save_us": statistics.fmean(saves) * 1e6 if saves else nan,
@@ -252,15 +290,36 @@ def storage(kind: str, pg_url: str | None) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "postgres", "dbos"])
+    parser.add_argument(
+        "--runs", type=int, default=1000, help="runs per configuration (default: 1000)"
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=10,
+        help="model calls per run; each but the last calls the tool once (default: 10)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="numbers of worker processes to measure, each sharing the runs (default: 1 4)",
+    )
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        default=["memory", "sqlite", "postgres", "dbos"],
+        choices=["memory", "sqlite", "postgres", "dbos"],
+        help="what to measure: postgres is leases-only runs on PostgresStore, dbos the same"
+        " runs as DBOS workflows on the same server (default: all four)",
+    )
     args = parser.parse_args()
     print(f"{args.runs} runs x {args.turns} turns (model calls), leased, on {os.cpu_count()} cores")
     header = (
         f"{'store':9} {'workers':>7} {'runs/s':>8} {'saves/run':>9} {'µs/save':>8}"
         f" {'p99 µs':>8} {'µs journal/tool call':>20} {'µs/transition, rest':>19}"
+        f" {'commits/run':>11} {'WAL flushes/tool call':>21}"
     )
     print(header)
     print("-" * len(header))
@@ -278,7 +337,8 @@ def main() -> None:
                 )
                 print(
                     f"{kind:9} {workers:>7} {m['runs_per_s']:>8.1f} {m['saves_per_run']:>9.1f}"
-                    f" {save} {p99} {m['journal_us']:>20.0f} {m['rest_us']:>19.0f}",
+                    f" {save} {p99} {m['journal_us']:>20.0f} {m['rest_us']:>19.0f}"
+                    f" {m['commits_per_run']:>11.1f} {m['syncs_per_call']:>21.2f}",
                     flush=True,
                 )
 

@@ -178,7 +178,8 @@ async def test_a_stop_saved_and_loaded_while_the_store_blinks_is_not_lost(
     fails (they are idempotent), so a short outage only delays them."""
     transfers = Transfers()
     agent = durable(journal, transfer_then_answer, transfers.tools)
-    real_load, real_save = PostgresStore.load, PostgresStore.save
+    # The save step saves with save_unless_behind (dbos.pausing.save_forward).
+    real_load, real_save = PostgresStore.load, PostgresStore.save_unless_behind
     failures = {"load": 0, "save": 0}
 
     def blinking(kind: str, real: Any) -> Any:
@@ -190,7 +191,7 @@ async def test_a_stop_saved_and_loaded_while_the_store_blinks_is_not_lost(
 
         return call
 
-    monkeypatch.setattr(PostgresStore, "save", blinking("save", real_save))
+    monkeypatch.setattr(PostgresStore, "save_unless_behind", blinking("save", real_save))
     paused = await agent.run("Pay Bob.", run_id="approve-blink")
     assert failures["save"] == 2
     assert paused.pending is not None
@@ -287,3 +288,41 @@ async def test_a_run_stopped_by_a_transient_model_failure_is_resumed(
     done = await agent.resume("flaky-1")
     assert (done.final_state, done.output) == (AgentState.DONE, "done")
     check_invariants(done, limits=agent.agent.limits, bound=agent.agent.bound)
+
+
+async def test_a_resume_by_a_different_agent_is_refused_before_the_pause_is_answered(
+    journal: PostgresStore,
+) -> None:
+    """The run keeps its agent's fingerprint (``run.identity``): a resume by an agent with
+    another tool set or prompt is a ResumeError naming what differs, raised before any
+    workflow starts, so the approval is not used up; the right agent then carries it out."""
+    transfers = Transfers()
+    model = FunctionModel(transfer_then_answer)
+    agent = durable(journal, model, transfers.tools)
+    paused = await agent.run("Pay Bob.", run_id="identity-1")
+    assert paused.stop_reason is StopReason.APPROVAL_REQUIRED
+    stored = journal.load("identity-1")
+    assert stored.agent is not None
+    assert "transfer" in stored.agent.tools
+
+    @tool(requires_approval=True)
+    async def transfer(amount: int, memo: str = "") -> str:
+        """Transfer money, with a memo."""
+        return f"sent {amount}"
+
+    @tool
+    def audit() -> str:
+        """Audit."""
+        return "ok"
+
+    other = durable(journal, model, [transfer, audit])
+    with pytest.raises(ResumeError, match="different agent") as refused:
+        await other.resume("identity-1", approvals=True, pause=paused.pending.pause)
+    said = str(refused.value)
+    assert "'audit'" in said
+    assert "schema of 'transfer' changed" in said
+    assert await DBOS.get_workflow_status_async(resume_id("identity-1", 1)) is None
+    assert journal.load("identity-1").trace == stored.trace  # the pause is unanswered
+
+    done = await agent.resume("identity-1", approvals=True, pause=paused.pending.pause)
+    assert (done.output, transfers.made) == ("done", [5])

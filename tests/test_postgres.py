@@ -417,3 +417,20 @@ def test_a_worker_frozen_inside_a_transaction_holds_up_only_its_own_runs(
 
 UPPER_BOUND_S = 120.0
 """How long a thread of these tests may wait: a limit for a hang, not a measure."""
+
+
+def test_a_paired_lookup_reads_what_two_lookups_would(pg: PostgresStore) -> None:
+    """``lookup_pair`` (a DBOS tool step's one read: its call's entry and its run's cancel
+    request) answers as two ``lookup`` calls, keys digested by ``stored_key`` included."""
+    from agent_fsm.durable.journal import PairedLookup
+    from agent_fsm.messages import ToolCall, ToolMessage
+
+    journal = pg.journal("paired")
+    assert isinstance(journal, PairedLookup)
+    long_key = "k" * 400  # stored as a digest
+    journal.record_started("a", ToolCall(id="a", name="send", arguments="{}"))
+    journal.record_started(long_key, ToolCall(id="b", name="send", arguments="{}"))
+    journal.record_finished(long_key, ToolMessage(tool_call_id="b", name="send", content="ok"))
+    for pair in (("a", long_key), (long_key, "a"), ("a", "absent"), ("absent", "a"), ("x", "y")):
+        assert journal.lookup_pair(*pair) == (journal.lookup(pair[0]), journal.lookup(pair[1]))
+    assert journal.lookup_pair("a", "a") == (journal.lookup("a"), journal.lookup("a"))

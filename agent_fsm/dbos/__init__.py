@@ -12,6 +12,8 @@ The only package of agent_fsm that imports ``dbos``; the core never imports it.
   same on every replay;
 - ``agent_fsm.dbos.pausing``: where a paused run is kept, and how ``DBOSAgent.resume``
   continues it (once, however often it is called);
+- ``agent_fsm.dbos.cancelling``: cancelling a run from outside (``DBOSAgent.cancel``), read
+  by its steps as they are recorded;
 - ``WorkerLiveness`` (``agent_fsm.dbos.liveness``): the lease that tells the fleet a process
   lives, the fleet's clock, and the fence of every run's steps;
 - ``agent_fsm.dbos.recovery``: which executors are gone, and recovering their runs;

@@ -16,7 +16,10 @@ The contract a user's code must keep, because it runs again on every replay:
   run's events again;
 - a model that a ``before_model`` hook or a custom state supplies is not a step unless it is
   wrapped in ``StepModel``;
-- a run cannot be aborted or steered from outside (``DBOS.cancel_workflow`` stops it);
+- a run is cancelled from outside with ``cancel`` (from any process: it stops before its
+  next model or tool call, ERROR ``aborted``, resumable; ``agent_fsm.dbos.cancelling``), not
+  with ``DBOS.cancel_workflow``, which ends the workflow with no stop to resume; it cannot be
+  steered from outside;
 - a run that stops to wait for a person (ask_user, approvals) ends its workflow with a
   needs-input result, its state saved in the journal store; ``resume`` continues it as a
   workflow of its own, once however many times it is called (``agent_fsm.dbos.pausing``);
@@ -42,6 +45,7 @@ from typing import Any
 from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
 
 from agent_fsm.agent import Agent
+from agent_fsm.dbos.cancelling import cancel_run
 from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
 from agent_fsm.dbos.replay import RunTime, record_start, running
@@ -51,6 +55,7 @@ from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.run.engine import Run, new_run_state
+from agent_fsm.run.identity import check_same_agent
 from agent_fsm.run.resuming import reopen
 from agent_fsm.state import RunResult, RunState
 
@@ -241,6 +246,7 @@ class DBOSAgent:
             config.tools_tokens,
             (),
             config.count_tokens,
+            agent=config.record,  # a function of the agent: the same on every replay
         )
         return await self._activate(run_id, state, admission, started_at, 0, None)
 
@@ -293,7 +299,7 @@ class DBOSAgent:
             pause=self.agent.sleep,
         )
         with running(run):
-            result = await Run(config, state, ReplayedKeeper(), resumed=answered).run()
+            result = await Run(config, state, ReplayedKeeper(run), resumed=answered).run()
         if resumes or result.stop_reason in config.machine.resumable:
             await save_stop(self._journal, state, admission)
         return result
@@ -346,11 +352,30 @@ class DBOSAgent:
 
         Raises:
             ResumeError: the run has not stopped, or finished, or the answer does not fit its
-                stop (as ``Agent.resume``).
+                stop (as ``Agent.resume``), or the run was made by a different agent (other
+                tools, prompt or table: ``run.identity``; checked here, before the pause is
+                answered or any workflow starts).
             CheckpointError: no run ``run_id``.
         """
         handle = await self._start_resume(run_id, reply, approvals, pause, queued=False)
         return await handle.result()
+
+    async def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        """Stop the run wherever it is driven, or as soon as a worker takes it from the
+        queue, before another model or tool call starts: ERROR ``aborted`` with ``reason``,
+        resumable, every tool call answered (``agent_fsm.dbos.cancelling``). Any process
+        may ask, through its own ``DBOSAgent`` of the run's name (or
+        ``cancelling.cancel_run`` on the journal store).
+
+        Returns:
+            True when the request was recorded; False when the run is at a stop (a paused
+            run is cancelled by not answering it) or finished: nothing is recorded then.
+
+        Raises:
+            CheckpointError: no run ``run_id``, or the journal store cannot be reached.
+            ConfigError: a bad run id, a reason that is not a str.
+        """
+        return await cancel_run(self._journal, run_id, reason)
 
     async def enqueue_resume(
         self,
@@ -378,6 +403,8 @@ class DBOSAgent:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
         config = self._config
         state = await stop_of(self._journal, run_id)
+        if config.record is not None:  # here, not in the workflow: a workflow that raised
+            check_same_agent(state, config.record)  # would answer every later resume so
         resumes = len(state.resumed_at) + 1
         # Checked here, so that an answer that does not fit is the caller's ResumeError; the
         # workflow reopens its own copy of the stop again, the same way.

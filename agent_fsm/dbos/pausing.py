@@ -40,12 +40,21 @@ from dbos import DBOS
 
 from agent_fsm.dbos.liveness import Admission
 from agent_fsm.dbos.replay import options
-from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.durable.checkpoint import CheckpointStore, ForwardSaves, behind
 from agent_fsm.errors import CheckpointError, ResumeError
 from agent_fsm.run.resuming import finished
 from agent_fsm.state import RunResult, RunState
 
-__all__ = ["LOAD_STEP", "SAVE_STEP", "key_prefix", "load_stop", "resume_id", "save_stop", "stop_of"]
+__all__ = [
+    "LOAD_STEP",
+    "SAVE_STEP",
+    "key_prefix",
+    "load_stop",
+    "resume_id",
+    "save_forward",
+    "save_stop",
+    "stop_of",
+]
 
 LOAD_STEP = "agent_fsm.load"
 SAVE_STEP = "agent_fsm.save"
@@ -123,7 +132,7 @@ async def load_stop(store: CheckpointStore, run_id: str, resumes: int) -> RunSta
 
 async def save_stop(store: CheckpointStore, state: RunState, admission: Admission) -> None:
     """Step: save the stopped run as its checkpoint, for a resume to load, unless the store
-    holds a later point of the run (``_behind``), once the execution passed its fence
+    holds a later point of the run (``save_forward``), once the execution passed its fence
     (``Admission.check``, before each attempt): an execution
     superseded meanwhile (its process stalled or lost its lease, and the fleet replays the
     run elsewhere) stops instead of saving, since by then the run may have moved on (resumed
@@ -135,28 +144,36 @@ async def save_stop(store: CheckpointStore, state: RunState, admission: Admissio
         asyncio.CancelledError: the execution was superseded (``Admission.superseded``).
     """
 
-    def save_unless_behind() -> None:
-        if not _behind(store, state):
-            store.save(state)
-
     async def save() -> None:
-        await _persisting(save_unless_behind, before=admission.check)
+        await _persisting(lambda: save_forward(store, state), before=admission.check)
 
     await DBOS.run_step_async(options(SAVE_STEP), save)
 
 
+def save_forward(store: CheckpointStore, state: RunState) -> bool:
+    """Save ``state`` unless the store holds a later point of the run (see ``_behind``);
+    True when it saved. In one transaction on a store that offers it (``ForwardSaves``:
+    ours do), else a look and then a save."""
+    if isinstance(store, ForwardSaves):
+        return store.save_unless_behind(state)
+    if _behind(store, state):
+        return False
+    store.save(state)
+    return True
+
+
 def _behind(store: CheckpointStore, state: RunState) -> bool:
-    """Whether the store holds a later point of the run than ``state``: a later activation
-    (more resumes), or further along the same one. A workflow replayed after the run went on
-    (its worker died between saving its stop and DBOS recording that step, and the stop was
-    resumed meanwhile, maybe to the end) makes its save again; the checkpoint must stay
-    where the run is. The read and the write are two statements of the store's: a later
-    point saved between them (a resume saving its stop at that very moment) would still be
-    overwritten; a store that saved conditionally would close that window."""
+    """Whether the store holds a later point of the run than ``state`` (``checkpoint.behind``).
+    A workflow replayed after the run went on (its worker died between saving its stop and
+    DBOS recording that step, and the stop was resumed meanwhile, maybe to the end) makes
+    its save again; the checkpoint must stay where the run is. Our stores compare and save
+    in one transaction (``ForwardSaves``); for another store the read and the write are two
+    of its calls, and a later point saved between them (a resume saving its stop at that
+    very moment) would still be overwritten."""
     if not store.exists(state.run_id):
         return False
     stored = store.load(state.run_id)
-    return (len(stored.resumed_at), len(stored.trace)) > (len(state.resumed_at), len(state.trace))
+    return behind(state, len(stored.resumed_at), len(stored.trace))
 
 
 async def _persisting(

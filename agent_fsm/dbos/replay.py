@@ -37,6 +37,7 @@ run to look in.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -46,12 +47,14 @@ from dataclasses import dataclass
 from dbos import DBOS, StepOptions
 
 from agent_fsm.dbos.liveness import Admission
-from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.durable.journal import JournalEntry, PairedLookup, ToolJournal
 from agent_fsm.errors import ConfigError
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunState
 
 __all__ = [
+    "CANCEL_CALL",
+    "CANCEL_KEY",
     "MODEL_STEP",
     "SLEEP_STEP",
     "START_STEP",
@@ -74,6 +77,13 @@ TOOL_STEP = "agent_fsm.tool:"
 the step it recorded at each position, so a run that diverges fails loudly."""
 
 
+CANCEL_KEY = "cancel"
+"""The journal key, after an activation's key prefix (``RunTime.key_prefix``), of a request
+to cancel that activation (``agent_fsm.dbos.cancelling``); no tool step's key is one."""
+CANCEL_CALL = "agent_fsm.cancel"
+"""The name of the call a cancel request is recorded as, its arguments ``{"reason": ...}``."""
+
+
 def options(name: str) -> StepOptions:
     """A step that DBOS never retries: the engine's own retry rows decide what is retried,
     and a retried step would be a second model or tool call the run never asked for."""
@@ -90,6 +100,7 @@ class RunTime:
 
     __slots__ = (
         "admission",
+        "cancelled",
         "journal",
         "key_prefix",
         "now",
@@ -130,6 +141,9 @@ class RunTime:
         """What the sleep step waits with: the agent's own ``sleep``."""
         self.state = state
         """The run's state (read only: which state is making a model call)."""
+        self.cancelled: str | None = None
+        """Why the activation was cancelled from outside, once a step's recorded outcome
+        said so (the same on every execution): the steps after it make no call."""
 
     def journal_key(self, step_id: int) -> str:
         """The journal key of the tool step at ``step_id``: its position in the workflow,
@@ -138,6 +152,31 @@ class RunTime:
 
     def clock(self) -> float:
         return self.now
+
+    def cancel_requested(self) -> str | None:
+        """The reason of a request to cancel this activation, if one is pending in the
+        run's journal (``agent_fsm.dbos.cancelling``). Read inside steps only, which record
+        the answer. A look-up that fails counts as no request: a store that blinks must not
+        abort every run it holds (the next step reads it again)."""
+        try:
+            return _reason(self.journal.lookup(self.key_prefix + CANCEL_KEY))
+        except Exception:
+            return None
+
+    def entry_and_request(self, key: str) -> tuple[JournalEntry | None, str | None]:
+        """The journal entry of ``key`` and this activation's pending cancel request
+        (``cancel_requested``), in one read of a journal that offers it (``PairedLookup``:
+        a tool step's one round trip before its call). Read inside steps only.
+
+        Raises:
+            as ``ToolJournal.lookup``, when the entry cannot be read (a request that
+            cannot be read is None).
+        """
+        journal = self.journal
+        if isinstance(journal, PairedLookup):
+            entry, request = journal.lookup_pair(key, self.key_prefix + CANCEL_KEY)
+            return entry, _reason(request)
+        return journal.lookup(key), self.cancel_requested()
 
     def advance(self, ended_at: float) -> None:
         """A step recorded that it ended at unix time ``ended_at``. The clock never goes back
@@ -157,6 +196,17 @@ class RunTime:
         """Real seconds left before the deadline, on the fleet's clock. Read inside steps
         only: outside, its answer would differ between executions."""
         return self.started_at + self.timeout_s - self.admission.now()
+
+
+def _reason(entry: JournalEntry | None) -> str | None:
+    """The reason a cancel request's journal entry gives; None for no request."""
+    if entry is None or entry.call.name != CANCEL_CALL:
+        return None
+    try:
+        reason = json.loads(entry.call.arguments).get("reason")
+    except (ValueError, AttributeError):
+        reason = None
+    return reason if isinstance(reason, str) else "cancelled"
 
 
 _ACTIVE: ContextVar[RunTime] = ContextVar("agent_fsm_dbos_run")

@@ -105,6 +105,8 @@ class Replied:
     response: ModelResponse | None = None
     failure: ModelFailure | None = None
     cut: bool = False
+    cancelled: str | None = None
+    """Why no call was made: the run was cancelled from outside (the request's reason)."""
 
 
 class StepModel:
@@ -129,12 +131,18 @@ class StepModel:
         and records it as a cut, which is raised as ``TimeoutError`` on every execution.
         """
         run = active()
+        if run.cancelled is not None:  # an earlier step found the request: no step now
+            raise _not_made(run.cancelled)
         last = run.state.state == LAST_CALL_STATE
 
         async def call() -> Replied:
             return await _call(self.model, request, run, last)
 
         replied = await DBOS.run_step_async(options(MODEL_STEP), call)
+        if replied.cancelled is not None:
+            run.advance(replied.ended_at)
+            run.cancelled = replied.cancelled
+            raise _not_made(replied.cancelled)
         if replied.cut:
             if last:
                 raise TimeoutError("the last answer took longer than its time limit")
@@ -152,9 +160,21 @@ class StepModel:
         return replied.response
 
 
+def _not_made(reason: str) -> ModelCallError:
+    """The failure of a model call a cancel request stopped before it was made: permanent,
+    and the run is aborted once the state's work ends (``ReplayedKeeper.during``), so the
+    abort row is the one taken."""
+    return ModelCallError(
+        f"the model call was not made: the run was cancelled ({reason})", transient=False
+    )
+
+
 async def _call(model: Model, request: ModelRequest, run: RunTime, last: bool) -> Replied:
     """The body of a model step. Must not raise for anything the model does."""
     await run.admission.check()
+    reason = run.cancel_requested()
+    if reason is not None:
+        return Replied(run.fleet_now(), cancelled=reason)
     # The last answer's own limit is the engine's (see StepModel.request); others have the
     # run's deadline.
     left = 10.0**9 if last else run.remaining_s()
@@ -183,6 +203,8 @@ class Answered:
     ended_at: float
     result: ToolMessage
     cut: bool = False
+    cancelled: str | None = None
+    """Why the call was not made: the run was cancelled from outside."""
 
 
 def stepped(tool: Tool, limits: Limits) -> Tool:
@@ -194,6 +216,8 @@ def stepped(tool: Tool, limits: Limits) -> Tool:
 
     async def step(**values: Any) -> ToolResult:
         run = active()
+        if run.cancelled is not None:  # an earlier step found the request: no step now
+            return ToolResult(output=_not_run(tool.name, run.cancelled), is_error=True)
 
         async def body() -> Answered:
             return await _run_call(tool, values, limits, run)
@@ -203,6 +227,8 @@ def stepped(tool: Tool, limits: Limits) -> Tool:
             run.cut()
         else:
             run.advance(answered.ended_at)
+        if answered.cancelled is not None:
+            run.cancelled = answered.cancelled
         result = answered.result
         return ToolResult(
             output=result.content,
@@ -222,6 +248,11 @@ def outcome_unknown(call: ToolCall, why: str = "it started before an interruptio
         " because the tool is not idempotent. Check its effect before calling it again.",
         {"runtime": {"outcome_unknown": True}},
     )
+
+
+def _not_run(name: str, reason: str) -> str:
+    """The answer to a call a cancel request stopped before it started."""
+    return f"Tool '{name}' was not run: the run was cancelled before this call started ({reason})."
 
 
 def _cancelled(call: ToolCall, tool: Tool) -> ToolMessage:
@@ -255,10 +286,10 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
     key = run.journal_key(step_id)
     call = ToolCall(id=key, name=tool.name, arguments=json.dumps(values, default=str))
     journal = run.journal
-    try:
-        entry, unread = _twice(journal.lookup, key), None
+    try:  # one read: the call's entry, and a cancel request (agent_fsm.dbos.cancelling)
+        (entry, reason), unread = _twice(run.entry_and_request, key), None
     except Exception as exc:
-        entry, unread = None, exc
+        entry, reason, unread = None, None, exc
     if entry is not None and entry.status is CallStatus.FINISHED and entry.result is not None:
         return Answered(run.fleet_now(), entry.result)
     if (entry is not None or unread is not None) and not tool.idempotent:
@@ -269,6 +300,9 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
         with contextlib.suppress(Exception):  # then a later execution answers the same
             _twice(journal.record_finished, key, result)
         return Answered(run.fleet_now(), result)
+    if reason is not None:  # cancelled from outside: the call never starts
+        message = error_result(call, _not_run(tool.name, reason), {"runtime": {"cancelled": True}})
+        return Answered(run.fleet_now(), message, cancelled=reason)
     left = run.remaining_s()
     if left <= 0:  # the deadline came first: the call never starts
         return Answered(run.fleet_now(), _cancelled(call, tool), cut=True)
@@ -336,21 +370,38 @@ class ReplayedKeeper:
     the workflow's time; no tool journal of the engine's (each tool step keeps its own);
     nothing saved after a step, since DBOS records every step's outcome and a replay
     reproduces the run from them; the stops ``DBOSAgent`` saves itself when the workflow
-    ends (``agent_fsm.dbos.pausing``)."""
+    ends (``agent_fsm.dbos.pausing``).
 
-    __slots__ = ()
+    A cancel from outside (``agent_fsm.dbos.cancelling``) is found by a step, whose
+    recorded outcome says so (``RunTime.cancelled``); the keeper aborts the run once that
+    state's work has ended (``during``), before its row is chosen: the abort row is taken,
+    on every execution at the same point, and nothing in flight is interrupted (each call
+    is a step: a cancellation mid-step would land at a point a replay cannot reproduce).
+    """
+
+    __slots__ = ("_abort", "_run")
 
     time = REPLAYED_TIME
     journal: ToolJournal | None = None
 
+    def __init__(self, run: RunTime) -> None:
+        self._run = run
+        self._abort: Callable[[str], None] | None = None
+
     def activated(self, abort: Callable[[str], None]) -> None:
-        return None
+        self._abort = abort
 
     def claim_stop(self, state: RunState) -> None:
         return None  # a resume is a workflow of its own, started once per stop
 
     def during(self, work: Awaitable[None]) -> Awaitable[None]:
-        return work
+        return self._then_abort_if_cancelled(work)
+
+    async def _then_abort_if_cancelled(self, work: Awaitable[None]) -> None:
+        await work
+        reason, abort = self._run.cancelled, self._abort
+        if reason is not None and abort is not None:
+            abort(reason)  # Run.abort does nothing to a run already aborting
 
     def saved(self, state: RunState) -> None:
         return None
@@ -359,7 +410,7 @@ class ReplayedKeeper:
         return None
 
     def release(self) -> None:
-        return None
+        self._abort = None  # a bound method of the Run: kept, the finished run is a cycle
 
 
 def _stepped_policy(policy: ContextPolicy) -> ContextPolicy:

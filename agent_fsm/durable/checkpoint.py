@@ -10,7 +10,10 @@ paused run is reopened from the last save. Who calls what:
   to be kept ends);
 - ``RunLister`` (``list_runs``): what lists them (``agent-fsm runs``, a UI);
 - ``CheckpointStore``: all three and ``close``, what ``Agent(store=...)`` takes;
-- a store that leases runs to workers is also a ``LeaseStore`` (``durable.leases``).
+- a store that leases runs to workers is also a ``LeaseStore`` (``durable.leases``);
+- ``ForwardSaves`` (``save_unless_behind``): a save that never takes a run back to an
+  earlier point, the check and the write one atomic step (a DBOS run's stop, saved again by
+  a replay after the run went on: ``dbos.pausing``).
 
 The rules every store keeps (``agent_fsm.testing.CheckpointStoreContract`` checks them on
 a store, ours included):
@@ -50,6 +53,7 @@ re-exported here.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -75,11 +79,14 @@ from agent_fsm.table import TERMINAL_STATES
 __all__ = [
     "CheckpointStore",
     "ClosingStore",
+    "ForwardSaves",
     "MemoryStore",
     "RunLister",
     "RunOpener",
     "RunSaver",
+    "behind",
     "listed",
+    "resumes_in",
     "redacted",
     "state_names",
     # the encoding's names that callers have imported from here (``durable.encoding``)
@@ -111,6 +118,37 @@ class RunSaver(Protocol):
     def journal(self, run_id: str) -> ToolJournal:
         """The run's tool journal, kept with its checkpoint (``durable.journal``): one per
         run id, removed with the run by ``delete``."""
+        ...
+
+
+def behind(state: RunState, stored_resumes: int, stored_trace: int) -> bool:
+    """Whether ``state`` is an earlier point of its run than the stored one, which was
+    resumed ``stored_resumes`` times and has ``stored_trace`` transitions: a later
+    activation (more resumes), or further along the same one."""
+    return (stored_resumes, stored_trace) > (len(state.resumed_at), len(state.trace))
+
+
+def resumes_in(header: str | bytes) -> int:
+    """How often the run of a stored header (``encoding.encode_header``'s JSON) was
+    resumed: its ``resumed_at`` entries."""
+    found = json.loads(header).get("resumed_at")
+    return len(found) if isinstance(found, list) else 0
+
+
+@runtime_checkable
+class ForwardSaves(Protocol):
+    """A store whose save can refuse to take a run back (see ``save_unless_behind``)."""
+
+    def save_unless_behind(self, state: RunState) -> bool:
+        """``save(state)`` without a lease, unless the store holds a later point of the run
+        (``behind``); True when it saved. The comparison and the write are one atomic step
+        (one transaction, the run's row locked), so a later point saved by another writer
+        at that very moment is never overwritten: either it was stored first, and this
+        save is skipped, or it comes after, and overwrites this one.
+
+        Raises:
+            as ``RunSaver.save``; ``RunLeased`` when a lease on the run is live.
+        """
         ...
 
 
@@ -240,6 +278,14 @@ class MemoryStore(ClosingStore):
         if lease is None or lease.cancel_requested == request:
             return lease
         return replace(lease, cancel_requested=request)
+
+    def save_unless_behind(self, state: RunState) -> bool:
+        check_id(state.run_id)
+        stored = self._runs.get(state.run_id)  # no await between the test and the save
+        if stored is not None and behind(state, resumes_in(stored.header), len(stored.trace)):
+            return False
+        self.save(state)
+        return True
 
     def _write(self, state: RunState) -> None:
         version, header = encode_header(state)

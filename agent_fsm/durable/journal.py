@@ -37,6 +37,7 @@ __all__ = [
     "GuardedJournal",
     "JournalEntry",
     "MemoryJournal",
+    "PairedLookup",
     "ToolJournal",
     "journal_key",
     "stored_key",
@@ -108,6 +109,17 @@ class ToolJournal(Protocol):
         Raises:
             KeyError: ``key`` never started.
         """
+        ...
+
+
+@runtime_checkable
+class PairedLookup(Protocol):
+    """A journal that reads two entries in one round trip (``PostgresJournal``): a DBOS
+    tool step reads its own entry and its activation's cancel request
+    (``agent_fsm.dbos.cancelling``) at once."""
+
+    def lookup_pair(self, key: str, other: str) -> tuple[JournalEntry | None, JournalEntry | None]:
+        """``(lookup(key), lookup(other))``, read together."""
         ...
 
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import agent_fsm.durable.postgres_leases as leases
 import agent_fsm.durable.postgres_queue as queue
 import agent_fsm.durable.postgres_rows as rows
-from agent_fsm.durable.checkpoint import ClosingStore
+from agent_fsm.durable.checkpoint import ClosingStore, behind, resumes_in
 from agent_fsm.durable.encoding import (
     RunSummary,
     decode_entries,
@@ -152,6 +152,21 @@ class PostgresStore(ClosingStore):
         with self._db.transaction(f"save run {run_id!r}", durable=False) as conn:
             self._seen[run_id], renewed = self._write(conn, state, lease)
         return renewed
+
+    def save_unless_behind(self, state: RunState) -> bool:
+        """One transaction: the run's row locked (``FOR UPDATE``: a save of the run by
+        another store waits for it, or it for that one, and then reads what that one
+        wrote), compared, and written (``_write``)."""
+        run_id = check_id(state.run_id)
+        with self._db.transaction(f"save run {run_id!r}", durable=False) as conn:
+            row = conn.execute(
+                "SELECT header::text, trace_count FROM runs WHERE run_id = %s FOR UPDATE",
+                (run_id,),
+            ).fetchone()
+            if row is not None and behind(state, resumes_in(row[0]), row[1]):
+                return False
+            self._seen[run_id], _ = self._write(conn, state, None)
+        return True
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
         return self._create(state, lease, 0)

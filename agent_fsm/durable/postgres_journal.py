@@ -43,8 +43,26 @@ class PostgresJournal:
                 " WHERE run_id = %s AND key = %s",
                 (self._run_id, stored_key(key)),
             ).fetchone()
-        if row is None:
-            return None
+        return None if row is None else self._entry(key, row)
+
+    def lookup_pair(self, key: str, other: str) -> tuple[JournalEntry | None, JournalEntry | None]:
+        """Both entries in one statement (``journal.PairedLookup``)."""
+        keys = stored_key(key), stored_key(other)
+        with self._db.connected(f"read journal entries {key!r} and {other!r}") as conn:
+            rows = conn.execute(
+                "SELECT key, call::text, status, result::text FROM journal"
+                " WHERE run_id = %s AND key = ANY(%s)",
+                (self._run_id, list(keys)),
+            ).fetchall()
+        found = {row[0]: row[1:] for row in rows}
+        first, second = found.get(keys[0]), found.get(keys[1])
+        return (
+            None if first is None else self._entry(key, first),
+            None if second is None else self._entry(other, second),
+        )
+
+    def _entry(self, key: str, row: tuple[str, str, str | None]) -> JournalEntry:
+        """The entry of a row read back: a damaged one is a ``CheckpointError``."""
         call, status, result = row
         try:
             return JournalEntry(

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
-from agent_fsm.durable.checkpoint import ClosingStore
+from agent_fsm.durable.checkpoint import ClosingStore, behind, resumes_in
 from agent_fsm.durable.encoding import (
     STORED_SUMMARY,
     RunSummary,
@@ -117,6 +117,20 @@ class SQLiteStore(ClosingStore):
             revision, renewed = self._write(conn, state, lease)
         self._saved(revision, state)
         return renewed
+
+    def save_unless_behind(self, state: RunState) -> bool:
+        """One write transaction (``BEGIN IMMEDIATE``): no other process writes between
+        the comparison and the save."""
+        run_id = check_id(state.run_id)
+        with self._file.transaction(f"save run {run_id!r}", write=True) as conn:
+            row = conn.execute(
+                "SELECT header, trace_count FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is not None and behind(state, resumes_in(row[0]), row[1]):
+                return False
+            revision, _ = self._write(conn, state, None)
+        self._saved(revision, state)
+        return True
 
     def create(self, state: RunState, *, lease: Lease | None = None) -> bool:
         return self._create(state, lease, 0)

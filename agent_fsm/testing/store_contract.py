@@ -36,7 +36,13 @@ from typing import Any
 import pytest
 
 from agent_fsm.durable import encoding
-from agent_fsm.durable.checkpoint import CheckpointStore, RunLister, RunOpener, RunSaver
+from agent_fsm.durable.checkpoint import (
+    CheckpointStore,
+    ForwardSaves,
+    RunLister,
+    RunOpener,
+    RunSaver,
+)
 from agent_fsm.durable.encoding import summarize
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import LeasedWrites, LeaseStore, RunLeases
@@ -262,6 +268,33 @@ class CheckpointStoreContract(JournalContract, LeaseContract, QueueContract):
         assert store.load("run-1") == first
         store.save(RunState(run_id="saved"))
         assert store.create(RunState(run_id="saved", turns=1)) is False
+
+    def test_a_save_unless_behind_never_takes_a_run_back(self) -> None:
+        """``ForwardSaves``: a later activation, or further along the same one, is never
+        overwritten by an earlier point; the same point or a later one is saved."""
+        store = self.open_store()
+        if not isinstance(store, ForwardSaves):
+            pytest.skip("the store offers no save_unless_behind (checkpoint.ForwardSaves)")
+        stop = sample_state("forward")
+        stop.resumed_at = []
+        resumed = copy.deepcopy(stop)
+        resumed.resumed_at = [len(resumed.trace)]
+        further = copy.deepcopy(stop)
+        add_turn(further, 1)
+        add_turn(further, 2)  # longer than the resumed run, but an earlier activation
+        assert store.save_unless_behind(stop) is True  # a new run
+        assert store.save_unless_behind(stop) is True  # the same point again
+        assert store.save_unless_behind(resumed) is True
+        for earlier in (stop, further):
+            assert store.save_unless_behind(earlier) is False
+            stored = store.load("forward")
+            assert (stored.resumed_at, len(stored.trace)) == (
+                resumed.resumed_at,
+                len(resumed.trace),
+            )
+        add_turn(resumed, 3)
+        assert store.save_unless_behind(resumed) is True
+        assert store.load("forward") == resumed
 
     def test_delete_removes_the_run_and_its_journal_and_nothing_else(self) -> None:
         store = self.open_store()

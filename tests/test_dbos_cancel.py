@@ -1,0 +1,291 @@
+"""Cancelling a DBOS run from outside (agent_fsm.dbos.cancelling): the request waits in the
+run's journal, every model and tool step reads it before its call and records what it
+found, and the run stops in ERROR ``aborted``, resumable, its transcript valid, on every
+execution at the same point.
+
+The cancels come from another ``DBOSAgent`` on a store of its own (its own connection),
+through the database only, and one from another process (tests/dbos_canceller.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("dbos")
+
+import psycopg
+from dbos import DBOS
+from psycopg import sql
+
+from agent_fsm import Agent, AgentState, CheckpointError, Limits, StopReason, tool
+from agent_fsm.dbos import DBOSAgent, RunQueue
+from agent_fsm.dbos.cancelling import cancel_run
+from agent_fsm.dbos.pausing import resume_id
+from agent_fsm.durable.postgres import PostgresStore
+from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse, UserMessage
+from agent_fsm.state import RunResult
+from agent_fsm.testing import FunctionModel, call, reply
+from agent_fsm.testing.invariants import check_invariants
+from tests.dbos_worker import launched
+from tests.test_dbos import replay, same_run
+
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
+
+@pytest.fixture(scope="module")
+def dbos_schema(postgres_url: str) -> Iterator[str]:
+    with launched(postgres_url, "agent_fsm_cancel") as schema:
+        yield schema
+
+
+@pytest.fixture
+def journal(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(postgres_url, schema=postgres_schema) as store:
+        yield store
+
+
+@pytest.fixture
+def outside(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[PostgresStore]:
+    """The same store, opened again: what another process would hold."""
+    with PostgresStore(postgres_url, schema=postgres_schema) as store:
+        yield store
+
+
+class Sends:
+    """``send`` (not idempotent), recording each call; a call to a step in ``hold`` waits
+    until released. Runs started from a queue run on DBOS's own event loop, in another
+    thread: the test waits and releases across threads."""
+
+    def __init__(self, hold: frozenset[int] = frozenset()) -> None:
+        self.made: list[int] = []
+        self.hold = hold
+        self.entered: asyncio.Queue[int] | None = None
+        self._go = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._entered_at: list[int] = []
+
+        @tool
+        async def send(step: int) -> str:
+            """Send the message of one step."""
+            self.made.append(step)
+            if step in self.hold:
+                self._loop = asyncio.get_running_loop()
+                self._entered_at.append(step)
+                await self._go.wait()
+            return f"sent {step}"
+
+        self.tools = [send]
+
+    async def wait_entered(self, step: int) -> None:
+        while step not in self._entered_at:
+            await asyncio.sleep(0.01)
+
+    def release(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._go.set)
+
+
+def sends(count: int):  # type: ignore[no-untyped-def]
+    """A model sending steps 1..count, one per turn, then answering (a function of the
+    transcript)."""
+
+    def model(request: ModelRequest) -> ModelResponse:
+        made = sum(
+            1
+            for m in request.messages
+            if isinstance(m, AssistantMessage)
+            for c in m.tool_calls
+            if c.name == "send"
+        )
+        if made >= count:
+            return reply("done")
+        return reply("", call("send", step=made + 1))
+
+    return model
+
+
+def agent_of(journal: PostgresStore, model: FunctionModel, tools: Sends, **kw: object) -> DBOSAgent:
+    agent = Agent(model=model, tools=tools.tools, limits=Limits(loop_detection=False))
+    return DBOSAgent(agent, journal=journal, name=uuid.uuid4().hex, **kw)  # type: ignore[arg-type]
+
+
+def single_queue() -> RunQueue:
+    """A queue of its own that starts one run at a time: a second run waits in it."""
+    return RunQueue(name=f"q{uuid.uuid4().hex[:8]}", concurrency=1, polling_interval_s=0.05)
+
+
+def canceller(store: PostgresStore) -> DBOSAgent:
+    """Another DBOSAgent, on another connection to the store: cancels go through the
+    database only."""
+    return DBOSAgent(Agent(model=FunctionModel(sends(0))), journal=store, name=uuid.uuid4().hex)
+
+
+def assert_aborted(result: RunResult, reason: str, agent: DBOSAgent) -> None:
+    assert (result.final_state, result.stop_reason) == (AgentState.ERROR, StopReason.ABORTED)
+    assert reason in (result.error or "")
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+
+
+async def test_a_run_cancelled_while_a_worker_drives_it_stops_before_its_next_call(
+    journal: PostgresStore, outside: PostgresStore, postgres_url: str, postgres_schema: str
+) -> None:
+    """The call in flight when the request comes finishes and is answered; no model or tool
+    call starts after it; the run is aborted, resumable, and a replay of it, even with the
+    request gone from the journal, takes the same path (the steps recorded what they read)."""
+    tools = Sends(hold=frozenset({1}))
+    model = FunctionModel(sends(3))
+    agent = agent_of(journal, model, tools)
+    run_id = f"cancel-{uuid.uuid4().hex[:8]}"
+    running = asyncio.ensure_future(agent.run("Send three.", run_id=run_id))
+    await tools.wait_entered(1)
+    assert await canceller(outside).cancel(run_id, "stop sending") is True
+    tools.release()
+    result = await running
+
+    assert_aborted(result, "stop sending", agent)
+    assert tools.made == [1]
+    assert len(model.requests) == 1  # the second call was answered by its step: never made
+    sent = [m for m in result.messages if m.role == "tool"]
+    assert [m.content for m in sent] == ["sent 1"]
+
+    # A replay reads the recorded outcomes, not the journal: take the request away first.
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        table = sql.Identifier(postgres_schema, "journal")
+        conn.execute(sql.SQL("DELETE FROM {} WHERE key = 'cancel'").format(table), ())
+    same_run(await replay(run_id), result)
+    assert (tools.made, len(model.requests)) == ([1], 1)
+
+    # Resumable: the resume runs on (the request was for the first workflow only).
+    done = await agent.resume(run_id)
+    assert (done.final_state, done.output) == (AgentState.DONE, "done")
+    assert tools.made == [1, 2, 3]
+    check_invariants(done, limits=agent.agent.limits, bound=agent.agent.bound)
+
+
+async def test_a_run_cancelled_before_a_worker_takes_it_makes_no_call(
+    journal: PostgresStore, outside: PostgresStore
+) -> None:
+    tools = Sends(hold=frozenset({1}))
+    model = FunctionModel(sends(2))
+    one_at_a_time = single_queue()
+    agent = agent_of(journal, model, tools, queue=one_at_a_time)
+    first = await agent.enqueue("Send two.", run_id=f"busy-{uuid.uuid4().hex[:8]}")
+    await tools.wait_entered(1)
+    waiting = await agent.enqueue("Send two.", run_id=f"waiting-{uuid.uuid4().hex[:8]}")
+    assert await waiting.status() == "ENQUEUED"
+    assert await cancel_run(outside, waiting.run_id, "not needed") is True
+    assert await waiting.status() == "ENQUEUED"  # cancelled before any worker took it
+    calls_before = len(model.requests)
+    tools.release()
+    assert (await first.result()).output == "done"
+
+    result = await waiting.result()
+    assert_aborted(result, "not needed", agent)
+    assert [m.role for m in result.messages] == ["user"]  # its one turn made no call
+    assert len(model.requests) == calls_before + 2  # the first run's two, none of its own
+    assert tools.made == [1, 2]
+
+
+async def test_a_cancel_of_a_paused_run_is_refused_and_one_during_its_resume_stops_it(
+    journal: PostgresStore, outside: PostgresStore
+) -> None:
+    """A paused run has nothing to stop (False, nothing recorded): its resume runs on. A
+    cancel made while a resume runs stops that resume, which is resumable in turn."""
+    tools = Sends(hold=frozenset({1}))
+
+    def ask_then_send(request: ModelRequest) -> ModelResponse:
+        said = [m for m in request.messages if isinstance(m, UserMessage)]
+        if len(said) == 1:
+            return reply("", call("ask_user", question="How many?"))
+        return sends(2)(request)
+
+    model = FunctionModel(ask_then_send)
+    agent = agent_of(journal, model, tools)
+    other = canceller(outside)
+    run_id = f"paused-{uuid.uuid4().hex[:8]}"
+    paused = await agent.run("Send some.", run_id=run_id)
+    assert paused.stop_reason is StopReason.ASK_USER
+    assert await other.cancel(run_id, "too late") is False
+
+    resuming = asyncio.ensure_future(agent.resume(run_id, "two"))
+    await tools.wait_entered(1)
+    assert await other.cancel(run_id, "stop now") is True
+    tools.release()
+    stopped = await resuming
+    assert_aborted(stopped, "stop now", agent)
+    assert tools.made == [1]
+    assert "too late" not in (stopped.error or "")
+
+    done = await agent.resume(run_id)
+    assert (done.output, tools.made) == ("done", [1, 2])
+    check_invariants(done, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert await other.cancel(run_id, "after the end") is False
+
+
+async def test_a_cancel_while_a_resume_is_queued_is_not_lost_when_it_leaves_the_stop(
+    journal: PostgresStore, outside: PostgresStore
+) -> None:
+    """The resume row resets the run's abort (``reopen_fields``): a request recorded for a
+    resume before it took that row still stops it, before its first call."""
+    tools = Sends()
+
+    def ask_then_send(request: ModelRequest) -> ModelResponse:
+        said = [m for m in request.messages if isinstance(m, UserMessage)]
+        if len(said) == 1:
+            return reply("", call("ask_user", question="How many?"))
+        return sends(1)(request)
+
+    model = FunctionModel(ask_then_send)
+    blocker = Sends(hold=frozenset({1}))
+    one_at_a_time = single_queue()
+    agent = agent_of(journal, model, tools, queue=one_at_a_time)
+    busy = agent_of(journal, FunctionModel(sends(1)), blocker, queue=one_at_a_time)
+    run_id = f"queued-resume-{uuid.uuid4().hex[:8]}"
+    paused = await agent.run("Send some.", run_id=run_id)
+    assert paused.stop_reason is StopReason.ASK_USER
+    holding = await busy.enqueue("Send one.", run_id=f"holder-{uuid.uuid4().hex[:8]}")
+    await blocker.wait_entered(1)
+    handle = await agent.enqueue_resume(run_id, "one")
+    assert handle.workflow_id == resume_id(run_id, 1)
+    assert await handle.status() == "ENQUEUED"
+    assert await cancel_run(outside, run_id, "changed my mind") is True
+    calls = len(model.requests)
+    blocker.release()
+    await holding.result()
+
+    stopped = await handle.result()
+    assert_aborted(stopped, "changed my mind", agent)
+    assert (len(model.requests), tools.made) == (calls, [])
+
+
+async def test_a_run_is_cancelled_from_another_process(
+    journal: PostgresStore, dbos_schema: str, postgres_url: str, postgres_schema: str
+) -> None:
+    tools = Sends(hold=frozenset({1}))
+    model = FunctionModel(sends(2))
+    agent = agent_of(journal, model, tools)
+    run_id = f"elsewhere-{uuid.uuid4().hex[:8]}"
+    running = asyncio.ensure_future(agent.run("Send two.", run_id=run_id))
+    await tools.wait_entered(1)
+    args = [postgres_url, postgres_schema, dbos_schema, run_id, "from afar"]
+    canceller = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.dbos_canceller", *args, stdout=subprocess.PIPE
+    )
+    said, _ = await canceller.communicate()
+    assert (canceller.returncode, said.decode().strip()) == (0, "True")
+    tools.release()
+    assert_aborted(await running, "from afar", agent)
+    assert (tools.made, len(model.requests)) == ([1], 1)
+
+
+async def test_cancel_says_when_there_is_no_such_run(outside: PostgresStore) -> None:
+    with pytest.raises(CheckpointError):
+        await canceller(outside).cancel("never-ran", "why")
+    assert DBOS is not None
