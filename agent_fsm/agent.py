@@ -561,6 +561,7 @@ class Agent:
             parallel_tool_calls=self.parallel_tool_calls,
             handlers=tuple(self.handlers),
             pricing=pricing,
+            part_support=model.part_support if isinstance(model, TakesParts) else None,
             delegates=delegates,
             input_guardrails=inputs,
             output_guardrails=outputs,

@@ -45,7 +45,7 @@ from agent_fsm.models.gemini_convert import GEMINI_PARTS, to_gemini_contents
 from agent_fsm.models.openai_responses_convert import RESPONSES_PARTS, to_responses_input
 from agent_fsm.models.parts import PartBudget
 from agent_fsm.prompt import cleared_result
-from agent_fsm.testing import ScriptedModel, assert_terminates, call, reply
+from agent_fsm.testing import ScriptedModel, assert_terminates, call, check_invariants, reply
 from agent_fsm.testing.wire import WireServer
 from agent_fsm.tokens import (
     FILE_PAGE_TOKENS,
@@ -53,6 +53,7 @@ from agent_fsm.tokens import (
     MESSAGE_OVERHEAD_TOKENS,
     estimate_message_tokens,
 )
+from agent_fsm.tools.results import readable_parts
 from tests.provider_kits import WireKit, all_kits
 from tests.provider_kits.base import FAKE_KEY, OverTheWire
 from tests.stores import Opener
@@ -312,19 +313,62 @@ def bitmap() -> ToolResult:
     return ToolResult("rendered", parts=[ImagePart(data=PNG, media_type="image/bmp")])
 
 
-async def test_a_tool_result_a_provider_cannot_take_fails_before_the_call() -> None:
-    kit = KITS["anthropic"]
+@pytest.mark.parametrize("name", sorted(KITS))
+async def test_a_tool_result_a_provider_cannot_take_is_told_to_the_model_and_the_run_goes_on(
+    name: str,
+) -> None:
+    """A tool's image the provider cannot read (a BMP: no provider here takes one) is not
+    sent: the request would fail before it left, and so would every later one, a resume's
+    too. The result says what the tool returned and why the model cannot see it, the run
+    goes on, and the wire carries no image."""
+    kit = KITS[name]
     async with served(kit) as (server, model):
-        server.then(kit.reply(calls(("call_1", "bitmap"))))
+        server.then(kit.reply(calls(("call_1", "bitmap"))), kit.reply(text("No picture, then.")))
         result = await Agent(model=model, tools=[bitmap]).run("Draw.")
-    assert len(server.requests) == 1  # the request that would carry the bitmap never left
-    assert result.stop_reason is StopReason.MODEL_ERROR
-    assert result.error is not None
-    assert "image/bmp" in result.error
-    answer = result.messages[-1]  # the call is still answered, with the parts it returned
+    assert result.stop_reason is StopReason.FINAL_ANSWER, result.error
+    assert len(server.requests) == 2
+    answer = result.messages[2]
     assert isinstance(answer, ToolMessage)
     assert answer.tool_call_id == "call_1"
-    assert answer.parts == (ImagePart(data=PNG, media_type="image/bmp"),)
+    assert answer.parts == ()
+    assert answer.content.startswith("rendered\n[The tool returned an image (image/bmp, ")
+    assert "'image/bmp'" in answer.content
+    assert isinstance(answer.details, dict)
+    assert answer.details["runtime"]["unreadable_parts"][0]["kind"] == "image"  # type: ignore[call-overload,index]
+    sent = json.dumps(server.body(1))
+    assert "cannot be shown" in sent
+    assert b64(PNG) not in sent
+    check_invariants(result, limits=Limits())
+
+
+def test_readable_parts_keeps_what_the_provider_takes_and_notes_the_rest() -> None:
+    support = PartSupport(
+        provider="P",
+        image_types=frozenset({"image/png"}),
+        file_types=frozenset(),
+        image_urls=False,
+        file_urls=False,
+        max_image_bytes=100,
+        max_file_bytes=0,
+        max_request_bytes=1000,
+        tool_results="",
+    )
+    good = ImagePart(data=bytes(10), media_type="image/png")
+    results = [
+        ToolMessage(tool_call_id="a", name="t", content="plain"),
+        ToolMessage(
+            tool_call_id="b",
+            name="t",
+            content="two",
+            parts=(good, TextPart(text="x"), ImagePart(url="https://example.test/p.png")),
+        ),
+    ]
+    plain = results[0]
+    readable_parts(results, support)
+    assert results[0] is plain  # nothing to do, nothing copied
+    assert results[1].parts == (good, TextPart(text="x"))
+    assert "(https://example.test/p.png)" in results[1].content
+    assert "does not fetch images from URLs" in results[1].content
 
 
 def test_a_request_s_parts_are_checked_one_by_one_and_in_total() -> None:

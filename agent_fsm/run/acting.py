@@ -62,6 +62,7 @@ from agent_fsm.tools.results import (
     error_result,
     fit_turn,
     merge_runtime_details,
+    readable_parts,
     skipped_result,
 )
 from agent_fsm.tools.scheduling import (
@@ -171,6 +172,8 @@ async def answer_calls(
         _keep_hook_facts(turn.prepared, final)
     _end_on_terminal_tool(ctx, turn.prepared, final)
     fit_turn(final, ctx.limits.turn_max_output_chars)
+    if config.part_support is not None:
+        readable_parts(final, config.part_support)
     _report(ctx, turn, turn.prepared, final)
     _count(ctx, bool(asked), prepared, final)  # the loop detector sees the model's calls
     return final

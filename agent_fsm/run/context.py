@@ -18,6 +18,7 @@ from typing import Any
 
 from agent_fsm.cancellation import StopEvent
 from agent_fsm.compaction import ContextPolicy
+from agent_fsm.content import PartSupport
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.events import EventBus, EventHandler
 from agent_fsm.guardrails import Guardrail
@@ -79,6 +80,10 @@ class RunConfig:
     delegates: bool = False
     """Some tool is a sub-agent (``Agent.as_tool``): ACT lets the tools see the run
     (``run.delegation.acting_for``). False costs one attribute check per ACT."""
+    part_support: PartSupport | None = None
+    """The images and files the model's provider takes (``models.base.TakesParts``): ACT
+    holds a tool's parts to it (``tools.results.readable_parts``); None for a model that
+    does not say, whose tool results go as they are."""
     pricing: Pricing | None = None
     """What the agent's model's tokens cost (``Limits.prices``); None without prices, so
     an agent without a price pays one attribute check per model call."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from agent_fsm.content import ContentPart, FilePart, ImagePart, TextPart
+from agent_fsm.content import ContentPart, FilePart, ImagePart, PartSupport, TextPart, encoded_size
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_message
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "split_parts",
     "skipped_result",
     "fit_turn",
+    "readable_parts",
     "truncate",
 ]
 
@@ -246,3 +247,37 @@ def fit_turn(results: list[ToolMessage], budget: int) -> None:
                 "details": merge_runtime_details(result.details, runtime_update),
             }
         )
+
+
+def readable_parts(results: list[ToolMessage], support: PartSupport) -> None:
+    """Replace, in place, each image or file of a turn's results that the model's provider
+    cannot take (``PartSupport.problem``: its media type, a URL it does not fetch, its size)
+    with a note in the result's text saying what it was and why the model cannot see it,
+    and ``details["runtime"]["unreadable_parts"]`` for people. Sent as it is, the request
+    would fail before it left (a permanent model error), and so would every request after
+    it, a resume's included: the run could never go on with this model. Told instead, the
+    model can do without it or ask for another form."""
+    for index, result in enumerate(results):
+        if not result.parts:
+            continue
+        kept: list[ContentPart] = []
+        notes: list[str] = []
+        unreadable: list[JsonValue] = []
+        for part in result.parts:
+            why = support.problem(part)
+            if why is None or isinstance(part, TextPart):
+                kept.append(part)
+                continue
+            kind = "an image" if isinstance(part, ImagePart) else "a file"
+            what = part.url or f"{part.media_type}, {encoded_size(part):,} bytes"
+            notes.append(f"[The tool returned {kind} ({what}) that cannot be shown: {why}.]")
+            unreadable.append({"kind": kind[kind.index(" ") + 1 :], "why": why})
+        if notes:
+            runtime: dict[str, JsonValue] = {"unreadable_parts": unreadable}
+            results[index] = result.model_copy(
+                update={
+                    "content": "\n".join([result.content, *notes]).strip(),
+                    "parts": tuple(kept),
+                    "details": merge_runtime_details(result.details, runtime),
+                }
+            )
