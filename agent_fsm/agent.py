@@ -944,7 +944,7 @@ class Agent:
     def reopen(
         self,
         run_id: str,
-        reply: str | None = None,
+        reply: UserInput | None = None,
         *,
         approvals: Decisions | None = None,
         pause: str | None = None,
@@ -952,6 +952,11 @@ class Agent:
         """A stopped run, made ready to continue (not yet stepped): see ``resume``."""
         _check_id("run id", run_id)
         config = self._config
+        if reply is not None and not isinstance(reply, str):
+            try:
+                _check_input_parts(config.model, [user_input(reply)])
+            except ConfigError as exc:
+                raise ResumeError(f"reply: {exc}") from None
         with self._residence.readmit(run_id) as (state, keeper):
             if config.record is not None:
                 claim(state, config.record)
@@ -964,7 +969,7 @@ class Agent:
     async def resume(
         self,
         run_id: str,
-        reply: str | None = None,
+        reply: UserInput | None = None,
         *,
         approvals: Decisions | None = None,
         pause: str | None = None,
@@ -974,7 +979,8 @@ class Agent:
         Args:
             run_id: the run, as in ``RunResult.run_id``.
             reply: the user's answer when the run paused on ask_user (optional extra input
-                for an aborted or timed-out run).
+                for an aborted or timed-out run): a text, or like a run's input, a list of
+                texts, images and files (a sub-agent's question takes text).
             approvals: for a run paused on approvals: a decision per pending call id
                 (``True``, ``False`` or ``Approval(allow=..., reason=...)``; the reason is
                 shown to the model), or one decision for all of them (with ``pause``).
@@ -1000,7 +1006,7 @@ class Agent:
     def resume_sync(
         self,
         run_id: str,
-        reply: str | None = None,
+        reply: UserInput | None = None,
         *,
         approvals: Decisions | None = None,
         pause: str | None = None,

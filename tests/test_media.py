@@ -5,6 +5,7 @@ estimate, kept whole by the context policies, and stored and resumed byte for by
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -21,6 +22,7 @@ from agent_fsm import (
     FilePart,
     ImagePart,
     Limits,
+    ResumeError,
     StopReason,
     TextPart,
     ToolResult,
@@ -677,3 +679,65 @@ def test_files_by_url_and_plain_text_in_each_form() -> None:
     unknown = UserMessage(content="", parts=(FilePart(url="gs://bucket/blob"),))
     with pytest.raises(ModelCallError, match="needs the media type"):
         to_gemini_contents([unknown], run_id="r", support=GEMINI_PARTS)
+
+
+# --------------------------------------------------------------------------- answers after a pause
+
+
+class _AnthropicLike(ScriptedModel):
+    """A scripted model that says what Anthropic takes (``TakesParts``)."""
+
+    @property
+    def part_support(self) -> PartSupport:
+        return ANTHROPIC_PARTS
+
+
+async def test_an_ask_user_reply_can_carry_an_image() -> None:
+    image = ImagePart(data=PNG, media_type="image/png")
+    model = _AnthropicLike([reply("", call("ask_user", question="Which one?")), "That one."])
+    agent = Agent(model=model, limits=Limits(max_turns=4))
+    paused = await agent.run("Pick a picture.")
+    assert paused.stop_reason is StopReason.ASK_USER
+    result = await agent.resume(paused.run_id, ["This one:", image])
+    assert result.stop_reason is StopReason.FINAL_ANSWER, result.error
+    answer = model.requests[-1].messages[-1]
+    assert answer == UserMessage(content="This one:", parts=(image,))
+    check_invariants(result, limits=Limits(max_turns=4))
+
+
+async def test_a_reply_the_provider_cannot_take_is_refused_and_loses_nothing() -> None:
+    model = _AnthropicLike([reply("", call("ask_user", question="Which one?")), "Ok."])
+    agent = Agent(model=model, limits=Limits(max_turns=4))
+    paused = await agent.run("Pick a picture.")
+    bmp = ImagePart(data=PNG, media_type="image/bmp")
+    with pytest.raises(ResumeError, match="image/bmp"):
+        await agent.resume(paused.run_id, ["This one:", bmp])
+    with pytest.raises(ResumeError, match="reply: the input must be"):
+        await agent.resume(paused.run_id, [])
+    result = await agent.resume(paused.run_id, "The first.")  # the pause is still there
+    assert result.stop_reason is StopReason.FINAL_ANSWER
+
+
+async def test_a_run_can_be_steered_with_an_image() -> None:
+    image = ImagePart(data=PNG, media_type="image/png")
+    gate = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Wait."""
+        await gate.wait()
+        return "waited"
+
+    model = _AnthropicLike([reply("", call("wait")), "Seen."])
+    run = Agent(model=model, tools=[wait], limits=Limits(max_turns=4)).start("Go.")
+    task = asyncio.create_task(run.run())
+    while not model.requests:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    with pytest.raises(ConfigError, match="image/bmp"):
+        run.steer(["Look:", ImagePart(data=PNG, media_type="image/bmp")])
+    run.steer(["Look:", image])
+    gate.set()
+    result = await task
+    assert result.stop_reason is StopReason.FINAL_ANSWER, result.error
+    assert model.requests[-1].messages[-1] == UserMessage(content="Look:", parts=(image,))

@@ -40,7 +40,14 @@ from agent_fsm.events import (
 )
 from agent_fsm.logs import get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
-from agent_fsm.messages import Message, SystemMessage, UserMessage, clean_text
+from agent_fsm.messages import (
+    Message,
+    SystemMessage,
+    UserInput,
+    UserMessage,
+    clean_text,
+    user_input,
+)
 from agent_fsm.output import typed_result
 from agent_fsm.run.acting import act
 from agent_fsm.run.answering import answer
@@ -204,8 +211,9 @@ class Run:
         self._ctx.bus.emit(AbortRequested(run_id=state.run_id, reason=reason, turn=state.turns))
         self._interrupt()
 
-    def steer(self, message: str) -> None:
-        """Give the active run a new user message now.
+    def steer(self, message: UserInput) -> None:
+        """Give the active run a new user message now: a text, or like a run's input, a list
+        of texts, images and files.
 
         It is checked after each tool call finishes: the calls of the current turn that have
         not started are answered "skipped" and the message is observed before the next model
@@ -214,13 +222,19 @@ class Run:
 
         Raises:
             RunError: when the run has ended (a paused run continues with ``Agent.resume``).
-            ConfigError: when the message is not a string.
+            ConfigError: when the message is neither, or holds an image or file the model's
+                provider cannot take (``RunConfig.part_support``).
         """
-        self._check_queueable(message)
-        self._state.pending_input.append(clean_text(message))
-        self._ctx.bus.emit(
-            SteeringQueued(run_id=self.run_id, message=message, turn=self._state.turns)
-        )
+        self._check_open()
+        taken = user_input(message)
+        support = self._config.part_support
+        if isinstance(taken, UserMessage) and support is not None:
+            why = support.request_problem(taken.parts)
+            if why is not None:
+                raise ConfigError(f"this message cannot be sent to the model: {why}")
+        self._state.pending_input.append(taken)
+        text = taken if isinstance(taken, str) else taken.content
+        self._ctx.bus.emit(SteeringQueued(run_id=self.run_id, message=text, turn=self._state.turns))
 
     def follow_up(self, message: str) -> None:
         """Queue a user message for when the run would otherwise end (a final answer): the
@@ -240,6 +254,9 @@ class Run:
     def _check_queueable(self, message: object) -> None:
         if not isinstance(message, str):
             raise ConfigError(f"a message must be a str, got {type(message).__name__}")
+        self._check_open()
+
+    def _check_open(self) -> None:
         if self.done:
             raise RunError(
                 f"run {self.run_id} has ended ({self._state.state}); a paused run continues "

@@ -21,10 +21,10 @@ is left untouched.
 
 from __future__ import annotations
 
-from agent_fsm.errors import ResumeError
+from agent_fsm.errors import ConfigError, ResumeError
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
-from agent_fsm.messages import clean_text
+from agent_fsm.messages import UserInput, UserMessage, clean_text, user_input
 from agent_fsm.run.approvals import Decisions, decide
 from agent_fsm.run.residence import finished
 from agent_fsm.state import (
@@ -54,7 +54,7 @@ def reopen(
     state: RunState,
     machine: AgentMachine,
     limits: Limits,
-    reply: str | None = None,
+    reply: UserInput | None = None,
     approvals: Decisions | None = None,
     pause: str | None = None,
     *,
@@ -75,15 +75,14 @@ def reopen(
         ResumeError: when the run cannot continue, or not with this answer, or was made with
             another table, or the answer is for another pause. ``state`` is then unchanged.
     """
-    if reply is not None and not isinstance(reply, str):
-        raise ResumeError(f"reply must be a str, got {type(reply).__name__}")
+    answer = None if reply is None else _reply_of(reply)
     if not machine.knows(state):
         raise ResumeError(
             f"run {state.run_id} (in state {state.state}) was not made with this agent's "
             "table: resume it with an agent whose table has its states and rows"
         )
     if state.state not in TERMINAL_STATES:
-        if reply is not None or approvals is not None or pause is not None:
+        if answer is not None or approvals is not None or pause is not None:
             raise ResumeError(
                 f"run {state.run_id} was interrupted in {state.state}, not paused: resume it "
                 "without a reply or approvals"
@@ -95,10 +94,30 @@ def reopen(
             )
         answered = "crashed"
     else:
-        answered = _answer_stop(state, machine, limits, reply, approvals, pause, tools)
+        answered = _answer_stop(state, machine, limits, answer, approvals, pause, tools)
     reopen_fields(state, stopped=False)
     state.resumed_at.append(len(state.trace))
     return answered
+
+
+def _reply_of(reply: object) -> str | UserMessage:
+    """The reply as the transcript keeps it: a text, or a message with images and files
+    (``messages.user_input``).
+
+    Raises:
+        ResumeError: anything else, saying what a reply may be.
+    """
+    try:
+        return user_input(reply)
+    except ConfigError as exc:
+        raise ResumeError(f"reply: {exc}") from None
+
+
+def _said_nothing(reply: str | UserMessage | None) -> bool:
+    """No reply, or one with no text and no parts."""
+    if isinstance(reply, UserMessage):
+        return not reply.content and not reply.parts
+    return not reply
 
 
 def _check_pause(state: RunState, approvals: Decisions | None, pause: str | None) -> None:
@@ -135,7 +154,7 @@ def _answer_stop(
     state: RunState,
     machine: AgentMachine,
     limits: Limits,
-    reply: str | None,
+    reply: str | UserMessage | None,
     approvals: Decisions | None,
     pause: str | None,
     tools: ToolRegistry | None = None,
@@ -153,9 +172,14 @@ def _answer_stop(
     for_child = stop is StopReason.SUB_AGENT_PAUSED
     if reply is not None:
         if for_child:  # passed down to the sub-agent that asked, by ACT
+            if not isinstance(reply, str):
+                raise ResumeError(
+                    f"run {state.run_id}: its sub-agent asked the user a question, which "
+                    "takes a text reply (images and files go in the input of a run)"
+                )
             state.child_reply = clean_text(reply)
         else:
-            state.pending_input.append(clean_text(reply))
+            state.pending_input.append(reply)
     state.decisions = decisions
     row = machine.resume_row(state, limits)
     if row is None:
@@ -190,7 +214,7 @@ def _rows_leaving(rows: tuple[Row, ...], state: RunState, stop: StopReason | Non
 def _check_answer(
     state: RunState,
     candidates: list[Row],
-    reply: str | None,
+    reply: str | UserMessage | None,
     approvals: Decisions | None,
     tools: ToolRegistry | None = None,
 ) -> list[Decision]:
@@ -212,7 +236,7 @@ def _check_answer(
             raise ResumeError(
                 f"run {run_id} asked the user {question!r}: answer with reply=..., not approvals"
             )
-        if not reply:
+        if _said_nothing(reply):
             raise ResumeError(
                 f"run {run_id} asked the user {question!r}: pass the answer as reply=..."
             )
@@ -226,7 +250,7 @@ def _check_answer(
 def _check_child_answer(
     run_id: str,
     control: ControlRequest,
-    reply: str | None,
+    reply: str | UserMessage | None,
     approvals: Decisions | None,
     tools: ToolRegistry | None,
 ) -> list[Decision]:
@@ -247,7 +271,7 @@ def _check_child_answer(
             f"run {run_id}: its sub-agent {child.tool} asked the user {control.text!r}: "
             "answer with reply=..., not approvals"
         )
-    if not reply:
+    if _said_nothing(reply):
         raise ResumeError(
             f"run {run_id}: its sub-agent {child.tool} asked the user {control.text!r}: pass "
             "the answer as reply=..."
