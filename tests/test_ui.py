@@ -20,6 +20,7 @@ from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import CheckpointError
 from agent_fsm.events import RunFinished, RunPaused, RunStarted, StateChanged, ToolStarted
 from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, Usage, UserMessage
+from agent_fsm.pricing import Pricing
 from agent_fsm.state import ControlKind, RunStatus
 from agent_fsm.table import TABLE, AgentState, StopReason
 from agent_fsm.testing import ScriptedModel, call, reply
@@ -102,6 +103,28 @@ def test_the_runs_page_marks_paused_runs_and_filters(runs: Runs) -> None:
     assert "default-src 'self'" in headers["content-security-policy"]
     assert "https://" not in page
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_the_runs_page_shows_the_cost_where_known_and_blank_where_not(runs: Runs) -> None:
+    """A run made with prices records its cost in its checkpoint; the list shows it, and a
+    blank cell for the runs made without prices."""
+    priced = Agent(
+        model=ScriptedModel([reply("Sunny.", usage=(1000, 500))]),
+        tools=[],
+        limits=limits(prices={"scripted": Pricing(input_per_million=2.0, output_per_million=8.0)}),
+        store=runs.store,
+    )
+    result = priced.run_sync("Weather?")
+    assert result.cost == pytest.approx(0.006)
+    by_id = {row.run_id: row for row in run_rows(runs.store, TABLE)[0]}
+    assert by_id[result.run_id].cost == pytest.approx(0.006)
+    assert by_id[runs.finished].cost is None
+    with ui(runs) as base:
+        _, page, _ = get(base + "/")
+    cells = dict(re.findall(r'data-run="([^"]+)".*?<td class="num cost">([^<]*)</td>', page))
+    assert cells[result.run_id] == "0.0060"
+    assert cells[runs.finished] == ""
+    assert "<th>cost</th>" in page
 
 
 # -- one run -----------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from pydantic_core import PydanticSerializationError
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message, clean_text
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
-from agent_fsm.table import AgentState, state_named
+from agent_fsm.table import TERMINAL_STATES, AgentState, StopReason, state_named
 
 __all__ = [
     "CHECKPOINT_SCHEMA_VERSION",
@@ -132,6 +132,8 @@ STORED_SUMMARY = (
     "updated_at",
     "output",
     "error",
+    "stop_reason",
+    "cost",
 )
 """The fields of a ``RunSummary`` a store keeps for each run (``summarize``'s), in order: a
 store that keeps them in columns reads them back with ``read_summary``."""
@@ -158,6 +160,12 @@ class RunSummary:
     """Unix time of the last save."""
     output: str | None
     error: str | None
+    stop_reason: StopReason | None = None
+    """Why the run stopped, as it recorded it (``RunState.stop_reason``), while its last save
+    is in DONE or ERROR; None for a run still going, and for a stopped run whose checkpoint
+    predates recorded stop reasons (its last row's label says it: ``last_row``)."""
+    cost: float | None = None
+    """What its model calls cost so far (``RunState.cost``); None while none was priced."""
     lease_holder: str | None = None
     """The worker id on the run's lease: its holder, or its last one once the lease expired
     or was released; None for a run never leased."""
@@ -197,6 +205,8 @@ def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSu
         updated_at=updated_at,
         output=_column_text(state.output),
         error=_column_text(state.error),
+        stop_reason=state.stop_reason if state.state in TERMINAL_STATES else None,
+        cost=state.cost,
     )
 
 
@@ -400,6 +410,8 @@ def read_summary(values: Sequence[object]) -> RunSummary:
     if not isinstance(values[0], str):
         read["run_id"] = repr(values[0])
     read["state"] = state_named(read["state"])
+    if read["stop_reason"] is not None:
+        read["stop_reason"] = StopReason(read["stop_reason"])
     unreadable = f"its summary is unreadable: {', '.join(bad)}" if bad else None
     return RunSummary(**read, unreadable=unreadable)
 
@@ -428,6 +440,22 @@ def _is_row(value: object) -> bool:
     return value is None or _is_count(value)
 
 
+_STOP_VALUES = frozenset(reason.value for reason in StopReason)
+
+
+def _is_stop(value: object) -> bool:
+    return value is None or (isinstance(value, str) and value in _STOP_VALUES)
+
+
+def _is_cost(value: object) -> bool:
+    return value is None or (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 _FIELDS: dict[str, tuple[Callable[[object], bool], object]] = {
     "run_id": (_is_run_id, ""),
     "state": (_is_state, "?"),
@@ -439,5 +467,7 @@ _FIELDS: dict[str, tuple[Callable[[object], bool], object]] = {
     "updated_at": (_is_time, 0.0),
     "output": (_is_text, None),
     "error": (_is_text, None),
+    "stop_reason": (_is_stop, None),
+    "cost": (_is_cost, None),
 }
 """Per stored summary field: whether a value is one a store writes, and what to list if not."""

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from agent_fsm.durable.encoding import RunSummary, schema_problem
 from agent_fsm.errors import ConfigError
-from agent_fsm.table import TERMINAL_STATES
+from agent_fsm.table import TERMINAL_STATES, StopReason
 
-__all__ = ["listed", "redacted", "state_names"]
+__all__ = ["listed", "redacted", "state_names", "stop_kept", "stop_names"]
 
 
 def state_names(states: str | Iterable[str] | None) -> list[str] | None:
@@ -32,6 +32,42 @@ def state_names(states: str | Iterable[str] | None) -> list[str] | None:
         if not isinstance(state, str):
             raise ConfigError(f"list_runs(states=...) takes state names, got {state!r}")
     return [str(state) for state in chosen]
+
+
+def stop_names(
+    stop_reasons: StopReason | str | Iterable[StopReason | str | None] | None,
+) -> tuple[list[str], bool] | None:
+    """The stop reasons ``list_runs(stop_reasons=...)`` keeps, as their values, and whether
+    it keeps the runs that recorded none too (a None among them): a run still going, or a
+    stopped one whose checkpoint predates recorded stop reasons, which a caller then judges
+    by its ``last_row``. None (the argument) keeps every run.
+
+    Raises:
+        ConfigError: a value that names no ``StopReason``.
+    """
+    if stop_reasons is None:
+        return None
+    chosen = [stop_reasons] if isinstance(stop_reasons, str) else list(stop_reasons)
+    values, unrecorded = [], False
+    for reason in chosen:
+        if reason is None:
+            unrecorded = True
+            continue
+        try:
+            values.append(StopReason(reason).value)
+        except ValueError:
+            raise ConfigError(
+                f"list_runs(stop_reasons=...) takes StopReason values, got {reason!r}"
+            ) from None
+    return list(dict.fromkeys(values)), unrecorded
+
+
+def stop_kept(summary: RunSummary, stops: tuple[list[str], bool]) -> bool:
+    """Whether ``list_runs`` keeps ``summary`` for the ``stops`` that ``stop_names`` gave:
+    for a store that filters in Python (``MemoryStore``)."""
+    values, unrecorded = stops
+    reason = summary.stop_reason
+    return unrecorded if reason is None else reason.value in values
 
 
 def listed(

@@ -100,18 +100,27 @@ def runs_page(
             f'<td><a href="/runs/{quote(run.run_id, safe="")}">{_e(run.run_id)}</a>{flags}</td>'
             f"<td>{_e(run.state)}</td><td>{_e(run.stop or '-')}</td>"
             f'<td class="num">{run.turns}</td><td class="num">{run.tokens:,}</td>'
+            f'<td class="num cost">{_cost(run.cost)}</td>'
             f'<td class="num">{_duration(run.duration_s)}</td>'
             f"<td>{_when(run.updated_at)}</td><td>{_e(lease)}</td></tr>"
         )
     table = (
         '<table class="runs"><thead><tr><th>run</th><th>state</th><th>stop reason</th>'
-        "<th>turns</th><th>tokens</th><th>duration</th><th>updated</th><th>lease holder</th>"
+        "<th>turns</th><th>tokens</th><th>cost</th><th>duration</th><th>updated</th>"
+        "<th>lease holder</th>"
         f"</tr></thead><tbody>{''.join(lines)}</tbody></table>"
         if runs
         else '<p class="empty">no runs</p>'
     )
     body = f'<h1>Runs</h1>{filters}<p class="summary">{summary}</p>{table}'
     return _layout("runs", body, store=store)
+
+
+def _cost(cost: float | None) -> str:
+    """A run's cost, in its prices' currency (``Pricing`` names none); blank when unknown."""
+    if cost is None:
+        return ""
+    return f"{cost:,.4f}" if cost < 100 else f"{cost:,.2f}"
 
 
 def error_page(message: str, *, store: str, status: str = "error") -> str:
