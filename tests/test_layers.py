@@ -182,6 +182,7 @@ LAYERS = [
     "ui.steps",
     "ui.layout",
     "ui.agui",
+    "ui.agui_input",
     "ui.recorded",
     "ui.live",
     "ui.streams",
