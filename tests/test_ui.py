@@ -165,6 +165,50 @@ def test_a_step_shows_the_prompt_the_reply_and_the_results_as_of_it(runs: Runs) 
     assert last.model_calls == 2
 
 
+def test_a_stored_run_keeps_each_calls_usage_and_a_step_shows_it(runs: Runs) -> None:
+    """Each reply of a stored run carries its call's usage: a step shows the usage as of it
+    (the replies' up to its turn, adding up to the run's total at the end) and its own (the
+    call it took in, at the step right after it; none at the others)."""
+    state = runs.store.load(runs.finished)
+    replies_usage = [m.usage for m in state.messages if isinstance(m, AssistantMessage)]
+    assert len(replies_usage) == 2
+    assert all(u is not None and u.requests == 1 for u in replies_usage)
+    entries = trace_of(state, TABLE)
+    steps = [step_at(state, TABLE, n) for n in range(1, len(entries) + 1)]
+    assert steps[-1].usage == state.usage
+    owned = [(n, s.own_usage) for n, s in enumerate(steps, 1) if s.own_usage is not None]
+    assert [usage for _, usage in owned] == replies_usage
+    assert [entries[n - 1].source for n, _ in owned] == ["THINK", "THINK"]
+    assert steps[0].usage == Usage()  # before any call
+    first_call = owned[0][0]
+    assert steps[first_call - 1].usage == replies_usage[0]
+    assert steps[first_call - 2].usage == Usage()
+    first = replies_usage[0]
+    assert first is not None
+    with ui(runs) as base:
+        _, page, _ = get(f"{base}/runs/{runs.finished}?step={first_call}")
+        assert f'<dd id="step-tokens">{first.total_tokens:,} ' in page
+        assert f'<dd id="step-own-tokens">{first.total_tokens:,} ' in page
+        _, before, _ = get(f"{base}/runs/{runs.finished}?step={first_call - 1}")
+        assert "no model call in this step" in before
+
+
+def test_a_checkpoint_without_per_call_usage_shows_the_total_only(runs: Runs) -> None:
+    """A run saved before replies kept their usage: the step says so, and nothing breaks."""
+    state = runs.store.load(runs.finished)
+    state.messages = [
+        m.model_copy(update={"usage": None}) if isinstance(m, AssistantMessage) else m
+        for m in state.messages
+    ]
+    state.run_id = "older"
+    runs.store.save(state)
+    assert step_at(state, TABLE, len(state.trace)).usage is None
+    with ui(runs) as base:
+        status, page, _ = get(f"{base}/runs/older?step=3")
+    assert status == 200
+    assert "written before agent_fsm kept each call's usage" in page
+
+
 def test_the_run_page_shows_the_path_the_steps_and_escapes_the_transcript(runs: Runs) -> None:
     with ui(runs) as base:
         status, page, _ = get(f"{base}/runs/{runs.asking}?step=2")

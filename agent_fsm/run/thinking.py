@@ -470,10 +470,13 @@ def take_response(
     """Take in the reply of one model call: its message cleaned, its usage added to the
     run's (``_take_usage``) and priced (``RunConfig.pricing``), and the reply announced
     (``ModelResponded``). Returns the cleaned message, which the caller records as it
-    needs."""
+    needs; in a run with a checkpoint store (a journal), carrying the call's usage
+    (``AssistantMessage.usage``), so that the checkpoint keeps it per call."""
     state = ctx.state
     message = clean_message(response.message)  # output and loop detection read it too
     usage = _take_usage(ctx, response, message, estimate)
+    if ctx.journal is not None:  # a stored run keeps each call's usage with its reply
+        message = message.model_copy(update={"usage": usage})
     pricing, cost = ctx.config.pricing, None
     if pricing is not None:
         cost = pricing.cost(usage)

@@ -59,7 +59,7 @@ from agent_fsm.ui.pages import RunPage, error_page, run_page, runs_page, step_li
 from agent_fsm.ui.recorded import TraceRuns
 from agent_fsm.ui.runs import PAUSES, RunSource, run_rows
 from agent_fsm.ui.security import Guard, same_origin, tokens_match
-from agent_fsm.ui.steps import step_at, trace_of
+from agent_fsm.ui.steps import Step, step_at, trace_of
 from agent_fsm.ui.streams import driven, followed
 
 __all__ = ["create_app"]
@@ -181,16 +181,18 @@ def _page(ui: _Ui, state: RunState, step: int | None, problem: str | None = None
         live=running,
         abortable=running and (ui.live.driving(state.run_id) or isinstance(ui.store, RunCancels)),
         problem=problem,
-        step_usage=_usage_at(ui, state, chosen.model_calls) if chosen is not None else None,
+        step_usage=_usage_at(ui, state, chosen) if chosen is not None else None,
     )
     return run_page(page, store=ui.store_name)
 
 
-def _usage_at(ui: _Ui, state: RunState, turn: int) -> Usage | None:
-    """The usage of the run's model calls as of ``turn``, where the source keeps it per
-    call (a trace file); None for a checkpoint, which keeps the run's total only."""
+def _usage_at(ui: _Ui, state: RunState, step: Step) -> Usage | None:
+    """The usage of the run's model calls as of ``step``, where the source keeps it per
+    call: a stored run's replies, or a trace file's model calls (which count the calls
+    that made no reply too); None for a checkpoint written before replies kept it."""
     if not isinstance(ui.store, TraceRuns):
-        return None
+        return step.usage
+    turn = step.model_calls
     by_turn = ui.store.usage_by_turn(state.run_id)
     known = [t for t in by_turn if t <= turn]
     return by_turn[max(known)] if known else None

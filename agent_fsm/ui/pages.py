@@ -149,7 +149,7 @@ class RunPage:
     problem: str | None = None
     step_usage: Usage | None = None
     """The usage of the model calls as of the chosen step, where the source keeps it (a
-    trace file; a checkpoint keeps the run's total only)."""
+    stored run's replies, a trace file); None where it does not (an older checkpoint)."""
 
 
 def _message(message: Message) -> str:
@@ -188,15 +188,26 @@ def _fork_form(page: RunPage, step: Step) -> str:
     )
 
 
-def _usage_line(usage: Usage | None) -> str:
+def _tokens(usage: Usage) -> str:
+    return f"{usage.total_tokens:,} ({usage.input_tokens:,} in, {usage.output_tokens:,} out)" + (
+        " estimated" if usage.estimated else ""
+    )
+
+
+def _usage_line(usage: Usage | None, step: Step) -> str:
     if usage is None:
         return (
-            '<dt>tokens as of this step</dt><dd class="hint">a checkpoint keeps the run\'s total '
-            "only (above); a trace file (--trace) keeps each call's</dd>"
+            '<dt>tokens as of this step</dt><dd class="hint">this checkpoint keeps the run\'s '
+            "total only (above): it was written before agent_fsm kept each call's usage</dd>"
         )
+    own = (
+        f'<dd id="step-own-tokens">{_tokens(step.own_usage)}</dd>'
+        if step.own_usage is not None
+        else '<dd id="step-own-tokens" class="hint">none: no model call in this step</dd>'
+    )
     return (
-        f'<dt>tokens as of this step</dt><dd id="step-tokens">{usage.total_tokens:,} '
-        f"({usage.input_tokens:,} in, {usage.output_tokens:,} out)</dd>"
+        f'<dt>tokens as of this step</dt><dd id="step-tokens">{_tokens(usage)}</dd>'
+        f"<dt>this step's model call</dt>{own}"
     )
 
 
@@ -306,7 +317,8 @@ def run_page(page: RunPage, *, store: str) -> str:
     )
     detail = ""
     if page.step is not None:
-        detail = _step_detail(page.step, _fork_form(page, page.step), _usage_line(page.step_usage))
+        usage = _usage_line(page.step_usage, page.step)
+        detail = _step_detail(page.step, _fork_form(page, page.step), usage)
     transcript = "".join(_message(m) for m in state.messages)
     live = (
         f'<section class="live" id="live" data-events="/runs/{run}/events">'

@@ -146,7 +146,9 @@ def _messages(run: RecordedRun) -> list[Message]:
         messages.append(UserMessage(content=run.input))
     for event in run.events:
         if isinstance(event, ModelResponded):
-            messages.append(AssistantMessage(content=event.text, tool_calls=event.tool_calls))
+            messages.append(
+                AssistantMessage(content=event.text, tool_calls=event.tool_calls, usage=event.usage)
+            )
         elif isinstance(event, ToolFinished):
             messages.append(
                 ToolMessage(
