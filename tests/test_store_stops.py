@@ -92,7 +92,7 @@ def test_sqlite_filters_by_stop_along_its_index(tmp_path: Path) -> None:
 
     path = tmp_path / "runs.sqlite3"
     SQLiteStore(path).close()
-    where, params = sqlite_store._filters(None, (["final_answer"], False))
+    where, params = sqlite_store._filters(["DONE"], ["final_answer", ""])
     with sqlite3.connect(path) as conn:
         plan = conn.execute(
             "EXPLAIN QUERY PLAN " + sqlite_store._LIST_RUNS.format(where=where), (*params, 10)

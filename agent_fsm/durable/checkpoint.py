@@ -167,9 +167,10 @@ class RunLister(Protocol):
         with ``states`` (one state or several, ``AgentState`` members or custom states'
         names), only the runs whose last save was in one of them; with ``stop_reasons``
         (one or several ``StopReason``s or their values), only the runs whose
-        ``RunSummary.stop_reason`` is one of them, a None among them keeping the runs that
-        recorded none (``listing.stop_names``): a store that keeps the reason in a column
-        filters there, so a rare reason costs no pass over the runs. Each is ``summarize`` of
+        ``RunSummary.stop_reason`` is one of them, a None among them keeping the stopped runs
+        that recorded none (``listing.stop_names``; a run still going is kept by none): a
+        store that keeps the reason in a column filters there, so a rare reason costs no
+        pass over the runs. Each is ``summarize`` of
         the run's last saved state, ``created_at`` the time of its first save and
         ``updated_at`` of its last, with its lease and ``stuck`` as ``listed`` gives them.
 

@@ -58,6 +58,7 @@ __all__ = [
     "Migration",
     "RunSummary",
     "STORED_SUMMARY",
+    "UNRECORDED_STOP",
     "decode_entries",
     "decode_header",
     "encode_header",
@@ -65,6 +66,7 @@ __all__ = [
     "encode_model",
     "read_summary",
     "schema_problem",
+    "stop_column",
     "summarize",
     "unknown_run",
 ]
@@ -163,7 +165,8 @@ class RunSummary:
     stop_reason: StopReason | None = None
     """Why the run stopped, as it recorded it (``RunState.stop_reason``), while its last save
     is in DONE or ERROR; None for a run still going, and for a stopped run whose checkpoint
-    predates recorded stop reasons (its last row's label says it: ``last_row``)."""
+    predates recorded stop reasons (its last row's label says it: ``last_row``). A store
+    keeps it as ``stop_column`` gives it."""
     cost: float | None = None
     """What its model calls cost so far (``RunState.cost``); None while none was priced."""
     lease_holder: str | None = None
@@ -208,6 +211,21 @@ def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSu
         stop_reason=state.stop_reason if state.state in TERMINAL_STATES else None,
         cost=state.cost,
     )
+
+
+UNRECORDED_STOP = ""
+"""``stop_column`` of a stopped run that recorded no reason."""
+
+
+def stop_column(summary: RunSummary) -> str | None:
+    """The stop reason of ``summary`` as a store keeps it in a column: None for a run that
+    has not stopped (so an index of the stopped runs' reasons skips its saves),
+    ``UNRECORDED_STOP`` for a stopped one that recorded none, else the reason's value.
+    ``read_summary`` reads the first two back as None."""
+    if summary.state not in TERMINAL_STATES:
+        return None
+    reason = summary.stop_reason
+    return UNRECORDED_STOP if reason is None else reason.value
 
 
 def _column_text(text: str | None) -> str | None:
@@ -411,7 +429,7 @@ def read_summary(values: Sequence[object]) -> RunSummary:
         read["run_id"] = repr(values[0])
     read["state"] = state_named(read["state"])
     if read["stop_reason"] is not None:
-        read["stop_reason"] = StopReason(read["stop_reason"])
+        read["stop_reason"] = StopReason(read["stop_reason"]) if read["stop_reason"] else None
     unreadable = f"its summary is unreadable: {', '.join(bad)}" if bad else None
     return RunSummary(**read, unreadable=unreadable)
 
@@ -444,7 +462,7 @@ _STOP_VALUES = frozenset(reason.value for reason in StopReason)
 
 
 def _is_stop(value: object) -> bool:
-    return value is None or (isinstance(value, str) and value in _STOP_VALUES)
+    return value is None or value == UNRECORDED_STOP or value in _STOP_VALUES
 
 
 def _is_cost(value: object) -> bool:

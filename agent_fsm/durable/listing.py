@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent_fsm.durable.encoding import RunSummary, schema_problem
+from agent_fsm.durable.encoding import UNRECORDED_STOP, RunSummary, schema_problem, stop_column
 from agent_fsm.errors import ConfigError
 from agent_fsm.table import TERMINAL_STATES, StopReason
 
@@ -36,11 +36,11 @@ def state_names(states: str | Iterable[str] | None) -> list[str] | None:
 
 def stop_names(
     stop_reasons: StopReason | str | Iterable[StopReason | str | None] | None,
-) -> tuple[list[str], bool] | None:
-    """The stop reasons ``list_runs(stop_reasons=...)`` keeps, as their values, and whether
-    it keeps the runs that recorded none too (a None among them): a run still going, or a
-    stopped one whose checkpoint predates recorded stop reasons, which a caller then judges
-    by its ``last_row``. None (the argument) keeps every run.
+) -> list[str] | None:
+    """The stop reasons ``list_runs(stop_reasons=...)`` keeps, as a store keeps them in a
+    column (``encoding.stop_column``): each reason's value, and ``UNRECORDED_STOP`` for a
+    None among them (the stopped runs whose checkpoint predates recorded stop reasons,
+    which a caller judges by their ``last_row``). None (the argument) keeps every run.
 
     Raises:
         ConfigError: a value that names no ``StopReason``.
@@ -48,10 +48,10 @@ def stop_names(
     if stop_reasons is None:
         return None
     chosen = [stop_reasons] if isinstance(stop_reasons, str) else list(stop_reasons)
-    values, unrecorded = [], False
+    values = []
     for reason in chosen:
         if reason is None:
-            unrecorded = True
+            values.append(UNRECORDED_STOP)
             continue
         try:
             values.append(StopReason(reason).value)
@@ -59,15 +59,13 @@ def stop_names(
             raise ConfigError(
                 f"list_runs(stop_reasons=...) takes StopReason values, got {reason!r}"
             ) from None
-    return list(dict.fromkeys(values)), unrecorded
+    return list(dict.fromkeys(values))
 
 
-def stop_kept(summary: RunSummary, stops: tuple[list[str], bool]) -> bool:
+def stop_kept(summary: RunSummary, stops: list[str]) -> bool:
     """Whether ``list_runs`` keeps ``summary`` for the ``stops`` that ``stop_names`` gave:
     for a store that filters in Python (``MemoryStore``)."""
-    values, unrecorded = stops
-    reason = summary.stop_reason
-    return unrecorded if reason is None else reason.value in values
+    return stop_column(summary) in stops
 
 
 def listed(

@@ -270,8 +270,7 @@ class PostgresStore(ClosingStore):
         params = {
             "states": state_names(states),
             "by_stop": stops is not None,
-            "stops": [] if stops is None else stops[0],
-            "unrecorded": stops is not None and stops[1],
+            "stops": stops or [],
             "limit": None if limit is None else max(limit, 0),
         }
         with self._db.connected("list runs") as conn:  # one statement: one snapshot

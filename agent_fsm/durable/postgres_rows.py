@@ -23,7 +23,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agent_fsm.durable.encoding import STORED_SUMMARY, encode_header, encode_message, summarize
+from agent_fsm.durable.encoding import (
+    STORED_SUMMARY,
+    encode_header,
+    encode_message,
+    stop_column,
+    summarize,
+)
 from agent_fsm.durable.queue import STOPPED_SQL
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
@@ -117,12 +123,13 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "ALTER TABLE runs ADD COLUMN stop_reason text",
         "ALTER TABLE runs ADD COLUMN cost double precision",
         "UPDATE runs SET"
-        f" stop_reason = CASE WHEN state IN {STOPPED_SQL} AND json_typeof(header) = 'object'"
+        f" stop_reason = CASE WHEN state NOT IN {STOPPED_SQL} THEN NULL"
+        " WHEN json_typeof(header) = 'object'"
         " AND json_typeof(header -> 'stop_reason') = 'string'"
-        " THEN header ->> 'stop_reason' END,"
+        " THEN header ->> 'stop_reason' ELSE '' END,"
         " cost = CASE WHEN json_typeof(header) = 'object'"
         " AND json_typeof(header -> 'cost') = 'number' THEN (header ->> 'cost')::float8 END",
-        "CREATE INDEX runs_by_stop ON runs (stop_reason, revision)",
+        "CREATE INDEX runs_by_stop ON runs (stop_reason, revision) WHERE stop_reason IS NOT NULL",
         "UPDATE layout SET version = 3",
     ),
 }
@@ -142,14 +149,13 @@ LIST_RUNS = (
     + NOW
     + " FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id"
     " WHERE (%(states)s::text[] IS NULL OR r.state = ANY(%(states)s::text[]))"
-    " AND (NOT %(by_stop)s OR r.stop_reason = ANY(%(stops)s::text[])"
-    " OR (%(unrecorded)s AND r.stop_reason IS NULL))"
+    " AND (NOT %(by_stop)s OR r.stop_reason = ANY(%(stops)s::text[]))"
     " ORDER BY r.revision DESC LIMIT %(limit)s"
 )
 """What ``list_runs`` reads: each run's summary columns (``STORED_SUMMARY``), schema
 version, queue priority, cancel request and last lease, with the server's time (lease
 expiry is the server's); of the states chosen (``states``, NULL for all) and, with
-``by_stop``, the stop reasons (``stops``, and NULL when ``unrecorded``)."""
+``by_stop``, the stop reasons (``stops``, as ``encoding.stop_column`` keeps them)."""
 
 INSERT_RUN = (
     "INSERT INTO runs (run_id, schema_version, header, state, turns, total_tokens,"
@@ -313,7 +319,7 @@ def run_values(state: RunState, now: float, priority: int = 0) -> dict[str, Any]
         "last_row": line.last_row,
         "output": line.output,
         "error": line.error,
-        "stop_reason": None if line.stop_reason is None else line.stop_reason.value,
+        "stop_reason": stop_column(line),
         "cost": line.cost,
         "now": now,
         "stopped": state.state in TERMINAL_STATES,

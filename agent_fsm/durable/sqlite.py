@@ -30,6 +30,7 @@ from agent_fsm.durable.encoding import (
     encode_header,
     encode_message,
     read_summary,
+    stop_column,
     summarize,
     unknown_run,
 )
@@ -207,7 +208,7 @@ class SQLiteStore(ClosingStore):
                 revision,
                 priority,
                 request,
-                None if summary.stop_reason is None else summary.stop_reason.value,
+                stop_column(summary),
                 summary.cost,
             ),
         )
@@ -417,21 +418,16 @@ class SQLiteStore(ClosingStore):
         self._file.close()
 
 
-def _filters(
-    names: list[str] | None, stops: tuple[list[str], bool] | None
-) -> tuple[str, list[str]]:
+def _filters(names: list[str] | None, stops: list[str] | None) -> tuple[str, list[str]]:
     """The WHERE clause of ``_LIST_RUNS`` and its parameters, for the states ``names`` and
     the ``stops`` (``listing.stop_names``) chosen, if any."""
     clauses, params = [], []
     if names is not None:
         clauses.append(f"r.state IN ({', '.join('?' * len(names))})")
         params += names
-    if stops is not None:
-        values, unrecorded = stops
-        chosen = [f"r.stop_reason IN ({', '.join('?' * len(values))})"] if values else []
-        chosen += ["r.stop_reason IS NULL"] if unrecorded else []
-        clauses.append(f"({' OR '.join(chosen)})" if chosen else "0")
-        params += values
+    if stops is not None:  # along the partial index runs_by_stop
+        clauses.append(f"r.stop_reason IN ({', '.join('?' * len(stops))})" if stops else "0")
+        params += stops
     return (f" WHERE {' AND '.join(clauses)}" if clauses else ""), params
 
 

@@ -56,16 +56,17 @@ _STOPS = (
     # The runs saved before: each header holds its run's reason and cost, when it recorded
     # them (a damaged header, which json_extract would refuse, gets neither).
     "UPDATE runs SET"
-    f" stop_reason = CASE WHEN state IN {STOPPED_SQL} AND json_valid(header)"
-    " AND json_type(header, '$.stop_reason') = 'text'"
-    " THEN json_extract(header, '$.stop_reason') END,"
+    f" stop_reason = CASE WHEN state NOT IN {STOPPED_SQL} THEN NULL"
+    " WHEN json_valid(header) AND json_type(header, '$.stop_reason') = 'text'"
+    " THEN json_extract(header, '$.stop_reason') ELSE '' END,"
     " cost = CASE WHEN json_valid(header) AND json_type(header, '$.cost') IN ('real', 'integer')"
     " THEN json_extract(header, '$.cost') END",
-    "CREATE INDEX runs_by_stop ON runs (stop_reason, revision)",
+    "CREATE INDEX runs_by_stop ON runs (stop_reason, revision) WHERE stop_reason IS NOT NULL",
 )
 """Layout 4: a stopped run's stop reason and a run's cost in columns (``list_runs``
-filters by the one and shows the other without reading a header), filled for the runs an
-older layout kept from their headers, and the index a stop filter walks, newest first."""
+filters by the one and shows the other without reading a header; ``encoding.stop_column``),
+filled for the runs an older layout kept from their headers, and the index a stop filter
+walks, newest first: of the stopped runs only, so a save mid-run leaves it alone."""
 
 _LAYOUT = """
 CREATE TABLE runs (

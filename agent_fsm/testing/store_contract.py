@@ -350,9 +350,10 @@ class CheckpointStoreContract(JournalContract, LeaseContract, QueueContract):
 
     def test_list_runs_by_stop_reason_with_the_cost(self) -> None:
         """``stop_reasons=``: one reason or several (a ``StopReason`` or its value), a None
-        among them for the runs that recorded none; the reason is listed only for a run
-        whose last save stopped (a run resumed from a stop is going again), the cost as
-        saved; combined with ``states=``, and the limit counts the runs kept."""
+        among them for the stopped runs that recorded none; the reason is listed only for a
+        run whose last save stopped (a run resumed from a stop is going again, and kept by
+        no stop), the cost as saved; combined with ``states=``, and the limit counts the
+        runs kept."""
         store = self.open_store()
         for run_id, state, stop, cost in [
             ("done", AgentState.DONE, StopReason.FINAL_ANSWER, 0.5),
@@ -377,11 +378,7 @@ class CheckpointStoreContract(JournalContract, LeaseContract, QueueContract):
         assert listed(stop_reasons=StopReason.FINAL_ANSWER) == ["done-too", "done"]
         assert listed(stop_reasons="final_answer", limit=1) == ["done-too"]
         assert listed(stop_reasons=["timeout", StopReason.ASK_USER]) == ["failed", "asking"]
-        assert listed(stop_reasons=[StopReason.ASK_USER, None]) == [
-            "unrecorded",
-            "resumed",
-            "asking",
-        ]
+        assert listed(stop_reasons=[StopReason.ASK_USER, None]) == ["unrecorded", "asking"]
         assert listed(stop_reasons=[None], states=[AgentState.DONE]) == ["unrecorded"]
         assert listed(stop_reasons=["final_answer"], states="ERROR") == []
         assert listed(stop_reasons=[]) == []
