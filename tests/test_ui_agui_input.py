@@ -318,3 +318,26 @@ def test_an_input_for_a_run_going_on_is_a_conflict(runs: Runs) -> None:
     state = _settled(runs, "thread-rome")
     assert state.output == "Warm in Rome."
     _checked(state)
+
+
+def test_one_decision_for_every_pending_call_and_a_client_that_goes_away(runs: Runs) -> None:
+    """``payload: true`` approves every pending call; the client closing the stream at once
+    stops nothing: the server drives the run to its end, the call made once."""
+    control = runs.store.load(runs.approving).control
+    assert control is not None
+    entry = {"interruptId": control.pause, "status": "resolved", "payload": True}
+    with ui(runs, csrf=CSRF) as base:
+        with httpx.stream(
+            "POST",
+            f"{base}/agui",
+            content=json.dumps(_input(runs.approving, "agui-11", resume=[entry])),
+            headers={"content-type": "application/json", "x-csrf-token": CSRF},
+            timeout=60,
+        ) as streaming:
+            assert streaming.status_code == 200
+            first = next(streaming.iter_lines())
+            assert '"RUN_STARTED"' in first
+        state = _settled(runs, runs.approving)
+    assert paid == [(500, "bob")]
+    assert state.stop_reason is StopReason.FINAL_ANSWER
+    _checked(state)
