@@ -67,6 +67,7 @@ __all__ = [
     "read_summary",
     "schema_problem",
     "stop_column",
+    "stop_value",
     "summarize",
     "unknown_run",
 ]
@@ -208,7 +209,12 @@ def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSu
         updated_at=updated_at,
         output=_column_text(state.output),
         error=_column_text(state.error),
-        stop_reason=state.stop_reason if state.state in TERMINAL_STATES else None,
+        # a run going on holds none (``Lifetime.STOP``): most saves skip the state test
+        stop_reason=(
+            state.stop_reason
+            if state.stop_reason is not None and state.state in TERMINAL_STATES
+            else None
+        ),
         cost=state.cost,
     )
 
@@ -222,10 +228,15 @@ def stop_column(summary: RunSummary) -> str | None:
     has not stopped (so an index of the stopped runs' reasons skips its saves),
     ``UNRECORDED_STOP`` for a stopped one that recorded none, else the reason's value.
     ``read_summary`` reads the first two back as None."""
-    if summary.state not in TERMINAL_STATES:
-        return None
-    reason = summary.stop_reason
-    return UNRECORDED_STOP if reason is None else reason.value
+    return stop_value(summary.stop_reason, stopped=summary.state in TERMINAL_STATES)
+
+
+def stop_value(reason: StopReason | None, *, stopped: bool) -> str | None:
+    """``stop_column`` from a summary's ``reason`` and whether its run ``stopped``, for a
+    store that knows the latter already (one test of the state per save)."""
+    if reason is not None:
+        return reason.value
+    return UNRECORDED_STOP if stopped else None
 
 
 def _column_text(text: str | None) -> str | None:

@@ -27,7 +27,7 @@ from agent_fsm.durable.encoding import (
     STORED_SUMMARY,
     encode_header,
     encode_message,
-    stop_column,
+    stop_value,
     summarize,
 )
 from agent_fsm.durable.queue import STOPPED_SQL
@@ -307,6 +307,7 @@ def run_values(state: RunState, now: float, priority: int = 0) -> dict[str, Any]
     and ``WRITE_RUN``."""
     version, header = encode_header(state)
     line = summarize(state, created_at=now, updated_at=now)
+    stopped = state.state in TERMINAL_STATES
     return {
         "run_id": state.run_id,
         "version": version,
@@ -319,10 +320,10 @@ def run_values(state: RunState, now: float, priority: int = 0) -> dict[str, Any]
         "last_row": line.last_row,
         "output": line.output,
         "error": line.error,
-        "stop_reason": stop_column(line),
+        "stop_reason": stop_value(line.stop_reason, stopped=stopped),
         "cost": line.cost,
         "now": now,
-        "stopped": state.state in TERMINAL_STATES,
+        "stopped": stopped,
         "priority": priority,
     }
 

@@ -30,7 +30,7 @@ from agent_fsm.durable.encoding import (
     encode_header,
     encode_message,
     read_summary,
-    stop_column,
+    stop_value,
     summarize,
     unknown_run,
 )
@@ -169,7 +169,8 @@ class SQLiteStore(ClosingStore):
         ).fetchone()
         found = row if row is not None else (0, 0, now, None, None)
         stored_messages, stored_trace, created_at, stored_revision, request = found
-        if state.state in TERMINAL_STATES:
+        stopped = state.state in TERMINAL_STATES
+        if stopped:
             request = None
         kept_messages, kept_trace = self._kept(
             conn, state, (stored_messages, stored_trace), stored_revision
@@ -208,7 +209,7 @@ class SQLiteStore(ClosingStore):
                 revision,
                 priority,
                 request,
-                stop_column(summary),
+                stop_value(summary.stop_reason, stopped=stopped),
                 summary.cost,
             ),
         )

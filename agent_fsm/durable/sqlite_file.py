@@ -61,12 +61,13 @@ _STOPS = (
     " THEN json_extract(header, '$.stop_reason') ELSE '' END,"
     " cost = CASE WHEN json_valid(header) AND json_type(header, '$.cost') IN ('real', 'integer')"
     " THEN json_extract(header, '$.cost') END",
-    "CREATE INDEX runs_by_stop ON runs (stop_reason, revision) WHERE stop_reason IS NOT NULL",
+    "CREATE INDEX runs_by_stop ON runs (stop_reason) WHERE stop_reason IS NOT NULL",
 )
 """Layout 4: a stopped run's stop reason and a run's cost in columns (``list_runs``
 filters by the one and shows the other without reading a header; ``encoding.stop_column``),
 filled for the runs an older layout kept from their headers, and the index a stop filter
-walks, newest first: of the stopped runs only, so a save mid-run leaves it alone."""
+walks: of the stopped runs' reasons only (no revision, which every save changes), so a save
+mid-run leaves it alone."""
 
 _LAYOUT = """
 CREATE TABLE runs (
