@@ -73,40 +73,6 @@ class UserMessage(BaseModel):
     content: str
 
 
-class Usage(BaseModel):
-    """Token counts of one or more model calls; adds up with ``+``."""
-
-    model_config = _FROZEN
-
-    input_tokens: int = Field(default=0, ge=0)
-    """Prompt tokens."""
-    output_tokens: int = Field(default=0, ge=0)
-    """Completion tokens, reasoning included."""
-    cached_tokens: int = Field(default=0, ge=0)
-    """Part of ``input_tokens`` served from a prompt cache, where reported."""
-    reasoning_tokens: int = Field(default=0, ge=0)
-    """Part of ``output_tokens`` spent on hidden reasoning, where reported."""
-    requests: int = Field(default=0, ge=0)
-    """Model calls that produced a reply."""
-    estimated: bool = False
-    """True when any part of these counts is agent_fsm's estimate, not the server's report."""
-
-    @property
-    def total_tokens(self) -> int:
-        """Input plus output tokens: what the token budget counts."""
-        return self.input_tokens + self.output_tokens
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cached_tokens=self.cached_tokens + other.cached_tokens,
-            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
-            requests=self.requests + other.requests,
-            estimated=self.estimated or other.estimated,
-        )
-
-
 class AssistantMessage(BaseModel):
     """One model reply: text, tool calls, or both."""
 
@@ -163,6 +129,43 @@ Message = Annotated[
     SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
 ]
 """Any transcript message, discriminated by ``role``."""
+
+
+class Usage(BaseModel):
+    """Token counts of one or more model calls; adds up with ``+``."""
+
+    model_config = _FROZEN
+
+    input_tokens: int = Field(default=0, ge=0)
+    """Prompt tokens."""
+    output_tokens: int = Field(default=0, ge=0)
+    """Completion tokens, reasoning included."""
+    cached_tokens: int = Field(default=0, ge=0)
+    """Part of ``input_tokens`` served from a prompt cache, where reported."""
+    reasoning_tokens: int = Field(default=0, ge=0)
+    """Part of ``output_tokens`` spent on hidden reasoning, where reported."""
+    requests: int = Field(default=0, ge=0)
+    """Model calls that produced a reply."""
+    estimated: bool = False
+    """True when any part of these counts is agent_fsm's estimate, not the server's report."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens: what the token budget counts."""
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            requests=self.requests + other.requests,
+            estimated=self.estimated or other.estimated,
+        )
+
+
+AssistantMessage.model_rebuild()  # its ``usage`` is a Usage, defined after it
 
 
 class FinishReason(StrEnum):
