@@ -476,7 +476,13 @@ def take_response(
     message = clean_message(response.message)  # output and loop detection read it too
     usage = _take_usage(ctx, response, message, estimate)
     if ctx.journal is not None:  # a stored run keeps each call's usage with its reply
-        message = message.model_copy(update={"usage": usage})
+        # (made anew: cheaper than model_copy, whose per-call machinery costs more here)
+        message = AssistantMessage(
+            content=message.content,
+            tool_calls=message.tool_calls,
+            provider_data=message.provider_data,
+            usage=usage,
+        )
     pricing, cost = ctx.config.pricing, None
     if pricing is not None:
         cost = pricing.cost(usage)
