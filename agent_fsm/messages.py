@@ -100,6 +100,10 @@ class AssistantMessage(BaseModel):
     the adapter's name: reasoning items, thinking blocks and their signatures, thought
     signatures. Opaque to the engine (checkpointed, never shown, never counted as text);
     an adapter reads only its own key, so a transcript can move between providers."""
+    usage: Usage | None = None
+    """What the model call that wrote this reply used, recorded by the engine in a run
+    with a checkpoint store (so a stored run keeps each call's usage, as its step-through
+    shows); None otherwise. Never sent to a model, never counted as text."""
 
 
 class ToolStatus(StrEnum):
@@ -178,6 +182,9 @@ class Usage(BaseModel):
                 "estimated": self.estimated or other.estimated,
             }
         )
+
+
+AssistantMessage.model_rebuild()  # its ``usage`` is a Usage, defined after it
 
 
 class FinishReason(StrEnum):

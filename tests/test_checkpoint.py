@@ -21,7 +21,7 @@ from agent_fsm.durable.sqlite import LAYOUT_VERSION
 from agent_fsm.durable.sqlite_file import SQLiteFile
 from agent_fsm.messages import ToolCall, Usage
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
-from agent_fsm.table import AgentState
+from agent_fsm.table import AgentState, StopReason
 from agent_fsm.testing.store_kit import add_turn, sample_state
 from tests.stores import Opener
 
@@ -40,6 +40,8 @@ def test_a_summary_is_the_runs_last_saved_state() -> None:
         updated_at=1003.0,
         output="approve the transfer?",
         error="partial",
+        stop_reason=StopReason.APPROVAL_REQUIRED,
+        cost=0.0125,
     )
     assert encoding.summarize(RunState(run_id="b"), created_at=1, updated_at=1).last_row is None
 

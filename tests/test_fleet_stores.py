@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from agent_fsm import CheckpointStore, MemoryStore, SQLiteStore
 from agent_fsm.cli import main
-from agent_fsm.durable import RunCancels, RunQueue
+from agent_fsm.durable import RunCancels, RunQueue, sqlite_file
 from agent_fsm.durable.queue import STOPPED_SQL
 from agent_fsm.errors import CheckpointError
 from agent_fsm.otel import FleetMetrics
@@ -84,7 +84,7 @@ def test_a_sqlite_file_of_the_layout_before_the_queue_is_upgraded(tmp_path: Path
         store.save(RunState(run_id="old", state=AgentState.DONE), lease=lease)
         assert store.cancel("old", "x") is False
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_file.LAYOUT_VERSION
 
 
 def test_sqlite_claims_the_next_run_along_its_partial_index(tmp_path: Path) -> None:

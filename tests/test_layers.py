@@ -187,6 +187,7 @@ LAYERS = [
     "ui.steps",
     "ui.layout",
     "ui.agui",
+    "ui.agui_input",
     "ui.recorded",
     "ui.live",
     "ui.streams",

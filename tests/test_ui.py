@@ -20,6 +20,7 @@ from agent_fsm.durable.sqlite import SQLiteStore
 from agent_fsm.errors import CheckpointError
 from agent_fsm.events import RunFinished, RunPaused, RunStarted, StateChanged, ToolStarted
 from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, Usage, UserMessage
+from agent_fsm.pricing import Pricing
 from agent_fsm.state import ControlKind, RunStatus
 from agent_fsm.table import TABLE, AgentState, StopReason
 from agent_fsm.testing import ScriptedModel, call, reply
@@ -104,6 +105,28 @@ def test_the_runs_page_marks_paused_runs_and_filters(runs: Runs) -> None:
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+def test_the_runs_page_shows_the_cost_where_known_and_blank_where_not(runs: Runs) -> None:
+    """A run made with prices records its cost in its checkpoint; the list shows it, and a
+    blank cell for the runs made without prices."""
+    priced = Agent(
+        model=ScriptedModel([reply("Sunny.", usage=(1000, 500))]),
+        tools=[],
+        limits=limits(prices={"scripted": Pricing(input_per_million=2.0, output_per_million=8.0)}),
+        store=runs.store,
+    )
+    result = priced.run_sync("Weather?")
+    assert result.cost == pytest.approx(0.006)
+    by_id = {row.run_id: row for row in run_rows(runs.store, TABLE)[0]}
+    assert by_id[result.run_id].cost == pytest.approx(0.006)
+    assert by_id[runs.finished].cost is None
+    with ui(runs) as base:
+        _, page, _ = get(base + "/")
+    cells = dict(re.findall(r'data-run="([^"]+)".*?<td class="num cost">([^<]*)</td>', page))
+    assert cells[result.run_id] == "0.0060"
+    assert cells[runs.finished] == ""
+    assert "<th>cost</th>" in page
+
+
 # -- one run -----------------------------------------------------------------------------
 
 
@@ -140,6 +163,50 @@ def test_a_step_shows_the_prompt_the_reply_and_the_results_as_of_it(runs: Runs) 
     assert last.reply is not None
     assert last.reply.content == "It is sunny in Paris."
     assert last.model_calls == 2
+
+
+def test_a_stored_run_keeps_each_calls_usage_and_a_step_shows_it(runs: Runs) -> None:
+    """Each reply of a stored run carries its call's usage: a step shows the usage as of it
+    (the replies' up to its turn, adding up to the run's total at the end) and its own (the
+    call it took in, at the step right after it; none at the others)."""
+    state = runs.store.load(runs.finished)
+    replies_usage = [m.usage for m in state.messages if isinstance(m, AssistantMessage)]
+    assert len(replies_usage) == 2
+    assert all(u is not None and u.requests == 1 for u in replies_usage)
+    entries = trace_of(state, TABLE)
+    steps = [step_at(state, TABLE, n) for n in range(1, len(entries) + 1)]
+    assert steps[-1].usage == state.usage
+    owned = [(n, s.own_usage) for n, s in enumerate(steps, 1) if s.own_usage is not None]
+    assert [usage for _, usage in owned] == replies_usage
+    assert [entries[n - 1].source for n, _ in owned] == ["THINK", "THINK"]
+    assert steps[0].usage == Usage()  # before any call
+    first_call = owned[0][0]
+    assert steps[first_call - 1].usage == replies_usage[0]
+    assert steps[first_call - 2].usage == Usage()
+    first = replies_usage[0]
+    assert first is not None
+    with ui(runs) as base:
+        _, page, _ = get(f"{base}/runs/{runs.finished}?step={first_call}")
+        assert f'<dd id="step-tokens">{first.total_tokens:,} ' in page
+        assert f'<dd id="step-own-tokens">{first.total_tokens:,} ' in page
+        _, before, _ = get(f"{base}/runs/{runs.finished}?step={first_call - 1}")
+        assert "no model call in this step" in before
+
+
+def test_a_checkpoint_without_per_call_usage_shows_the_total_only(runs: Runs) -> None:
+    """A run saved before replies kept their usage: the step says so, and nothing breaks."""
+    state = runs.store.load(runs.finished)
+    state.messages = [
+        m.model_copy(update={"usage": None}) if isinstance(m, AssistantMessage) else m
+        for m in state.messages
+    ]
+    state.run_id = "older"
+    runs.store.save(state)
+    assert step_at(state, TABLE, len(state.trace)).usage is None
+    with ui(runs) as base:
+        status, page, _ = get(f"{base}/runs/older?step=3")
+    assert status == 200
+    assert "written before agent_fsm kept each call's usage" in page
 
 
 def test_the_run_page_shows_the_path_the_steps_and_escapes_the_transcript(runs: Runs) -> None:

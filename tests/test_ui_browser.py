@@ -17,6 +17,7 @@ import pytest
 
 from agent_fsm import Agent, tool
 from agent_fsm.durable.sqlite import SQLiteStore
+from agent_fsm.pricing import Pricing
 from agent_fsm.table import AgentState, StopReason
 from agent_fsm.testing import ScriptedModel, call, reply
 from tests.conftest import limits
@@ -97,11 +98,22 @@ def runs(tmp_path: Path) -> Runs:
 def test_the_runs_list_and_a_finished_runs_step_through(
     runs: Runs, browser: WebDriver, tmp_path: Path
 ) -> None:
+    priced = Agent(
+        model=ScriptedModel([reply("Sunny.", usage=(1200, 300))]),
+        tools=[],
+        limits=limits(prices={"scripted": Pricing(input_per_million=2.5, output_per_million=10)}),
+        store=runs.store,
+    )
+    paid_run = priced.run_sync("Weather in Rome?").run_id
     with ui(runs) as base:
         browser.get(base + "/")
         rows = browser.find_elements(By.CSS_SELECTOR, "tr.run")
-        assert len(rows) == 3
+        assert len(rows) == 4
         assert len(browser.find_elements(By.CSS_SELECTOR, "tr.run.paused")) == 2
+        cost = browser.find_element(By.CSS_SELECTOR, f'tr[data-run="{paid_run}"] td.cost')
+        assert cost.text == "0.0060"
+        unpriced = browser.find_element(By.CSS_SELECTOR, f'tr[data-run="{runs.finished}"] td.cost')
+        assert unpriced.text == ""
         _photo(browser, "runs.png", tmp_path)
         browser.find_element(By.LINK_TEXT, runs.finished).click()
         assert browser.find_element(By.ID, "run-stop").text == "final_answer"
@@ -132,6 +144,35 @@ def test_answer_an_ask_user_in_the_page(runs: Runs, browser: WebDriver) -> None:
     assert stored.stop_reason is StopReason.FINAL_ANSWER
     assert stored.output == "Sunny in Lyon."
     assert any(m.role == "user" and m.content == "Lyon" for m in stored.messages)
+
+
+def test_an_agui_input_from_the_page_resumes_a_run(runs: Runs, browser: WebDriver) -> None:
+    """An AG-UI front end in the browser, on the ui's origin: its fetch carries the
+    browser's own Origin and the page's CSRF token, and the answer comes back as AG-UI
+    events."""
+    script = """
+        const done = arguments[arguments.length - 1];
+        const csrf = document.querySelector('input[name="csrf"]').value;
+        fetch('/agui', {method: 'POST', headers: {'content-type': 'application/json',
+            'x-csrf-token': csrf}, body: JSON.stringify(arguments[0])})
+          .then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));
+    """
+    body = {
+        "threadId": runs.asking,
+        "runId": "from-the-browser",
+        "messages": [{"id": "m1", "role": "user", "content": "Lyon"}],
+        "tools": [],
+        "state": {},
+    }
+    with ui(runs) as base:
+        browser.get(f"{base}/runs/{runs.asking}")
+        browser.set_script_timeout(PATIENCE_S)
+        status, text = browser.execute_async_script(script, body)
+    assert status == 200, text
+    assert '"type":"RUN_FINISHED","threadId":"' + runs.asking in text
+    assert '"runId":"from-the-browser"' in text
+    stored = runs.store.load(runs.asking)
+    assert stored.output == "Sunny in Lyon."
 
 
 def test_approve_with_edited_arguments_in_the_page(runs: Runs, browser: WebDriver) -> None:

@@ -41,14 +41,15 @@ a store, ours included):
   version this agent_fsm does not read) is listed with ``RunSummary.unreadable`` saying why
   (``encoding.read_summary``, ``listed``). It gives each run's last lease (holder, expiry, live) and
   flags the runs that are stuck: not stopped, and no live lease (their worker died or gave up
-  mid-run); ``states=`` lists only the runs in the given states.
+  mid-run); ``states=`` lists only the runs in the given states, ``stop_reasons=`` only the
+  runs stopped for the given reasons.
 
 ``SQLiteStore`` (the embedded default, one file shared safely by several processes) lives in
 ``durable.sqlite``, ``PostgresStore`` (many workers on many machines) in ``durable.postgres``.
 Every store here also leases runs to workers (``durable.leases``), queues them for workers to
 take and takes cancel requests (``durable.queue``). How a store lists its runs
-(``listed``, ``state_names``) and names itself (``redacted``) is ``durable.listing``'s,
-re-exported here.
+(``listed``, ``state_names``, ``stop_names``, ``stop_kept``) and names itself
+(``redacted``) is ``durable.listing``'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -70,11 +71,11 @@ from agent_fsm.durable.encoding import (
 )
 from agent_fsm.durable.journal import GuardedJournal, MemoryJournal, ToolJournal
 from agent_fsm.durable.leases import Lease, MemoryLeases, check_id, check_ttl
-from agent_fsm.durable.listing import listed, redacted, state_names
+from agent_fsm.durable.listing import listed, redacted, state_names, stop_kept, stop_names
 from agent_fsm.durable.queue import MemoryQueue, check_priority, check_reason
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
-from agent_fsm.table import TERMINAL_STATES
+from agent_fsm.table import TERMINAL_STATES, StopReason
 
 __all__ = [
     "CheckpointStore",
@@ -89,6 +90,8 @@ __all__ = [
     "resumes_in",
     "redacted",
     "state_names",
+    "stop_kept",
+    "stop_names",
     # the encoding's names that callers have imported from here (``durable.encoding``)
     "MESSAGE_ADAPTER",
     "RunSummary",
@@ -191,12 +194,21 @@ class RunLister(Protocol):
     """What lists the stored runs (``agent-fsm runs``, a UI over the store)."""
 
     def list_runs(
-        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+        self,
+        limit: int | None = None,
+        *,
+        states: str | Iterable[str] | None = None,
+        stop_reasons: StopReason | str | Iterable[StopReason | str | None] | None = None,
     ) -> list[RunSummary]:
         """Summaries of the stored runs (at most ``limit``; none for 0 or less), most
         recently saved first, by the order of the saves even when the clock does not move;
         with ``states`` (one state or several, ``AgentState`` members or custom states'
-        names), only the runs whose last save was in one of them. Each is ``summarize`` of
+        names), only the runs whose last save was in one of them; with ``stop_reasons``
+        (one or several ``StopReason``s or their values), only the runs whose
+        ``RunSummary.stop_reason`` is one of them, a None among them keeping the stopped runs
+        that recorded none (``listing.stop_names``; a run still going is kept by none): a
+        store that keeps the reason in a column filters there, so a rare reason costs no
+        pass over the runs. Each is ``summarize`` of
         the run's last saved state, ``created_at`` the time of its first save and
         ``updated_at`` of its last, with its lease and ``stuck`` as ``listed`` gives them.
 
@@ -366,12 +378,19 @@ class MemoryStore(ClosingStore):
         return check_id(run_id) in self._runs
 
     def list_runs(
-        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+        self,
+        limit: int | None = None,
+        *,
+        states: str | Iterable[str] | None = None,
+        stop_reasons: StopReason | str | Iterable[StopReason | str | None] | None = None,
     ) -> list[RunSummary]:
         runs = sorted(self._runs.values(), key=lambda run: run.revision, reverse=True)
         names = state_names(states)
         if names is not None:
             runs = [run for run in runs if str(run.summary.state) in names]
+        stops = stop_names(stop_reasons)
+        if stops is not None:
+            runs = [run for run in runs if stop_kept(run.summary, stops)]
         now, queue = self._clock(), self._queue
         return [
             listed(

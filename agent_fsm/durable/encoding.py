@@ -49,7 +49,7 @@ from pydantic_core import PydanticSerializationError
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message, clean_text
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
-from agent_fsm.table import AgentState, state_named
+from agent_fsm.table import TERMINAL_STATES, AgentState, StopReason, state_named
 
 __all__ = [
     "CHECKPOINT_SCHEMA_VERSION",
@@ -58,6 +58,7 @@ __all__ = [
     "Migration",
     "RunSummary",
     "STORED_SUMMARY",
+    "UNRECORDED_STOP",
     "decode_entries",
     "decode_header",
     "encode_header",
@@ -65,6 +66,8 @@ __all__ = [
     "encode_model",
     "read_summary",
     "schema_problem",
+    "stop_column",
+    "stop_value",
     "summarize",
     "unknown_run",
 ]
@@ -132,6 +135,8 @@ STORED_SUMMARY = (
     "updated_at",
     "output",
     "error",
+    "stop_reason",
+    "cost",
 )
 """The fields of a ``RunSummary`` a store keeps for each run (``summarize``'s), in order: a
 store that keeps them in columns reads them back with ``read_summary``."""
@@ -158,6 +163,13 @@ class RunSummary:
     """Unix time of the last save."""
     output: str | None
     error: str | None
+    stop_reason: StopReason | None = None
+    """Why the run stopped, as it recorded it (``RunState.stop_reason``), while its last save
+    is in DONE or ERROR; None for a run still going, and for a stopped run whose checkpoint
+    predates recorded stop reasons (its last row's label says it: ``last_row``). A store
+    keeps it as ``stop_column`` gives it."""
+    cost: float | None = None
+    """What its model calls cost so far (``RunState.cost``); None while none was priced."""
     lease_holder: str | None = None
     """The worker id on the run's lease: its holder, or its last one once the lease expired
     or was released; None for a run never leased."""
@@ -197,7 +209,34 @@ def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSu
         updated_at=updated_at,
         output=_column_text(state.output),
         error=_column_text(state.error),
+        # a run going on holds none (``Lifetime.STOP``): most saves skip the state test
+        stop_reason=(
+            state.stop_reason
+            if state.stop_reason is not None and state.state in TERMINAL_STATES
+            else None
+        ),
+        cost=state.cost,
     )
+
+
+UNRECORDED_STOP = ""
+"""``stop_column`` of a stopped run that recorded no reason."""
+
+
+def stop_column(summary: RunSummary) -> str | None:
+    """The stop reason of ``summary`` as a store keeps it in a column: None for a run that
+    has not stopped (so an index of the stopped runs' reasons skips its saves),
+    ``UNRECORDED_STOP`` for a stopped one that recorded none, else the reason's value.
+    ``read_summary`` reads the first two back as None."""
+    return stop_value(summary.stop_reason, stopped=summary.state in TERMINAL_STATES)
+
+
+def stop_value(reason: StopReason | None, *, stopped: bool) -> str | None:
+    """``stop_column`` from a summary's ``reason`` and whether its run ``stopped``, for a
+    store that knows the latter already (one test of the state per save)."""
+    if reason is not None:
+        return reason.value
+    return UNRECORDED_STOP if stopped else None
 
 
 def _column_text(text: str | None) -> str | None:
@@ -400,6 +439,8 @@ def read_summary(values: Sequence[object]) -> RunSummary:
     if not isinstance(values[0], str):
         read["run_id"] = repr(values[0])
     read["state"] = state_named(read["state"])
+    if read["stop_reason"] is not None:
+        read["stop_reason"] = StopReason(read["stop_reason"]) if read["stop_reason"] else None
     unreadable = f"its summary is unreadable: {', '.join(bad)}" if bad else None
     return RunSummary(**read, unreadable=unreadable)
 
@@ -428,6 +469,22 @@ def _is_row(value: object) -> bool:
     return value is None or _is_count(value)
 
 
+_STOP_VALUES = frozenset(reason.value for reason in StopReason)
+
+
+def _is_stop(value: object) -> bool:
+    return value is None or value == UNRECORDED_STOP or value in _STOP_VALUES
+
+
+def _is_cost(value: object) -> bool:
+    return value is None or (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 _FIELDS: dict[str, tuple[Callable[[object], bool], object]] = {
     "run_id": (_is_run_id, ""),
     "state": (_is_state, "?"),
@@ -439,5 +496,7 @@ _FIELDS: dict[str, tuple[Callable[[object], bool], object]] = {
     "updated_at": (_is_time, 0.0),
     "output": (_is_text, None),
     "error": (_is_text, None),
+    "stop_reason": (_is_stop, None),
+    "cost": (_is_cost, None),
 }
 """Per stored summary field: whether a value is one a store writes, and what to list if not."""

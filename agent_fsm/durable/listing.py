@@ -10,11 +10,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent_fsm.durable.encoding import RunSummary, schema_problem
+from agent_fsm.durable.encoding import UNRECORDED_STOP, RunSummary, schema_problem, stop_column
 from agent_fsm.errors import ConfigError
-from agent_fsm.table import TERMINAL_STATES
+from agent_fsm.table import TERMINAL_STATES, StopReason
 
-__all__ = ["listed", "redacted", "state_names"]
+__all__ = ["listed", "redacted", "state_names", "stop_kept", "stop_names"]
 
 
 def state_names(states: str | Iterable[str] | None) -> list[str] | None:
@@ -32,6 +32,40 @@ def state_names(states: str | Iterable[str] | None) -> list[str] | None:
         if not isinstance(state, str):
             raise ConfigError(f"list_runs(states=...) takes state names, got {state!r}")
     return [str(state) for state in chosen]
+
+
+def stop_names(
+    stop_reasons: StopReason | str | Iterable[StopReason | str | None] | None,
+) -> list[str] | None:
+    """The stop reasons ``list_runs(stop_reasons=...)`` keeps, as a store keeps them in a
+    column (``encoding.stop_column``): each reason's value, and ``UNRECORDED_STOP`` for a
+    None among them (the stopped runs whose checkpoint predates recorded stop reasons,
+    which a caller judges by their ``last_row``). None (the argument) keeps every run.
+
+    Raises:
+        ConfigError: a value that names no ``StopReason``.
+    """
+    if stop_reasons is None:
+        return None
+    chosen = [stop_reasons] if isinstance(stop_reasons, str) else list(stop_reasons)
+    values = []
+    for reason in chosen:
+        if reason is None:
+            values.append(UNRECORDED_STOP)
+            continue
+        try:
+            values.append(StopReason(reason).value)
+        except ValueError:
+            raise ConfigError(
+                f"list_runs(stop_reasons=...) takes StopReason values, got {reason!r}"
+            ) from None
+    return list(dict.fromkeys(values))
+
+
+def stop_kept(summary: RunSummary, stops: list[str]) -> bool:
+    """Whether ``list_runs`` keeps ``summary`` for the ``stops`` that ``stop_names`` gave:
+    for a store that filters in Python (``MemoryStore``)."""
+    return stop_column(summary) in stops
 
 
 def listed(

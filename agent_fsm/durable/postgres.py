@@ -59,13 +59,14 @@ from agent_fsm.durable.encoding import (
 )
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
-from agent_fsm.durable.listing import listed, state_names
+from agent_fsm.durable.listing import listed, state_names, stop_names
 from agent_fsm.durable.postgres_database import CONNECT_TIMEOUT_S, PostgresDatabase
 from agent_fsm.durable.postgres_journal import PostgresJournal
 from agent_fsm.durable.postgres_rows import LAYOUT_VERSION, Seen, one
 from agent_fsm.durable.queue import check_priority, check_reason
 from agent_fsm.errors import CheckpointError
 from agent_fsm.state import RunState
+from agent_fsm.table import StopReason
 
 if TYPE_CHECKING:
     import psycopg
@@ -274,10 +275,17 @@ class PostgresStore(ClosingStore):
             return found.fetchone() is not None
 
     def list_runs(
-        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+        self,
+        limit: int | None = None,
+        *,
+        states: str | Iterable[str] | None = None,
+        stop_reasons: StopReason | str | Iterable[StopReason | str | None] | None = None,
     ) -> list[RunSummary]:
+        stops = stop_names(stop_reasons)
         params = {
             "states": state_names(states),
+            "by_stop": stops is not None,
+            "stops": stops or [],
             "limit": None if limit is None else max(limit, 0),
         }
         with self._db.connected("list runs") as conn:  # one statement: one snapshot

@@ -4,7 +4,8 @@ The tables (in the store's own schema; ``LAYOUT_VERSION`` in its ``layout`` tabl
 
     layout    version                               the table layout
     runs      run_id, schema_version, header, summary columns, created/updated, revision,
-              priority, cancel (``durable.queue``; index ``runs_to_take``)
+              priority, cancel (``durable.queue``; index ``runs_to_take``), stop_reason,
+              cost (index ``runs_by_stop``)
     messages  run_id, idx, message (json)           one row per transcript message
     trace     run_id, idx, row_index, turn          one row per transition
     journal   run_id, key, call, status, result     the tool journal
@@ -22,7 +23,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agent_fsm.durable.encoding import STORED_SUMMARY, encode_header, encode_message, summarize
+from agent_fsm.durable.encoding import (
+    STORED_SUMMARY,
+    encode_header,
+    encode_message,
+    stop_value,
+    summarize,
+)
 from agent_fsm.durable.queue import STOPPED_SQL
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
@@ -58,9 +65,10 @@ __all__ = [
     "seen",
 ]
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 """The table layout, as stored in the schema's ``layout`` table: 2 added the queue's
-``priority`` and ``cancel`` columns of ``runs`` and its index (``UPGRADES``)."""
+``priority`` and ``cancel`` columns of ``runs`` and its index, 3 the ``stop_reason`` and
+``cost`` columns and the ``runs_by_stop`` index (``UPGRADES``)."""
 
 LAYOUT = (
     "CREATE TABLE layout (version integer NOT NULL)",
@@ -111,11 +119,25 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         f" WHERE state NOT IN {STOPPED_SQL}",
         "UPDATE layout SET version = 2",
     ),
+    3: (
+        "ALTER TABLE runs ADD COLUMN stop_reason text",
+        "ALTER TABLE runs ADD COLUMN cost double precision",
+        "UPDATE runs SET"
+        f" stop_reason = CASE WHEN state NOT IN {STOPPED_SQL} THEN NULL"
+        " WHEN json_typeof(header) = 'object'"
+        " AND json_typeof(header -> 'stop_reason') = 'string'"
+        " THEN header ->> 'stop_reason' ELSE '' END,"
+        " cost = CASE WHEN json_typeof(header) = 'object'"
+        " AND json_typeof(header -> 'cost') = 'number' THEN (header ->> 'cost')::float8 END",
+        "CREATE INDEX runs_by_stop ON runs (stop_reason, revision) WHERE stop_reason IS NOT NULL",
+        "UPDATE layout SET version = 3",
+    ),
 }
 """The statements that bring a schema from the version before each key to the key: 2, a
 run's queue priority, its pending cancel request (``durable.queue``) and the index
 ``postgres_queue.NEXT_RUN`` walks (the runs that have not stopped, in the order they are
-taken)."""
+taken); 3, a stopped run's stop reason and a run's cost in columns, filled for the runs
+saved before from their headers, and the index a stop filter walks, newest first."""
 
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 """The server's time as unix seconds: lease times are read there, never on a worker."""
@@ -126,20 +148,23 @@ LIST_RUNS = (
     + ", r.schema_version, r.priority, r.cancel, l.owner, l.expires_at, "
     + NOW
     + " FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id"
-    " WHERE %(states)s::text[] IS NULL OR r.state = ANY(%(states)s::text[])"
+    " WHERE (%(states)s::text[] IS NULL OR r.state = ANY(%(states)s::text[]))"
+    " AND (NOT %(by_stop)s OR r.stop_reason = ANY(%(stops)s::text[]))"
     " ORDER BY r.revision DESC LIMIT %(limit)s"
 )
 """What ``list_runs`` reads: each run's summary columns (``STORED_SUMMARY``), schema
 version, queue priority, cancel request and last lease, with the server's time (lease
-expiry is the server's)."""
+expiry is the server's); of the states chosen (``states``, NULL for all) and, with
+``by_stop``, the stop reasons (``stops``, as ``encoding.stop_column`` keeps them)."""
 
 INSERT_RUN = (
     "INSERT INTO runs (run_id, schema_version, header, state, turns, total_tokens,"
     " message_count, trace_count, last_row, output, error, created_at, updated_at, revision,"
-    " priority)"
+    " priority, stop_reason, cost)"
     " VALUES (%(run_id)s, %(version)s, %(header)s, %(state)s, %(turns)s, %(total_tokens)s,"
     " %(message_count)s, %(trace_count)s, %(last_row)s, %(output)s, %(error)s, %(now)s,"
-    " %(now)s, nextval('revisions'), %(priority)s) ON CONFLICT (run_id) DO NOTHING"
+    " %(now)s, nextval('revisions'), %(priority)s, %(stop_reason)s, %(cost)s)"
+    " ON CONFLICT (run_id) DO NOTHING"
     " RETURNING revision"
 )
 """A new run's row, with its queue priority, unless the run exists (its row lock makes a
@@ -170,6 +195,7 @@ _RUN_COLUMNS = (
     " state = %(state)s, turns = %(turns)s, total_tokens = %(total_tokens)s,"
     " message_count = %(message_count)s, trace_count = %(trace_count)s,"
     " last_row = %(last_row)s, output = %(output)s, error = %(error)s, updated_at = %(now)s,"
+    " stop_reason = %(stop_reason)s, cost = %(cost)s,"
     " cancel = CASE WHEN %(stopped)s THEN NULL ELSE runs.cancel END,"
 )
 """The ``runs`` row's columns a save rewrites (all but the id, the revision, the creation
@@ -281,6 +307,7 @@ def run_values(state: RunState, now: float, priority: int = 0) -> dict[str, Any]
     and ``WRITE_RUN``."""
     version, header = encode_header(state)
     line = summarize(state, created_at=now, updated_at=now)
+    stopped = state.state in TERMINAL_STATES
     return {
         "run_id": state.run_id,
         "version": version,
@@ -293,8 +320,10 @@ def run_values(state: RunState, now: float, priority: int = 0) -> dict[str, Any]
         "last_row": line.last_row,
         "output": line.output,
         "error": line.error,
+        "stop_reason": stop_value(line.stop_reason, stopped=stopped),
+        "cost": line.cost,
         "now": now,
-        "stopped": state.state in TERMINAL_STATES,
+        "stopped": stopped,
         "priority": priority,
     }
 

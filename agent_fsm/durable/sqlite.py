@@ -30,32 +30,35 @@ from agent_fsm.durable.encoding import (
     encode_header,
     encode_message,
     read_summary,
+    stop_value,
     summarize,
     unknown_run,
 )
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
-from agent_fsm.durable.listing import listed, state_names
+from agent_fsm.durable.listing import listed, state_names, stop_names
 from agent_fsm.durable.queue import STOPPED_SQL, check_priority, check_reason
 from agent_fsm.durable.sqlite_file import LAYOUT_VERSION, SQLiteFile
 from agent_fsm.durable.sqlite_journal import SQLiteJournal
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import Message
 from agent_fsm.state import RunState
-from agent_fsm.table import TERMINAL_STATES
+from agent_fsm.table import TERMINAL_STATES, StopReason
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
 
 _UPSERT_RUN = """
 INSERT INTO runs (run_id, schema_version, header, state, turns, total_tokens, message_count,
-    trace_count, last_row, output, error, created_at, updated_at, revision, priority, cancel)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    trace_count, last_row, output, error, created_at, updated_at, revision, priority, cancel,
+    stop_reason, cost)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run_id) DO UPDATE SET
     schema_version = excluded.schema_version, header = excluded.header,
     state = excluded.state, turns = excluded.turns, total_tokens = excluded.total_tokens,
     message_count = excluded.message_count, trace_count = excluded.trace_count,
     last_row = excluded.last_row, output = excluded.output, error = excluded.error,
-    updated_at = excluded.updated_at, revision = excluded.revision, cancel = excluded.cancel
+    updated_at = excluded.updated_at, revision = excluded.revision, cancel = excluded.cancel,
+    stop_reason = excluded.stop_reason, cost = excluded.cost
 """
 """A run's row: a new one with its priority, or the stored one rewritten (its priority
 kept, its cancel request as ``_write`` decides)."""
@@ -180,7 +183,8 @@ class SQLiteStore(ClosingStore):
         ).fetchone()
         found = row if row is not None else (0, 0, now, None, None)
         stored_messages, stored_trace, created_at, stored_revision, request = found
-        if state.state in TERMINAL_STATES:
+        stopped = state.state in TERMINAL_STATES
+        if stopped:
             request = None
         kept_messages, kept_trace = self._kept(
             conn, state, (stored_messages, stored_trace), stored_revision
@@ -219,6 +223,8 @@ class SQLiteStore(ClosingStore):
                 revision,
                 priority,
                 request,
+                stop_value(summary.stop_reason, stopped=stopped),
+                summary.cost,
             ),
         )
         if lease is None:
@@ -337,14 +343,17 @@ class SQLiteStore(ClosingStore):
         return found is not None
 
     def list_runs(
-        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+        self,
+        limit: int | None = None,
+        *,
+        states: str | Iterable[str] | None = None,
+        stop_reasons: StopReason | str | Iterable[StopReason | str | None] | None = None,
     ) -> list[RunSummary]:
-        names = state_names(states)
-        where = "" if names is None else f" WHERE r.state IN ({', '.join('?' * len(names))})"
+        where, params = _filters(state_names(states), stop_names(stop_reasons))
         with self._file.transaction("list runs", write=False) as conn:
             rows = conn.execute(
                 _LIST_RUNS.format(where=where),
-                (*(names or ()), -1 if limit is None else max(limit, 0)),
+                (*params, -1 if limit is None else max(limit, 0)),
             ).fetchall()
         now = self._clock()
         return [
@@ -422,6 +431,19 @@ class SQLiteStore(ClosingStore):
     def close(self) -> None:
         """Close the file; idempotent."""
         self._file.close()
+
+
+def _filters(names: list[str] | None, stops: list[str] | None) -> tuple[str, list[str]]:
+    """The WHERE clause of ``_LIST_RUNS`` and its parameters, for the states ``names`` and
+    the ``stops`` (``listing.stop_names``) chosen, if any."""
+    clauses, params = [], []
+    if names is not None:
+        clauses.append(f"r.state IN ({', '.join('?' * len(names))})")
+        params += names
+    if stops is not None:  # along the partial index runs_by_stop
+        clauses.append(f"r.stop_reason IN ({', '.join('?' * len(stops))})" if stops else "0")
+        params += stops
+    return (f" WHERE {' AND '.join(clauses)}" if clauses else ""), params
 
 
 class _Seen(NamedTuple):

@@ -12,7 +12,8 @@ Tables (their layout is versioned with ``PRAGMA user_version``, apart from the c
 schema version each run records):
 
     runs      run_id, schema_version, header (JSON), summary columns, created/updated times,
-              revision, priority, cancel (``durable.queue``; index ``runs_to_take``)
+              revision, priority, cancel (``durable.queue``; index ``runs_to_take``),
+              stop_reason, cost (index ``runs_by_stop``)
     messages  run_id, idx, json           one row per transcript message
     trace     run_id, idx, row, turn      one row per transition
     journal   run_id, key, call, status, result     the tool journal
@@ -34,9 +35,10 @@ from agent_fsm.errors import CheckpointError
 
 __all__ = ["LAYOUT_VERSION", "SQLiteFile"]
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 """The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table, 3
-the queue's ``priority`` and ``cancel`` columns of ``runs`` and its index (an older file is
+the queue's ``priority`` and ``cancel`` columns of ``runs`` and its index, 4 the
+``stop_reason`` and ``cost`` columns and the ``runs_by_stop`` index (an older file is
 upgraded when opened; an older agent_fsm then refuses it as newer)."""
 
 _QUEUE = (
@@ -47,6 +49,25 @@ _QUEUE = (
 )
 """Layout 3: a run's queue priority, its pending cancel request (``durable.queue``), and the
 index ``claim_next`` walks: the runs that have not stopped, in the order they are taken."""
+
+_STOPS = (
+    "ALTER TABLE runs ADD COLUMN stop_reason TEXT",
+    "ALTER TABLE runs ADD COLUMN cost REAL",
+    # The runs saved before: each header holds its run's reason and cost, when it recorded
+    # them (a damaged header, which json_extract would refuse, gets neither).
+    "UPDATE runs SET"
+    f" stop_reason = CASE WHEN state NOT IN {STOPPED_SQL} THEN NULL"
+    " WHEN json_valid(header) AND json_type(header, '$.stop_reason') = 'text'"
+    " THEN json_extract(header, '$.stop_reason') ELSE '' END,"
+    " cost = CASE WHEN json_valid(header) AND json_type(header, '$.cost') IN ('real', 'integer')"
+    " THEN json_extract(header, '$.cost') END",
+    "CREATE INDEX runs_by_stop ON runs (stop_reason) WHERE stop_reason IS NOT NULL",
+)
+"""Layout 4: a stopped run's stop reason and a run's cost in columns (``list_runs``
+filters by the one and shows the other without reading a header; ``encoding.stop_column``),
+filled for the runs an older layout kept from their headers, and the index a stop filter
+walks: of the stopped runs' reasons only (no revision, which every save changes), so a save
+mid-run leaves it alone."""
 
 _LAYOUT = """
 CREATE TABLE runs (
@@ -174,6 +195,9 @@ class SQLiteFile:
             conn.execute(sqlite_leases.LEASES_TABLE)
         if version in (0, 1, 2):
             for statement in _QUEUE:
+                conn.execute(statement)
+        if version in (0, 1, 2, 3):
+            for statement in _STOPS:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
 

@@ -496,10 +496,19 @@ def take_response(
     """Take in the reply of one model call: its message cleaned, its usage added to the
     run's (``_take_usage``) and priced (``RunConfig.pricing``), and the reply announced
     (``ModelResponded``). Returns the cleaned message, which the caller records as it
-    needs."""
+    needs; in a run with a checkpoint store (a journal), carrying the call's usage
+    (``AssistantMessage.usage``), so that the checkpoint keeps it per call."""
     state = ctx.state
     message = clean_message(response.message)  # output and loop detection read it too
     usage = _take_usage(ctx, response, message, estimate)
+    if ctx.journal is not None:  # a stored run keeps each call's usage with its reply
+        # (made anew: cheaper than model_copy, whose per-call machinery costs more here)
+        message = AssistantMessage(
+            content=message.content,
+            tool_calls=message.tool_calls,
+            provider_data=message.provider_data,
+            usage=usage,
+        )
     pricing, cost = ctx.config.pricing, None
     chosen = ctx.chosen_pricing
     if chosen is not None:  # a before_model hook chose another model: its price

@@ -47,10 +47,10 @@ from agent_fsm.durable.encoding import summarize
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import LeasedWrites, LeaseStore, RunLeases
 from agent_fsm.durable.queue import RunCancels, RunQueue
-from agent_fsm.errors import CheckpointError
+from agent_fsm.errors import CheckpointError, ConfigError
 from agent_fsm.messages import AssistantMessage, ToolCall, UserMessage
 from agent_fsm.state import RunState
-from agent_fsm.table import AgentState
+from agent_fsm.table import AgentState, StopReason
 from agent_fsm.testing.journal_contract import JournalContract
 from agent_fsm.testing.lease_contract import LeaseContract
 from agent_fsm.testing.queue_contract import QueueContract
@@ -380,6 +380,45 @@ class CheckpointStoreContract(JournalContract, LeaseContract, QueueContract):
         assert listed(states=[]) == []
         assert listed(states=["OBSERVE"]) == []
         assert len(listed(states=None)) == 5
+
+    def test_list_runs_by_stop_reason_with_the_cost(self) -> None:
+        """``stop_reasons=``: one reason or several (a ``StopReason`` or its value), a None
+        among them for the stopped runs that recorded none; the reason is listed only for a
+        run whose last save stopped (a run resumed from a stop is going again, and kept by
+        no stop), the cost as saved; combined with ``states=``, and the limit counts the
+        runs kept."""
+        store = self.open_store()
+        for run_id, state, stop, cost in [
+            ("done", AgentState.DONE, StopReason.FINAL_ANSWER, 0.5),
+            ("asking", AgentState.DONE, StopReason.ASK_USER, None),
+            ("failed", AgentState.ERROR, StopReason.TIMEOUT, 0.25),
+            ("resumed", AgentState.THINK, StopReason.ASK_USER, 0.0),  # a stale reason
+            ("unrecorded", AgentState.DONE, None, None),
+            ("done-too", AgentState.DONE, StopReason.FINAL_ANSWER, 1.0),
+        ]:
+            store.save(RunState(run_id=run_id, state=state, stop_reason=stop, cost=cost))
+
+        def listed(**options: Any) -> list[str]:
+            return [run.run_id for run in store.list_runs(**options)]
+
+        by_id = {run.run_id: run for run in store.list_runs()}
+        assert by_id["done"].stop_reason is StopReason.FINAL_ANSWER
+        assert by_id["done"].cost == 0.5
+        assert by_id["asking"].cost is None
+        assert by_id["resumed"].stop_reason is None
+        assert by_id["resumed"].cost == 0.0
+        assert by_id["unrecorded"].stop_reason is None
+        assert listed(stop_reasons=StopReason.FINAL_ANSWER) == ["done-too", "done"]
+        assert listed(stop_reasons="final_answer", limit=1) == ["done-too"]
+        assert listed(stop_reasons=["timeout", StopReason.ASK_USER]) == ["failed", "asking"]
+        assert listed(stop_reasons=[StopReason.ASK_USER, None]) == ["unrecorded", "asking"]
+        assert listed(stop_reasons=[None], states=[AgentState.DONE]) == ["unrecorded"]
+        assert listed(stop_reasons=["final_answer"], states="ERROR") == []
+        assert listed(stop_reasons=[]) == []
+        assert listed(stop_reasons=StopReason.MAX_TOKENS) == []
+        assert len(listed(stop_reasons=None)) == 6
+        with pytest.raises(ConfigError, match="not_a_reason"):
+            store.list_runs(stop_reasons=["not_a_reason"])
 
     def test_list_runs_lists_a_run_it_cannot_read_among_the_others(
         self, monkeypatch: pytest.MonkeyPatch

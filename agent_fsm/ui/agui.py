@@ -123,8 +123,11 @@ class AgUiStream:
     across events: the pause announced before the run finished (its interrupt), and
     whether a streamed reply's text message was opened already."""
 
-    def __init__(self, thread_id: str) -> None:
+    def __init__(self, thread_id: str, run_ids: dict[str, str] | None = None) -> None:
         self.thread_id = thread_id
+        self.run_ids = run_ids or {}
+        """An agent_fsm run id -> the AG-UI run id its boundary events carry (an input's
+        ``runId``, ``agui_input``); a run not named carries its own."""
         self._paused: RunPaused | None = None
         self._open: set[str] = set()
 
@@ -133,7 +136,7 @@ class AgUiStream:
         return self._map(event)
 
     def _map(self, event: Event) -> list[AgUiEvent]:  # noqa: C901 - one branch per kind
-        ids = {"threadId": self.thread_id, "runId": event.run_id}
+        ids = {"threadId": self.thread_id, "runId": self.run_ids.get(event.run_id, event.run_id)}
         if isinstance(event, RunStarted):
             return [
                 {"type": "RUN_STARTED", **ids, "input": event.input},

@@ -10,10 +10,14 @@
 - ``POST /runs/{id}/answer``, ``/approve``, ``/abort``, ``/fork``: steering (an answer,
   approvals and a fork need ``agent``; abort works for a run this server drives, or
   through a store that takes cancel requests);
+- ``POST /agui``: AG-UI's ``RunAgentInput`` (JSON): starts the thread's run or resumes it
+  with the answer (``agui_input``), and streams the drive as AG-UI events over SSE; it
+  needs ``agent``, and the CSRF token in ``X-CSRF-Token`` unless the ui has a token;
 - ``GET /static/{name}``: the page's stylesheet and script, from the package.
 
 The run the ui resumes is driven in the server's event loop, by ``agent`` with the ui's
-store. Every request passes ``security.Guard``; every POST checks the CSRF token.
+store. Every request passes ``security.Guard``; every POST checks the CSRF token (a JSON
+POST: or the ui's token) and its ``Origin``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
+    JSONResponse,
     PlainTextResponse,
     RedirectResponse,
     Response,
@@ -41,18 +46,20 @@ from starlette.routing import Route
 from agent_fsm.agent import Agent
 from agent_fsm.diagrams import edge_counts
 from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.durable.leases import check_id
 from agent_fsm.durable.queue import RunCancels
 from agent_fsm.errors import AgentFSMError, DiagramError, ResumeError
 from agent_fsm.messages import Usage
 from agent_fsm.state import Approval, ControlKind, RunState
 from agent_fsm.table import TABLE, TERMINAL_STATES, Row, StopReason
+from agent_fsm.ui.agui_input import InputError, Start, plan, read_input
 from agent_fsm.ui.layout import draw_path, tone_of
 from agent_fsm.ui.live import LiveRuns
 from agent_fsm.ui.pages import RunPage, error_page, run_page, runs_page, step_line
 from agent_fsm.ui.recorded import TraceRuns
 from agent_fsm.ui.runs import PAUSES, RunSource, run_rows
 from agent_fsm.ui.security import Guard, same_origin, tokens_match
-from agent_fsm.ui.steps import step_at, trace_of
+from agent_fsm.ui.steps import Step, step_at, trace_of
 from agent_fsm.ui.streams import driven, followed
 
 __all__ = ["create_app"]
@@ -77,6 +84,9 @@ class _Ui:
         self.agent = agent.subscribe(self.live.publish) if agent is not None else None
         self.rows: tuple[Row, ...] = agent.machine.rows if agent is not None else TABLE
         self.csrf = csrf
+        self.token_guarded = False
+        """Every request carries the ui's token (``--token``): a JSON POST needs no CSRF
+        token then."""
         self.static = {
             name: (files("agent_fsm.ui") / "static" / name).read_bytes() for name in _STATIC
         }
@@ -171,16 +181,18 @@ def _page(ui: _Ui, state: RunState, step: int | None, problem: str | None = None
         live=running,
         abortable=running and (ui.live.driving(state.run_id) or isinstance(ui.store, RunCancels)),
         problem=problem,
-        step_usage=_usage_at(ui, state, chosen.model_calls) if chosen is not None else None,
+        step_usage=_usage_at(ui, state, chosen) if chosen is not None else None,
     )
     return run_page(page, store=ui.store_name)
 
 
-def _usage_at(ui: _Ui, state: RunState, turn: int) -> Usage | None:
-    """The usage of the run's model calls as of ``turn``, where the source keeps it per
-    call (a trace file); None for a checkpoint, which keeps the run's total only."""
+def _usage_at(ui: _Ui, state: RunState, step: Step) -> Usage | None:
+    """The usage of the run's model calls as of ``step``, where the source keeps it per
+    call: a stored run's replies, or a trace file's model calls (which count the calls
+    that made no reply too); None for a checkpoint written before replies kept it."""
     if not isinstance(ui.store, TraceRuns):
-        return None
+        return step.usage
+    turn = step.model_calls
     by_turn = ui.store.usage_by_turn(state.run_id)
     known = [t for t in by_turn if t <= turn]
     return by_turn[max(known)] if known else None
@@ -353,6 +365,70 @@ async def _events(request: Request) -> Response:
     )
 
 
+def _problem(status: int, message: str) -> Response:
+    """An AG-UI input refused: JSON, saying why."""
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _json_refused(request: Request, ui: _Ui) -> Response | None:
+    """Why a JSON POST from a front end is refused, if it is: another site's ``Origin``,
+    or neither the ui's token (``--token``, which ``security.Guard`` checked) nor its CSRF
+    token in ``X-CSRF-Token``. Its JSON content type (``agui_input.read_input``) makes a
+    browser ask before sending it across sites, which this server never allows."""
+    if not same_origin(request.headers.get("origin"), request.headers.get("host")):
+        return _problem(403, "refused: the request came from another site")
+    if not ui.token_guarded and not tokens_match(request.headers.get("x-csrf-token"), ui.csrf):
+        return _problem(
+            403, "refused: send the ui's CSRF token in X-CSRF-Token, or start the ui with --token"
+        )
+    return None
+
+
+async def _agui(request: Request) -> Response:
+    """AG-UI's ``RunAgentInput``: start the thread's run or resume it (``agui_input``), and
+    stream the drive as AG-UI events."""
+    ui = _ui(request)
+    refused = _json_refused(request, ui)
+    if refused is not None:
+        return refused
+    if ui.agent is None or not isinstance(ui.store, CheckpointStore):
+        return _problem(409, "start the ui with --agent (over a store) to run agents")
+    agent, store = ui.agent, ui.store
+    try:
+        given = read_input(await request.body(), request.headers.get("content-type"))
+        run_id = given.threadId
+        check_id(run_id, "thread id")
+        stored = await asyncio.to_thread(_stored, store, run_id)
+        action = plan(given, stored, driving=ui.live.driving(run_id))
+        if isinstance(action, Start):
+            run = agent.start(action.user_input, run_id=run_id, history=action.history)
+        else:
+            run = agent.reopen(run_id, action.reply, approvals=action.approvals, pause=action.pause)
+    except InputError as exc:
+        return _problem(exc.status, str(exc))
+    except AgentFSMError as exc:  # an id, a history or an answer that does not fit the run
+        return _problem(422, str(exc))  # (refused before anything of the run changed)
+    ui.live.start(run_id, asyncio.get_running_loop().create_task(run.run()))
+    return StreamingResponse(
+        driven(
+            store,
+            ui.live,
+            ui.stop,
+            request.is_disconnected,
+            run_id,
+            thread=run_id,
+            agui_run=given.runId,
+        ),
+        media_type="text/event-stream",
+        headers={"x-accel-buffering": "no"},
+    )
+
+
+def _stored(store: CheckpointStore, run_id: str) -> RunState | None:
+    """The thread's run, or None when the store holds none."""
+    return store.load(run_id) if store.exists(run_id) else None
+
+
 async def _static(request: Request) -> Response:
     ui = _ui(request)
     name = request.path_params["name"]
@@ -383,6 +459,7 @@ def create_app(
     steerable = agent is not None and isinstance(store, CheckpointStore)
     driver = agent.replace(store=store) if steerable and agent is not None else None
     ui = _Ui(store, store_name, driver, csrf or secrets.token_urlsafe(32))
+    ui.token_guarded = token is not None
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -394,6 +471,7 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/", _runs),
+            Route("/agui", _agui, methods=["POST"]),
             Route("/runs/{run_id:path}/events", _events),
             Route("/runs/{run_id:path}/answer", _answer, methods=["POST"]),
             Route("/runs/{run_id:path}/approve", _approve, methods=["POST"]),

@@ -100,18 +100,27 @@ def runs_page(
             f'<td><a href="/runs/{quote(run.run_id, safe="")}">{_e(run.run_id)}</a>{flags}</td>'
             f"<td>{_e(run.state)}</td><td>{_e(run.stop or '-')}</td>"
             f'<td class="num">{run.turns}</td><td class="num">{run.tokens:,}</td>'
+            f'<td class="num cost">{_cost(run.cost)}</td>'
             f'<td class="num">{_duration(run.duration_s)}</td>'
             f"<td>{_when(run.updated_at)}</td><td>{_e(lease)}</td></tr>"
         )
     table = (
         '<table class="runs"><thead><tr><th>run</th><th>state</th><th>stop reason</th>'
-        "<th>turns</th><th>tokens</th><th>duration</th><th>updated</th><th>lease holder</th>"
+        "<th>turns</th><th>tokens</th><th>cost</th><th>duration</th><th>updated</th>"
+        "<th>lease holder</th>"
         f"</tr></thead><tbody>{''.join(lines)}</tbody></table>"
         if runs
         else '<p class="empty">no runs</p>'
     )
     body = f'<h1>Runs</h1>{filters}<p class="summary">{summary}</p>{table}'
     return _layout("runs", body, store=store)
+
+
+def _cost(cost: float | None) -> str:
+    """A run's cost, in its prices' currency (``Pricing`` names none); blank when unknown."""
+    if cost is None:
+        return ""
+    return f"{cost:,.4f}" if cost < 100 else f"{cost:,.2f}"
 
 
 def error_page(message: str, *, store: str, status: str = "error") -> str:
@@ -140,7 +149,7 @@ class RunPage:
     problem: str | None = None
     step_usage: Usage | None = None
     """The usage of the model calls as of the chosen step, where the source keeps it (a
-    trace file; a checkpoint keeps the run's total only)."""
+    stored run's replies, a trace file); None where it does not (an older checkpoint)."""
 
 
 def _message(message: Message) -> str:
@@ -179,15 +188,26 @@ def _fork_form(page: RunPage, step: Step) -> str:
     )
 
 
-def _usage_line(usage: Usage | None) -> str:
+def _tokens(usage: Usage) -> str:
+    return f"{usage.total_tokens:,} ({usage.input_tokens:,} in, {usage.output_tokens:,} out)" + (
+        " estimated" if usage.estimated else ""
+    )
+
+
+def _usage_line(usage: Usage | None, step: Step) -> str:
     if usage is None:
         return (
-            '<dt>tokens as of this step</dt><dd class="hint">a checkpoint keeps the run\'s total '
-            "only (above); a trace file (--trace) keeps each call's</dd>"
+            '<dt>tokens as of this step</dt><dd class="hint">this checkpoint keeps the run\'s '
+            "total only (above): it was written before agent_fsm kept each call's usage</dd>"
         )
+    own = (
+        f'<dd id="step-own-tokens">{_tokens(step.own_usage)}</dd>'
+        if step.own_usage is not None
+        else '<dd id="step-own-tokens" class="hint">none: no model call in this step</dd>'
+    )
     return (
-        f'<dt>tokens as of this step</dt><dd id="step-tokens">{usage.total_tokens:,} '
-        f"({usage.input_tokens:,} in, {usage.output_tokens:,} out)</dd>"
+        f'<dt>tokens as of this step</dt><dd id="step-tokens">{_tokens(usage)}</dd>'
+        f"<dt>this step's model call</dt>{own}"
     )
 
 
@@ -297,7 +317,8 @@ def run_page(page: RunPage, *, store: str) -> str:
     )
     detail = ""
     if page.step is not None:
-        detail = _step_detail(page.step, _fork_form(page, page.step), _usage_line(page.step_usage))
+        usage = _usage_line(page.step_usage, page.step)
+        detail = _step_detail(page.step, _fork_form(page, page.step), usage)
     transcript = "".join(_message(m) for m in state.messages)
     live = (
         f'<section class="live" id="live" data-events="/runs/{run}/events">'

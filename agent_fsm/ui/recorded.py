@@ -15,12 +15,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from agent_fsm.durable.encoding import RunSummary
+from agent_fsm.durable.listing import stop_kept, stop_names
 from agent_fsm.durable.tracefile import RecordedRun, read_trace, recorded_runs
 from agent_fsm.errors import CheckpointError, TraceFileError
 from agent_fsm.events import ModelResponded, ToolFinished
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, Usage, UserMessage
 from agent_fsm.state import RunState
-from agent_fsm.table import TERMINAL_STATES, AgentState, Row
+from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
 
 __all__ = ["TraceRuns"]
 
@@ -57,10 +58,15 @@ class TraceRuns:
         return found
 
     def list_runs(
-        self, limit: int | None = None, *, states: str | Iterable[str] | None = None
+        self,
+        limit: int | None = None,
+        *,
+        states: str | Iterable[str] | None = None,
+        stop_reasons: StopReason | str | Iterable[StopReason | str | None] | None = None,
     ) -> list[RunSummary]:
         """The recorded runs, the last recorded first (a trace's order of appearance)."""
         chosen = None if states is None else {states} if isinstance(states, str) else set(states)
+        stops = stop_names(stop_reasons)
         summaries = []
         for run in reversed(self._runs()):
             state = run.final_state or AgentState.OBSERVE
@@ -73,21 +79,25 @@ class TraceRuns:
                 trace, unreadable = [], str(exc)
             usage = run.usage or _total(run)
             finished = run.finished
-            summaries.append(
-                RunSummary(
-                    run_id=run.run_id,
-                    state=state,
-                    turns=run.turns,
-                    total_tokens=usage.total_tokens,
-                    messages=len(_messages(run)),
-                    last_row=trace[-1][0] if trace else None,
-                    created_at=0.0,
-                    updated_at=0.0,
-                    output=finished.output if finished is not None else None,
-                    error=finished.error if finished is not None else None,
-                    unreadable=unreadable,
-                )
+            summary = RunSummary(
+                run_id=run.run_id,
+                state=state,
+                turns=run.turns,
+                total_tokens=usage.total_tokens,
+                messages=len(_messages(run)),
+                last_row=trace[-1][0] if trace else None,
+                created_at=0.0,
+                updated_at=0.0,
+                output=finished.output if finished is not None else None,
+                error=finished.error if finished is not None else None,
+                stop_reason=finished.stop_reason
+                if finished is not None and state in TERMINAL_STATES
+                else None,
+                cost=finished.cost if finished is not None else None,
+                unreadable=unreadable,
             )
+            if stops is None or stop_kept(summary, stops):
+                summaries.append(summary)
         return summaries if limit is None else summaries[: max(limit, 0)]
 
     def load(self, run_id: str) -> RunState:
@@ -136,7 +146,9 @@ def _messages(run: RecordedRun) -> list[Message]:
         messages.append(UserMessage(content=run.input))
     for event in run.events:
         if isinstance(event, ModelResponded):
-            messages.append(AssistantMessage(content=event.text, tool_calls=event.tool_calls))
+            messages.append(
+                AssistantMessage(content=event.text, tool_calls=event.tool_calls, usage=event.usage)
+            )
         elif isinstance(event, ToolFinished):
             messages.append(
                 ToolMessage(

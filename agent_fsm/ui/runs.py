@@ -21,6 +21,8 @@ __all__ = ["PAUSES", "RunRow", "RunSource", "run_rows", "stop_of"]
 PAUSES = frozenset({StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED})
 """The stops that wait for a person: the page makes them stand out."""
 
+_STOPS = frozenset(reason.value for reason in StopReason)
+
 
 @runtime_checkable
 class RunSource(RunLister, Protocol):
@@ -46,6 +48,9 @@ class RunRow:
     """The stop reason of a stopped run; "" for one still going (or never stepped)."""
     turns: int
     tokens: int
+    cost: float | None
+    """What its model calls cost so far; None where unknown (no prices, or a checkpoint
+    from before costs were recorded)."""
     duration_s: float
     """From the first save to the last."""
     updated_at: float
@@ -60,8 +65,11 @@ class RunRow:
 
 
 def stop_of(summary: RunSummary, rows: Sequence[Row]) -> StopReason | None:
-    """The stop reason of a run that has stopped: the label of the row it last took, when
-    that row ends a run and the run is still where it left it; None otherwise."""
+    """The stop reason of a run that has stopped: the one it recorded, or (a checkpoint
+    that predates recorded reasons) the label of the row it last took, when that row ends
+    a run and the run is still where it left it; None otherwise."""
+    if summary.stop_reason is not None:
+        return summary.stop_reason
     index = summary.last_row
     if index is None or not 0 <= index < len(rows) or summary.state not in TERMINAL_STATES:
         return None
@@ -81,6 +89,7 @@ def _row(summary: RunSummary, rows: Sequence[Row]) -> RunRow:
         stop=stop.value if stop is not None else "",
         turns=summary.turns,
         tokens=summary.total_tokens,
+        cost=summary.cost,
         duration_s=max(summary.updated_at - summary.created_at, 0.0),
         updated_at=summary.updated_at,
         lease_holder=summary.lease_holder,
@@ -105,27 +114,29 @@ def run_rows(
     ``stop`` only ("running" for the runs that have not stopped), when given. ``rows`` is
     the table the runs were made with (the default one, or the ``--agent``'s).
 
-    The store filters by state and limits; a stop reason is the table's, so it is read
-    here: only from the states its rows lead to, newest first, in batches that grow until
-    enough match (a common stop costs one batch; one that matches few runs, a pass over
-    the runs in its states)."""
+    The store filters by state, by stop reason (``list_runs(stop_reasons=...)``, in SQL for
+    the stores that keep it in a column) and limits. A stopped run whose checkpoint
+    predates recorded stop reasons comes along with them (a None among the reasons), and
+    its stop is read here from the table's row; such runs are rare, so the first batch
+    almost always decides, and later batches grow until enough match."""
     states = [state] if state else None
+    reasons: list[str | None] | None = None
     if stop:
+        if stop != "running" and stop not in _STOPS:
+            return [], False  # no run stops so: not a filter the page offers
         ends = _states_of(rows, stop)
         states = [s for s in ends if s == state] if state else ends
         if not states:
             return [], False
-    if not stop:  # the store does the limit: one more tells whether there are more
+        if stop != "running":
+            reasons = [stop, None]
+    if reasons is None:  # the store does the limit: one more tells whether there are more
         found = [_row(summary, rows) for summary in store.list_runs(limit + 1, states=states)]
         return found[:limit], len(found) > limit
-    batch = 4 * (limit + 1)
+    batch = limit + 1
     while True:
-        summaries = store.list_runs(batch, states=states)
-        found = [
-            row
-            for row in (_row(summary, rows) for summary in summaries)
-            if row.stop == stop or (stop == "running" and row.tone == "running")
-        ]
+        summaries = store.list_runs(batch, states=states, stop_reasons=reasons)
+        found = [row for row in (_row(summary, rows) for summary in summaries) if row.stop == stop]
         if len(found) > limit or len(summaries) < batch:
             return found[:limit], len(found) > limit
         batch *= 4

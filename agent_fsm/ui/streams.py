@@ -58,16 +58,23 @@ def _derived(state: RunState, seen: int) -> list[AgUiEvent]:
     return found
 
 
-def _ending(stop_of: StopOf, state: RunState) -> list[AgUiEvent]:
+def _ending(
+    stop_of: StopOf, state: RunState, thread: str = THREAD, agui_run: str | None = None
+) -> list[AgUiEvent]:
     """How a stopped run's stream ends: its last snapshot, and RUN_FINISHED (an interrupt
-    for a pause) or RUN_ERROR."""
+    for a pause) or RUN_ERROR; in AG-UI thread ``thread``, as AG-UI run ``agui_run`` (the
+    run's own id by default)."""
     stop = stop_of(state)
     snapshot = fsm_snapshot(
         state.run_id, str(state.state), state.turns, stop.value if stop else None
     )
     if state.state is AgentState.ERROR or stop is None:
         return [snapshot, run_error(state.error or "", stop.value if stop else "")]
-    finished: AgUiEvent = {"type": "RUN_FINISHED", "threadId": THREAD, "runId": state.run_id}
+    finished: AgUiEvent = {
+        "type": "RUN_FINISHED",
+        "threadId": thread,
+        "runId": agui_run or state.run_id,
+    }
     control = state.control
     if stop in PAUSES and control is not None:
         asked = interrupt(control.pause or state.run_id, stop, control.text, control.pending_calls)
@@ -115,14 +122,27 @@ async def followed(
 
 
 async def driven(
-    store: RunSource, live: LiveRuns, stop_of: StopOf, disconnected: Disconnected, run_id: str
+    store: RunSource,
+    live: LiveRuns,
+    stop_of: StopOf,
+    disconnected: Disconnected,
+    run_id: str,
+    *,
+    thread: str = THREAD,
+    agui_run: str | None = None,
 ) -> AsyncIterator[str]:
-    """A run this server drives, from the engine's typed events."""
-    stream = AgUiStream(THREAD)
+    """A run this server drives, from the engine's typed events; in AG-UI thread
+    ``thread``, its boundary events as AG-UI run ``agui_run`` (an input's ``runId``; the
+    run's own id by default). With ``agui_run``, the stream was opened with the drive, whose
+    every event it gets (``LiveRuns.start`` keeps them from the start): the drive's own
+    start gives the first snapshot. Without, a page may join late, and is first told where
+    the run stands."""
+    stream = AgUiStream(thread, {run_id: agui_run} if agui_run else None)
     with live.listen(run_id) as queue:
-        state = store.load(run_id)
-        yield sse({"type": "RUN_STARTED", "threadId": THREAD, "runId": run_id})
-        yield sse(fsm_snapshot(run_id, str(state.state), state.turns))
+        yield sse({"type": "RUN_STARTED", "threadId": thread, "runId": agui_run or run_id})
+        if agui_run is None:  # a page that may join late: where the run stands
+            state = store.load(run_id)
+            yield sse(fsm_snapshot(run_id, str(state.state), state.turns))
         while live.driving(run_id) or not queue.empty():
             try:
                 event = await asyncio.wait_for(queue.get(), timeout=1.0)
@@ -136,5 +156,5 @@ async def driven(
                 yield sse(mapped)
             if event.kind == "run_finished":
                 return
-    for ending in _ending(stop_of, store.load(run_id)):
+    for ending in _ending(stop_of, store.load(run_id), thread, agui_run):
         yield sse(ending)
