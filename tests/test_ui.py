@@ -692,3 +692,38 @@ def test_a_run_of_another_table_is_named_not_a_server_error(runs: Runs) -> None:
         assert get(f"{base}/runs/custom-table/events")[0] == 409
         listing = get(base + "/")[1]
         assert "custom-table" in listing
+
+
+def test_a_sub_agents_question_is_answered_from_the_parents_page(tmp_path: Path) -> None:
+    """A child's ask_user pauses the whole tree (``sub_agent_paused``): the parent's page
+    shows the child's question with the answer form, and the answer sent there resumes the
+    tree to the end."""
+    store = SQLiteStore(tmp_path / "runs.sqlite3")
+    child = Agent(
+        model=ScriptedModel(
+            [reply("", call("ask_user", question="Which city?")), "Lyon is sunny."]
+        ),
+        limits=limits(),
+    )
+    parent = Agent(
+        model=ScriptedModel([reply("", call("research", task="Weather?")), "It is sunny."]),
+        tools=[child.as_tool(name="research", description="Researches.")],
+        limits=limits(),
+        store=store,
+    )
+    paused = parent.run_sync("Weather?")
+    assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+    runs = Runs(store, parent, paused.run_id, paused.run_id, paused.run_id)
+    listed, _ = run_rows(store, TABLE)
+    assert [row.paused for row in listed if row.run_id == paused.run_id] == [True]
+    with ui(runs) as base:
+        _, page, _ = get(f"{base}/runs/{paused.run_id}")
+        assert "/answer" in page
+        assert "Which city?" in page
+        pause = store.load(paused.run_id).control
+        assert pause is not None
+        fields = {"csrf": _csrf(page), "reply": "Lyon", "pause": pause.pause}
+        status, _, _ = post(f"{base}/runs/{paused.run_id}/answer", fields)
+        assert status == 303
+        assert _settled(runs, paused.run_id, StopReason.SUB_AGENT_PAUSED) is AgentState.DONE
+    assert store.load(paused.run_id).output == "It is sunny."

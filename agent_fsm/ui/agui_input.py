@@ -167,7 +167,7 @@ def plan(given: RunInput, stored: RunState | None, *, driving: bool) -> Start | 
         )
     control = stored.control
     entry = _entry(given.resume, control.pause if control is not None else None, run_id)
-    if control is not None and control.kind is ControlKind.APPROVAL:
+    if control is not None and control.waits_for is ControlKind.APPROVAL:
         if entry is None:
             raise InputError(
                 422,

@@ -289,7 +289,7 @@ def _decisions(state: RunState, fields: dict[str, str]) -> dict[str, bool | Appr
         ValueError: arguments that are not a JSON object.
     """
     control = state.control
-    if control is None or control.kind is not ControlKind.APPROVAL:
+    if control is None or control.waits_for is not ControlKind.APPROVAL:
         return {}
     decided: dict[str, bool | Approval] = {}
     for call in control.pending_calls:

@@ -20,7 +20,7 @@ from urllib.parse import quote, urlencode
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, Usage
 from agent_fsm.state import ControlKind, RunState
 from agent_fsm.table import TERMINAL_STATES, AgentState, StopReason
-from agent_fsm.ui.runs import RunRow
+from agent_fsm.ui.runs import PAUSES, RunRow
 from agent_fsm.ui.steps import Step
 
 __all__ = ["RunPage", "error_page", "run_page", "runs_page"]
@@ -239,15 +239,7 @@ def _steer(page: RunPage) -> str:
     parts = []
     if page.problem:
         parts.append(f'<p class="problem" id="problem">{_e(page.problem)}</p>')
-    paused = (
-        state.state is AgentState.DONE
-        and control is not None
-        and page.stop
-        in (
-            StopReason.ASK_USER,
-            StopReason.APPROVAL_REQUIRED,
-        )
-    )
+    paused = state.state is AgentState.DONE and control is not None and page.stop in PAUSES
     if paused and control is not None:
         pause = f'<input type="hidden" name="pause" value="{_e(control.pause)}">'
         if not page.steerable:
@@ -255,14 +247,14 @@ def _steer(page: RunPage) -> str:
                 '<p class="hint">start the ui with <code>--agent MODULE:ATTR</code> to answer '
                 "this run from here</p>"
             )
-        elif control.kind is ControlKind.ASK_USER:
+        elif control.waits_for is ControlKind.ASK_USER:
             parts.append(
                 f'<form class="answer" method="post" action="/runs/{run}/answer">{csrf}{pause}'
                 f'<label for="reply">{_e(control.text)}</label>'
                 '<textarea id="reply" name="reply" rows="3" required></textarea>'
                 '<button type="submit" id="send-reply">answer</button></form>'
             )
-        elif control.kind is ControlKind.APPROVAL:
+        elif control.waits_for is ControlKind.APPROVAL:
             calls = []
             for call in control.pending_calls:
                 key = _e(call.id)

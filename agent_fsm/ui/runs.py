@@ -18,7 +18,9 @@ from agent_fsm.table import TERMINAL_STATES, AgentState, Row, StopReason
 
 __all__ = ["PAUSES", "RunRow", "RunSource", "run_rows", "stop_of"]
 
-PAUSES = frozenset({StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED})
+PAUSES = frozenset({StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED, StopReason.SUB_AGENT_PAUSED})
+"""The stops that wait for a person: the run's own question or approvals, or a sub-agent's
+(answered the same way, through the parent: ``ControlRequest.waits_for``)."""
 """The stops that wait for a person: the page makes them stand out."""
 
 _STOPS = frozenset(reason.value for reason in StopReason)
