@@ -388,9 +388,10 @@ def test_typed_events_map_to_ag_ui_events_with_interrupts() -> None:
     delta = mapped[2]["delta"]
     assert {"op": "replace", "path": "/fsm/state", "value": "THINK"} in delta
     finished = mapped[-1]
-    assert finished["outcome"] == "interrupt"
-    assert finished["interrupt"]["id"] == "p1"
-    assert finished["interrupt"]["payload"]["pendingCalls"][0]["name"] == "transfer"
+    assert finished["outcome"]["type"] == "interrupt"
+    (asked,) = finished["outcome"]["interrupts"]
+    assert asked["id"] == "p1"
+    assert asked["payload"]["pendingCalls"][0]["name"] == "transfer"
 
 
 def test_the_event_stream_of_a_stopped_run_ends_with_its_interrupt(runs: Runs) -> None:
@@ -401,8 +402,9 @@ def test_the_event_stream_of_a_stopped_run_ends_with_its_interrupt(runs: Runs) -
     events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
     assert events[0]["type"] == "RUN_STARTED"
     assert events[-1]["type"] == "RUN_FINISHED"
-    assert events[-1]["outcome"] == "interrupt"
-    assert events[-1]["interrupt"]["payload"]["question"] == "Which city, <b>exactly</b>?"
+    assert events[-1]["outcome"]["type"] == "interrupt"
+    (asked,) = events[-1]["outcome"]["interrupts"]
+    assert asked["message"] == asked["payload"]["question"] == "Which city, <b>exactly</b>?"
 
 
 def test_a_run_followed_from_its_checkpoints_streams_what_each_save_adds(tmp_path: Path) -> None:

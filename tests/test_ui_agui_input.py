@@ -108,7 +108,7 @@ def test_an_input_starts_a_thread_and_streams_its_run(runs: Runs) -> None:
     assert (events[0]["threadId"], events[0]["runId"]) == ("thread-oslo", "agui-run-1")
     assert kinds[-1] == "RUN_FINISHED"
     assert (events[-1]["threadId"], events[-1]["runId"]) == ("thread-oslo", "agui-run-1")
-    assert events[-1]["outcome"] == "success"
+    assert events[-1]["outcome"] == {"type": "success"}
     assert events[-1]["result"] == "Cold in Oslo."
     assert "TOOL_CALL_START" in kinds
     assert "TOOL_CALL_RESULT" in kinds
@@ -164,7 +164,7 @@ def test_an_approval_interrupt_is_resumed_with_edited_arguments_once(runs: Runs)
         assert response.status_code == 200
         events = _events(response.text)
         assert events[-1]["type"] == "RUN_FINISHED"
-        assert events[-1]["outcome"] == "success"
+        assert events[-1]["outcome"] == {"type": "success"}
         _settled(runs, runs.approving)
         repeated = _post(base, _input(runs.approving, "agui-6", resume=[good]))
         assert repeated.status_code == 422

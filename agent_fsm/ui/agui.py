@@ -3,8 +3,9 @@ run (the run page's live feed is one).
 
 ``agui_events(event)`` maps one ``agent_fsm.events`` event to the AG-UI events it stands
 for, as JSON-ready dicts in AG-UI's camelCase: ``RUN_STARTED`` and ``RUN_FINISHED`` (with
-``outcome: "interrupt"`` and the question or the pending calls when the run paused for a
-person: ask_user and approvals are AG-UI interrupts) or ``RUN_ERROR``; a reply's text as
+AG-UI 1.0's interrupt outcome, the question or the pending calls, when the run paused for
+a person: ask_user and approvals are AG-UI interrupts, answered by the next input's
+``resume`` entries) or ``RUN_ERROR``; a reply's text as
 ``TEXT_MESSAGE_START/CONTENT/END``; each tool call as ``TOOL_CALL_START/ARGS/END`` and its
 answer as ``TOOL_CALL_RESULT``; every transition as ``STATE_DELTA`` (a JSON Patch of the FSM
 state: where the run is, the row taken, the turn), after one ``STATE_SNAPSHOT`` at the start.
@@ -40,8 +41,10 @@ __all__ = [
     "agui_events",
     "fsm_snapshot",
     "interrupt",
+    "interrupted",
     "run_error",
     "sse",
+    "succeeded",
     "text_message",
     "tool_call",
     "tool_result",
@@ -108,14 +111,29 @@ def run_error(message: str, code: str) -> AgUiEvent:
 def interrupt(
     interrupt_id: str, stop: StopReason, question: str, calls: Sequence[ToolCall]
 ) -> dict[str, Any]:
-    """What a paused run waits for, as the ``interrupt`` of AG-UI's ``RUN_FINISHED``: the
-    question (ask_user) or the calls awaiting approval; its id is the pause to answer."""
+    """What a paused run waits for, as one ``Interrupt`` of AG-UI 1.0: its ``id`` is the
+    pause to answer (a resume entry's ``interruptId``), its ``reason`` the stop, its
+    ``message`` the question or what awaits approval, and its ``payload`` the question and
+    the calls awaiting approval."""
     pending = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
     return {
         "id": interrupt_id,
         "reason": stop.value,
+        "message": question,
         "payload": {"question": question, "pendingCalls": pending},
     }
+
+
+def interrupted(asked: dict[str, Any]) -> AgUiEvent:
+    """The fields of a ``RUN_FINISHED`` that ends a run at a pause: AG-UI 1.0's interrupt
+    outcome, carrying the one interrupt an agent_fsm pause is."""
+    return {"outcome": {"type": "interrupt", "interrupts": [asked]}}
+
+
+def succeeded(result: str | None) -> AgUiEvent:
+    """The fields of a ``RUN_FINISHED`` that ends a run: AG-UI 1.0's success outcome, with
+    the result at the event's root."""
+    return {"outcome": {"type": "success"}, "result": result}
 
 
 class AgUiStream:
@@ -229,9 +247,9 @@ class AgUiStream:
             found = interrupt(
                 paused.pause or paused.run_id, paused.stop_reason, paused.question, calls
             )
-            finished.update(outcome="interrupt", interrupt=found)
+            finished.update(interrupted(found))
         else:
-            finished.update(outcome="success", result=event.output)
+            finished.update(succeeded(event.output))
         return [snapshot, finished]
 
 

@@ -23,8 +23,10 @@ from agent_fsm.ui.agui import (
     AgUiStream,
     fsm_snapshot,
     interrupt,
+    interrupted,
     run_error,
     sse,
+    succeeded,
     text_message,
     tool_call,
     tool_result,
@@ -78,9 +80,9 @@ def _ending(
     control = state.control
     if stop in PAUSES and control is not None:
         asked = interrupt(control.pause or state.run_id, stop, control.text, control.pending_calls)
-        finished.update(outcome="interrupt", interrupt=asked)
+        finished.update(interrupted(asked))
     else:
-        finished.update(outcome="success", result=state.output)
+        finished.update(succeeded(state.output))
     return [snapshot, finished]
 
 
