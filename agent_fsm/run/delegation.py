@@ -45,6 +45,13 @@ the parent's turn (``run.parenting.pause_request``) and the ``sub_agent_paused``
 parent, showing what the child asks. Resumed with the answer, the parent's ACT passes it down
 (``carry_out_child``) and goes on with the child within what the parent has left
 (``carve`` with what was ``counted``).
+**A pause nobody will answer is settled.** A parent that stops for another reason than its
+child's pause (a higher-ranked row: an abort, a terminal tool, its own question or
+approvals...), or that cannot go on with the child it was answered for, ends the child
+(``settle``: reopened with a refusal and aborted, by its own rows, its own waiting child
+settled in turn), and its model is told in the next user message, should it go on; the
+call's answer only ever said the run waits unless it stops first. A child started or
+reopened while its parent's stop is set is aborted before it takes a step.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ from agent_fsm.run.residence import InProcess, Residence
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
 from agent_fsm.state import (
+    ControlKind,
     Decision,
     ParentLink,
     RunResult,
@@ -222,8 +230,9 @@ def _answer(delegate: Delegate, result: RunResult) -> ToolResult:
 
 
 AWAITING_SUB_AGENT = (
-    "The sub-agent {name} waits for the user ({asked}). The whole run waits with it; its "
-    "result will arrive in the next user message."
+    "The sub-agent {name} waits for the user ({asked}). The whole run waits with it, unless "
+    "it stops for another reason first; its result, or that it was stopped, will arrive in a "
+    "later user message."
 )
 """The answer of a call whose child stopped to ask the user (a question, approvals)."""
 
@@ -291,6 +300,60 @@ async def carry_out_child(
     except (CheckpointError, ResumeError, RunLeased, ConfigError) as exc:
         return _not_run(delegate.name, pause.run_id, exc)
     return outcome if isinstance(outcome, ToolResult) else _answer(delegate, outcome)
+
+
+async def settle(delegate: Delegate, parent: RunContext, pause: SubAgentPause, why: str) -> bool:
+    """End the child that waits at ``pause`` when its parent will not answer it (it stopped
+    for another reason, or could not go on with it): it is reopened with a refusal (an
+    unanswered question, every call denied) and aborted at its next transition, so that it
+    is no longer resumable as a pause; a child that waits for its own sub-agent settles it
+    the same way (its ACT goes on with it under its own, set, stop scope). The rows decide:
+    the child leaves its stop by its resume row and ends by ``abort_requested``. True when it
+    was ended so; False when it no longer waited there (or could not be reached), nothing
+    done. Never raises."""
+    home = _home(delegate, parent)
+    config = delegate.agent.run_config
+    try:
+        with home.readmit(pause.run_id) as (state, keeper):
+            control = state.control
+            if (
+                state.state not in TERMINAL_STATES
+                or control is None
+                or not control.pause
+                or state.stop_reason not in _PAUSES
+            ):
+                keeper.release()
+                return False
+            asks = control.waits_for
+            reply = None if asks is ControlKind.APPROVAL else f"(no answer: {why})"
+            approvals: Decisions | None = False if asks is ControlKind.APPROVAL else None
+            child_config = keep_approvals(config, state)
+            answered = reopen(
+                state,
+                child_config.machine,
+                child_config.limits,
+                reply,
+                approvals,
+                control.pause,
+                tools=child_config.tools,
+            )
+        run = Run(child_config, state, keeper, resumed=answered, path=_path(parent), home=home)
+        if parent.bus.emitter is not None:
+            run.subscribe(parent.bus.emit)
+        await run.step()  # its resume row, out of the pause
+        run.abort(f"the parent run stopped: {why}")
+        result = await run.run()
+    except (CheckpointError, ResumeError, RunLeased, ConfigError):
+        return False
+    if delegate.observer is not None:
+        delegate.observer(result, child_config)
+    return True
+
+
+_PAUSES = frozenset(
+    {StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED, StopReason.SUB_AGENT_PAUSED}
+)
+"""The stops at which a child waits for its parent's answer."""
 
 
 def _started_before(journal: ToolJournal, run_id: str, call: ToolCall) -> ToolResult | None:
@@ -463,6 +526,8 @@ async def _drive(
             )
         )
         run.subscribe(bus.emit)
+    if parent is not None and parent.stop.is_set():  # stopped already: it must not go on
+        run.abort(f"the parent run stopped: {parent.why_stopped()}")
     task_of_child = asyncio.ensure_future(run.run())
     try:
         result = await asyncio.shield(task_of_child)
@@ -541,7 +606,11 @@ def delegation_tool(
     ) -> ToolResult:
         return await carry_out_child(delegate, parent, pause, reply, decisions)
 
-    fn.go_on = go_on_after_pause  # type: ignore[attr-defined]  # read by run.acting
+    async def settle_pause(parent: RunContext, pause: SubAgentPause, why: str) -> bool:
+        return await settle(delegate, parent, pause, why)
+
+    fn.go_on = go_on_after_pause  # type: ignore[attr-defined]  # read by run.parenting
+    fn.settle = settle_pause  # type: ignore[attr-defined]  # read by run.parenting
     # Its own deadline ends the child first: the tool's timeout is only a backstop.
     backstop = own.timeout_s + own.last_answer_timeout_s + 30.0 if timeout_s is None else timeout_s
     return Tool(

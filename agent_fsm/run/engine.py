@@ -50,7 +50,7 @@ from agent_fsm.run.custom import custom_work
 from agent_fsm.run.history import HistoryRepair
 from agent_fsm.run.observing import observe, observe_guarded
 from agent_fsm.run.outcome import ending_events, record_stop
-from agent_fsm.run.parenting import act_as_parent, act_screened
+from agent_fsm.run.parenting import act_as_parent, act_screened, settle_orphans
 from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.residence import RunKeeper
 from agent_fsm.run.summarising import summarise
@@ -148,6 +148,8 @@ class Run:
         self._announced = False
         self._resumed = resumed
         self._reopen_pending = resumed is not None
+        self._abort_on_reopen: str | None = None
+        """An abort asked before the resume row was taken: the run's, once it is."""
         """Reopened (after a stop or a crash), and the resume row not taken yet: the first
         step takes it."""
         self._repaired = repaired
@@ -198,9 +200,16 @@ class Run:
         use ``loop.call_soon_threadsafe(run.abort)``.
         """
         state = self._state
-        if state.abort_reason is not None or self.done:
+        if self.done:
             return
-        state.abort_reason = reason
+        if self._reopen_pending:  # kept past the resume row, which clears a stop's fields
+            if self._abort_on_reopen is not None:
+                return
+            self._abort_on_reopen = reason
+        elif state.abort_reason is not None:
+            return
+        else:
+            state.abort_reason = reason
         self._ctx.bus.emit(AbortRequested(run_id=state.run_id, reason=reason, turn=state.turns))
         self._interrupt()
 
@@ -281,6 +290,8 @@ class Run:
             self._reopen_pending = False
             if row.source in TERMINAL_STATES:
                 reopen_fields(state, stopped=True)
+            if self._abort_on_reopen is not None:  # aborted before it took the row
+                state.abort_reason = self._abort_on_reopen
         else:
             doing = self._work.get(state.state)
             work = (
@@ -292,6 +303,8 @@ class Run:
                 await self._keeper.during(work)
             state.elapsed_s = self._ctx.clock() - self._started_at
             row = config.machine.fire(self._handle)
+            if row.ends and config.delegates:  # a child left waiting at a pause is ended
+                await settle_orphans(self._ctx, row)
         self._after(row)
         return row
 
