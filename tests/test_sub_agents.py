@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import copy
 import itertools
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -1243,3 +1244,77 @@ def test_an_abort_before_a_reopened_run_takes_its_resume_row_is_kept() -> None:
     assert (aborted.stop_reason, aborted.error) == (StopReason.ABORTED, "stopped at once")
     assert len(model.requests) == 1
     assert not transcript_problems(aborted.messages)
+
+
+def test_a_parent_taken_over_waits_out_its_dead_drivers_lease_on_the_child() -> None:
+    """Worker A dies while its parent's sub-agent call is in flight (its event loop is
+    abandoned: no release, no heartbeat), and its lease on the child outlives its lease on
+    the parent. Worker B takes the parent over and redoes the call: it waits the child's
+    lease out and goes on with the child, instead of answering the model that the sub-agent
+    could not be run; the child's side effect happens once."""
+    store = MemoryStore()
+    effects: list[str] = []
+    hang = [True]
+    entered = asyncio.Event()
+
+    @tool
+    async def append_line(text: str) -> str:
+        """Append a line."""
+        effects.append(text)
+        if hang[0]:
+            entered.set()
+            await asyncio.sleep(3600)
+        return "appended"
+
+    def worker(request: ModelRequest) -> ModelResponse | str:
+        answers = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if not answers:
+            return reply("", call("append_line", text="once"))
+        return f"child done: {answers[-1].content}"
+
+    def boss_model(request: ModelRequest) -> ModelResponse | str:
+        answers = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if not answers:
+            return reply("", call("work", task="append"))
+        return f"parent done: {answers[-1].content}"
+
+    def build(worker_id: str) -> Agent:
+        child = Agent(model=FunctionModel(worker, name="worker"), tools=[append_line])
+        return Agent(
+            model=FunctionModel(boss_model, name="boss"),
+            tools=[child.as_tool(name="work", description="Works.")],
+            limits=Limits(**FAST),
+            store=store,
+            lease_s=0.5,
+            worker_id=worker_id,
+        )
+
+    dead = asyncio.new_event_loop()
+    driver = dead.create_task(build("A").run("go", run_id="parent"))
+    dead.run_until_complete(entered.wait())  # A dies here, its calls in flight
+    parent = store.load("parent")
+    (asked,) = [m for m in parent.messages if isinstance(m, AssistantMessage)]
+    child_id = delegation.child_run_id("parent", 1, asked.tool_calls[0].id)
+    while True:  # A's leases run out; its last renewal of the child came later
+        try:
+            store.release(store.claim("parent", "probe", 0.5))
+            store.claim(child_id, "A", 1.0)
+            break
+        except RunLeased:
+            time.sleep(0.1)
+    hang[0] = False
+    later = build("B")
+    taken = later.resume_sync("parent")
+    check_invariants(taken, limits=later.limits, bound=later.bound, rows=later.machine.rows)
+    assert taken.stop_reason is StopReason.FINAL_ANSWER
+    (answer,) = tool_results(taken)
+    assert answer.content.startswith("child done:"), answer.content
+    assert effects == ["once"]
+    child = store.load(child_id)
+    assert child.stop_reason is StopReason.FINAL_ANSWER
+    assert not transcript_problems(child.messages)
+    driver.cancel()  # the stale driver, were it to wake, writes nothing over B's work
+    with contextlib.suppress(BaseException):
+        dead.run_until_complete(driver)
+    dead.close()
+    assert store.load(child_id).stop_reason is StopReason.FINAL_ANSWER

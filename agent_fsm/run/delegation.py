@@ -57,7 +57,9 @@ reopened while its parent's stop is set is aborted before it takes a step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,7 +78,7 @@ from agent_fsm.run.context import PARENT_RUN, RunConfig, RunContext
 from agent_fsm.run.engine import Run, new_run_state
 from agent_fsm.run.history import prepare_history
 from agent_fsm.run.identity import claim, keep_approvals
-from agent_fsm.run.residence import InProcess, Residence
+from agent_fsm.run.residence import InProcess, Residence, RunKeeper
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
 from agent_fsm.state import (
@@ -314,7 +316,7 @@ async def settle(delegate: Delegate, parent: RunContext, pause: SubAgentPause, w
     home = _home(delegate, parent)
     config = delegate.agent.run_config
     try:
-        with home.readmit(pause.run_id) as (state, keeper):
+        with home.readmit(pause.run_id) as (state, keeper):  # held: driven, not orphaned
             control = state.control
             if (
                 state.state not in TERMINAL_STATES
@@ -453,7 +455,8 @@ async def go_on(
     """
     agent = delegate.agent
     config = agent.run_config
-    with home.readmit(run_id) as (state, keeper):
+    with contextlib.ExitStack() as readmitted:
+        state, keeper = await _readmit(home, run_id, parent, readmitted)
         stopped = state.state in TERMINAL_STATES
         control = state.control
         at_pause = (
@@ -494,6 +497,38 @@ async def go_on(
             answered = reopen(state, child_config.machine, child_config.limits)
     run = Run(child_config, state, keeper, resumed=answered, path=_path(parent), home=home)
     return await _drive(delegate, parent, run, child_config)
+
+
+async def _readmit(
+    home: Residence, run_id: str, parent: RunContext, stack: contextlib.ExitStack
+) -> tuple[RunState, RunKeeper]:
+    """``home.readmit(run_id)``, entered on ``stack``; a lease that another driver still
+    holds on the child is waited out, however long the parent has left (its abort or
+    deadline cancels the wait: the call is then answered as cancelled, and the step redone
+    later finds the lease free). The holder is the parent's previous driver, whose lease on
+    the parent expired (this driver took it over): dead, its lease on the child expires
+    too; stalled, it loses the parent's lease at its next renewal and aborts the child,
+    releasing it. A transient state, never answered to the model as a failure.
+
+    Raises:
+        CheckpointError, ResumeError: as ``Residence.readmit``.
+    """
+    while True:
+        admitted = home.readmit(run_id)
+        try:
+            found = admitted.__enter__()
+        except RunLeased as held:
+            wait = held.expires_at - time.time()
+            parent.log.info("sub_agent_lease_held", sub_agent_run_id=run_id, wait_s=wait)
+            await parent.sleep(min(max(wait, _LEASE_POLL_S), _LEASE_POLL_MAX_S))
+            continue
+        stack.push(admitted)
+        return found
+
+
+_LEASE_POLL_S = 0.05
+_LEASE_POLL_MAX_S = 5.0
+"""How long a driver waits at least, and at most, before it claims a held child again."""
 
 
 _GOES_ON = frozenset({StopReason.ABORTED, StopReason.TIMEOUT})
