@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from agent_fsm import (
     Agent,
+    Approval,
     ConfigError,
     Limits,
     MemoryStore,
@@ -1318,3 +1319,49 @@ def test_a_parent_taken_over_waits_out_its_dead_drivers_lease_on_the_child() -> 
         dead.run_until_complete(driver)
     dead.close()
     assert store.load(child_id).stop_reason is StopReason.FINAL_ANSWER
+
+
+def test_edited_arguments_for_a_grandchilds_call_are_checked_against_its_own_tools() -> None:
+    """Three levels: the leaf's call waits for approval, the pause reaches the boss through
+    the middle agent. Arguments edited on the boss are checked against the leaf's tool
+    schema (a wrong edit is refused, the tree stays paused), and a right one runs the call
+    once, with them, in the leaf."""
+    booked: list[str] = []
+
+    @tool(requires_approval=True)
+    def book(city: str) -> str:
+        """Book a trip."""
+        booked.append(city)
+        return f"booked {city}"
+
+    leaf = Agent(
+        model=ScriptedModel([reply("", call("book", city="Paris")), "Booked."]), tools=[book]
+    )
+    middle = Agent(
+        model=ScriptedModel([reply("", call("leaf", task="book")), "Planned."]),
+        tools=[leaf.as_tool(name="leaf", description="Books.")],
+    )
+    boss = Agent(
+        model=ScriptedModel([reply("", call("middle", task="plan")), "All set."]),
+        tools=[middle.as_tool(name="middle", description="Plans.")],
+        limits=Limits(**FAST),
+        store=MemoryStore(),
+    )
+    _, paused = run(boss)
+    pending = paused.pending
+    assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+    assert pending is not None
+    assert pending.sub_agent is not None
+    assert (pending.sub_agent.tool, pending.sub_agent.below) == ("middle", ("leaf",))
+    (waiting,) = pending.pending_calls
+    with pytest.raises(ResumeError, match="city"):
+        boss.resume_sync(
+            paused.run_id, approvals={waiting.id: Approval(allow=True, arguments={"city": 3})}
+        )
+    assert booked == []
+    done = boss.resume_sync(
+        paused.run_id, approvals={waiting.id: Approval(allow=True, arguments={"city": "Rome"})}
+    )
+    check_invariants(done, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    assert (done.status, done.output) == (RunStatus.COMPLETED, "All set.")
+    assert booked == ["Rome"]

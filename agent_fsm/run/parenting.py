@@ -92,13 +92,20 @@ def pause_request(tool_call_id: str, tool_name: str, details: object) -> Control
         return None
     asks = asked.waits_for
     spent = {key: details[key] for key in _SPEND_KEYS if key in details}
+    deeper = asked.sub_agent
+    below = () if deeper is None else (deeper.tool, *deeper.below)
     return ControlRequest(
         kind=ControlKind.SUB_AGENT,
         text=asked.text,
         tool_call_id=tool_call_id,
         pending_calls=asked.pending_calls,
         sub_agent=SubAgentPause(
-            run_id=run_id, tool=tool_name, asks=asks, pause=asked.pause, counted=spent
+            run_id=run_id,
+            tool=tool_name,
+            asks=asks,
+            pause=asked.pause,
+            below=below,
+            counted=spent,
         ),
     )
 
