@@ -340,8 +340,7 @@ async def settle(delegate: Delegate, parent: RunContext, pause: SubAgentPause, w
                 tools=child_config.tools,
             )
         run = Run(child_config, state, keeper, resumed=answered, path=_path(parent), home=home)
-        if parent.bus.emitter is not None:
-            run.subscribe(parent.bus.emit)
+        _announce(delegate, parent, run, continued=True)
         await run.step()  # its resume row, out of the pause
         run.abort(f"the parent run stopped: {why}")
         result = await run.run()
@@ -496,7 +495,7 @@ async def go_on(
         else:
             answered = reopen(state, child_config.machine, child_config.limits)
     run = Run(child_config, state, keeper, resumed=answered, path=_path(parent), home=home)
-    return await _drive(delegate, parent, run, child_config)
+    return await _drive(delegate, parent, run, child_config, continued=bool(pause))
 
 
 async def _readmit(
@@ -544,23 +543,39 @@ def _stored_result(state: RunState, config: RunConfig) -> RunResult:
     return result
 
 
+def _announce(delegate: Delegate, parent: RunContext, run: Run, continued: bool) -> None:
+    """Tell the parent's listeners, if it has any, that the child runs (``SubAgentStarted``,
+    ``continued`` after the parent's pause), and deliver the child's events to them."""
+    bus = parent.bus
+    if bus.emitter is None:
+        return
+    link = run.state.parent
+    bus.emit(
+        SubAgentStarted(
+            run_id=parent.state.run_id,
+            sub_agent_run_id=run.run_id,
+            tool=delegate.name,
+            turn=parent.state.turns,
+            path=parent.path,
+            tool_call_id=link.tool_call_id if link is not None else "",
+            continued=continued,
+        )
+    )
+    run.subscribe(bus.emit)
+
+
 async def _drive(
-    delegate: Delegate, parent: RunContext | None, run: Run, child_config: RunConfig
+    delegate: Delegate,
+    parent: RunContext | None,
+    run: Run,
+    child_config: RunConfig,
+    *,
+    continued: bool = False,
 ) -> RunResult:
     """Run the child to its stop, its events delivered to the parent's listeners; the
     parent's cancellation aborts it first (its spend still counted)."""
-    if parent is not None and parent.bus.emitter is not None:
-        bus = parent.bus
-        bus.emit(
-            SubAgentStarted(
-                run_id=parent.state.run_id,
-                sub_agent_run_id=run.run_id,
-                tool=delegate.name,
-                turn=parent.state.turns,
-                path=parent.path,
-            )
-        )
-        run.subscribe(bus.emit)
+    if parent is not None:
+        _announce(delegate, parent, run, continued)
     if parent is not None and parent.stop.is_set():  # stopped already: it must not go on
         run.abort(f"the parent run stopped: {parent.why_stopped()}")
     task_of_child = asyncio.ensure_future(run.run())
