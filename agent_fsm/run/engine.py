@@ -284,14 +284,7 @@ class Run:
         if not self._announced:
             self._announce()
         if reopened:  # take the resume row: out of the stop, or into the step that crashed
-            row = config.machine.resume(self._handle)
-            if row is None:  # reopen checked that one accepts it; nothing changed since
-                raise RunError(f"run {state.run_id}: no resume row accepts it any more")
-            self._reopen_pending = False
-            if row.source in TERMINAL_STATES:
-                reopen_fields(state, stopped=True)
-            if self._abort_on_reopen is not None:  # aborted before it took the row
-                state.abort_reason = self._abort_on_reopen
+            row = self._take_resume_row(self._handle)
         else:
             doing = self._work.get(state.state)
             work = (
@@ -303,9 +296,27 @@ class Run:
                 await self._keeper.during(work)
             state.elapsed_s = self._ctx.clock() - self._started_at
             row = config.machine.fire(self._handle)
-            if row.ends and config.delegates:  # a child left waiting at a pause is ended
-                await settle_orphans(self._ctx, row)
         self._after(row)
+        if row.ends:
+            if config.delegates:  # a child left waiting at a pause nobody will answer
+                await settle_orphans(self._ctx, row)
+            self._finish(row)
+        elif not row.saves_later:  # one write transaction fewer per turn
+            self._saved(state)
+        return row
+
+    def _take_resume_row(self, handle: RunHandle) -> Row:
+        """The first step of a reopened run: take its resume row, clear the fields of the
+        stop it leaves, and keep an abort asked before it (``abort``)."""
+        state = self._state
+        row = self._config.machine.resume(handle)
+        if row is None:  # reopen checked that one accepts it; nothing changed since
+            raise RunError(f"run {state.run_id}: no resume row accepts it any more")
+        self._reopen_pending = False
+        if row.source in TERMINAL_STATES:
+            reopen_fields(state, stopped=True)
+        if self._abort_on_reopen is not None:  # aborted before it took the row
+            state.abort_reason = self._abort_on_reopen
         return row
 
     async def iterate(self) -> AsyncIterator[TraceEntry]:
@@ -413,10 +424,6 @@ class Run:
                     turn=state.turns,
                 )
             )
-        if row.ends:
-            self._finish(row)
-        elif not row.saves_later:  # one write transaction fewer per turn
-            self._saved(state)
 
     def _finish(self, row: Row) -> None:
         state, config = self._state, self._config
