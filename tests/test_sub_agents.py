@@ -801,7 +801,7 @@ def test_the_parents_lost_lease_stops_its_child() -> None:
     assert cancelled == [True]
 
 
-_BOSS_MOVES = ("child", "ask", "echo", "answer")
+_BOSS_MOVES = ("child", "ask", "echo", "answer", "rush")
 _WORKER_MOVES = ("ask", "approve", "echo", "answer")
 
 
@@ -820,6 +820,9 @@ def _player(name: str, moves: list[str], tool_name: str = "") -> FunctionModel:
             return reply("", call("book", city=f"c{number}"), usage=(10, 2))
         if move == "echo":
             return reply("", call("echo", text=f"{name} {number}"), usage=(10, 2))
+        if move == "rush":  # a child, and a terminal tool in the same reply
+            task = call(tool_name, task=f"task {number}")
+            return reply("", task, call("submit", text=f"{name} {number}"), usage=(10, 2))
         return reply(f"{name} answers {number}", usage=(10, 2))
 
     return FunctionModel(decide, name=name)
@@ -846,13 +849,18 @@ def test_a_tree_paused_and_resumed_any_way_keeps_every_promise(
         booked.append(city)
         return f"booked {city}"
 
+    @tool(terminal=True)
+    def submit(text: str) -> str:
+        """Submit the answer."""
+        return text
+
     store = MemoryStore()
     worker_model = _player("worker", worker_moves)
     boss_model = _player("boss", boss_moves, "work")
     worker = Agent(model=worker_model, tools=[echo, book], limits=Limits(max_turns=4))
     boss = Agent(
         model=boss_model,
-        tools=[worker.as_tool(name="work", description="Works."), echo],
+        tools=[worker.as_tool(name="work", description="Works."), echo, submit],
         limits=Limits(max_turns=8, loop_detection=False, prices=PRICES, cost_budget=1.0),
         store=store,
     )
@@ -881,6 +889,10 @@ def test_a_tree_paused_and_resumed_any_way_keeps_every_promise(
         assert stored.parent is not None
         assert stored.parent.run_id == result.run_id
         assert not transcript_problems(stored.messages)
+        assert stored.stop_reason not in _WAITS  # the tree ended: no child is left waiting
+
+
+_WAITS = (StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED, StopReason.SUB_AGENT_PAUSED)
 
 
 def test_the_tree_property_catches_a_childs_spend_counted_twice_across_a_pause(

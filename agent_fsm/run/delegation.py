@@ -346,6 +346,9 @@ async def settle(delegate: Delegate, parent: RunContext, pause: SubAgentPause, w
         result = await run.run()
     except (CheckpointError, ResumeError, RunLeased, ConfigError):
         return False
+    except Exception as exc:  # its own table's code, say: the parent's stop must not fail
+        parent.log.warning("sub_agent_not_settled", sub_agent_run_id=pause.run_id, error=str(exc))
+        return False
     if delegate.observer is not None:
         delegate.observer(result, child_config)
     return True
