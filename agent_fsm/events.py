@@ -360,6 +360,12 @@ class SubAgentStarted:
     path: tuple[str, ...] = ()
     """The runs above the parent, outermost first (the child's path is this and
     ``run_id``)."""
+    tool_call_id: str = ""
+    """The parent's call that runs the child ("" for a child called outside a run)."""
+    continued: bool = False
+    """The child goes on after the pause it stopped its parent at (or is ended then): its
+    call was answered when the parent paused, so no ``ToolStarted`` of this activation of
+    the parent precedes it, and no ``ToolFinished`` follows."""
 
 
 Event = Annotated[

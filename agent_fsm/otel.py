@@ -18,7 +18,9 @@ generative AI:
 * and one span per tool call, ``execute_tool {tool}``, whose status is ERROR when the call
   was answered as failed, with each retry as a span event; a sub-agent's run
   (``Agent.as_tool``, whose events reach the parent's handlers) is an ``invoke_agent`` span
-  under the ``execute_tool`` span of the call that started it.
+  under the ``execute_tool`` span of the call that started it; a child that goes on after
+  its parent's pause (its call answered then) nests under an ``execute_tool`` span of the
+  resumed parent's activation, marked ``agent_fsm.continued``, which ends with the child's.
 
 A failed run ends its span with status ERROR, ``error.type`` set to the stop reason and the
 run's error as the description. Message content (the input, replies, tool arguments and
@@ -137,6 +139,9 @@ class OtelTracer:
         self._callers: dict[str, Span] = {}
         """The ``execute_tool`` span of the call that started each sub-agent run, until that
         run's span is opened under it."""
+        self._continued: dict[str, tuple[str, str]] = {}
+        """For a child that goes on after its parent's pause: the parent run, and the key of
+        its call's span among the parent's calls, until the child's activation ends."""
         self._on: dict[str, Callable[[Any], None]] = {
             "run_started": self._run_started,
             "run_resumed": self._run_resumed,
@@ -282,6 +287,7 @@ class OtelTracer:
         )
 
     def _run_finished(self, event: RunFinished) -> None:
+        self._end_continued(event)
         spans = self._runs.pop(event.run_id, None)
         if spans is None:
             return
@@ -308,6 +314,24 @@ class OtelTracer:
             span.set_attribute("error.type", event.stop_reason.value)
             span.set_status(Status(StatusCode.ERROR, event.error or event.stop_reason.value))
         span.end()
+
+    def _end_continued(self, event: RunFinished) -> None:
+        """A child that went on after its parent's pause stopped: the span of its call, in
+        the parent's activation, ends with it."""
+        if not self._continued:
+            return
+        continued = self._continued.pop(event.run_id, None)
+        if continued is None:
+            return
+        parent_id, key = continued
+        spans = self._runs.get(parent_id)
+        call = spans.tools.pop(key, None) if spans is not None else None
+        if spans is None or call is None:
+            return
+        failed = event.status is RunStatus.FAILED
+        error = (event.stop_reason.value, event.error or event.stop_reason.value)
+        attributes: dict[str, Any] = {"agent_fsm.sub_agent.status": event.status.value}
+        self._end_call(spans, call, attributes, error if failed else None)
 
     # -- model and tool calls -------------------------------------------------------------
 
@@ -435,13 +459,40 @@ class OtelTracer:
         spans = self._runs.get(event.run_id)
         if spans is None:
             return
-        for call in reversed(spans.tools.values()):
-            if call.tool == event.tool:
-                if call.span is None:
-                    call.span = self._start_call(spans, call)
-                if len(self._callers) < 10_000:  # runs that never start must not pile up
-                    self._callers[event.sub_agent_run_id] = call.span
-                return
+        caller: _Pending | None = None
+        if event.continued:  # its call was answered at the pause: it has a span of its own
+            caller = self._continued_call(spans, event)
+        else:
+            for call in reversed(spans.tools.values()):
+                if call.tool == event.tool:
+                    caller = call
+                    break
+        if caller is None:
+            return
+        if caller.span is None:
+            caller.span = self._start_call(spans, caller)
+        if len(self._callers) < 10_000:  # runs that never start must not pile up
+            self._callers[event.sub_agent_run_id] = caller.span
+
+    def _continued_call(self, spans: _RunSpans, event: SubAgentStarted) -> _Pending:
+        """An ``execute_tool`` span for the call of a child that goes on after its parent's
+        pause (``agent_fsm.continued``): the call was answered when the parent paused, so
+        this activation has no span for it; it ends when the child's activation does."""
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": event.tool,
+            "gen_ai.tool.call.id": event.tool_call_id,
+            "agent_fsm.turn": event.turn,
+            "agent_fsm.continued": True,
+        }
+        call = _Pending(
+            f"execute_tool {event.tool}", SpanKind.INTERNAL, time_ns(), attributes, tool=event.tool
+        )
+        key = f"continued {event.sub_agent_run_id}"
+        spans.tools[key] = call
+        if len(self._continued) < 10_000:
+            self._continued[event.sub_agent_run_id] = (event.run_id, key)
+        return call
 
     def _tool_retried(self, event: ToolRetried) -> None:
         spans = self._runs.get(event.run_id)

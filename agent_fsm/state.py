@@ -101,6 +101,10 @@ class SubAgentPause(BaseModel):
     """What the child waits for: ``ASK_USER`` (a reply) or ``APPROVAL`` (decisions)."""
     pause: str = ""
     """The child's own pause (its ``ControlRequest.pause``)."""
+    below: tuple[str, ...] = ()
+    """When the child waits for a sub-agent of its own: the sub-agent tools from the child
+    down to the agent whose question or calls the pause shows (one name per level), so that
+    edited arguments are checked against that agent's tools (``run.resuming``)."""
     counted: dict[str, JsonValue] = {}
     """The child's spend the parent counted when it paused (turns, last answers, retries,
     usage, cost), so that only what it spends after is added when it finishes."""

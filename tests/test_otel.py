@@ -230,3 +230,42 @@ def test_a_sub_agents_run_nests_under_the_call_that_started_it(
         "      chat worker",
         "  chat boss",
     ]
+
+
+def test_a_sub_agent_continued_after_a_pause_nests_under_its_calls_span(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """The child asks the user, the tree pauses; resumed, the parent goes on with the child,
+    whose call was answered at the pause: the parent's activation gets an ``execute_tool``
+    span for the continued call (``agent_fsm.continued``), and the child's activation nests
+    under it, as it did under the call that started it."""
+    worker = Agent(
+        model=ScriptedModel(
+            [reply("", call("ask_user", question="Which city?")), "Sunny in Oslo"],
+            name="worker",
+        )
+    )
+    boss = Agent(
+        model=ScriptedModel([reply("", call("work", task="weather")), "done"], name="boss"),
+        tools=[worker.as_tool(name="work", description="Works.")],
+        limits=limits(),
+    )
+    tracer = OtelTracer(tracer_provider=provider_for(exporter))
+    boss = boss.subscribe(tracer)
+    paused = boss.run_sync("go")
+    assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+    exporter.clear()
+    done = boss.resume_sync(paused.run_id, "Oslo")
+    assert done.output == "done"
+    spans = exporter.get_finished_spans()
+    assert tree(spans) == [
+        "invoke_agent agent_fsm",
+        "  execute_tool work",
+        "    invoke_agent agent_fsm",
+        "      chat worker",
+        "  chat boss",
+    ]
+    (continued,) = named(spans, "execute_tool work")
+    assert continued.attributes["agent_fsm.continued"] is True  # type: ignore[index]
+    (answer,) = [m for m in paused.messages if m.role == "tool"]
+    assert continued.attributes["gen_ai.tool.call.id"] == answer.tool_call_id  # type: ignore[index]

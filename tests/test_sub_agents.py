@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import copy
 import itertools
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from agent_fsm import (
     Agent,
+    Approval,
     ConfigError,
     Limits,
     MemoryStore,
@@ -799,7 +801,7 @@ def test_the_parents_lost_lease_stops_its_child() -> None:
     assert cancelled == [True]
 
 
-_BOSS_MOVES = ("child", "ask", "echo", "answer")
+_BOSS_MOVES = ("child", "ask", "echo", "answer", "rush")
 _WORKER_MOVES = ("ask", "approve", "echo", "answer")
 
 
@@ -818,6 +820,9 @@ def _player(name: str, moves: list[str], tool_name: str = "") -> FunctionModel:
             return reply("", call("book", city=f"c{number}"), usage=(10, 2))
         if move == "echo":
             return reply("", call("echo", text=f"{name} {number}"), usage=(10, 2))
+        if move == "rush":  # a child, and a terminal tool in the same reply
+            task = call(tool_name, task=f"task {number}")
+            return reply("", task, call("submit", text=f"{name} {number}"), usage=(10, 2))
         return reply(f"{name} answers {number}", usage=(10, 2))
 
     return FunctionModel(decide, name=name)
@@ -844,13 +849,18 @@ def test_a_tree_paused_and_resumed_any_way_keeps_every_promise(
         booked.append(city)
         return f"booked {city}"
 
+    @tool(terminal=True)
+    def submit(text: str) -> str:
+        """Submit the answer."""
+        return text
+
     store = MemoryStore()
     worker_model = _player("worker", worker_moves)
     boss_model = _player("boss", boss_moves, "work")
     worker = Agent(model=worker_model, tools=[echo, book], limits=Limits(max_turns=4))
     boss = Agent(
         model=boss_model,
-        tools=[worker.as_tool(name="work", description="Works."), echo],
+        tools=[worker.as_tool(name="work", description="Works."), echo, submit],
         limits=Limits(max_turns=8, loop_detection=False, prices=PRICES, cost_budget=1.0),
         store=store,
     )
@@ -879,6 +889,10 @@ def test_a_tree_paused_and_resumed_any_way_keeps_every_promise(
         assert stored.parent is not None
         assert stored.parent.run_id == result.run_id
         assert not transcript_problems(stored.messages)
+        assert stored.stop_reason not in _WAITS  # the tree ended: no child is left waiting
+
+
+_WAITS = (StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED, StopReason.SUB_AGENT_PAUSED)
 
 
 def test_the_tree_property_catches_a_childs_spend_counted_twice_across_a_pause(
@@ -1082,3 +1096,284 @@ def test_a_parent_that_dies_while_its_answered_child_goes_on_resumes_it_once() -
     assert "worker saw:" in told.content
     assert "outcome" in told.content.lower()  # the charge's outcome is unknown
     assert len(worker_model.requests) == 1  # the child went on where it was
+
+
+def _waiting_child_tree(
+    boss_replies: list[Any], tools: list[Any] | None = None, **limits: Any
+) -> tuple[Agent, ScriptedModel, ScriptedModel]:
+    """A boss (kept in a MemoryStore) whose sub-agent ``work`` asks the user a question."""
+    worker_model = ScriptedModel(
+        [reply("", call("ask_user", question="Which city?")), "Sunny in Paris"], name="worker"
+    )
+    worker = Agent(model=worker_model)
+    boss_model = ScriptedModel(boss_replies, name="boss")
+    boss = Agent(
+        model=boss_model,
+        tools=[worker.as_tool(name="work", description="Works."), *(tools or [])],
+        limits=Limits(**{**FAST, **limits}),
+        store=MemoryStore(),
+    )
+    return boss, boss_model, worker_model
+
+
+def _child_of(boss: Agent, result: RunResult) -> RunState:
+    (answer,) = [m for m in tool_results(result) if m.name == "work"]
+    child_id = delegation.child_run_id(result.run_id, 1, answer.tool_call_id)
+    return boss.checkpoints.load(child_id)
+
+
+def test_a_parent_ended_by_a_higher_row_than_its_childs_pause_ends_the_child() -> None:
+    """The reply that calls the sub-agent also calls a terminal tool: the terminal_tool row
+    outranks sub_agent_paused, the parent completes, and the child, which asked the user, is
+    ended (aborted, by its rows: its question left unanswered), not left waiting for an
+    answer that never comes; the call's answer never promised the run would wait."""
+
+    @tool(terminal=True)
+    def submit(text: str) -> str:
+        """Submit the answer."""
+        return text
+
+    boss, _, worker_model = _waiting_child_tree(
+        [reply("", call("work", task="weather"), call("submit", text="done anyway"))],
+        tools=[submit],
+    )
+    _, done = run(boss)
+    assert (done.stop_reason, done.output) == (StopReason.TERMINAL_TOOL, "done anyway")
+    answer = next(m for m in tool_results(done) if m.name == "work")
+    assert "unless it stops for another reason first" in answer.content
+    child = _child_of(boss, done)
+    assert child.stop_reason is StopReason.ABORTED
+    assert not transcript_problems(child.messages)
+    assert len(worker_model.requests) == 1  # ended, not run on
+
+
+def test_a_parent_aborted_in_the_turn_its_child_paused_ends_the_child_and_says_so() -> None:
+    """Another call of the same reply aborts the parent: the abort row wins, the child that
+    paused is ended, and the parent, resumed, tells its model the child was stopped."""
+    runs: list[Any] = []
+
+    @tool
+    def halt() -> str:
+        """Stop the run."""
+        runs[0].abort("the user gave up")
+        return "halted"
+
+    boss, boss_model, _ = _waiting_child_tree(
+        [reply("", call("work", task="weather"), call("halt")), "ok, stopped"], tools=[halt]
+    )
+
+    async def main() -> RunResult:
+        runs.append(boss.start("go"))
+        return await runs[0].run()
+
+    aborted = asyncio.run(main())
+    check_invariants(aborted, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    assert aborted.stop_reason is StopReason.ABORTED
+    child = _child_of(boss, aborted)
+    assert child.stop_reason is StopReason.ABORTED
+    assert not transcript_problems(child.messages)
+    again = boss.resume_sync(aborted.run_id)
+    assert again.output == "ok, stopped"
+    told = str(list(boss_model.requests[-1].messages))
+    assert "was stopped without an answer: the run stopped (aborted) first" in told
+
+
+def test_a_parent_resumed_without_room_for_its_child_ends_the_child() -> None:
+    """Resumed with the answer, the parent has no turn left for its child: the child is
+    ended (not left at its pause), and the parent stops with a valid transcript."""
+    boss, _, worker_model = _waiting_child_tree(
+        [reply("", call("work", task="weather")), "never"], max_turns=2
+    )
+    _, paused = run(boss)
+    assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+    ended = boss.resume_sync(paused.run_id, "Paris")
+    check_invariants(ended, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    child = _child_of(boss, paused)
+    assert child.stop_reason is StopReason.ABORTED
+    assert not transcript_problems(child.messages)
+    assert len(worker_model.requests) == 1
+
+
+def test_a_settled_tree_ends_every_level_and_runs_no_call_waiting_for_approval() -> None:
+    """Three levels: the leaf waits for approval of a call, the middle agent waits for the
+    leaf, and the boss ends by a terminal tool in the same reply: both are ended (aborted),
+    the call waiting for approval is denied, never run, and every transcript is valid."""
+    booked: list[str] = []
+
+    @tool(requires_approval=True)
+    def book(city: str) -> str:
+        """Book a trip."""
+        booked.append(city)
+        return f"booked {city}"
+
+    @tool(terminal=True)
+    def submit(text: str) -> str:
+        """Submit the answer."""
+        return text
+
+    leaf = Agent(model=ScriptedModel([reply("", call("book", city="Paris"))]), tools=[book])
+    middle = Agent(
+        model=ScriptedModel([reply("", call("leaf", task="book"))]),
+        tools=[leaf.as_tool(name="leaf", description="Books.")],
+    )
+    boss = Agent(
+        model=ScriptedModel(
+            [reply("", call("middle", task="plan"), call("submit", text="enough"))]
+        ),
+        tools=[middle.as_tool(name="middle", description="Plans."), submit],
+        limits=Limits(**FAST),
+        store=MemoryStore(),
+    )
+    _, done = run(boss)
+    assert (done.stop_reason, done.output) == (StopReason.TERMINAL_TOOL, "enough")
+    (answer,) = [m for m in tool_results(done) if m.name == "middle"]
+    middle_id = delegation.child_run_id(done.run_id, 1, answer.tool_call_id)
+    middle_run = boss.checkpoints.load(middle_id)
+    (leaf_answer,) = [m for m in middle_run.messages if isinstance(m, ToolMessage)][:1]
+    leaf_id = delegation.child_run_id(middle_id, 1, leaf_answer.tool_call_id)
+    leaf_run = boss.checkpoints.load(leaf_id)
+    assert middle_run.stop_reason is StopReason.ABORTED
+    assert leaf_run.stop_reason is StopReason.ABORTED
+    assert booked == []
+    for messages in (middle_run.messages, leaf_run.messages):
+        assert not transcript_problems(messages)
+
+
+def test_an_abort_before_a_reopened_run_takes_its_resume_row_is_kept() -> None:
+    """A run reopened with its answer and aborted before its first step (a paused child its
+    stopping parent goes on with) ends ``aborted`` at its next transition: the resume row,
+    which clears the fields of the stop it leaves, does not clear the abort, and no model
+    call is made."""
+    model = ScriptedModel([reply("", call("ask_user", question="Go?")), "went on"])
+    agent = Agent(model=model, limits=Limits(**FAST), store=MemoryStore())
+    paused = agent.run_sync("go")
+
+    async def main() -> RunResult:
+        run = agent.reopen(paused.run_id, "yes")
+        run.abort("stopped at once")
+        return await run.run()
+
+    aborted = asyncio.run(main())
+    assert (aborted.stop_reason, aborted.error) == (StopReason.ABORTED, "stopped at once")
+    assert len(model.requests) == 1
+    assert not transcript_problems(aborted.messages)
+
+
+def test_a_parent_taken_over_waits_out_its_dead_drivers_lease_on_the_child() -> None:
+    """Worker A dies while its parent's sub-agent call is in flight (its event loop is
+    abandoned: no release, no heartbeat), and its lease on the child outlives its lease on
+    the parent. Worker B takes the parent over and redoes the call: it waits the child's
+    lease out and goes on with the child, instead of answering the model that the sub-agent
+    could not be run; the child's side effect happens once."""
+    store = MemoryStore()
+    effects: list[str] = []
+    hang = [True]
+    entered = asyncio.Event()
+
+    @tool
+    async def append_line(text: str) -> str:
+        """Append a line."""
+        effects.append(text)
+        if hang[0]:
+            entered.set()
+            await asyncio.sleep(3600)
+        return "appended"
+
+    def worker(request: ModelRequest) -> ModelResponse | str:
+        answers = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if not answers:
+            return reply("", call("append_line", text="once"))
+        return f"child done: {answers[-1].content}"
+
+    def boss_model(request: ModelRequest) -> ModelResponse | str:
+        answers = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if not answers:
+            return reply("", call("work", task="append"))
+        return f"parent done: {answers[-1].content}"
+
+    def build(worker_id: str) -> Agent:
+        child = Agent(model=FunctionModel(worker, name="worker"), tools=[append_line])
+        return Agent(
+            model=FunctionModel(boss_model, name="boss"),
+            tools=[child.as_tool(name="work", description="Works.")],
+            limits=Limits(**FAST),
+            store=store,
+            lease_s=0.5,
+            worker_id=worker_id,
+        )
+
+    dead = asyncio.new_event_loop()
+    driver = dead.create_task(build("A").run("go", run_id="parent"))
+    dead.run_until_complete(entered.wait())  # A dies here, its calls in flight
+    parent = store.load("parent")
+    (asked,) = [m for m in parent.messages if isinstance(m, AssistantMessage)]
+    child_id = delegation.child_run_id("parent", 1, asked.tool_calls[0].id)
+    while True:  # A's leases run out; its last renewal of the child came later
+        try:
+            store.release(store.claim("parent", "probe", 0.5))
+            store.claim(child_id, "A", 1.0)
+            break
+        except RunLeased:
+            time.sleep(0.1)
+    hang[0] = False
+    later = build("B")
+    taken = later.resume_sync("parent")
+    check_invariants(taken, limits=later.limits, bound=later.bound, rows=later.machine.rows)
+    assert taken.stop_reason is StopReason.FINAL_ANSWER
+    (answer,) = tool_results(taken)
+    assert answer.content.startswith("child done:"), answer.content
+    assert effects == ["once"]
+    child = store.load(child_id)
+    assert child.stop_reason is StopReason.FINAL_ANSWER
+    assert not transcript_problems(child.messages)
+    driver.cancel()  # the stale driver, were it to wake, writes nothing over B's work
+    with contextlib.suppress(BaseException):
+        dead.run_until_complete(driver)
+    dead.close()
+    assert store.load(child_id).stop_reason is StopReason.FINAL_ANSWER
+
+
+def test_edited_arguments_for_a_grandchilds_call_are_checked_against_its_own_tools() -> None:
+    """Three levels: the leaf's call waits for approval, the pause reaches the boss through
+    the middle agent. Arguments edited on the boss are checked against the leaf's tool
+    schema (a wrong edit is refused, the tree stays paused), and a right one runs the call
+    once, with them, in the leaf."""
+    booked: list[str] = []
+
+    @tool(requires_approval=True)
+    def book(city: str) -> str:
+        """Book a trip."""
+        booked.append(city)
+        return f"booked {city}"
+
+    leaf = Agent(
+        model=ScriptedModel([reply("", call("book", city="Paris")), "Booked."]), tools=[book]
+    )
+    middle = Agent(
+        model=ScriptedModel([reply("", call("leaf", task="book")), "Planned."]),
+        tools=[leaf.as_tool(name="leaf", description="Books.")],
+    )
+    boss = Agent(
+        model=ScriptedModel([reply("", call("middle", task="plan")), "All set."]),
+        tools=[middle.as_tool(name="middle", description="Plans.")],
+        limits=Limits(**FAST),
+        store=MemoryStore(),
+    )
+    _, paused = run(boss)
+    pending = paused.pending
+    assert paused.stop_reason is StopReason.SUB_AGENT_PAUSED
+    assert pending is not None
+    assert pending.sub_agent is not None
+    assert (pending.sub_agent.tool, pending.sub_agent.below) == ("middle", ("leaf",))
+    (waiting,) = pending.pending_calls
+    with pytest.raises(ResumeError, match="city"):
+        boss.resume_sync(
+            paused.run_id, approvals={waiting.id: Approval(allow=True, arguments={"city": 3})}
+        )
+    assert booked == []
+    done = boss.resume_sync(
+        paused.run_id, approvals={waiting.id: Approval(allow=True, arguments={"city": "Rome"})}
+    )
+    check_invariants(done, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
+    assert (done.status, done.output) == (RunStatus.COMPLETED, "All set.")
+    assert booked == ["Rome"]

@@ -45,12 +45,21 @@ the parent's turn (``run.parenting.pause_request``) and the ``sub_agent_paused``
 parent, showing what the child asks. Resumed with the answer, the parent's ACT passes it down
 (``carry_out_child``) and goes on with the child within what the parent has left
 (``carve`` with what was ``counted``).
+**A pause nobody will answer is settled.** A parent that stops for another reason than its
+child's pause (a higher-ranked row: an abort, a terminal tool, its own question or
+approvals...), or that cannot go on with the child it was answered for, ends the child
+(``settle``: reopened with a refusal and aborted, by its own rows, its own waiting child
+settled in turn), and its model is told in the next user message, should it go on; the
+call's answer only ever said the run waits unless it stops first. A child started or
+reopened while its parent's stop is set is aborted before it takes a step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,10 +78,11 @@ from agent_fsm.run.context import PARENT_RUN, RunConfig, RunContext
 from agent_fsm.run.engine import Run, new_run_state
 from agent_fsm.run.history import prepare_history
 from agent_fsm.run.identity import claim, keep_approvals
-from agent_fsm.run.residence import InProcess, Residence
+from agent_fsm.run.residence import InProcess, Residence, RunKeeper
 from agent_fsm.run.resuming import Decisions, reopen
 from agent_fsm.run.stored import Leased, Stored
 from agent_fsm.state import (
+    ControlKind,
     Decision,
     ParentLink,
     RunResult,
@@ -222,8 +232,9 @@ def _answer(delegate: Delegate, result: RunResult) -> ToolResult:
 
 
 AWAITING_SUB_AGENT = (
-    "The sub-agent {name} waits for the user ({asked}). The whole run waits with it; its "
-    "result will arrive in the next user message."
+    "The sub-agent {name} waits for the user ({asked}). The whole run waits with it, unless "
+    "it stops for another reason first; its result, or that it was stopped, will arrive in a "
+    "later user message."
 )
 """The answer of a call whose child stopped to ask the user (a question, approvals)."""
 
@@ -291,6 +302,62 @@ async def carry_out_child(
     except (CheckpointError, ResumeError, RunLeased, ConfigError) as exc:
         return _not_run(delegate.name, pause.run_id, exc)
     return outcome if isinstance(outcome, ToolResult) else _answer(delegate, outcome)
+
+
+async def settle(delegate: Delegate, parent: RunContext, pause: SubAgentPause, why: str) -> bool:
+    """End the child that waits at ``pause`` when its parent will not answer it (it stopped
+    for another reason, or could not go on with it): it is reopened with a refusal (an
+    unanswered question, every call denied) and aborted at its next transition, so that it
+    is no longer resumable as a pause; a child that waits for its own sub-agent settles it
+    the same way (its ACT goes on with it under its own, set, stop scope). The rows decide:
+    the child leaves its stop by its resume row and ends by ``abort_requested``. True when it
+    was ended so; False when it no longer waited there (or could not be reached), nothing
+    done. Never raises."""
+    home = _home(delegate, parent)
+    config = delegate.agent.run_config
+    try:
+        with home.readmit(pause.run_id) as (state, keeper):  # held: driven, not orphaned
+            control = state.control
+            if (
+                state.state not in TERMINAL_STATES
+                or control is None
+                or not control.pause
+                or state.stop_reason not in _PAUSES
+            ):
+                keeper.release()
+                return False
+            asks = control.waits_for
+            reply = None if asks is ControlKind.APPROVAL else f"(no answer: {why})"
+            approvals: Decisions | None = False if asks is ControlKind.APPROVAL else None
+            child_config = keep_approvals(config, state)
+            answered = reopen(
+                state,
+                child_config.machine,
+                child_config.limits,
+                reply,
+                approvals,
+                control.pause,
+                tools=child_config.tools,
+            )
+        run = Run(child_config, state, keeper, resumed=answered, path=_path(parent), home=home)
+        _announce(delegate, parent, run, continued=True)
+        await run.step()  # its resume row, out of the pause
+        run.abort(f"the parent run stopped: {why}")
+        result = await run.run()
+    except (CheckpointError, ResumeError, RunLeased, ConfigError):
+        return False
+    except Exception as exc:  # its own table's code, say: the parent's stop must not fail
+        parent.log.warning("sub_agent_not_settled", sub_agent_run_id=pause.run_id, error=str(exc))
+        return False
+    if delegate.observer is not None:
+        delegate.observer(result, child_config)
+    return True
+
+
+_PAUSES = frozenset(
+    {StopReason.ASK_USER, StopReason.APPROVAL_REQUIRED, StopReason.SUB_AGENT_PAUSED}
+)
+"""The stops at which a child waits for its parent's answer."""
 
 
 def _started_before(journal: ToolJournal, run_id: str, call: ToolCall) -> ToolResult | None:
@@ -390,7 +457,8 @@ async def go_on(
     """
     agent = delegate.agent
     config = agent.run_config
-    with home.readmit(run_id) as (state, keeper):
+    with contextlib.ExitStack() as readmitted:
+        state, keeper = await _readmit(home, run_id, parent, readmitted)
         stopped = state.state in TERMINAL_STATES
         control = state.control
         at_pause = (
@@ -430,7 +498,39 @@ async def go_on(
         else:
             answered = reopen(state, child_config.machine, child_config.limits)
     run = Run(child_config, state, keeper, resumed=answered, path=_path(parent), home=home)
-    return await _drive(delegate, parent, run, child_config)
+    return await _drive(delegate, parent, run, child_config, continued=bool(pause))
+
+
+async def _readmit(
+    home: Residence, run_id: str, parent: RunContext, stack: contextlib.ExitStack
+) -> tuple[RunState, RunKeeper]:
+    """``home.readmit(run_id)``, entered on ``stack``; a lease that another driver still
+    holds on the child is waited out, however long the parent has left (its abort or
+    deadline cancels the wait: the call is then answered as cancelled, and the step redone
+    later finds the lease free). The holder is the parent's previous driver, whose lease on
+    the parent expired (this driver took it over): dead, its lease on the child expires
+    too; stalled, it loses the parent's lease at its next renewal and aborts the child,
+    releasing it. A transient state, never answered to the model as a failure.
+
+    Raises:
+        CheckpointError, ResumeError: as ``Residence.readmit``.
+    """
+    while True:
+        admitted = home.readmit(run_id)
+        try:
+            found = admitted.__enter__()
+        except RunLeased as held:
+            wait = held.expires_at - time.time()
+            parent.log.info("sub_agent_lease_held", sub_agent_run_id=run_id, wait_s=wait)
+            await parent.sleep(min(max(wait, _LEASE_POLL_S), _LEASE_POLL_MAX_S))
+            continue
+        stack.push(admitted)
+        return found
+
+
+_LEASE_POLL_S = 0.05
+_LEASE_POLL_MAX_S = 5.0
+"""How long a driver waits at least, and at most, before it claims a held child again."""
 
 
 _GOES_ON = frozenset({StopReason.ABORTED, StopReason.TIMEOUT})
@@ -446,23 +546,41 @@ def _stored_result(state: RunState, config: RunConfig) -> RunResult:
     return result
 
 
+def _announce(delegate: Delegate, parent: RunContext, run: Run, continued: bool) -> None:
+    """Tell the parent's listeners, if it has any, that the child runs (``SubAgentStarted``,
+    ``continued`` after the parent's pause), and deliver the child's events to them."""
+    bus = parent.bus
+    if bus.emitter is None:
+        return
+    link = run.state.parent
+    bus.emit(
+        SubAgentStarted(
+            run_id=parent.state.run_id,
+            sub_agent_run_id=run.run_id,
+            tool=delegate.name,
+            turn=parent.state.turns,
+            path=parent.path,
+            tool_call_id=link.tool_call_id if link is not None else "",
+            continued=continued,
+        )
+    )
+    run.subscribe(bus.emit)
+
+
 async def _drive(
-    delegate: Delegate, parent: RunContext | None, run: Run, child_config: RunConfig
+    delegate: Delegate,
+    parent: RunContext | None,
+    run: Run,
+    child_config: RunConfig,
+    *,
+    continued: bool = False,
 ) -> RunResult:
     """Run the child to its stop, its events delivered to the parent's listeners; the
     parent's cancellation aborts it first (its spend still counted)."""
-    if parent is not None and parent.bus.emitter is not None:
-        bus = parent.bus
-        bus.emit(
-            SubAgentStarted(
-                run_id=parent.state.run_id,
-                sub_agent_run_id=run.run_id,
-                tool=delegate.name,
-                turn=parent.state.turns,
-                path=parent.path,
-            )
-        )
-        run.subscribe(bus.emit)
+    if parent is not None:
+        _announce(delegate, parent, run, continued)
+    if parent is not None and parent.stop.is_set():  # stopped already: it must not go on
+        run.abort(f"the parent run stopped: {parent.why_stopped()}")
     task_of_child = asyncio.ensure_future(run.run())
     try:
         result = await asyncio.shield(task_of_child)
@@ -541,7 +659,11 @@ def delegation_tool(
     ) -> ToolResult:
         return await carry_out_child(delegate, parent, pause, reply, decisions)
 
-    fn.go_on = go_on_after_pause  # type: ignore[attr-defined]  # read by run.acting
+    async def settle_pause(parent: RunContext, pause: SubAgentPause, why: str) -> bool:
+        return await settle(delegate, parent, pause, why)
+
+    fn.go_on = go_on_after_pause  # type: ignore[attr-defined]  # read by run.parenting
+    fn.settle = settle_pause  # type: ignore[attr-defined]  # read by run.parenting
     # Its own deadline ends the child first: the tool's timeout is only a backstop.
     backstop = own.timeout_s + own.last_answer_timeout_s + 30.0 if timeout_s is None else timeout_s
     return Tool(

@@ -57,7 +57,7 @@ from agent_fsm.run.custom import custom_work
 from agent_fsm.run.history import HistoryRepair
 from agent_fsm.run.observing import observe, observe_guarded
 from agent_fsm.run.outcome import ending_events, record_stop
-from agent_fsm.run.parenting import act_as_parent, act_screened
+from agent_fsm.run.parenting import act_as_parent, act_screened, settle_orphans
 from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.residence import RunKeeper
 from agent_fsm.run.summarising import summarise
@@ -155,6 +155,8 @@ class Run:
         self._announced = False
         self._resumed = resumed
         self._reopen_pending = resumed is not None
+        self._abort_on_reopen: str | None = None
+        """An abort asked before the resume row was taken: the run's, once it is."""
         """Reopened (after a stop or a crash), and the resume row not taken yet: the first
         step takes it."""
         self._repaired = repaired
@@ -205,9 +207,16 @@ class Run:
         use ``loop.call_soon_threadsafe(run.abort)``.
         """
         state = self._state
-        if state.abort_reason is not None or self.done:
+        if self.done:
             return
-        state.abort_reason = reason
+        if self._reopen_pending:  # kept past the resume row, which clears a stop's fields
+            if self._abort_on_reopen is not None:
+                return
+            self._abort_on_reopen = reason
+        elif state.abort_reason is not None:
+            return
+        else:
+            state.abort_reason = reason
         self._ctx.bus.emit(AbortRequested(run_id=state.run_id, reason=reason, turn=state.turns))
         self._interrupt()
 
@@ -292,12 +301,7 @@ class Run:
         if not self._announced:
             self._announce()
         if reopened:  # take the resume row: out of the stop, or into the step that crashed
-            row = config.machine.resume(self._handle)
-            if row is None:  # reopen checked that one accepts it; nothing changed since
-                raise RunError(f"run {state.run_id}: no resume row accepts it any more")
-            self._reopen_pending = False
-            if row.source in TERMINAL_STATES:
-                reopen_fields(state, stopped=True)
+            row = self._take_resume_row(self._handle)
         else:
             doing = self._work.get(state.state)
             work = (
@@ -310,6 +314,26 @@ class Run:
             state.elapsed_s = self._ctx.clock() - self._started_at
             row = config.machine.fire(self._handle)
         self._after(row)
+        if row.ends:
+            if config.delegates:  # a child left waiting at a pause nobody will answer
+                await settle_orphans(self._ctx, row)
+            self._finish(row)
+        elif not row.saves_later:  # one write transaction fewer per turn
+            self._saved(state)
+        return row
+
+    def _take_resume_row(self, handle: RunHandle) -> Row:
+        """The first step of a reopened run: take its resume row, clear the fields of the
+        stop it leaves, and keep an abort asked before it (``abort``)."""
+        state = self._state
+        row = self._config.machine.resume(handle)
+        if row is None:  # reopen checked that one accepts it; nothing changed since
+            raise RunError(f"run {state.run_id}: no resume row accepts it any more")
+        self._reopen_pending = False
+        if row.source in TERMINAL_STATES:
+            reopen_fields(state, stopped=True)
+        if self._abort_on_reopen is not None:  # aborted before it took the row
+            state.abort_reason = self._abort_on_reopen
         return row
 
     async def iterate(self) -> AsyncIterator[TraceEntry]:
@@ -419,10 +443,6 @@ class Run:
                     turn=state.turns,
                 )
             )
-        if row.ends:
-            self._finish(row)
-        elif not row.saves_later:  # one write transaction fewer per turn
-            self._saved(state)
 
     def _finish(self, row: Row) -> None:
         state, config = self._state, self._config

@@ -31,9 +31,17 @@ from agent_fsm.run.acting import act
 from agent_fsm.run.context import RunContext, acting_for
 from agent_fsm.run.guarding import screen_ending
 from agent_fsm.state import ControlKind, ControlRequest, RunResult, SubAgentPause
+from agent_fsm.table import Row, StopReason
 from agent_fsm.tools.tool import ToolResult
 
-__all__ = ["act_as_parent", "act_screened", "fold", "fold_replayed", "pause_request"]
+__all__ = [
+    "act_as_parent",
+    "act_screened",
+    "fold",
+    "fold_replayed",
+    "pause_request",
+    "settle_orphans",
+]
 
 
 async def act_screened(ctx: RunContext) -> None:
@@ -84,13 +92,20 @@ def pause_request(tool_call_id: str, tool_name: str, details: object) -> Control
         return None
     asks = asked.waits_for
     spent = {key: details[key] for key in _SPEND_KEYS if key in details}
+    deeper = asked.sub_agent
+    below = () if deeper is None else (deeper.tool, *deeper.below)
     return ControlRequest(
         kind=ControlKind.SUB_AGENT,
         text=asked.text,
         tool_call_id=tool_call_id,
         pending_calls=asked.pending_calls,
         sub_agent=SubAgentPause(
-            run_id=run_id, tool=tool_name, asks=asks, pause=asked.pause, counted=spent
+            run_id=run_id,
+            tool=tool_name,
+            asks=asks,
+            pause=asked.pause,
+            below=below,
+            counted=spent,
         ),
     )
 
@@ -131,8 +146,11 @@ async def _carry_out_child(ctx: RunContext, waiting: ControlRequest) -> None:
     answer: ToolResult | None = None
     with StopScope(ctx.stop):  # the run's abort or deadline aborts the child
         answer = await go_on(ctx, pause, reply, decisions)
-    if answer is None:  # stopped before the child's answer came
-        said = f"it was stopped before it finished: {ctx.why_stopped()}"
+    if answer is None or _not_gone_on(answer):  # stopped, or could not go on with it
+        why = ctx.why_stopped() if answer is None else answer.output
+        assert found is not None  # it has a go_on
+        await _settle(ctx, found.fn, pause, why)  # a child still at its pause is ended
+        said = f"it was stopped before it finished: {why}"
         state.pending_input.append(_told(pause.tool, waiting.tool_call_id, said))
         return
     call_id = waiting.tool_call_id
@@ -147,6 +165,49 @@ async def _carry_out_child(ctx: RunContext, waiting: ControlRequest) -> None:
         return
     said = f"it stopped without finishing: {answer.output}" if answer.is_error else answer.output
     state.pending_input.append(_told(pause.tool, call_id, said))
+
+
+def _not_gone_on(answer: ToolResult) -> bool:
+    """The answer says the child was not run on (the parent had nothing left for it, or its
+    run could not be reached): it may still wait at its pause."""
+    details = answer.details
+    return isinstance(details, dict) and details.get("stop_reason") in (
+        "not_resumed",
+        "not_started",
+    )
+
+
+async def _settle(ctx: RunContext, fn: object, pause: SubAgentPause, why: str) -> bool:
+    """End the child that waits at ``pause``, which its parent will not answer
+    (``run.delegation.settle``); False when there is nothing to end."""
+    settle = getattr(fn, "settle", None)
+    if settle is None:
+        return False
+    ended: bool = await settle(ctx, pause, why)
+    return ended
+
+
+async def settle_orphans(ctx: RunContext, row: Row) -> None:
+    """The run stops by ``row`` for another reason than its child's pause, while a child of
+    its last turn waits at one (a higher-ranked row won: an abort, finish_task, a terminal
+    tool, its own question or approvals): that child is ended (``run.delegation.settle``),
+    and the model is told, in the next user message, should the run go on (its call's answer
+    said the run waits for it unless it stops first). The engine calls it for a parent's
+    stops only."""
+    state = ctx.state
+    if row.stop_reason is StopReason.SUB_AGENT_PAUSED:
+        return
+    for request in state.requests:
+        pause = request.sub_agent
+        if request.kind is not ControlKind.SUB_AGENT or pause is None:
+            continue
+        found = ctx.config.tools.get(pause.tool)
+        why = f"the run stopped ({row.stop_reason.value if row.stop_reason else row.dest})"
+        if found is not None and await _settle(ctx, found.fn, pause, why):
+            state.pending_input.append(
+                f"The sub-agent {pause.tool} (call {request.tool_call_id}), which waited for "
+                f"the user, was stopped without an answer: {why} first."
+            )
 
 
 def _told(tool: str, call_id: str, said: str) -> str:

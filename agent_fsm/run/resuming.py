@@ -265,7 +265,8 @@ def _check_child_answer(
                 f"run {run_id}: its sub-agent {child.tool} waits for approvals, not a reply: "
                 "pass approvals=..."
             )
-        return decide(run_id, control, approvals, _tools_of_child(tools, child.tool))
+        owner = _tools_of_owner(tools, (child.tool, *child.below))
+        return decide(run_id, control, approvals, owner)
     if approvals is not None:
         raise ResumeError(
             f"run {run_id}: its sub-agent {child.tool} asked the user {control.text!r}: "
@@ -279,12 +280,14 @@ def _check_child_answer(
     return []
 
 
-def _tools_of_child(tools: ToolRegistry | None, name: str) -> ToolRegistry | None:
-    """The tools of the sub-agent that the tool ``name`` runs (``run.delegation`` marks its
-    function with its ``delegate``), which edited arguments are checked against; None when
-    it is no sub-agent tool here."""
-    found = tools.get(name) if tools is not None else None
-    agent = getattr(getattr(found.fn, "delegate", None), "agent", None) if found else None
-    config = getattr(agent, "run_config", None)
-    registry = getattr(config, "tools", None)
-    return registry if isinstance(registry, ToolRegistry) else None
+def _tools_of_owner(tools: ToolRegistry | None, path: tuple[str, ...]) -> ToolRegistry | None:
+    """The tools of the agent that owns the calls a sub-agent's pause shows, however deep:
+    each name of ``path`` is a sub-agent tool of the level above (``run.delegation`` marks
+    its function with its ``delegate``), walked down from ``tools``; edited arguments are
+    checked against them. None when a name is no sub-agent tool of its level."""
+    for name in path:
+        found = tools.get(name) if tools is not None else None
+        agent = getattr(getattr(found.fn, "delegate", None), "agent", None) if found else None
+        registry = getattr(getattr(agent, "run_config", None), "tools", None)
+        tools = registry if isinstance(registry, ToolRegistry) else None
+    return tools
