@@ -19,7 +19,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 if TYPE_CHECKING:
     from agent_fsm.agent import Agent
     from agent_fsm.compaction import ClearToolResults, ContextPolicy, KeepLastTurns, Summarize
-    from agent_fsm.content import FilePart, ImagePart, TextPart
+    from agent_fsm.content import FilePart, ImagePart
     from agent_fsm.custom_table import CustomState, Table
     from agent_fsm.durable.checkpoint import CheckpointStore, MemoryStore
     from agent_fsm.durable.sqlite import SQLiteStore
@@ -49,7 +49,6 @@ _WHERE: dict[str, str] = {
     "Summarize": "agent_fsm.compaction",
     "FilePart": "agent_fsm.content",
     "ImagePart": "agent_fsm.content",
-    "TextPart": "agent_fsm.content",
     "CheckpointStore": "agent_fsm.durable.checkpoint",
     "MemoryStore": "agent_fsm.durable.checkpoint",
     "SQLiteStore": "agent_fsm.durable.sqlite",
@@ -110,7 +109,6 @@ __all__ = [
     # images and files
     "ImagePart",
     "FilePart",
-    "TextPart",
     # your own loop
     "Table",
     "Row",

@@ -24,12 +24,11 @@ from agent_fsm import (
     Limits,
     ResumeError,
     StopReason,
-    TextPart,
     ToolResult,
     tool,
 )
 from agent_fsm.compaction import render_conversation
-from agent_fsm.content import MB, PartSupport
+from agent_fsm.content import MB, PartSupport, TextPart
 from agent_fsm.durable.encoding import MESSAGE_ADAPTER, encode_message, encode_model
 from agent_fsm.messages import (
     AssistantMessage,
