@@ -54,8 +54,9 @@ from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.run.approvals import Decisions
+from agent_fsm.run.context import RunConfig
 from agent_fsm.run.engine import Run, new_run_state
-from agent_fsm.run.identity import check_same_agent
+from agent_fsm.run.identity import check_same_agent, keep_approvals
 from agent_fsm.run.resuming import reopen
 from agent_fsm.state import RunResult, RunState
 
@@ -260,15 +261,15 @@ class DBOSAgent:
     ) -> RunResult:
         """A resume workflow's body: the stop it loaded the first time, reopened with the
         answer, driven on (``agent_fsm.dbos.pausing``)."""
-        config = self._config
         admission = await self._admit()
         started_at = await record_start(admission)
         state = await load_stop(self._journal, run_id, resumes)
+        config = keep_approvals(self._config, state)  # the same stop on every replay
         answered = reopen(
             state, config.machine, config.limits, reply, approvals, pause, tools=config.tools
         )
         return await self._activate(
-            resume_id(run_id, resumes), state, admission, started_at, resumes, answered
+            resume_id(run_id, resumes), state, admission, started_at, resumes, answered, config
         )
 
     async def _admit(self) -> Admission:
@@ -284,10 +285,12 @@ class DBOSAgent:
         started_at: float,
         resumes: int,
         answered: str | None,
+        config: RunConfig | None = None,
     ) -> RunResult:
-        """Drive the run to its next stop; save the stop when a resume may continue it, and
+        """Drive the run to its next stop with ``config`` (the agent's, or a resume's that
+        keeps the run's approval rules); save the stop when a resume may continue it, and
         every stop of a resumed run (``agent_fsm.dbos.pausing``)."""
-        config = self._config
+        config = config if config is not None else self._config
         run = RunTime(
             workflow_id,
             started_at,
@@ -348,7 +351,9 @@ class DBOSAgent:
 
         Resuming the same stop again, here or in any worker, while or after the first resume
         runs, starts nothing: it returns the first resume's result (its answer is the one
-        used), so an approved call is carried out once.
+        used), so an approved call is carried out once. The run keeps its approval rules
+        (``run.identity.keep_approvals``): a tool that waited for approval in the run waits
+        for it in the resume, whatever this agent's tool says.
 
         Raises:
             ResumeError: the run has not stopped, or finished, or the answer does not fit its
@@ -401,10 +406,10 @@ class DBOSAgent:
     ) -> RunHandle:
         if not isinstance(run_id, str) or not run_id:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
-        config = self._config
         state = await stop_of(self._journal, run_id)
-        if config.record is not None:  # here, not in the workflow: a workflow that raised
-            check_same_agent(state, config.record)  # would answer every later resume so
+        if self._config.record is not None:  # here, not in the workflow: a workflow that
+            check_same_agent(state, self._config.record)  # raised would answer every resume so
+        config = keep_approvals(self._config, state)  # as the workflow will
         resumes = len(state.resumed_at) + 1
         # Checked here, so that an answer that does not fit is the caller's ResumeError; the
         # workflow reopens its own copy of the stop again, the same way.
