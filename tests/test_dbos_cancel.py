@@ -357,3 +357,37 @@ async def test_the_command_line_cancels_a_dbos_run_through_its_system_database(
     password = psycopg.conninfo.conninfo_to_dict(postgres_url).get("password")
     if password:
         assert password not in err
+
+
+async def test_agent_cancel_reaches_a_dbos_run(
+    journal: PostgresStore, outside: PostgresStore
+) -> None:
+    """``Agent.cancel`` (sync, called on the event loop's thread) reaches a DBOS run that no
+    store holds while it runs: through the DBOSAgent's own agent, and through a leased agent
+    on the journal store, for the run's first workflow and for a resume under way (where
+    the store shows the stop it continues). A run at a stop is left; an unknown one is no
+    run (``run.elsewhere``)."""
+    tools = Sends(hold=frozenset({1}))
+    model = FunctionModel(sends(3))
+    agent = agent_of(journal, model, tools)
+    run_id = f"library-{uuid.uuid4().hex[:8]}"
+    running = asyncio.ensure_future(agent.run("Send three.", run_id=run_id))
+    await tools.wait_entered(1)
+    assert agent.agent.cancel(run_id, "from the library") is True
+    tools.release()
+    assert_aborted(await running, "from the library", agent)
+    assert (tools.made, len(model.requests)) == ([1], 1)
+
+    leased = Agent(model=FunctionModel(sends(0)), store=outside, lease_s=5.0)
+    assert leased.cancel(run_id, "at its stop") is False
+    tools.hold_again(frozenset({2}))
+    resuming = asyncio.ensure_future(agent.resume(run_id))
+    await tools.wait_entered(2)
+    assert leased.cancel(run_id, "from a leased agent") is True
+    tools.release()
+    assert_aborted(await resuming, "from a leased agent", agent)
+    assert tools.made == [1, 2]
+    with pytest.raises(CheckpointError):
+        leased.cancel("never-ran", "why")
+    with pytest.raises(CheckpointError):
+        agent.agent.cancel("never-ran", "why")

@@ -37,6 +37,8 @@ the same ``name``: DBOS finds a run's workflow function by that name when it rec
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,6 +50,7 @@ from agent_fsm.agent import Agent
 from agent_fsm.dbos.cancelling import cancel_run
 from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
+from agent_fsm.dbos.private import launched
 from agent_fsm.dbos.replay import RunTime, record_start, running
 from agent_fsm.dbos.steps import ReplayedKeeper, durable_config
 from agent_fsm.durable.checkpoint import CheckpointStore
@@ -55,6 +58,7 @@ from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.run.context import RunConfig
+from agent_fsm.run.elsewhere import reach_runs_elsewhere
 from agent_fsm.run.engine import Run, new_run_state
 from agent_fsm.run.identity import check_same_agent, keep_approvals
 from agent_fsm.run.resuming import reopen
@@ -234,6 +238,7 @@ class DBOSAgent:
 
         self._workflow: Callable[..., Any] = DBOS.workflow(name=WORKFLOW_PREFIX + name)(workflow)
         self._resumed: Callable[..., Any] = DBOS.workflow(name=RESUME_PREFIX + name)(resumed)
+        reach_runs_elsewhere(self)  # Agent.cancel reaches its runs too
 
     async def _drive(self, user_input: str, run_id: str) -> RunResult:
         """The workflow's body: the same run on every execution (``agent_fsm.dbos.replay``)."""
@@ -370,7 +375,9 @@ class DBOSAgent:
         queue, before another model or tool call starts: ERROR ``aborted`` with ``reason``,
         resumable, every tool call answered (``agent_fsm.dbos.cancelling``). Any process
         may ask, through its own ``DBOSAgent`` of the run's name (or
-        ``cancelling.cancel_run`` on the journal store).
+        ``cancelling.cancel_run`` on the journal store), through ``Agent.cancel`` in a
+        process that made a ``DBOSAgent`` (``run.elsewhere``), or from the command line
+        (``agent-fsm cancel --dbos URL``).
 
         Returns:
             True when the request was recorded; False when the run is at a stop (a paused
@@ -381,6 +388,24 @@ class DBOSAgent:
             ConfigError: a bad run id, a reason that is not a str.
         """
         return await cancel_run(self._journal, run_id, reason)
+
+    def cancel_elsewhere(self, run_id: str, reason: str) -> bool | None:
+        """``cancel`` for ``Agent.cancel`` (``run.elsewhere``), blocking: asked in a thread
+        of its own, so that it may be called from a running event loop's thread. None when
+        DBOS is not launched here, or the run is none of the journal's and DBOS's (or they
+        cannot be read now)."""
+        if not launched():
+            return None
+        answer: list[bool | None] = [None]
+
+        def ask() -> None:
+            with contextlib.suppress(Exception):  # the store or DBOS away: "cannot tell"
+                answer[0] = asyncio.run(cancel_run(self._journal, run_id, reason))
+
+        asking = threading.Thread(target=ask, name="agent_fsm-dbos-cancel")
+        asking.start()
+        asking.join()
+        return answer[0]
 
     async def enqueue_resume(
         self,
