@@ -26,6 +26,7 @@ from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.leases import LeaseStore, check_id, check_ttl, default_worker_id
 from agent_fsm.durable.queue import RunQueue, check_priority, check_reason
 from agent_fsm.errors import (
+    CheckpointError,
     ConfigError,
     ResumeError,
     RunError,
@@ -42,6 +43,7 @@ from agent_fsm.models.registry import model_named
 from agent_fsm.output import OutputMode, OutputSpec, OutputType
 from agent_fsm.pricing import Pricing
 from agent_fsm.run.delegation import Delegable, delegate_of, delegation_tool
+from agent_fsm.run.elsewhere import cancel_elsewhere
 from agent_fsm.run.engine import Reflector, Run, RunConfig, new_run_state
 from agent_fsm.run.forking import copy_journal, fork_state
 from agent_fsm.run.history import HistoryRepair, prepare_history
@@ -876,7 +878,9 @@ class Agent:
         Where it reaches: with ``lease_s``, every run of the store, through the store
         (its driver learns of it at its next save or lease renewal); without, the runs this
         agent drives in this process (an agent without a store: those it started or
-        reopened and has not finished).
+        reopened and has not finished). And, in a process that made a ``DBOSAgent``, the
+        runs of its fleet that are DBOS workflows (``run.elsewhere``), which no store
+        holds while they run: they stop before their next model or tool call.
 
         Raises:
             CheckpointError: no such run.
@@ -884,7 +888,16 @@ class Agent:
                 store that this process does not drive.
         """
         _check_id("run id", run_id)
-        return self._residence.cancel(run_id, check_reason(reason))
+        reason = check_reason(reason)
+        try:
+            if self._residence.cancel(run_id, reason):
+                return True
+        except CheckpointError:  # no such run here: it may live elsewhere
+            found = cancel_elsewhere(run_id, reason)
+            if found is None:
+                raise
+            return found
+        return cancel_elsewhere(run_id, reason) is True  # stopped here, maybe resumed there
 
     def fork(self, run_id: str, *, at: int, fork_id: str | None = None) -> Run:
         """A new run that goes on from where stored run ``run_id`` stood after its

@@ -48,7 +48,7 @@ from agent_fsm.durable.tracefile import (
     recorded_runs,
     select_run,
 )
-from agent_fsm.errors import AgentFSMError
+from agent_fsm.errors import AgentFSMError, CheckpointError
 from agent_fsm.evals.cli import add_eval_command
 from agent_fsm.events import (
     Event,
@@ -59,6 +59,7 @@ from agent_fsm.events import (
     ToolFinished,
     ToolStarted,
 )
+from agent_fsm.extras import install_hint
 from agent_fsm.messages import AssistantMessage, ToolMessage, Usage
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.state import RunResult, RunState, RunStatus
@@ -543,7 +544,21 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     with closing(_open_store(args.store, args.schema)) as store:
         if not isinstance(store, RunCancels):
             raise _UsageError(f"{type(store).__name__} takes no cancel requests")
-        asked = store.cancel(args.run_id, args.reason)
+        try:
+            asked = store.cancel(args.run_id, args.reason)
+        except CheckpointError as exc:
+            if store.exists(args.run_id):  # not "no such run" (raises if the store is away)
+                raise
+            if args.dbos is None:
+                raise CheckpointError(
+                    f"{exc}; a DBOSAgent's run is reached through DBOS: add --dbos URL (its"
+                    " fleet's system database)"
+                ) from None
+            asked = False  # a DBOS run's first workflow keeps no checkpoint
+        if not asked and args.dbos is not None:
+            # A DBOS run keeps only its stops in the store: whether a workflow of it runs
+            # (its first, or a resume of the stop the store shows) is DBOS's to say.
+            asked = _cancel_in_dbos(store, args)
     if asked:
         print(
             f"cancel requested: run {args.run_id} stops at its next checkpoint, before another"
@@ -553,6 +568,22 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     else:
         print(f"run {args.run_id} has already stopped: nothing to cancel", file=sys.stdout)
     return 0
+
+
+def _cancel_in_dbos(store: CheckpointStore, args: argparse.Namespace) -> bool:
+    """The request for a DBOS run (``dbos.cancelling.cancel_outside``): the dbos extra is
+    imported here, only when ``--dbos`` asks for it."""
+    try:
+        from agent_fsm.dbos.cancelling import cancel_outside
+    except ImportError:
+        raise _UsageError(f"--dbos needs the dbos extra: {install_hint('dbos')}") from None
+    return cancel_outside(
+        store,
+        args.run_id,
+        args.reason,
+        system_database_url=args.dbos,
+        dbos_schema=args.dbos_schema,
+    )
 
 
 _EPILOG = """\
@@ -566,6 +597,8 @@ examples:
   agent-fsm runs --store postgresql://HOST/DB --state THINK   a fleet's runs in THINK
   agent-fsm diagram --run ID --store runs.sqlite3  the path of one checkpointed run
   agent-fsm cancel ID --store postgresql://HOST/DB   stop a run wherever it is driven
+  agent-fsm cancel ID --store postgresql://HOST/DB --dbos postgresql://HOST/SYSDB
+                                             the same for a DBOSAgent's run
   agent-fsm ui --store runs.sqlite3 --agent app:agent   watch and steer runs in a browser
 
 exit codes: 0 ok, 1 the run failed, 2 bad usage or unreadable input"""
@@ -730,12 +763,26 @@ def _parser() -> argparse.ArgumentParser:
         "ERROR aborted, with REASON as its error, "
         "and can be resumed. A run no worker drives now stops at once when one takes it. A "
         "run that has stopped is left as it is (exit 0, saying so). Exits 2 for an unknown "
-        "run.",
+        "run. A DBOSAgent's run (a DBOS workflow, whose store keeps only its stops) is "
+        "reached with --dbos: it stops before its next model or tool call.",
     )
     cancel.add_argument("run_id", metavar="RUN_ID", help="the run to stop")
     cancel.add_argument("--reason", default="cancelled", help="why (the run's error)")
     cancel.add_argument("--store", default=default_store, help=store_help)
     cancel.add_argument("--schema", default="agent_fsm", help=schema_help)
+    cancel.add_argument(
+        "--dbos",
+        metavar="URL",
+        help="DBOS's system database of a fleet of DBOSAgents (its DBOSConfig"
+        " system_database_url): also reach runs that are DBOS workflows, their first"
+        " workflow or a resume under way (needs the dbos extra)",
+    )
+    cancel.add_argument(
+        "--dbos-schema",
+        default="dbos",
+        metavar="SCHEMA",
+        help="the schema of DBOS's tables (its DBOSConfig dbos_system_schema)",
+    )
     cancel.set_defaults(handler=_cmd_cancel)
     add_eval_command(commands)
     add_ui_command(commands, store_default=default_store, store_help=store_help)

@@ -91,6 +91,11 @@ class Sends:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._go.set)
 
+    def hold_again(self, steps: frozenset[int]) -> None:
+        """Hold the calls to ``steps`` from now on (the earlier ones were released)."""
+        self.hold = steps
+        self._go = asyncio.Event()
+
 
 def sends(count: int):  # type: ignore[no-untyped-def]
     """A model sending steps 1..count, one per turn, then answering (a function of the
@@ -289,3 +294,100 @@ async def test_cancel_says_when_there_is_no_such_run(outside: PostgresStore) -> 
     with pytest.raises(CheckpointError):
         await canceller(outside).cancel("never-ran", "why")
     assert DBOS is not None
+
+
+async def agent_fsm_cancel(*args: str) -> tuple[int, str, str]:
+    """``agent-fsm cancel ARGS`` in a process of its own (no DBOS launched there): its exit
+    code, stdout and stderr. Awaited, so this process's workflows run meanwhile."""
+    command = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agent_fsm.cli",
+        "cancel",
+        *args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await command.communicate()
+    assert command.returncode is not None
+    return command.returncode, out.decode(), err.decode()
+
+
+async def test_the_command_line_cancels_a_dbos_run_through_its_system_database(
+    journal: PostgresStore, dbos_schema: str, postgres_url: str, postgres_schema: str
+) -> None:
+    """``agent-fsm cancel --dbos URL`` reaches a DBOS run: its first workflow (which keeps no
+    checkpoint, so the store alone says "no such run", and the error says to add --dbos),
+    and a resume under way (where the store shows the stop it continues); a run at a stop
+    is left as it is, an unknown run exits 2. No password is printed."""
+    tools = Sends(hold=frozenset({1}))
+    model = FunctionModel(sends(2))
+    agent = agent_of(journal, model, tools)
+    store = ("--store", postgres_url, "--schema", postgres_schema)
+    dbos = ("--dbos", postgres_url, "--dbos-schema", dbos_schema)
+    run_id = f"cli-{uuid.uuid4().hex[:8]}"
+    running = asyncio.ensure_future(agent.run("Send two.", run_id=run_id))
+    await tools.wait_entered(1)
+
+    code, out, err = await agent_fsm_cancel(run_id, *store)
+    assert code == 2
+    assert "add --dbos URL" in err
+    code, out, err = await agent_fsm_cancel(run_id, *store, *dbos, "--reason", "from the shell")
+    assert (code, err) == (0, "")
+    assert "cancel requested" in out
+    tools.release()
+    assert_aborted(await running, "from the shell", agent)
+    assert (tools.made, len(model.requests)) == ([1], 1)
+
+    # At its stop (aborted, resumable): nothing to cancel. Resumed: the resume is stopped.
+    code, out, _ = await agent_fsm_cancel(run_id, *store, *dbos)
+    assert (code, "already stopped" in out) == (0, True)
+    tools.hold_again(frozenset({2}))
+    resuming = asyncio.ensure_future(agent.resume(run_id))
+    await tools.wait_entered(2)
+    code, out, _ = await agent_fsm_cancel(run_id, *store, *dbos, "--reason", "again")
+    assert (code, "cancel requested" in out) == (0, True)
+    tools.release()
+    assert_aborted(await resuming, "again", agent)
+    assert tools.made == [1, 2]
+
+    code, _, err = await agent_fsm_cancel("never-ran", *store, *dbos)
+    assert code == 2
+    assert "never-ran" in err
+    password = psycopg.conninfo.conninfo_to_dict(postgres_url).get("password")
+    if password:
+        assert password not in err
+
+
+async def test_agent_cancel_reaches_a_dbos_run(
+    journal: PostgresStore, outside: PostgresStore
+) -> None:
+    """``Agent.cancel`` (sync, called on the event loop's thread) reaches a DBOS run that no
+    store holds while it runs: through the DBOSAgent's own agent, and through a leased agent
+    on the journal store, for the run's first workflow and for a resume under way (where
+    the store shows the stop it continues). A run at a stop is left; an unknown one is no
+    run (``run.elsewhere``)."""
+    tools = Sends(hold=frozenset({1}))
+    model = FunctionModel(sends(3))
+    agent = agent_of(journal, model, tools)
+    run_id = f"library-{uuid.uuid4().hex[:8]}"
+    running = asyncio.ensure_future(agent.run("Send three.", run_id=run_id))
+    await tools.wait_entered(1)
+    assert agent.agent.cancel(run_id, "from the library") is True
+    tools.release()
+    assert_aborted(await running, "from the library", agent)
+    assert (tools.made, len(model.requests)) == ([1], 1)
+
+    leased = Agent(model=FunctionModel(sends(0)), store=outside, lease_s=5.0)
+    assert leased.cancel(run_id, "at its stop") is False
+    tools.hold_again(frozenset({2}))
+    resuming = asyncio.ensure_future(agent.resume(run_id))
+    await tools.wait_entered(2)
+    assert leased.cancel(run_id, "from a leased agent") is True
+    tools.release()
+    assert_aborted(await resuming, "from a leased agent", agent)
+    assert tools.made == [1, 2]
+    with pytest.raises(CheckpointError):
+        leased.cancel("never-ran", "why")
+    with pytest.raises(CheckpointError):
+        agent.agent.cancel("never-ran", "why")

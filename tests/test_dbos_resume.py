@@ -20,7 +20,7 @@ from agent_fsm import AgentState, CheckpointError, ResumeError, RunStatus, StopR
 from agent_fsm.dbos.pausing import LOAD_STEP, SAVE_STEP, resume_id
 from agent_fsm.dbos.replay import MODEL_STEP, START_STEP, TOOL_STEP
 from agent_fsm.durable.postgres import PostgresStore
-from agent_fsm.messages import ModelRequest, ModelResponse, UserMessage
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, UserMessage
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
@@ -326,3 +326,52 @@ async def test_a_resume_by_a_different_agent_is_refused_before_the_pause_is_answ
 
     done = await agent.resume("identity-1", approvals=True, pause=paused.pending.pause)
     assert (done.output, transfers.made) == ("done", [5])
+
+
+def transfer_twice(request: ModelRequest) -> ModelResponse:
+    """Ask for a transfer of 5; once it was answered, one of 7; once that was, answer."""
+    answered = [m for m in request.messages if isinstance(m, ToolMessage)]
+    if not answered:
+        return reply("", call("transfer", amount=5))
+    if len(answered) == 1:
+        return reply("", call("transfer", amount=7))
+    return reply("done")
+
+
+@pytest.mark.parametrize("queued", [False, True])
+async def test_a_resume_keeps_the_runs_approval_rules(journal: PostgresStore, queued: bool) -> None:
+    """Resumed (now, or from the queue) by an agent whose transfer asks no approval (a
+    worker that forgot it), the run's next transfer still waits for one, as with
+    ``Agent.resume`` (``run.identity.keep_approvals``): the approved call runs, the new one
+    does not, and the rule holds over the next resume too."""
+    transfers = Transfers()
+    model = FunctionModel(transfer_twice)
+    agent = durable(journal, model, transfers.tools)
+    run_id = f"keep-approvals-{queued}"
+    paused = await agent.run("Pay Bob twice.", run_id=run_id)
+    assert paused.stop_reason is StopReason.APPROVAL_REQUIRED
+
+    @tool  # the same name, description and schema: only the approval rule is missing
+    async def transfer(amount: int) -> str:
+        """Transfer money."""
+        transfers.made.append(amount)
+        return f"sent {amount}"
+
+    forgetful = durable(journal, model, [transfer])
+
+    async def resume(approvals: bool, pause: str) -> Any:
+        if queued:
+            handle = await forgetful.enqueue_resume(run_id, approvals=approvals, pause=pause)
+            return await handle.result()
+        return await forgetful.resume(run_id, approvals=approvals, pause=pause)
+
+    assert paused.pending is not None
+    again = await resume(True, paused.pending.pause)
+    assert again.stop_reason is StopReason.APPROVAL_REQUIRED
+    assert transfers.made == [5]  # the approved call ran, the new one waits
+    assert again.pending is not None
+    assert [c.name for c in again.pending.pending_calls] == ["transfer"]
+    check_invariants(again, limits=agent.agent.limits, bound=agent.agent.bound)
+    final = await resume(False, again.pending.pause)
+    assert (final.output, transfers.made) == ("done", [5])
+    check_invariants(final, limits=agent.agent.limits, bound=agent.agent.bound)

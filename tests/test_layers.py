@@ -98,6 +98,7 @@ LAYERS = [
     "run.guarding",
     "run.live",
     "run.residence",
+    "run.elsewhere",
     "run.observing",
     "run.compacting",
     "run.thinking",

@@ -37,6 +37,8 @@ the same ``name``: DBOS finds a run's workflow function by that name when it rec
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,14 +50,17 @@ from agent_fsm.agent import Agent
 from agent_fsm.dbos.cancelling import cancel_run
 from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
+from agent_fsm.dbos.private import launched
 from agent_fsm.dbos.replay import RunTime, record_start, running
 from agent_fsm.dbos.steps import ReplayedKeeper, durable_config
 from agent_fsm.durable.checkpoint import CheckpointStore
 from agent_fsm.durable.leases import LeaseStore
 from agent_fsm.errors import ConfigError
 from agent_fsm.run.approvals import Decisions
+from agent_fsm.run.context import RunConfig
+from agent_fsm.run.elsewhere import reach_runs_elsewhere
 from agent_fsm.run.engine import Run, new_run_state
-from agent_fsm.run.identity import check_same_agent
+from agent_fsm.run.identity import check_same_agent, keep_approvals
 from agent_fsm.run.resuming import reopen
 from agent_fsm.state import RunResult, RunState
 
@@ -233,6 +238,7 @@ class DBOSAgent:
 
         self._workflow: Callable[..., Any] = DBOS.workflow(name=WORKFLOW_PREFIX + name)(workflow)
         self._resumed: Callable[..., Any] = DBOS.workflow(name=RESUME_PREFIX + name)(resumed)
+        reach_runs_elsewhere(self)  # Agent.cancel reaches its runs too
 
     async def _drive(self, user_input: str, run_id: str) -> RunResult:
         """The workflow's body: the same run on every execution (``agent_fsm.dbos.replay``)."""
@@ -260,15 +266,15 @@ class DBOSAgent:
     ) -> RunResult:
         """A resume workflow's body: the stop it loaded the first time, reopened with the
         answer, driven on (``agent_fsm.dbos.pausing``)."""
-        config = self._config
         admission = await self._admit()
         started_at = await record_start(admission)
         state = await load_stop(self._journal, run_id, resumes)
+        config = keep_approvals(self._config, state)  # the same stop on every replay
         answered = reopen(
             state, config.machine, config.limits, reply, approvals, pause, tools=config.tools
         )
         return await self._activate(
-            resume_id(run_id, resumes), state, admission, started_at, resumes, answered
+            resume_id(run_id, resumes), state, admission, started_at, resumes, answered, config
         )
 
     async def _admit(self) -> Admission:
@@ -284,10 +290,12 @@ class DBOSAgent:
         started_at: float,
         resumes: int,
         answered: str | None,
+        config: RunConfig | None = None,
     ) -> RunResult:
-        """Drive the run to its next stop; save the stop when a resume may continue it, and
+        """Drive the run to its next stop with ``config`` (the agent's, or a resume's that
+        keeps the run's approval rules); save the stop when a resume may continue it, and
         every stop of a resumed run (``agent_fsm.dbos.pausing``)."""
-        config = self._config
+        config = config if config is not None else self._config
         run = RunTime(
             workflow_id,
             started_at,
@@ -348,7 +356,9 @@ class DBOSAgent:
 
         Resuming the same stop again, here or in any worker, while or after the first resume
         runs, starts nothing: it returns the first resume's result (its answer is the one
-        used), so an approved call is carried out once.
+        used), so an approved call is carried out once. The run keeps its approval rules
+        (``run.identity.keep_approvals``): a tool that waited for approval in the run waits
+        for it in the resume, whatever this agent's tool says.
 
         Raises:
             ResumeError: the run has not stopped, or finished, or the answer does not fit its
@@ -365,7 +375,9 @@ class DBOSAgent:
         queue, before another model or tool call starts: ERROR ``aborted`` with ``reason``,
         resumable, every tool call answered (``agent_fsm.dbos.cancelling``). Any process
         may ask, through its own ``DBOSAgent`` of the run's name (or
-        ``cancelling.cancel_run`` on the journal store).
+        ``cancelling.cancel_run`` on the journal store), through ``Agent.cancel`` in a
+        process that made a ``DBOSAgent`` (``run.elsewhere``), or from the command line
+        (``agent-fsm cancel --dbos URL``).
 
         Returns:
             True when the request was recorded; False when the run is at a stop (a paused
@@ -376,6 +388,24 @@ class DBOSAgent:
             ConfigError: a bad run id, a reason that is not a str.
         """
         return await cancel_run(self._journal, run_id, reason)
+
+    def cancel_elsewhere(self, run_id: str, reason: str) -> bool | None:
+        """``cancel`` for ``Agent.cancel`` (``run.elsewhere``), blocking: asked in a thread
+        of its own, so that it may be called from a running event loop's thread. None when
+        DBOS is not launched here, or the run is none of the journal's and DBOS's (or they
+        cannot be read now)."""
+        if not launched():
+            return None
+        answer: list[bool | None] = [None]
+
+        def ask() -> None:
+            with contextlib.suppress(Exception):  # the store or DBOS away: "cannot tell"
+                answer[0] = asyncio.run(cancel_run(self._journal, run_id, reason))
+
+        asking = threading.Thread(target=ask, name="agent_fsm-dbos-cancel")
+        asking.start()
+        asking.join()
+        return answer[0]
 
     async def enqueue_resume(
         self,
@@ -401,10 +431,10 @@ class DBOSAgent:
     ) -> RunHandle:
         if not isinstance(run_id, str) or not run_id:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
-        config = self._config
         state = await stop_of(self._journal, run_id)
-        if config.record is not None:  # here, not in the workflow: a workflow that raised
-            check_same_agent(state, config.record)  # would answer every later resume so
+        if self._config.record is not None:  # here, not in the workflow: a workflow that
+            check_same_agent(state, self._config.record)  # raised would answer every resume so
+        config = keep_approvals(self._config, state)  # as the workflow will
         resumes = len(state.resumed_at) + 1
         # Checked here, so that an answer that does not fit is the caller's ResumeError; the
         # workflow reopens its own copy of the stop again, the same way.

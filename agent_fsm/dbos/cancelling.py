@@ -30,33 +30,62 @@ work ends (``ReplayedKeeper``): ERROR ``aborted``, with the reason, resumable, e
 call answered. So no model or tool call starts once a request is recorded, but for one
 whose step read the journal just before (as a leased run's call started just after its
 save). A look-up that fails is taken for no request; the next step reads it again.
+
+**From a process that runs no DBOS** (``agent-fsm cancel --dbos URL``): ``cancel_outside``
+reads the workflows' statuses with a ``DBOSClient`` on DBOS's system database instead of a
+launched DBOS, and records the same request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
-from dbos import DBOS
+from dbos import DBOS, DBOSClient
 
 from agent_fsm.dbos.pausing import key_prefix, resume_id
 from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY
-from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.durable.checkpoint import CheckpointStore, redacted
 from agent_fsm.durable.encoding import unknown_run
 from agent_fsm.durable.leases import check_id
 from agent_fsm.durable.queue import check_reason
-from agent_fsm.errors import CheckpointError
+from agent_fsm.errors import CheckpointError, ConfigError
 from agent_fsm.messages import ToolCall
 
-__all__ = ["RUNNING", "cancel_run", "running_activation"]
+__all__ = ["RUNNING", "StatusOf", "cancel_outside", "cancel_run", "running_activation"]
 
 RUNNING = frozenset({"ENQUEUED", "PENDING"})
 """DBOS's statuses of a workflow that has not ended."""
 
+StatusOf = Callable[[str], Awaitable[str | None]]
+"""DBOS's status of a workflow id (``ENQUEUED``, ``SUCCESS``, ...), None for no workflow."""
 
-async def running_activation(store: CheckpointStore, run_id: str) -> int | None:
+
+async def _launched_status(workflow_id: str) -> str | None:
+    """The status, read through this process's launched DBOS."""
+    status = await DBOS.get_workflow_status_async(workflow_id)
+    return None if status is None else str(status.status)
+
+
+def _client_status(client: DBOSClient) -> StatusOf:
+    """The status, read through ``client`` (no DBOS launched here)."""
+
+    async def status(workflow_id: str) -> str | None:
+        found = await client.list_workflows_async(
+            workflow_ids=[workflow_id], load_input=False, load_output=False
+        )
+        return str(found[0].status) if found else None
+
+    return status
+
+
+async def running_activation(
+    store: CheckpointStore, run_id: str, status_of: StatusOf = _launched_status
+) -> int | None:
     """The activation of the run that has not ended (0: its first workflow; n: its resume
     number n), or None when the run is at a stop or finished (see the module docstring).
+    ``status_of`` reads the workflows (by default through this process's launched DBOS).
 
     Raises:
         CheckpointError: no run ``run_id`` (neither in the store nor among the workflows),
@@ -69,20 +98,23 @@ async def running_activation(store: CheckpointStore, run_id: str) -> int | None:
             raise
         stop = None
     if stop is None:  # no stop kept: its first workflow, if there is one
-        status = await DBOS.get_workflow_status_async(run_id)
+        status = await status_of(run_id)
         if status is None:
             raise unknown_run(run_id) from None
-        return 0 if status.status in RUNNING else None
+        return 0 if status in RUNNING else None
     resumes = len(stop.resumed_at) + 1
-    status = await DBOS.get_workflow_status_async(resume_id(run_id, resumes))
-    return resumes if status is not None and status.status in RUNNING else None
+    status = await status_of(resume_id(run_id, resumes))
+    return resumes if status in RUNNING else None
 
 
-async def cancel_run(store: CheckpointStore, run_id: str, reason: str) -> bool:
+async def cancel_run(
+    store: CheckpointStore, run_id: str, reason: str, *, status_of: StatusOf = _launched_status
+) -> bool:
     """Ask the run's workflow to stop before its next model or tool call (see the module
     docstring); True when the request was recorded, False when the run is at a stop or
     finished (nothing is recorded). A second request before the first was read keeps the
-    first one's reason.
+    first one's reason. ``status_of`` reads the workflows (by default through this
+    process's launched DBOS; ``cancel_outside`` reads them with a client).
 
     Raises:
         CheckpointError: no run ``run_id``, or the store cannot be read or written.
@@ -90,7 +122,7 @@ async def cancel_run(store: CheckpointStore, run_id: str, reason: str) -> bool:
     """
     check_id(run_id)
     reason = check_reason(reason)
-    activation = await running_activation(store, run_id)
+    activation = await running_activation(store, run_id, status_of)
     if activation is None:
         return False
     key = key_prefix(activation) + CANCEL_KEY
@@ -103,3 +135,43 @@ async def cancel_run(store: CheckpointStore, run_id: str, reason: str) -> bool:
 
     await asyncio.to_thread(record)
     return True
+
+
+def cancel_outside(
+    store: CheckpointStore,
+    run_id: str,
+    reason: str,
+    *,
+    system_database_url: str,
+    dbos_schema: str = "dbos",
+) -> bool:
+    """``cancel_run`` from a process that has not launched DBOS (the command line): the
+    workflows are read with a ``DBOSClient`` on DBOS's system database
+    (``system_database_url``, its tables in ``dbos_schema``: the fleet's
+    ``DBOSConfig``). Blocking; the client is closed before it returns.
+
+    Raises:
+        CheckpointError: as ``cancel_run``; or DBOS's system database cannot be reached or
+            read (the error names the database without its password).
+        ConfigError: as ``cancel_run``.
+    """
+    where = redacted(system_database_url)
+    try:
+        client = DBOSClient(
+            system_database_url=system_database_url,
+            dbos_system_schema=dbos_schema,
+            system_database_pool_size=1,
+            retry_connection_errors=False,  # a database away is said, not waited for
+        )
+    except Exception as exc:
+        why = redacted(str(exc), secrets_of=system_database_url)
+        raise CheckpointError(f"cannot reach DBOS's system database at {where}: {why}") from None
+    try:
+        return asyncio.run(cancel_run(store, run_id, reason, status_of=_client_status(client)))
+    except (CheckpointError, ConfigError):
+        raise
+    except Exception as exc:
+        why = redacted(str(exc), secrets_of=system_database_url)
+        raise CheckpointError(f"cannot read the workflows of DBOS at {where}: {why}") from None
+    finally:
+        client.destroy()
