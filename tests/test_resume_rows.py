@@ -43,6 +43,7 @@ def test_the_resumable_stops_come_from_the_rows() -> None:
         StopReason.TIMEOUT,
         StopReason.MODEL_ERROR,
         StopReason.CONTEXT_WINDOW,
+        StopReason.SUB_AGENT_PAUSED,
     }
     without_recovery = tuple(r for r in TABLE if r.outcome is not Verb.RECOVER)
     assert StopReason.MODEL_ERROR not in resumable_stops(without_recovery)
@@ -54,6 +55,7 @@ def test_every_resume_row_leaves_a_stop_for_the_loop() -> None:
     assert [(r.source, r.dest, r.outcome) for r in rows] == [
         (S.DONE, S.OBSERVE, Verb.ANSWER),
         (S.DONE, S.ACT, Verb.CARRY_OUT),
+        (S.DONE, S.ACT, Verb.CARRY_OUT),  # a sub-agent's pause: the answer goes down to it
         (S.ERROR, S.OBSERVE, Verb.RESUME),
         (S.ERROR, S.OBSERVE, Verb.RECOVER),
         (S.ERROR, S.OBSERVE, Verb.RESUME),

@@ -35,7 +35,9 @@ from agent_fsm.state import (
     GuardrailTrip,
     LoopState,
     ModelFailure,
+    ParentLink,
     RunState,
+    SubAgentPause,
 )
 from agent_fsm.table import StopReason
 from agent_fsm.tokens import Calibration
@@ -194,6 +196,20 @@ def sample_state(run_id: str = "run-1") -> RunState:
             pending_calls=(calls[2],),
         ),
         decisions=[Decision(call=calls[2], approval=Approval(allow=False, reason="too much"))],
+        parent=ParentLink(run_id="parent-run", tool_call_id="p7", tool="research"),
+        awaiting_child=ControlRequest(
+            kind=ControlKind.SUB_AGENT,
+            text="Which city?",
+            tool_call_id="c9",
+            sub_agent=SubAgentPause(
+                run_id="child-run",
+                tool="research",
+                asks=ControlKind.ASK_USER,
+                pause="pause-2",
+                counted={"turns": 1},
+            ),
+        ),
+        child_reply="Lyon",
         loop=LoopState(
             call_streaks={"add:{}": 2, "lookup:x": 1},
             last_results="r",
