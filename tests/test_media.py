@@ -259,9 +259,31 @@ async def served(kit: WireKit) -> AsyncIterator[tuple[WireServer, Model]]:
 
 
 def transcript_of(kit: WireKit, body: dict[str, Any]) -> list[Any]:
-    """The messages of a request body, in the provider's form."""
+    """The messages of a request body, in the provider's form. Gemini's JSON takes a field
+    in snake_case or camelCase alike, and google-genai has written ``mime_type`` and
+    ``mimeType`` in different versions: its field names are compared in snake_case."""
     key = {"openai": "messages", "openai-responses": "input", "anthropic": "messages"}
-    return list(body[key.get(kit.name, "contents")])
+    messages = list(body[key.get(kit.name, "contents")])
+    return [_snake_keys(m) for m in messages] if kit.name == "gemini" else messages
+
+
+def _snake_keys(value: Any) -> Any:
+    """``value`` with the keys of its objects below the part level in snake_case (a part's
+    own kind, ``inlineData``, stays as the SDK writes it in every version)."""
+    if isinstance(value, list):
+        return [_snake_keys(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    return {
+        key: {_snake(k): _snake_keys(v) for k, v in item.items()}
+        if isinstance(item, dict) and key in ("inlineData", "fileData")
+        else _snake_keys(item)
+        for key, item in value.items()
+    }
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
 
 
 @pytest.mark.parametrize("name", sorted(KITS))
