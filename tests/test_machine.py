@@ -410,12 +410,8 @@ def test_the_machine_takes_the_first_row_whose_guards_all_pass(
     assert state.state is expected.dest
 
 
-def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> None:
-    """Rows are tried in table order; a row stops at its first false guard, and rows in a row
-    that begin with the same guard share one reading of it (guards are pure), so a turn whose
-    model call succeeded reads ``model_call_failed`` once per run of the failed call's rows,
-    not once per row."""
-    asked: list[str] = []
+def _asking(asked: list[str]) -> dict[str, Callable[[RunState, Limits], bool]]:
+    """The built-in guards, each writing its name to ``asked`` when it is read."""
 
     def counted(name: str) -> Callable[[RunState, Limits], bool]:
         guard = GUARDS[name]
@@ -426,7 +422,17 @@ def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> 
 
         return ask
 
-    machine = AgentMachine(TABLE, {name: counted(name) for name in GUARDS})
+    return {name: counted(name) for name in GUARDS}
+
+
+def test_rows_are_tried_in_order_and_each_stops_at_its_first_failing_guard() -> None:
+    """Rows are tried in table order; a row stops at its first false guard, and rows in a row
+    that begin with the same guard share one reading of it (guards are pure), so a turn whose
+    model call succeeded reads ``model_call_failed`` once per run of the failed call's rows,
+    not once per row."""
+    asked: list[str] = []
+
+    machine = AgentMachine(TABLE, _asking(asked))
     state = RunState(run_id="in-order", state=S.THINK, turns=1, last_tool_calls=1)
     assert machine.fire(machine.handle(state, Limits())).label == "act"
     leading = [row.guards[0] for row in TABLE if row.source is S.THINK and row.guards]
@@ -450,16 +456,7 @@ def test_rows_that_share_a_first_guard_still_read_their_other_guards_in_order() 
     permanent stops ``model_error``, past the rows for the deadline and the context."""
     asked: list[str] = []
 
-    def counted(name: str) -> Callable[[RunState, Limits], bool]:
-        guard = GUARDS[name]
-
-        def ask(state: RunState, limits: Limits) -> bool:
-            asked.append(name)
-            return guard(state, limits)
-
-        return ask
-
-    machine = AgentMachine(TABLE, {name: counted(name) for name in GUARDS})
+    machine = AgentMachine(TABLE, _asking(asked))
     failure = ModelFailure(message="bad request", permanent=True)
     state = RunState(run_id="failed", state=S.THINK, turns=1, model_failure=failure)
     row = machine.fire(machine.handle(state, Limits()))
@@ -485,15 +482,6 @@ def test_rows_of_features_an_agent_does_not_use_are_not_tried() -> None:
 
     asked: list[str] = []
 
-    def counted(name: str) -> Callable[[RunState, Limits], bool]:
-        guard = GUARDS[name]
-
-        def ask(state: RunState, limits: Limits) -> bool:
-            asked.append(name)
-            return guard(state, limits)
-
-        return ask
-
     plain = Agent(model=ScriptedModel([]))
     dead = plain.run_config.dead_guards
     assert {
@@ -511,7 +499,7 @@ def test_rows_of_features_an_agent_does_not_use_are_not_tried() -> None:
         "output_guardrail_tripped",
     } <= dead
     assert not {"ask_user_called", "finish_task_called", "no_turns_left"} & dead
-    machine = AgentMachine(TABLE, {name: counted(name) for name in GUARDS})
+    machine = AgentMachine(TABLE, _asking(asked))
     state = RunState(run_id="lean", state=S.REFLECT, turns=1)
     assert machine.fire(machine.handle(state, Limits(), dead)).label == "continue"
     assert not set(asked) & dead
