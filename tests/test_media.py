@@ -364,8 +364,9 @@ async def test_a_tool_result_a_provider_cannot_take_is_told_to_the_model_and_the
     check_invariants(result, limits=Limits())
 
 
-def test_readable_parts_keeps_what_the_provider_takes_and_notes_the_rest() -> None:
-    support = PartSupport(
+def _png_only(*, max_request_bytes: int) -> PartSupport:
+    """A provider that reads PNG images of up to 100 bytes, by value only, and no files."""
+    return PartSupport(
         provider="P",
         image_types=frozenset({"image/png"}),
         file_types=frozenset(),
@@ -373,9 +374,13 @@ def test_readable_parts_keeps_what_the_provider_takes_and_notes_the_rest() -> No
         file_urls=False,
         max_image_bytes=100,
         max_file_bytes=0,
-        max_request_bytes=1000,
+        max_request_bytes=max_request_bytes,
         tool_results="",
     )
+
+
+def test_readable_parts_keeps_what_the_provider_takes_and_notes_the_rest() -> None:
+    support = _png_only(max_request_bytes=1000)
     good = ImagePart(data=bytes(10), media_type="image/png")
     results = [
         ToolMessage(tool_call_id="a", name="t", content="plain"),
@@ -395,17 +400,7 @@ def test_readable_parts_keeps_what_the_provider_takes_and_notes_the_rest() -> No
 
 
 def test_a_request_s_parts_are_checked_one_by_one_and_in_total() -> None:
-    support = PartSupport(
-        provider="P",
-        image_types=frozenset({"image/png"}),
-        file_types=frozenset(),
-        image_urls=False,
-        file_urls=False,
-        max_image_bytes=100,
-        max_file_bytes=0,
-        max_request_bytes=150,
-        tool_results="",
-    )
+    support = _png_only(max_request_bytes=150)
     budget = PartBudget(support)
     budget.take(TextPart(text="x" * 10_000))  # text is not a part's size
     budget.take(ImagePart(data=bytes(60), media_type="image/png"))  # 80 as sent
@@ -752,8 +747,11 @@ async def test_a_run_can_be_steered_with_an_image() -> None:
     model = _AnthropicLike([reply("", call("wait")), "Seen."])
     run = Agent(model=model, tools=[wait], limits=Limits(max_turns=4)).start("Go.")
     task = asyncio.create_task(run.run())
-    while not model.requests:
+    for _ in range(1000):  # counts event-loop turns, not time: the tool is waiting by then
+        if model.requests:
+            break
         await asyncio.sleep(0)
+    assert model.requests, "the run never called the model"
     await asyncio.sleep(0)
     with pytest.raises(ConfigError, match="image/bmp"):
         run.steer(["Look:", ImagePart(data=PNG, media_type="image/bmp")])
