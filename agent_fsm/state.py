@@ -7,12 +7,21 @@ tool results live only in ``messages``; the trace stores row numbers, not copies
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, overload
 
-from pydantic import BaseModel, ConfigDict, JsonValue, PlainValidator, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    GetCoreSchemaHandler,
+    JsonValue,
+    PlainValidator,
+    TypeAdapter,
+    model_validator,
+)
+from pydantic_core import core_schema
 
 from agent_fsm.constructors import builder, quick_init
 from agent_fsm.messages import FinishReason, Message, ToolCall, Usage, UserMessage
@@ -45,6 +54,7 @@ __all__ = [
     "RunResult",
     "RunState",
     "RunStatus",
+    "Trace",
     "TraceEntry",
     "RUN_STATE_ADAPTER",
     "calibrated_prompt_tokens",
@@ -519,6 +529,88 @@ class TraceEntry:
 _trace_entry = builder(TraceEntry)  # one per transition (see constructors.builder)
 
 
+class Trace(Sequence[TraceEntry]):
+    """The transitions of a run (``RunResult.trace``): a read-only sequence of
+    ``TraceEntry``, compared, hashed, pickled and serialised as the tuple of its entries.
+
+    Kept as the run keeps it, its rows' numbers and turns (``RunState.trace``) over the
+    table, and the entries built the first time any is read: most results are never
+    walked, and building four entries per turn when each run ended was 6% of a default
+    turn's instructions (``benchmarks/instructions.py``, issue 39).
+    """
+
+    __slots__ = ("_entries", "_rows", "_taken")
+
+    def __init__(self, rows: tuple[Row, ...], taken: Sequence[tuple[int, int]]) -> None:
+        """``taken``: (row number in ``rows``, turn) of each transition, in order; copied."""
+        self._rows = rows
+        self._taken = tuple(taken)
+        self._entries: tuple[TraceEntry, ...] | None = None
+
+    @classmethod
+    def of(cls, entries: Iterable[TraceEntry]) -> Trace:
+        """A trace of entries already built (a result read back from JSON or a pickle)."""
+        trace = cls((), ())
+        trace._entries = tuple(entries)
+        return trace
+
+    def entries(self) -> tuple[TraceEntry, ...]:
+        """Every entry, built once."""
+        entries = self._entries
+        if entries is None:
+            rows, from_row = self._rows, TraceEntry.from_row
+            entries = self._entries = tuple([from_row(rows[i], turn) for i, turn in self._taken])
+        return entries
+
+    def __len__(self) -> int:
+        entries = self._entries
+        return len(self._taken) if entries is None else len(entries)
+
+    @overload
+    def __getitem__(self, index: int) -> TraceEntry: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[TraceEntry, ...]: ...
+    def __getitem__(self, index: int | slice) -> TraceEntry | tuple[TraceEntry, ...]:
+        return self.entries()[index]
+
+    def __iter__(self) -> Iterator[TraceEntry]:
+        return iter(self.entries())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Trace):
+            return self.entries() == other.entries()
+        if isinstance(other, tuple | list):
+            return self.entries() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.entries())
+
+    def __repr__(self) -> str:
+        return f"Trace({self.entries()!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As its entries: the table's rows may hold user guards that do not pickle.
+        return (Trace.of, (self.entries(),))
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        entries = handler.generate_schema(tuple[TraceEntry, ...])
+        return core_schema.no_info_after_validator_function(
+            cls._validated,
+            entries,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                Trace.entries, return_schema=entries
+            ),
+        )
+
+    @classmethod
+    def _validated(cls, entries: tuple[TraceEntry, ...]) -> Trace:
+        return cls.of(entries)
+
+
 class RunResult(BaseModel):
     """The outcome of a run (or of a pause, when status is needs_input)."""
 
@@ -539,7 +631,8 @@ class RunResult(BaseModel):
     """What the run's model calls cost (``Limits.prices``), its sub-agents' included; None
     when the agent has no prices."""
     messages: tuple[Message, ...]
-    trace: tuple[TraceEntry, ...]
+    trace: Trace
+    """The transitions taken, in order (a ``Trace``: a sequence of ``TraceEntry``)."""
     pending: ControlRequest | None = None
     """The open ask_user question or approval request, when status is needs_input."""
     resumed_at: tuple[int, ...] = ()
@@ -577,16 +670,15 @@ class RunResult(BaseModel):
 
     @classmethod
     def from_state(cls, state: RunState, table: tuple[Row, ...] = TABLE) -> RunResult:
-        """Build the result of a run whose state is terminal; its trace entries are built
-        from ``state.trace`` (row numbers and turns) and ``table`` here, once."""
+        """Build the result of a run whose state is terminal; its trace is ``state.trace``
+        (row numbers and turns) over ``table``, its entries built when first read."""
         if not state.trace or state.state not in (AgentState.DONE, AgentState.ERROR):
             raise ValueError(f"run {state.run_id} has not ended (state {state.state})")
         last_row = table[state.trace[-1][0]]
         stop_reason = last_row.stop_reason
         assert stop_reason is not None  # a row into a terminal state always has one
         status = status_for(state.state, stop_reason, table)
-        from_row = TraceEntry.from_row
-        trace = tuple([from_row(table[i], turn) for i, turn in state.trace])
+        trace = Trace(table, state.trace)
         # Every part is already a validated model from the run itself; validating again would
         # walk the whole transcript once more.
         return cls.model_construct(

@@ -5,6 +5,10 @@ and every run still terminates within the bound the verifier reports."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
+import pytest
 from hypothesis import event as note_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +25,7 @@ from agent_fsm.messages import (
     UserMessage,
 )
 from agent_fsm.prompt import ContextEdits, SummaryDue, prompt_messages
+from agent_fsm.state import RUN_STATE_ADAPTER, RunState
 from agent_fsm.testing import ScriptedModel, assert_terminates
 from agent_fsm.testing.harness import Stage
 from agent_fsm.testing.invariants import prompt_problems, transcript_problems
@@ -32,7 +37,13 @@ from agent_fsm.testing.strategies import (
     transcripts,
     window_pressure_for,
 )
-from agent_fsm.tokens import Calibration, estimate_message_tokens
+from agent_fsm.tokens import (
+    CALIBRATION_PAIRS,
+    MAX_RATE,
+    MIN_RATE,
+    Calibration,
+    estimate_message_tokens,
+)
 from tests.conftest import add, boom, echo
 
 TOOLS = [echo, add, boom]
@@ -211,3 +222,47 @@ def test_prompt_problems_names_an_orphaned_result_and_what_was_dropped() -> None
     assert prompt_problems([[question, asked, answered]], transcript) == [
         "prompt 1: the system prompt is not sent first"
     ]
+
+
+def _fitted_afresh(pairs: list[tuple[int, int]]) -> tuple[float, int]:
+    """The rate and fixed part of a least-squares fit over ``pairs``, worked out from
+    nothing, in exact fractions: what ``Calibration`` must hold after any sequence of
+    ``learn`` calls, however its sums were kept."""
+    n = len(pairs)
+    sx, sy = sum(x for x, _ in pairs), sum(y for _, y in pairs)
+    spread = n * sum(x * x for x, _ in pairs) - sx * sx
+    if spread < n:
+        rate = 1.0
+    else:
+        slope = Fraction(n * sum(x * y for x, y in pairs) - sx * sy, spread)
+        rate = min(max(float(slope), MIN_RATE), MAX_RATE)
+    return rate, max(0, math.ceil(max(y - rate * x for x, y in pairs) - 1e-9))
+
+
+@given(
+    reports=st.lists(
+        st.tuples(st.integers(-5, 10**7), st.integers(-5, 10**7)), min_size=1, max_size=40
+    ),
+    reload_at=st.integers(0, 40),
+)
+def test_the_calibration_is_the_fit_over_the_last_pairs_across_a_checkpoint(
+    reports: list[tuple[int, int]], reload_at: int
+) -> None:
+    """Whatever the reports (none positive, far apart, repeated), the calibration is the
+    least-squares fit over its window of the last positive pairs, worked out exactly, and a
+    checkpoint and load in between changes nothing."""
+    calibration = Calibration()
+    for index, (estimate, reported) in enumerate(reports):
+        if index == reload_at:  # a checkpoint and a load, as a resumed run has
+            state = RUN_STATE_ADAPTER.validate_json(
+                RUN_STATE_ADAPTER.dump_json(RunState(run_id="r", calibration=calibration))
+            )
+            calibration = state.calibration
+        calibration.learn(estimate, reported)
+    window = [(x, y) for x, y in reports if x > 0 and y > 0][-CALIBRATION_PAIRS:]
+    assert calibration.pairs == window
+    if window:
+        rate, fixed = _fitted_afresh(window)
+        assert calibration.per_content == pytest.approx(rate, rel=1e-12)
+        assert calibration.fixed == fixed
+        assert all(calibration.prompt(x) >= y for x, y in window)

@@ -420,7 +420,7 @@ class Run:
         state = self._state
         index = self._handle.taken if self._handle is not None else -1
         state.trace.append((index, state.turns))  # the one record of it: the result's
-        # TraceEntry objects are built from it when the run ends
+        # trace (``state.Trace``) reads it, building TraceEntry records only when read
         if self._debug:
             self._ctx.log.debug(
                 "transition",

@@ -279,7 +279,8 @@ def _control_problem(result: RunResult, rows: Sequence[Row]) -> str | None:
     """If the last turn's control-flow tool ran, the run must have stopped for it, or for a
     REFLECT row the table tries before that tool's (an abort, or a limit a table of your own
     ranks higher)."""
-    trace, messages = result.trace, result.messages
+    trace: Sequence[TraceEntry] = result.trace
+    messages = result.messages
     if trace and trace[-1].source is LAST_CALL_STATE and len(trace) > 1:
         trace = trace[:-1]  # the limit that asked for the last answer was taken after REFLECT
         if result.output is not None:  # the last answer and the message asking for it
