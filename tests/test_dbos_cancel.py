@@ -21,6 +21,7 @@ pytest.importorskip("psycopg")
 pytest.importorskip("dbos")
 
 import psycopg
+import sqlalchemy.exc
 from dbos import DBOS
 from psycopg import sql
 
@@ -391,3 +392,47 @@ async def test_agent_cancel_reaches_a_dbos_run(
         leased.cancel("never-ran", "why")
     with pytest.raises(CheckpointError):
         agent.agent.cancel("never-ran", "why")
+
+
+async def test_a_cancel_that_cannot_look_says_so_and_never_no_such_run(
+    outside: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When DBOS's status look-up fails (its database away) or the journal store cannot be
+    read, ``DBOSAgent.cancel`` and ``Agent.cancel`` raise a ``CheckpointError`` saying they
+    could not look, not "no checkpoint for run": a user must not be told a run does not
+    exist when nobody could look (issue 34). Once they can look again, an unknown run is
+    no run."""
+    agent = canceller(outside)  # registered: Agent.cancel asks it
+    plain = Agent(model=FunctionModel(sends(0)))  # its residence: this process's runs
+
+    async def database_away(workflow_id: str, **_: object) -> object:
+        raise sqlalchemy.exc.OperationalError(
+            "SELECT", {}, Exception("connection refused: is the server running?")
+        )
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DBOS, "get_workflow_status_async", database_away)
+        with pytest.raises(CheckpointError, match="cannot read the status of DBOS") as raised:
+            await agent.cancel("not-stored", "why")
+        assert "connection refused" in str(raised.value)
+        with pytest.raises(CheckpointError, match="cannot tell whether run 'not-stored'") as told:
+            plain.cancel("not-stored", "why")
+        assert "no checkpoint" not in str(told.value)
+
+    def store_away(run_id: str) -> object:
+        raise CheckpointError(f"checkpoint store {outside.name}: cannot connect: refused")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(outside, "load", store_away)
+        patched.setattr(outside, "exists", store_away)
+        with pytest.raises(CheckpointError, match="cannot connect"):
+            await agent.cancel("not-stored", "why")
+        with pytest.raises(CheckpointError, match="cannot tell whether run 'not-stored'") as told:
+            plain.cancel("not-stored", "why")
+        assert "no checkpoint" not in str(told.value)
+
+    with pytest.raises(CheckpointError, match="no checkpoint for run 'not-stored'"):
+        await agent.cancel("not-stored", "why")
+    with pytest.raises(CheckpointError, match="not-stored") as told:
+        plain.cancel("not-stored", "why")
+    assert "cannot tell" not in str(told.value)
