@@ -16,11 +16,13 @@ step instead, which is in "rest"), so the save columns are empty.
 Printed per store and number of workers: runs per second (all runs over the wall time from
 the first worker's start to the last one's end), saves per run, the mean and the 99th
 percentile of one save (what a transition pays for its checkpoint), what the tool journal
-costs per tool call (its look-up, start and finish; for DBOS also the model steps'
-look-ups of a cancel request), and the rest of the time per
-transition (the engine, the model, the tool, leases taken and released). On PostgreSQL
-also what the server did, from its statistics (the benchmark's cluster serves nothing
-else, but every process's background work is counted): transactions committed per run,
+costs per tool call (its look-up, start and finish; for DBOS also the look-ups of a cancel
+request that model steps make themselves), the rest of the time per transition (the
+engine, the model, the tool, leases taken and released), and the CPU time the worker
+processes used per run (all their threads: on a machine with fewer cores than workers, it
+is what bounds runs per second). On PostgreSQL also what the server did, from its
+statistics (the benchmark's cluster serves nothing else, but every process's background
+work is counted): transactions committed per run,
 and WAL flushes to disk per tool call (``pg_stat_wal.wal_sync``): the fsync-bearing round
 trips, less what group commit shares between workers, plus the WAL writer's own flushes of
 the commits made without waiting for the disk.
@@ -144,9 +146,9 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
             assert result.output == "done", result
             transitions += len(result.trace)
 
-    started = time.time()
+    started, cpu = time.time(), time.process_time()
     asyncio.run(drive())
-    ended = time.time()
+    ended, cpu = time.time(), time.process_time() - cpu
     if kind == "dbos":
         DBOS.destroy()
     store.close()
@@ -157,6 +159,7 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
         "journal_s": sum(journal_s),
         "tool_calls": len(started_keys),
         "transitions": transitions,
+        "cpu_s": cpu,
     }
 
 
@@ -171,6 +174,8 @@ class _TimedJournal:
         self._started = started
         if hasattr(journal, "lookup_pair"):  # one read for a DBOS tool step (PairedLookup)
             self.lookup_pair = self._lookup_pair
+        if hasattr(journal, "finish_and_lookup"):  # a DBOS tool step's end (FinishingLookup)
+            self.finish_and_lookup = self._finish_and_lookup
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -184,6 +189,9 @@ class _TimedJournal:
 
     def _lookup_pair(self, key: str, other: str) -> Any:
         return self._timed("lookup_pair", key, other)
+
+    def _finish_and_lookup(self, key: str, result: Any, other: str) -> Any:
+        return self._timed("finish_and_lookup", key, result, other)
 
     def record_started(self, key: str, call: Any) -> None:
         self._started.append(key)
@@ -238,6 +246,7 @@ def measure(kind: str, location: str, runs: int, turns: int, workers: int) -> di
         "save_p99_us": statistics.quantiles(saves, n=100)[98] * 1e6 if saves else nan,
         "journal_us": journal_s / tool_calls * 1e6,
         "rest_us": (busy - sum(saves) - journal_s) / transitions * 1e6,
+        "cpu_ms_per_run": sum(r["cpu_s"] for r in results) / runs * 1e3,
     }
 
 
@@ -319,7 +328,7 @@ def main() -> None:
     header = (
         f"{'store':9} {'workers':>7} {'runs/s':>8} {'saves/run':>9} {'µs/save':>8}"
         f" {'p99 µs':>8} {'µs journal/tool call':>20} {'µs/transition, rest':>19}"
-        f" {'commits/run':>11} {'WAL flushes/tool call':>21}"
+        f" {'commits/run':>11} {'WAL flushes/tool call':>21} {'worker CPU ms/run':>17}"
     )
     print(header)
     print("-" * len(header))
@@ -338,7 +347,8 @@ def main() -> None:
                 print(
                     f"{kind:9} {workers:>7} {m['runs_per_s']:>8.1f} {m['saves_per_run']:>9.1f}"
                     f" {save} {p99} {m['journal_us']:>20.0f} {m['rest_us']:>19.0f}"
-                    f" {m['commits_per_run']:>11.1f} {m['syncs_per_call']:>21.2f}",
+                    f" {m['commits_per_run']:>11.1f} {m['syncs_per_call']:>21.2f}"
+                    f" {m['cpu_ms_per_run']:>17.1f}",
                     flush=True,
                 )
 

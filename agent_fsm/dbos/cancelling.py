@@ -21,15 +21,21 @@ nothing, as ``RunCancels.cancel`` does for a stopped run (a pause is cancelled b
 answering it). A resume started after a cancel was refused runs on; a cancel made once a
 resume has started (queued or running, its resume row taken or not) stops that resume.
 
-**How the run reads it** (``agent_fsm.dbos.steps``): every model step and tool step looks the
-request up before its call, one read of the journal and no write, and records what it found
-as part of its outcome, so a replay of the run takes the same path whatever the journal
-holds by then. A step that finds it makes no call (a tool call is answered "not run"); the
-steps after it in that activation are not run at all; the run is aborted once that state's
-work ends (``ReplayedKeeper``): ERROR ``aborted``, with the reason, resumable, every tool
-call answered. So no model or tool call starts once a request is recorded, but for one
-whose step read the journal just before (as a leased run's call started just after its
-save). A look-up that fails is taken for no request; the next step reads it again.
+**How the run reads it** (``agent_fsm.dbos.steps``): the request is read before every
+model and tool call, and each step records what it found as part of its outcome, so a
+replay of the run takes the same path whatever the journal holds by then. A tool step reads
+it with its own journal entry before its call, and again with the record of its end (one
+statement each, ``PairedLookup`` and ``FinishingLookup``); a model step reads it on its own
+only when no such read followed the latest call (``RunTime.request_seen``: the run's first
+model step, one after a model call, after a tool step whose end-read failed), since a read
+at the end of the turn's last tool call is the read before the next model call. A step
+that finds it before its call makes no call (a tool call is answered "not run"); the steps
+after one that found it, before or after its call, in that activation are not run at all;
+the run is aborted once that state's work ends (``ReplayedKeeper``): ERROR ``aborted``, with
+the reason, resumable, every tool call answered. So no model or tool call starts once a
+request is recorded, but for one whose step read the journal just before (as a leased run's
+call started just after its save). A look-up that fails is taken for no request; the next
+step reads it again.
 
 **From a process that runs no DBOS** (``agent-fsm cancel --dbos URL``): ``cancel_outside``
 reads the workflows' statuses with a ``DBOSClient`` on DBOS's system database instead of a

@@ -36,6 +36,7 @@ __all__ = [
     "CallStatus",
     "GuardedJournal",
     "JournalEntry",
+    "FinishingLookup",
     "MemoryJournal",
     "PairedLookup",
     "ToolJournal",
@@ -120,6 +121,22 @@ class PairedLookup(Protocol):
 
     def lookup_pair(self, key: str, other: str) -> tuple[JournalEntry | None, JournalEntry | None]:
         """``(lookup(key), lookup(other))``, read together."""
+        ...
+
+
+@runtime_checkable
+class FinishingLookup(Protocol):
+    """A journal that records a call finished and reads another entry in the same round
+    trip (``PostgresJournal``): a DBOS tool step records its answer and reads its
+    activation's cancel request at once, so the model step after it need not read it
+    again (``agent_fsm.dbos.cancelling``)."""
+
+    def finish_and_lookup(self, key: str, result: ToolMessage, other: str) -> JournalEntry | None:
+        """``record_finished(key, result)``, then ``lookup(other)`` (another key), together.
+
+        Raises:
+            as ``record_finished``.
+        """
         ...
 
 

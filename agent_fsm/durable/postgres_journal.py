@@ -24,6 +24,15 @@ _START = (
 )
 """Record a call as started (``fenced_insert`` adds the lease's fence to its WHERE)."""
 
+_FINISH_AND_LOOK_UP = (
+    f"WITH done AS (UPDATE journal SET status = '{_FINISHED}', result = %(result)s"
+    " WHERE run_id = %(run_id)s AND key = %(key)s RETURNING 1)"
+    " SELECT EXISTS (SELECT FROM done), other.call::text, other.status, other.result::text"
+    " FROM (SELECT) AS one LEFT JOIN journal AS other"
+    " ON other.run_id = %(run_id)s AND other.key = %(other)s"
+)
+"""Record a call as finished, and read another entry of the run (as it was before)."""
+
 
 class PostgresJournal:
     """The journal of ``run_id`` in ``database``, whose ``record_started`` is fenced by
@@ -94,6 +103,23 @@ class PostgresJournal:
         if started.fetchone() is None:
             with self._db.connected(f"record journal entry {key!r}") as conn:
                 raise leases.refusal(conn, run_id, lease)
+
+    def finish_and_lookup(self, key: str, result: ToolMessage, other: str) -> JournalEntry | None:
+        """``record_finished`` and ``lookup(other)`` in one statement
+        (``journal.FinishingLookup``), committed as ``record_finished`` is. ``other`` is read
+        as it was before the statement (another key than ``key``)."""
+        params = {
+            "run_id": self._run_id,
+            "key": stored_key(key),
+            "result": encode_model(result),
+            "other": stored_key(other),
+        }
+        with self._db.connected(f"record journal entry {key!r}") as conn:
+            row = conn.execute(_FINISH_AND_LOOK_UP, params).fetchone()
+        assert row is not None  # one row, whatever the journal holds
+        if not row[0]:
+            raise KeyError(f"journal entry {key!r} finished without having started")
+        return None if row[1] is None else self._entry(other, row[1:])
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         """Not fenced: it records what really happened to a call started under a valid
