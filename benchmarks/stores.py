@@ -176,6 +176,8 @@ class _TimedJournal:
             self.lookup_pair = self._lookup_pair
         if hasattr(journal, "finish_and_lookup"):  # a DBOS tool step's end (FinishingLookup)
             self.finish_and_lookup = self._finish_and_lookup
+        if hasattr(journal, "start_unless_known"):  # and its start (StartingLookup)
+            self.start_unless_known = self._start_unless_known
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -189,6 +191,10 @@ class _TimedJournal:
 
     def _lookup_pair(self, key: str, other: str) -> Any:
         return self._timed("lookup_pair", key, other)
+
+    def _start_unless_known(self, key: str, call: Any, other: str) -> Any:
+        self._started.append(key)
+        return self._timed("start_unless_known", key, call, other)
 
     def _finish_and_lookup(self, key: str, result: Any, other: str) -> Any:
         return self._timed("finish_and_lookup", key, result, other)

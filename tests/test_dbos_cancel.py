@@ -441,8 +441,9 @@ async def test_a_cancel_that_cannot_look_says_so_and_never_no_such_run(
 
 class CountedReads:
     """A run's journal that counts its reads of the activation's cancel request, by kind:
-    ``lookup`` (a model step's own read), ``lookup_pair`` (a tool step's before its call),
-    ``finish_and_lookup`` (a tool step's with the record of its end)."""
+    ``lookup`` (a model step's own read), ``start_unless_known`` (a tool step's before its
+    call, with its start), ``lookup_pair`` (the same, in a journal that cannot start with
+    it), ``finish_and_lookup`` (a tool step's with the record of its end)."""
 
     def __init__(self, journal: Any, reads: dict[str, int]) -> None:
         self._journal = journal
@@ -459,6 +460,10 @@ class CountedReads:
     def lookup_pair(self, key: str, other: str) -> Any:
         self._count("lookup_pair", other)
         return self._journal.lookup_pair(key, other)
+
+    def start_unless_known(self, key: str, call: Any, other: str) -> Any:
+        self._count("start_unless_known", other)
+        return self._journal.start_unless_known(key, call, other)
 
     def finish_and_lookup(self, key: str, result: Any, other: str) -> Any:
         self._count("finish_and_lookup", other)
@@ -478,9 +483,10 @@ async def test_a_request_made_during_a_tool_call_is_read_with_its_end_and_no_mod
     postgres_schema: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A tool step reads the cancel request in the statement recording its end, so the
-    model step after it reads nothing itself (one read of the request fewer per turn): only
-    the run's first model step, which follows no tool step, reads it on its own. A request
+    """A tool step reads the cancel request in the statement recording its start and in the
+    one recording its end, so the model step after it reads nothing itself (a round trip
+    fewer per turn): only the run's first model step, which follows no tool step, reads it
+    on its own. A request
     made during a call is found there: the run stops before its next model call, and a
     replay with the request gone from the journal takes the same path."""
     reads: dict[str, int] = {}
@@ -504,7 +510,7 @@ async def test_a_request_made_during_a_tool_call_is_read_with_its_end_and_no_mod
         "sent 2",
         "sent 3",
     ]
-    assert reads == {"lookup": 1, "lookup_pair": 3, "finish_and_lookup": 3}
+    assert reads == {"lookup": 1, "start_unless_known": 3, "finish_and_lookup": 3}
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         table = sql.Identifier(postgres_schema, "journal")

@@ -47,9 +47,15 @@ from dataclasses import dataclass
 from dbos import DBOS, StepOptions
 
 from agent_fsm.dbos.liveness import Admission
-from agent_fsm.durable.journal import FinishingLookup, JournalEntry, PairedLookup, ToolJournal
+from agent_fsm.durable.journal import (
+    FinishingLookup,
+    JournalEntry,
+    PairedLookup,
+    StartingLookup,
+    ToolJournal,
+)
 from agent_fsm.errors import ConfigError
-from agent_fsm.messages import ToolMessage
+from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunState
 
@@ -203,6 +209,26 @@ class RunTime:
             entry, request = journal.lookup_pair(key, self.key_prefix + CANCEL_KEY)
             return entry, _reason(request)
         return journal.lookup(key), self.cancel_requested()
+
+    def start_and_request(
+        self, key: str, call: ToolCall
+    ) -> tuple[JournalEntry | None, str | None, bool]:
+        """``entry_and_request(key)`` and, when the entry is None and no request is pending,
+        the call recorded as started in the same round trip where the journal offers it
+        (``StartingLookup``): (the entry, the request's reason, whether ``call`` was
+        recorded). Read inside steps only.
+
+        Raises:
+            as ``entry_and_request``, or ``ToolJournal.record_started``.
+        """
+        journal = self.journal
+        if isinstance(journal, StartingLookup):
+            entry, request, started = journal.start_unless_known(
+                key, call, self.key_prefix + CANCEL_KEY
+            )
+            return entry, _reason(request), started
+        entry, reason = self.entry_and_request(key)
+        return entry, reason, False
 
     def finish_and_request(self, key: str, result: ToolMessage) -> tuple[bool, str | None]:
         """Record the call of ``key`` finished with ``result`` and, in the same round trip

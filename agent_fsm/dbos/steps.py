@@ -69,7 +69,7 @@ from agent_fsm.dbos.replay import (
     options,
     sleep,
 )
-from agent_fsm.durable.journal import CallStatus, ToolJournal
+from agent_fsm.durable.journal import CallStatus, JournalEntry, ToolJournal
 from agent_fsm.errors import ConfigError
 from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.limits import Limits
@@ -292,6 +292,29 @@ def _twice(write: Callable[..., _T], *args: Any) -> _T:
         return write(*args)
 
 
+def _look_up(
+    run: RunTime, key: str, call: ToolCall, left: float
+) -> tuple[JournalEntry | None, str | None, bool, Exception | None]:
+    """A tool step's read before its call: its journal entry, a cancel request
+    (``agent_fsm.dbos.cancelling``), whether the call was recorded as started (in the same
+    round trip, when both are absent and ``left`` says the deadline has not come), and the
+    failure that left the entry unread. When the one round trip fails, the entry is read on
+    its own: a journal that refuses writes must still tell "not run" (its start could not
+    be recorded) from "may have run" (its entry could not be read)."""
+    if left > 0:
+        try:
+            entry, reason, started = _twice(run.start_and_request, key, call)
+        except Exception:  # told apart by the read below
+            pass
+        else:
+            return entry, reason, started, None
+    try:
+        entry, reason = _twice(run.entry_and_request, key)
+    except Exception as exc:
+        return None, None, False, exc
+    return entry, reason, False, None
+
+
 async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: RunTime) -> Answered:
     """The body of a tool step: the journal around the call (see the module docstring).
     Must not raise for anything the journal does."""
@@ -301,10 +324,8 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
     key = run.journal_key(step_id)
     call = ToolCall(id=key, name=tool.name, arguments=json.dumps(values, default=str))
     journal = run.journal
-    try:  # one read: the call's entry, and a cancel request (agent_fsm.dbos.cancelling)
-        (entry, reason), unread = _twice(run.entry_and_request, key), None
-    except Exception as exc:
-        entry, reason, unread = None, None, exc
+    left = run.remaining_s()
+    entry, reason, started, unread = _look_up(run, key, call, left)
     # No call is made below unless said: the request just read is the latest (``looked``).
     if entry is not None and entry.status is CallStatus.FINISHED and entry.result is not None:
         return Answered(run.fleet_now(), entry.result, cancelled=reason, looked=True)
@@ -319,11 +340,11 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
     if reason is not None:  # cancelled from outside: the call never starts
         message = error_result(call, _not_run(tool.name, reason), {"runtime": {"cancelled": True}})
         return Answered(run.fleet_now(), message, cancelled=reason, looked=True)
-    left = run.remaining_s()
     if left <= 0:  # the deadline came first: the call never starts
         return Answered(run.fleet_now(), _cancelled(call, tool), cut=True, looked=unread is None)
     try:
-        _twice(journal.record_started, key, call)
+        if not started:  # an idempotent call run again, or a journal that failed above
+            _twice(journal.record_started, key, call)
     except Exception as exc:
         why = f"its start could not be recorded in the journal ({describe(exc)})"
         result = skipped_result(call, f"{why}; nothing was done")

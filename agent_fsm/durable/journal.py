@@ -39,6 +39,7 @@ __all__ = [
     "FinishingLookup",
     "MemoryJournal",
     "PairedLookup",
+    "StartingLookup",
     "ToolJournal",
     "journal_key",
     "stored_key",
@@ -136,6 +137,25 @@ class FinishingLookup(Protocol):
 
         Raises:
             as ``record_finished``.
+        """
+        ...
+
+
+@runtime_checkable
+class StartingLookup(Protocol):
+    """A journal that reads two entries and records a call started, when neither exists, in
+    one round trip (``PostgresJournal``): a DBOS tool step's read of its own entry and its
+    activation's cancel request, and the start of its call when both are absent (the first
+    execution of the step, the usual case)."""
+
+    def start_unless_known(
+        self, key: str, call: ToolCall, other: str
+    ) -> tuple[JournalEntry | None, JournalEntry | None, bool]:
+        """``(lookup(key), lookup(other), started)``: ``record_started(key, call)`` was done,
+        as durably, when (and only when) ``started``; it is done when both entries are None.
+
+        Raises:
+            as ``record_started``.
         """
         ...
 

@@ -24,6 +24,20 @@ _START = (
 )
 """Record a call as started (``fenced_insert`` adds the lease's fence to its WHERE)."""
 
+_START_UNLESS_KNOWN = (
+    "WITH seen AS (SELECT key, call::text AS call, status, result::text AS result FROM journal"
+    " WHERE run_id = %(run_id)s AND key = ANY(%(keys)s)), started AS ("
+    + leases.fenced_insert(
+        f"INSERT INTO journal SELECT %(run_id)s, %(key)s, %(call)s::json, '{_STARTED}', NULL"
+        " WHERE NOT EXISTS (SELECT FROM seen) ON CONFLICT (run_id, key) DO NOTHING RETURNING 1",
+        None,
+    )
+    + ") SELECT EXISTS (SELECT FROM started), seen.key, seen.call, seen.status, seen.result"
+    " FROM (SELECT) AS one LEFT JOIN seen ON true"
+)
+"""Read two entries of the run and, when neither exists and no live lease is on the run,
+record a call as started under the first (``start_unless_known``)."""
+
 _FINISH_AND_LOOK_UP = (
     f"WITH done AS (UPDATE journal SET status = '{_FINISHED}', result = %(result)s"
     " WHERE run_id = %(run_id)s AND key = %(key)s RETURNING 1)"
@@ -103,6 +117,47 @@ class PostgresJournal:
         if started.fetchone() is None:
             with self._db.connected(f"record journal entry {key!r}") as conn:
                 raise leases.refusal(conn, run_id, lease)
+
+    def start_unless_known(
+        self, key: str, call: ToolCall, other: str
+    ) -> tuple[JournalEntry | None, JournalEntry | None, bool]:
+        """``lookup(key)``, ``lookup(other)`` and, when both are None, ``record_started(key,
+        call)``, in one statement, committed with a flush to disk (``journal.StartingLookup``);
+        the third value says whether the call was recorded. A journal fenced by a lease reads
+        and records in two statements (its fence renews the lease, which one statement
+        cannot do alongside the read).
+
+        Raises:
+            as ``record_started``.
+        """
+        if self._lease is not None:
+            first, second = self.lookup_pair(key, other)
+            if first is None and second is None:
+                self.record_started(key, call)
+                return None, None, True
+            return first, second, False
+        keys = stored_key(key), stored_key(other)
+        params = {
+            "run_id": self._run_id,
+            "key": keys[0],
+            "keys": list(keys),
+            "call": encode_model(call),
+        }
+        with self._db.transaction(f"record journal entry {key!r}") as conn:
+            rows = conn.execute(_START_UNLESS_KNOWN, params).fetchall()
+        started = bool(rows[0][0])
+        found = {row[1]: row[2:] for row in rows if row[1] is not None}
+        first, second = found.get(keys[0]), found.get(keys[1])
+        if not started and first is None and second is None:
+            # Refused by the fence (another's live lease), or the key recorded meanwhile:
+            # the separate statements say which, as record_started does.
+            self.record_started(key, call)
+            return None, None, True
+        return (
+            None if first is None else self._entry(key, first),
+            None if second is None else self._entry(other, second),
+            started,
+        )
 
     def finish_and_lookup(self, key: str, result: ToolMessage, other: str) -> JournalEntry | None:
         """``record_finished`` and ``lookup(other)`` in one statement
