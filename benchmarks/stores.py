@@ -8,10 +8,12 @@ the worker processes; each worker opens its own store on the shared storage (one
 file; one PostgreSQL schema) and drives its runs one after another. MemoryStore cannot be
 shared between processes: with several workers each has its own.
 
-``dbos``: the same runs as DBOS workflows (``DBOSAgent.run``), each worker a DBOS executor on
-the PostgreSQL database (DBOS's tables in a schema of their own, the tool journal in a
-``PostgresStore``): no checkpoints and no leases (DBOS records every model and tool call as a
-step instead, which is in "rest"), so the save columns are empty.
+``dbos``: the same runs as DBOS workflows (``DBOSAgent.run``), each worker a ``DBOSWorker`` on
+the PostgreSQL database (DBOS's tables in a schema of their own, the tool journal and the
+liveness lease in a ``PostgresStore``): no checkpoints and no run leases (DBOS records every
+model and tool call as a step instead, which is in "rest"), so the save columns are empty.
+``dbos-async``: the same, with DBOS's commits not waiting for the disk
+(``DBOSWorker(synchronous_commit=False)``; the journal's starts still do).
 
 Printed per store and number of workers: runs per second (all runs over the wall time from
 the first worker's start to the last one's end), saves per run, the mean and the 99th
@@ -28,7 +30,7 @@ trips, less what group commit shares between workers, plus the WAL writer's own 
 the commits made without waiting for the disk.
 
     python benchmarks/stores.py [--runs 1000] [--turns 10] [--workers 1 4] [--stores ...]
-    (stores: memory sqlite postgres dbos)
+    (stores: memory sqlite postgres dbos dbos-async)
 
 PostgreSQL: the database of AGENT_FSM_POSTGRES_URL, else a throwaway cluster started (and
 stopped) with scripts/postgres.sh. Each configuration gets a fresh schema, dropped after.
@@ -56,6 +58,7 @@ from typing import Any
 import structlog
 
 ROOT = Path(__file__).resolve().parent.parent
+DBOS_KINDS = ("dbos", "dbos-async")
 
 
 def _open(kind: str, location: str) -> Any:
@@ -107,7 +110,7 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
     from agent_fsm import Agent
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    store = _open("postgres" if kind == "dbos" else kind, location)
+    store = _open("postgres" if kind in DBOS_KINDS else kind, location)
     saves: list[float] = []
     save = store.save
 
@@ -126,15 +129,22 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
 
     store.journal = timed_journal
     runner: Any
-    if kind == "dbos":
-        from dbos import DBOS
-
-        from agent_fsm.dbos import DBOSAgent
+    worker: Any = None
+    if kind in DBOS_KINDS:  # a fleet's worker process, as the README's (DBOSWorker)
+        from agent_fsm.dbos import DBOSAgent, DBOSWorker, WorkerLiveness
 
         url, schema = location.split(" ", 1)
-        DBOS(config=_dbos_config(url, schema, f"bench-{os.getpid()}"))
         runner = DBOSAgent(Agent(**_agent_options(turns)), journal=store, name="bench")
-        DBOS.launch()
+        worker = DBOSWorker(
+            "agent_fsm_bench",
+            url,
+            liveness=WorkerLiveness(store),
+            executor_id=f"bench-{os.getpid()}",
+            dbos_schema=f"{schema}_dbos",
+            synchronous_commit=kind == "dbos",
+            config={"log_level": "WARNING"},
+        )
+        worker.launch()
     else:
         runner = Agent(**_agent_options(turns), store=store, lease_s=30)
     transitions = 0
@@ -149,8 +159,8 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
     started, cpu = time.time(), time.process_time()
     asyncio.run(drive())
     ended, cpu = time.time(), time.process_time() - cpu
-    if kind == "dbos":
-        DBOS.destroy()
+    if worker is not None:
+        worker.destroy()
     store.close()
     return {
         "start": started,
@@ -227,7 +237,7 @@ def measure(kind: str, location: str, runs: int, turns: int, workers: int) -> di
     """One configuration: ``runs`` runs split between ``workers`` processes."""
     ids = [f"run-{n:05d}" for n in range(runs)]
     context = multiprocessing.get_context("spawn")  # no connection crosses a fork
-    on_server = kind in ("postgres", "dbos")
+    on_server = kind in ("postgres", *DBOS_KINDS)
     before = _server_counts(location) if on_server else (0, 0)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         parts = [
@@ -288,7 +298,7 @@ def storage(kind: str, pg_url: str | None) -> Iterator[str]:
 
         assert pg_url is not None
         schema = f"bench_{uuid.uuid4().hex[:12]}"
-        if kind == "dbos":  # DBOS lays its tables out once, before the workers start
+        if kind in DBOS_KINDS:  # DBOS lays its tables out once, before the workers start
             from dbos import DBOS
 
             DBOS(config=_dbos_config(pg_url, schema, "bench-setup"))
@@ -325,20 +335,22 @@ def main() -> None:
         "--stores",
         nargs="+",
         default=["memory", "sqlite", "postgres", "dbos"],
-        choices=["memory", "sqlite", "postgres", "dbos"],
+        choices=["memory", "sqlite", "postgres", *DBOS_KINDS],
         help="what to measure: postgres is leases-only runs on PostgresStore, dbos the same"
-        " runs as DBOS workflows on the same server (default: all four)",
+        " runs as DBOS workflows on the same server, dbos-async the same with DBOS's commits"
+        " not waiting for the disk (DBOSWorker(synchronous_commit=False)) (default: memory"
+        " sqlite postgres dbos)",
     )
     args = parser.parse_args()
     print(f"{args.runs} runs x {args.turns} turns (model calls), leased, on {os.cpu_count()} cores")
     header = (
-        f"{'store':9} {'workers':>7} {'runs/s':>8} {'saves/run':>9} {'µs/save':>8}"
+        f"{'store':10} {'workers':>7} {'runs/s':>8} {'saves/run':>9} {'µs/save':>8}"
         f" {'p99 µs':>8} {'µs journal/tool call':>20} {'µs/transition, rest':>19}"
         f" {'commits/run':>11} {'WAL flushes/tool call':>21} {'worker CPU ms/run':>17}"
     )
     print(header)
     print("-" * len(header))
-    needs_server = {"postgres", "dbos"} & set(args.stores)
+    needs_server = {"postgres", *DBOS_KINDS} & set(args.stores)
     server = postgres_url() if needs_server else contextlib.nullcontext(None)
     with server as pg_url:
         for kind in args.stores:
@@ -351,7 +363,7 @@ def main() -> None:
                     else (f"{'-':>8}", f"{'-':>8}")
                 )
                 print(
-                    f"{kind:9} {workers:>7} {m['runs_per_s']:>8.1f} {m['saves_per_run']:>9.1f}"
+                    f"{kind:10} {workers:>7} {m['runs_per_s']:>8.1f} {m['saves_per_run']:>9.1f}"
                     f" {save} {p99} {m['journal_us']:>20.0f} {m['rest_us']:>19.0f}"
                     f" {m['commits_per_run']:>11.1f} {m['syncs_per_call']:>21.2f}"
                     f" {m['cpu_ms_per_run']:>17.1f}",
