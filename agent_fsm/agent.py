@@ -883,7 +883,9 @@ class Agent:
         holds while they run: they stop before their next model or tool call.
 
         Raises:
-            CheckpointError: no such run.
+            CheckpointError: no such run; or a place the run may live could not be read
+                (the store, or a ``DBOSAgent``'s journal store or DBOS's system database):
+                the error says so, never "no such run" when nobody could look.
             ConfigError: a ``reason`` that is not a str; without ``lease_s``, a run of the
                 store that this process does not drive.
         """

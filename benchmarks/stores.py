@@ -8,25 +8,29 @@ the worker processes; each worker opens its own store on the shared storage (one
 file; one PostgreSQL schema) and drives its runs one after another. MemoryStore cannot be
 shared between processes: with several workers each has its own.
 
-``dbos``: the same runs as DBOS workflows (``DBOSAgent.run``), each worker a DBOS executor on
-the PostgreSQL database (DBOS's tables in a schema of their own, the tool journal in a
-``PostgresStore``): no checkpoints and no leases (DBOS records every model and tool call as a
-step instead, which is in "rest"), so the save columns are empty.
+``dbos``: the same runs as DBOS workflows (``DBOSAgent.run``), each worker a ``DBOSWorker`` on
+the PostgreSQL database (DBOS's tables in a schema of their own, the tool journal and the
+liveness lease in a ``PostgresStore``): no checkpoints and no run leases (DBOS records every
+model and tool call as a step instead, which is in "rest"), so the save columns are empty.
+``dbos-async``: the same, with DBOS's commits not waiting for the disk
+(``DBOSWorker(synchronous_commit=False)``; the journal's starts still do).
 
 Printed per store and number of workers: runs per second (all runs over the wall time from
 the first worker's start to the last one's end), saves per run, the mean and the 99th
 percentile of one save (what a transition pays for its checkpoint), what the tool journal
-costs per tool call (its look-up, start and finish; for DBOS also the model steps'
-look-ups of a cancel request), and the rest of the time per
-transition (the engine, the model, the tool, leases taken and released). On PostgreSQL
-also what the server did, from its statistics (the benchmark's cluster serves nothing
-else, but every process's background work is counted): transactions committed per run,
+costs per tool call (its look-up, start and finish; for DBOS also the look-ups of a cancel
+request that model steps make themselves), the rest of the time per transition (the
+engine, the model, the tool, leases taken and released), and the CPU time the worker
+processes used per run (all their threads: on a machine with fewer cores than workers, it
+is what bounds runs per second). On PostgreSQL also what the server did, from its
+statistics (the benchmark's cluster serves nothing else, but every process's background
+work is counted): transactions committed per run,
 and WAL flushes to disk per tool call (``pg_stat_wal.wal_sync``): the fsync-bearing round
 trips, less what group commit shares between workers, plus the WAL writer's own flushes of
 the commits made without waiting for the disk.
 
     python benchmarks/stores.py [--runs 1000] [--turns 10] [--workers 1 4] [--stores ...]
-    (stores: memory sqlite postgres dbos)
+    (stores: memory sqlite postgres dbos dbos-async)
 
 PostgreSQL: the database of AGENT_FSM_POSTGRES_URL, else a throwaway cluster started (and
 stopped) with scripts/postgres.sh. Each configuration gets a fresh schema, dropped after.
@@ -54,6 +58,7 @@ from typing import Any
 import structlog
 
 ROOT = Path(__file__).resolve().parent.parent
+DBOS_KINDS = ("dbos", "dbos-async")
 
 
 def _open(kind: str, location: str) -> Any:
@@ -105,7 +110,7 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
     from agent_fsm import Agent
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    store = _open("postgres" if kind == "dbos" else kind, location)
+    store = _open("postgres" if kind in DBOS_KINDS else kind, location)
     saves: list[float] = []
     save = store.save
 
@@ -124,15 +129,22 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
 
     store.journal = timed_journal
     runner: Any
-    if kind == "dbos":
-        from dbos import DBOS
-
-        from agent_fsm.dbos import DBOSAgent
+    worker: Any = None
+    if kind in DBOS_KINDS:  # a fleet's worker process, as the README's (DBOSWorker)
+        from agent_fsm.dbos import DBOSAgent, DBOSWorker, WorkerLiveness
 
         url, schema = location.split(" ", 1)
-        DBOS(config=_dbos_config(url, schema, f"bench-{os.getpid()}"))
         runner = DBOSAgent(Agent(**_agent_options(turns)), journal=store, name="bench")
-        DBOS.launch()
+        worker = DBOSWorker(
+            "agent_fsm_bench",
+            url,
+            liveness=WorkerLiveness(store),
+            executor_id=f"bench-{os.getpid()}",
+            dbos_schema=f"{schema}_dbos",
+            synchronous_commit=kind == "dbos",
+            config={"log_level": "WARNING"},
+        )
+        worker.launch()
     else:
         runner = Agent(**_agent_options(turns), store=store, lease_s=30)
     transitions = 0
@@ -144,11 +156,11 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
             assert result.output == "done", result
             transitions += len(result.trace)
 
-    started = time.time()
+    started, cpu = time.time(), time.process_time()
     asyncio.run(drive())
-    ended = time.time()
-    if kind == "dbos":
-        DBOS.destroy()
+    ended, cpu = time.time(), time.process_time() - cpu
+    if worker is not None:
+        worker.destroy()
     store.close()
     return {
         "start": started,
@@ -157,6 +169,7 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
         "journal_s": sum(journal_s),
         "tool_calls": len(started_keys),
         "transitions": transitions,
+        "cpu_s": cpu,
     }
 
 
@@ -171,6 +184,10 @@ class _TimedJournal:
         self._started = started
         if hasattr(journal, "lookup_pair"):  # one read for a DBOS tool step (PairedLookup)
             self.lookup_pair = self._lookup_pair
+        if hasattr(journal, "finish_and_lookup"):  # a DBOS tool step's end (FinishingLookup)
+            self.finish_and_lookup = self._finish_and_lookup
+        if hasattr(journal, "start_unless_known"):  # and its start (StartingLookup)
+            self.start_unless_known = self._start_unless_known
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -184,6 +201,13 @@ class _TimedJournal:
 
     def _lookup_pair(self, key: str, other: str) -> Any:
         return self._timed("lookup_pair", key, other)
+
+    def _start_unless_known(self, key: str, call: Any, other: str) -> Any:
+        self._started.append(key)
+        return self._timed("start_unless_known", key, call, other)
+
+    def _finish_and_lookup(self, key: str, result: Any, other: str) -> Any:
+        return self._timed("finish_and_lookup", key, result, other)
 
     def record_started(self, key: str, call: Any) -> None:
         self._started.append(key)
@@ -213,7 +237,7 @@ def measure(kind: str, location: str, runs: int, turns: int, workers: int) -> di
     """One configuration: ``runs`` runs split between ``workers`` processes."""
     ids = [f"run-{n:05d}" for n in range(runs)]
     context = multiprocessing.get_context("spawn")  # no connection crosses a fork
-    on_server = kind in ("postgres", "dbos")
+    on_server = kind in ("postgres", *DBOS_KINDS)
     before = _server_counts(location) if on_server else (0, 0)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         parts = [
@@ -238,6 +262,7 @@ def measure(kind: str, location: str, runs: int, turns: int, workers: int) -> di
         "save_p99_us": statistics.quantiles(saves, n=100)[98] * 1e6 if saves else nan,
         "journal_us": journal_s / tool_calls * 1e6,
         "rest_us": (busy - sum(saves) - journal_s) / transitions * 1e6,
+        "cpu_ms_per_run": sum(r["cpu_s"] for r in results) / runs * 1e3,
     }
 
 
@@ -273,7 +298,7 @@ def storage(kind: str, pg_url: str | None) -> Iterator[str]:
 
         assert pg_url is not None
         schema = f"bench_{uuid.uuid4().hex[:12]}"
-        if kind == "dbos":  # DBOS lays its tables out once, before the workers start
+        if kind in DBOS_KINDS:  # DBOS lays its tables out once, before the workers start
             from dbos import DBOS
 
             DBOS(config=_dbos_config(pg_url, schema, "bench-setup"))
@@ -310,20 +335,22 @@ def main() -> None:
         "--stores",
         nargs="+",
         default=["memory", "sqlite", "postgres", "dbos"],
-        choices=["memory", "sqlite", "postgres", "dbos"],
+        choices=["memory", "sqlite", "postgres", *DBOS_KINDS],
         help="what to measure: postgres is leases-only runs on PostgresStore, dbos the same"
-        " runs as DBOS workflows on the same server (default: all four)",
+        " runs as DBOS workflows on the same server, dbos-async the same with DBOS's commits"
+        " not waiting for the disk (DBOSWorker(synchronous_commit=False)) (default: memory"
+        " sqlite postgres dbos)",
     )
     args = parser.parse_args()
     print(f"{args.runs} runs x {args.turns} turns (model calls), leased, on {os.cpu_count()} cores")
     header = (
-        f"{'store':9} {'workers':>7} {'runs/s':>8} {'saves/run':>9} {'µs/save':>8}"
+        f"{'store':10} {'workers':>7} {'runs/s':>8} {'saves/run':>9} {'µs/save':>8}"
         f" {'p99 µs':>8} {'µs journal/tool call':>20} {'µs/transition, rest':>19}"
-        f" {'commits/run':>11} {'WAL flushes/tool call':>21}"
+        f" {'commits/run':>11} {'WAL flushes/tool call':>21} {'worker CPU ms/run':>17}"
     )
     print(header)
     print("-" * len(header))
-    needs_server = {"postgres", "dbos"} & set(args.stores)
+    needs_server = {"postgres", *DBOS_KINDS} & set(args.stores)
     server = postgres_url() if needs_server else contextlib.nullcontext(None)
     with server as pg_url:
         for kind in args.stores:
@@ -336,9 +363,10 @@ def main() -> None:
                     else (f"{'-':>8}", f"{'-':>8}")
                 )
                 print(
-                    f"{kind:9} {workers:>7} {m['runs_per_s']:>8.1f} {m['saves_per_run']:>9.1f}"
+                    f"{kind:10} {workers:>7} {m['runs_per_s']:>8.1f} {m['saves_per_run']:>9.1f}"
                     f" {save} {p99} {m['journal_us']:>20.0f} {m['rest_us']:>19.0f}"
-                    f" {m['commits_per_run']:>11.1f} {m['syncs_per_call']:>21.2f}",
+                    f" {m['commits_per_run']:>11.1f} {m['syncs_per_call']:>21.2f}"
+                    f" {m['cpu_ms_per_run']:>17.1f}",
                     flush=True,
                 )
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ pytest.importorskip("psycopg")
 pytest.importorskip("dbos")
 
 import psycopg
+import sqlalchemy.exc
 from dbos import DBOS
 from psycopg import sql
 
@@ -391,3 +393,127 @@ async def test_agent_cancel_reaches_a_dbos_run(
         leased.cancel("never-ran", "why")
     with pytest.raises(CheckpointError):
         agent.agent.cancel("never-ran", "why")
+
+
+async def test_a_cancel_that_cannot_look_says_so_and_never_no_such_run(
+    outside: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When DBOS's status look-up fails (its database away) or the journal store cannot be
+    read, ``DBOSAgent.cancel`` and ``Agent.cancel`` raise a ``CheckpointError`` saying they
+    could not look, not "no checkpoint for run": a user must not be told a run does not
+    exist when nobody could look (issue 34). Once they can look again, an unknown run is
+    no run."""
+    agent = canceller(outside)  # registered: Agent.cancel asks it
+    plain = Agent(model=FunctionModel(sends(0)))  # its residence: this process's runs
+
+    async def database_away(workflow_id: str, **_: object) -> object:
+        raise sqlalchemy.exc.OperationalError(
+            "SELECT", {}, Exception("connection refused: is the server running?")
+        )
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DBOS, "get_workflow_status_async", database_away)
+        with pytest.raises(CheckpointError, match="cannot read the status of DBOS") as raised:
+            await agent.cancel("not-stored", "why")
+        assert "connection refused" in str(raised.value)
+        with pytest.raises(CheckpointError, match="cannot tell whether run 'not-stored'") as told:
+            plain.cancel("not-stored", "why")
+        assert "no checkpoint" not in str(told.value)
+
+    def store_away(run_id: str) -> object:
+        raise CheckpointError(f"checkpoint store {outside.name}: cannot connect: refused")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(outside, "load", store_away)
+        patched.setattr(outside, "exists", store_away)
+        with pytest.raises(CheckpointError, match="cannot connect"):
+            await agent.cancel("not-stored", "why")
+        with pytest.raises(CheckpointError, match="cannot tell whether run 'not-stored'") as told:
+            plain.cancel("not-stored", "why")
+        assert "no checkpoint" not in str(told.value)
+
+    with pytest.raises(CheckpointError, match="no checkpoint for run 'not-stored'"):
+        await agent.cancel("not-stored", "why")
+    with pytest.raises(CheckpointError, match="not-stored") as told:
+        plain.cancel("not-stored", "why")
+    assert "cannot tell" not in str(told.value)
+
+
+class CountedReads:
+    """A run's journal that counts its reads of the activation's cancel request, by kind:
+    ``lookup`` (a model step's own read), ``start_unless_known`` (a tool step's before its
+    call, with its start), ``lookup_pair`` (the same, in a journal that cannot start with
+    it), ``finish_and_lookup`` (a tool step's with the record of its end)."""
+
+    def __init__(self, journal: Any, reads: dict[str, int]) -> None:
+        self._journal = journal
+        self._reads = reads
+
+    def _count(self, kind: str, key: str) -> None:
+        if key.endswith("cancel"):
+            self._reads[kind] = self._reads.get(kind, 0) + 1
+
+    def lookup(self, key: str) -> Any:
+        self._count("lookup", key)
+        return self._journal.lookup(key)
+
+    def lookup_pair(self, key: str, other: str) -> Any:
+        self._count("lookup_pair", other)
+        return self._journal.lookup_pair(key, other)
+
+    def start_unless_known(self, key: str, call: Any, other: str) -> Any:
+        self._count("start_unless_known", other)
+        return self._journal.start_unless_known(key, call, other)
+
+    def finish_and_lookup(self, key: str, result: Any, other: str) -> Any:
+        self._count("finish_and_lookup", other)
+        return self._journal.finish_and_lookup(key, result, other)
+
+    def record_started(self, key: str, call: Any) -> None:
+        self._journal.record_started(key, call)
+
+    def record_finished(self, key: str, result: Any) -> None:
+        self._journal.record_finished(key, result)
+
+
+async def test_a_request_made_during_a_tool_call_is_read_with_its_end_and_no_model_step_reads_again(
+    journal: PostgresStore,
+    outside: PostgresStore,
+    postgres_url: str,
+    postgres_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tool step reads the cancel request in the statement recording its start and in the
+    one recording its end, so the model step after it reads nothing itself (a round trip
+    fewer per turn): only the run's first model step, which follows no tool step, reads it
+    on its own. A request
+    made during a call is found there: the run stops before its next model call, and a
+    replay with the request gone from the journal takes the same path."""
+    reads: dict[str, int] = {}
+    opened = journal.journal
+    monkeypatch.setattr(journal, "journal", lambda run_id: CountedReads(opened(run_id), reads))
+    tools = Sends(hold=frozenset({3}))
+    model = FunctionModel(sends(4))
+    agent = agent_of(journal, model, tools)
+    run_id = f"reads-{uuid.uuid4().hex[:8]}"
+    running = asyncio.ensure_future(agent.run("Send four.", run_id=run_id))
+    await tools.wait_entered(3)
+    assert await canceller(outside).cancel(run_id, "enough") is True
+    tools.release()
+    result = await running
+
+    assert_aborted(result, "enough", agent)
+    assert tools.made == [1, 2, 3]
+    assert len(model.requests) == 3  # the fourth call was never made
+    assert [m.content for m in result.messages if m.role == "tool"] == [
+        "sent 1",
+        "sent 2",
+        "sent 3",
+    ]
+    assert reads == {"lookup": 1, "start_unless_known": 3, "finish_and_lookup": 3}
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        table = sql.Identifier(postgres_schema, "journal")
+        conn.execute(sql.SQL("DELETE FROM {} WHERE key = 'cancel'").format(table), ())
+    same_run(await replay(run_id), result)
+    assert (tools.made, len(model.requests)) == ([1, 2, 3], 3)

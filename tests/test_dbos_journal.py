@@ -24,10 +24,11 @@ import psycopg
 from psycopg import sql
 
 from agent_fsm import StopReason, tool
+from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY
 from agent_fsm.durable.journal import CallStatus
 from agent_fsm.durable.postgres import PostgresStore
-from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, ToolStatus
-from agent_fsm.testing import call, reply
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage, ToolStatus
+from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
 from tests.dbos_worker import launched
 from tests.test_dbos import durable
@@ -188,3 +189,28 @@ async def test_a_dropped_connection_is_made_again_and_the_answer_kept(journal: J
     assert (answer.status, answer.content) == (ToolStatus.OK, "sent 1")
     assert journal.statuses(run_id) == [CallStatus.FINISHED.value]
     assert sent == [1]
+
+
+async def test_a_request_the_end_of_a_call_could_not_read_is_read_by_the_next_model_step(
+    journal: Journal,
+) -> None:
+    """A tool step reads the cancel request with the record of its end; when that fails,
+    the model step after it reads the request itself, so a request made during the call
+    still stops the run before its next model call (``RunTime.request_seen``)."""
+    run_id = f"unread-{uuid.uuid4().hex[:8]}"
+    request = ToolCall(id=CANCEL_KEY, name=CANCEL_CALL, arguments='{"reason": "stop now"}')
+
+    def cancelled_then_refused() -> None:  # as cancel_run records it, then writes fail
+        journal.store.journal(run_id).record_started(CANCEL_KEY, request)
+        journal.refuse_writes()
+
+    sent, send = sender(during=cancelled_then_refused)
+    model = FunctionModel(one_send())
+    agent = durable(journal.store, model, [send])
+    result = await agent.run("Do it.", run_id=run_id)
+    journal.restore()
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert (result.stop_reason, "stop now" in (result.error or "")) == (StopReason.ABORTED, True)
+    answer = next(m for m in result.messages if isinstance(m, ToolMessage))
+    assert "could not record its end" in answer.content
+    assert (sent, len(model.requests)) == ([1], 1)  # the second model call was never made

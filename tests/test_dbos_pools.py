@@ -120,3 +120,37 @@ def test_a_worker_that_does_not_fit_is_refused_at_launch_with_what_to_change(
             connections_once_settled(limited_url, postgres_url, 1) == 1
         )  # it let go of what it had opened
         assert store.lease("executor:" + worker.executor_id) is None
+
+
+def test_a_worker_commits_without_waiting_for_the_disk_only_when_asked(
+    limited_url: str, postgres_url: str
+) -> None:
+    """``DBOSWorker(synchronous_commit=False)``: DBOS's connections commit without waiting
+    for the disk; by default they wait (the server's setting). Runs go on either way, and the
+    journal's start of a call still waits for the disk (``PostgresStore`` asks for it)."""
+    with PostgresStore(limited_url, schema="agent_fsm") as store:
+        agent = agent_on(store)
+        for wait, setting in ((True, "on"), (False, "off")):
+            worker = DBOSWorker(
+                "pools",
+                limited_url,
+                liveness=WorkerLiveness(store, ttl_s=5.0),
+                pool_size=LIMIT - 2,
+                synchronous_commit=wait,
+            )
+            with worker:
+                run_id = f"commits-{setting}"
+                assert asyncio.run(agent.run("Hello.", run_id=run_id)).output == (
+                    f"hello from {run_id}"
+                )
+                assert worker._engine is not None  # the engine DBOS was given
+                with worker._engine.connect() as conn:
+                    shown = conn.exec_driver_sql("SHOW synchronous_commit").scalar()
+                assert shown == setting
+        with pytest.raises(ConfigError, match="synchronous_commit must be a bool"):
+            DBOSWorker(
+                "pools",
+                limited_url,
+                liveness=WorkerLiveness(store),
+                synchronous_commit="off",  # type: ignore[arg-type]
+            )

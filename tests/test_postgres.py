@@ -434,3 +434,56 @@ def test_a_paired_lookup_reads_what_two_lookups_would(pg: PostgresStore) -> None
     for pair in (("a", long_key), (long_key, "a"), ("a", "absent"), ("absent", "a"), ("x", "y")):
         assert journal.lookup_pair(*pair) == (journal.lookup(pair[0]), journal.lookup(pair[1]))
     assert journal.lookup_pair("a", "a") == (journal.lookup("a"), journal.lookup("a"))
+
+
+def test_a_starting_lookup_reads_both_entries_and_starts_only_when_neither_exists(
+    pg: PostgresStore,
+) -> None:
+    """``start_unless_known`` (a DBOS tool step's one round trip before its call) reads as
+    ``lookup_pair`` does, and records the call started (durably) exactly when both entries
+    are absent; a live lease on the run fences it as ``record_started`` is fenced."""
+    from agent_fsm.durable.journal import CallStatus, StartingLookup
+    from agent_fsm.errors import RunLeased
+    from agent_fsm.messages import ToolCall
+
+    journal = pg.journal("starting")
+    assert isinstance(journal, StartingLookup)
+    long_key = "k" * 400  # stored as a digest
+    send = ToolCall(id="a", name="send", arguments='{"n": 1}')
+    assert journal.start_unless_known(long_key, send, "cancel") == (None, None, True)
+    started = journal.lookup(long_key)
+    assert started is not None
+    assert (started.status, started.call) == (CallStatus.STARTED, send)
+    # Known now: read, nothing recorded again; nor under a key whose "other" exists.
+    assert journal.start_unless_known(long_key, send, "cancel") == (started, None, False)
+    assert journal.start_unless_known("b", send, long_key) == (None, started, False)
+    assert journal.lookup("b") is None
+    pg.claim("fenced", "someone", 30.0)
+    with pytest.raises(RunLeased):
+        pg.journal("fenced").start_unless_known("a", send, "cancel")
+    assert pg.journal("fenced").lookup("a") is None
+
+
+def test_a_finishing_lookup_records_the_end_and_reads_the_other_entry(pg: PostgresStore) -> None:
+    """``finish_and_lookup`` (a DBOS tool step's end, and its run's cancel request read in
+    the same round trip) does what ``record_finished`` then ``lookup`` would: the end
+    recorded, the other entry (present, absent, a digested key) as it is; a call never
+    started is a KeyError, and nothing is written."""
+    from agent_fsm.durable.journal import CallStatus, FinishingLookup
+    from agent_fsm.messages import ToolCall, ToolMessage
+
+    journal = pg.journal("finishing")
+    assert isinstance(journal, FinishingLookup)
+    long_key = "k" * 400  # stored as a digest
+    for key in ("a", "b", long_key):
+        journal.record_started(key, ToolCall(id=key[:8], name="send", arguments="{}"))
+    answer = ToolMessage(tool_call_id="a", name="send", content="ok")
+    assert journal.finish_and_lookup("a", answer, long_key) == journal.lookup(long_key)
+    finished = journal.lookup("a")
+    assert finished is not None
+    assert (finished.status, finished.result) == (CallStatus.FINISHED, answer)
+    assert journal.finish_and_lookup(long_key, answer, "absent") is None
+    assert journal.finish_and_lookup("b", answer, "a") == finished
+    with pytest.raises(KeyError, match="without having started"):
+        journal.finish_and_lookup("never", answer, "a")
+    assert journal.lookup("never") is None

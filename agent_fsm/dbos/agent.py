@@ -37,7 +37,6 @@ the same ``name``: DBOS finds a run's workflow function by that name when it rec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -47,15 +46,15 @@ from typing import Any
 from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
 
 from agent_fsm.agent import Agent
-from agent_fsm.dbos.cancelling import cancel_run
+from agent_fsm.dbos.cancelling import cancel_run, request_cancel
 from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
 from agent_fsm.dbos.private import launched
 from agent_fsm.dbos.replay import RunTime, record_start, running
 from agent_fsm.dbos.steps import ReplayedKeeper, durable_config
-from agent_fsm.durable.checkpoint import CheckpointStore
+from agent_fsm.durable.checkpoint import CheckpointStore, redacted
 from agent_fsm.durable.leases import LeaseStore
-from agent_fsm.errors import ConfigError
+from agent_fsm.errors import CheckpointError, ConfigError
 from agent_fsm.run.approvals import Decisions
 from agent_fsm.run.context import RunConfig
 from agent_fsm.run.elsewhere import reach_runs_elsewhere
@@ -392,19 +391,37 @@ class DBOSAgent:
     def cancel_elsewhere(self, run_id: str, reason: str) -> bool | None:
         """``cancel`` for ``Agent.cancel`` (``run.elsewhere``), blocking: asked in a thread
         of its own, so that it may be called from a running event loop's thread. None when
-        DBOS is not launched here, or the run is none of the journal's and DBOS's (or they
-        cannot be read now)."""
-        if not launched():
-            return None
+        DBOS is not launched here, or the journal store was closed (``PostgresStore.closed``),
+        or the run is none of the journal's and DBOS's.
+
+        Raises:
+            CheckpointError: the journal store or DBOS's workflows could not be read, so
+                whether the run is one of these is not known (never "no such run").
+        """
+        if not launched() or getattr(self._journal, "closed", False):
+            return None  # a journal store closed: this agent runs nothing any more
         answer: list[bool | None] = [None]
+        failed: list[CheckpointError] = []
 
         def ask() -> None:
-            with contextlib.suppress(Exception):  # the store or DBOS away: "cannot tell"
-                answer[0] = asyncio.run(cancel_run(self._journal, run_id, reason))
+            try:
+                answer[0] = asyncio.run(request_cancel(self._journal, run_id, reason))
+            except ConfigError:  # an id no store keeps: not one of these runs
+                pass
+            except CheckpointError as exc:
+                failed.append(exc)
+            except Exception as exc:  # a broken store: said, not taken for "no run"
+                detail = redacted(" ".join(f"{type(exc).__name__}: {exc}".split()))
+                failed.append(CheckpointError(detail))
 
         asking = threading.Thread(target=ask, name="agent_fsm-dbos-cancel")
         asking.start()
         asking.join()
+        if failed:
+            raise CheckpointError(
+                f"cannot tell whether run {run_id!r} is a run of DBOSAgent {self.name!r}, so"
+                f" it was not cancelled: {failed[0]}"
+            ) from failed[0]
         return answer[0]
 
     async def enqueue_resume(

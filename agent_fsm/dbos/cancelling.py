@@ -21,15 +21,21 @@ nothing, as ``RunCancels.cancel`` does for a stopped run (a pause is cancelled b
 answering it). A resume started after a cancel was refused runs on; a cancel made once a
 resume has started (queued or running, its resume row taken or not) stops that resume.
 
-**How the run reads it** (``agent_fsm.dbos.steps``): every model step and tool step looks the
-request up before its call, one read of the journal and no write, and records what it found
-as part of its outcome, so a replay of the run takes the same path whatever the journal
-holds by then. A step that finds it makes no call (a tool call is answered "not run"); the
-steps after it in that activation are not run at all; the run is aborted once that state's
-work ends (``ReplayedKeeper``): ERROR ``aborted``, with the reason, resumable, every tool
-call answered. So no model or tool call starts once a request is recorded, but for one
-whose step read the journal just before (as a leased run's call started just after its
-save). A look-up that fails is taken for no request; the next step reads it again.
+**How the run reads it** (``agent_fsm.dbos.steps``): the request is read before every
+model and tool call, and each step records what it found as part of its outcome, so a
+replay of the run takes the same path whatever the journal holds by then. A tool step reads
+it with its own journal entry before its call, and again with the record of its end (one
+statement each, ``PairedLookup`` and ``FinishingLookup``); a model step reads it on its own
+only when no such read followed the latest call (``RunTime.request_seen``: the run's first
+model step, one after a model call, after a tool step whose end-read failed), since a read
+at the end of the turn's last tool call is the read before the next model call. A step
+that finds it before its call makes no call (a tool call is answered "not run"); the steps
+after one that found it, before or after its call, in that activation are not run at all;
+the run is aborted once that state's work ends (``ReplayedKeeper``): ERROR ``aborted``, with
+the reason, resumable, every tool call answered. So no model or tool call starts once a
+request is recorded, but for one whose step read the journal just before (as a leased run's
+call started just after its save). A look-up that fails is taken for no request; the next
+step reads it again.
 
 **From a process that runs no DBOS** (``agent-fsm cancel --dbos URL``): ``cancel_outside``
 reads the workflows' statuses with a ``DBOSClient`` on DBOS's system database instead of a
@@ -53,7 +59,14 @@ from agent_fsm.durable.queue import check_reason
 from agent_fsm.errors import CheckpointError, ConfigError
 from agent_fsm.messages import ToolCall
 
-__all__ = ["RUNNING", "StatusOf", "cancel_outside", "cancel_run", "running_activation"]
+__all__ = [
+    "RUNNING",
+    "StatusOf",
+    "cancel_outside",
+    "cancel_run",
+    "request_cancel",
+    "running_activation",
+]
 
 RUNNING = frozenset({"ENQUEUED", "PENDING"})
 """DBOS's statuses of a workflow that has not ended."""
@@ -68,16 +81,65 @@ async def _launched_status(workflow_id: str) -> str | None:
     return None if status is None else str(status.status)
 
 
-def _client_status(client: DBOSClient) -> StatusOf:
-    """The status, read through ``client`` (no DBOS launched here)."""
+def _client_status(client: DBOSClient, url: str) -> StatusOf:
+    """The status, read through ``client`` (no DBOS launched here) on DBOS's system
+    database at ``url``; a failure is a ``CheckpointError`` naming the database without its
+    password."""
 
     async def status(workflow_id: str) -> str | None:
-        found = await client.list_workflows_async(
-            workflow_ids=[workflow_id], load_input=False, load_output=False
-        )
+        try:
+            found = await client.list_workflows_async(
+                workflow_ids=[workflow_id], load_input=False, load_output=False
+            )
+        except Exception as exc:
+            why = redacted(str(exc), secrets_of=url)
+            raise CheckpointError(
+                f"cannot read the workflows of DBOS at {redacted(url)}: {why}"
+            ) from None
         return str(found[0].status) if found else None
 
     return status
+
+
+async def _find(
+    store: CheckpointStore, run_id: str, status_of: StatusOf
+) -> tuple[bool, int | None]:
+    """Whether there is a run ``run_id``, and its activation that has not ended (see
+    ``running_activation``).
+
+    Raises:
+        CheckpointError: the store, or DBOS's workflows, cannot be read: whether the run
+            exists is not known then.
+    """
+    try:
+        stop = await asyncio.to_thread(store.load, run_id)
+    except CheckpointError:
+        if await asyncio.to_thread(store.exists, run_id):  # unreadable, or the store away
+            raise
+        stop = None
+    if stop is None:  # no stop kept: its first workflow, if there is one
+        status = await _read_status(status_of, run_id)
+        if status is None:
+            return False, None
+        return True, (0 if status in RUNNING else None)
+    resumes = len(stop.resumed_at) + 1
+    status = await _read_status(status_of, resume_id(run_id, resumes))
+    return True, (resumes if status in RUNNING else None)
+
+
+async def _read_status(status_of: StatusOf, workflow_id: str) -> str | None:
+    """``status_of(workflow_id)``; a failure to read it is a ``CheckpointError`` that says
+    so (never taken for "no such workflow": a run must not be reported missing when its
+    workflows could not be looked at)."""
+    try:
+        return await status_of(workflow_id)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        detail = redacted(" ".join(f"{type(exc).__name__}: {exc}".split()))
+        raise CheckpointError(
+            f"cannot read the status of DBOS workflow {workflow_id!r}: {detail}"
+        ) from exc
 
 
 async def running_activation(
@@ -89,40 +151,30 @@ async def running_activation(
 
     Raises:
         CheckpointError: no run ``run_id`` (neither in the store nor among the workflows),
-            or the store cannot be read.
+            or the store or the workflows cannot be read (the message says which).
     """
-    try:
-        stop = await asyncio.to_thread(store.load, run_id)
-    except CheckpointError:
-        if await asyncio.to_thread(store.exists, run_id):  # unreadable, or the store away
-            raise
-        stop = None
-    if stop is None:  # no stop kept: its first workflow, if there is one
-        status = await status_of(run_id)
-        if status is None:
-            raise unknown_run(run_id) from None
-        return 0 if status in RUNNING else None
-    resumes = len(stop.resumed_at) + 1
-    status = await status_of(resume_id(run_id, resumes))
-    return resumes if status in RUNNING else None
+    known, activation = await _find(store, run_id, status_of)
+    if not known:
+        raise unknown_run(run_id)
+    return activation
 
 
-async def cancel_run(
+async def request_cancel(
     store: CheckpointStore, run_id: str, reason: str, *, status_of: StatusOf = _launched_status
-) -> bool:
-    """Ask the run's workflow to stop before its next model or tool call (see the module
-    docstring); True when the request was recorded, False when the run is at a stop or
-    finished (nothing is recorded). A second request before the first was read keeps the
-    first one's reason. ``status_of`` reads the workflows (by default through this
-    process's launched DBOS; ``cancel_outside`` reads them with a client).
+) -> bool | None:
+    """``cancel_run``, with None for no run ``run_id`` (nothing is recorded), so that a
+    caller asking several places (``Agent.cancel``: ``run.elsewhere``) can tell a run that
+    is not here from one that could not be looked up, which raises.
 
     Raises:
-        CheckpointError: no run ``run_id``, or the store cannot be read or written.
+        CheckpointError: the store or the workflows cannot be read, or the store written.
         ConfigError: a run id no store could keep, a reason that is not a str.
     """
     check_id(run_id)
     reason = check_reason(reason)
-    activation = await running_activation(store, run_id, status_of)
+    known, activation = await _find(store, run_id, status_of)
+    if not known:
+        return None
     if activation is None:
         return False
     key = key_prefix(activation) + CANCEL_KEY
@@ -135,6 +187,26 @@ async def cancel_run(
 
     await asyncio.to_thread(record)
     return True
+
+
+async def cancel_run(
+    store: CheckpointStore, run_id: str, reason: str, *, status_of: StatusOf = _launched_status
+) -> bool:
+    """Ask the run's workflow to stop before its next model or tool call (see the module
+    docstring); True when the request was recorded, False when the run is at a stop or
+    finished (nothing is recorded). A second request before the first was read keeps the
+    first one's reason. ``status_of`` reads the workflows (by default through this
+    process's launched DBOS; ``cancel_outside`` reads them with a client).
+
+    Raises:
+        CheckpointError: no run ``run_id``; or the store or the workflows cannot be read
+            (never reported as "no such run"), or the store cannot be written.
+        ConfigError: a run id no store could keep, a reason that is not a str.
+    """
+    found = await request_cancel(store, run_id, reason, status_of=status_of)
+    if found is None:
+        raise unknown_run(run_id)
+    return found
 
 
 def cancel_outside(
@@ -167,7 +239,9 @@ def cancel_outside(
         why = redacted(str(exc), secrets_of=system_database_url)
         raise CheckpointError(f"cannot reach DBOS's system database at {where}: {why}") from None
     try:
-        return asyncio.run(cancel_run(store, run_id, reason, status_of=_client_status(client)))
+        return asyncio.run(
+            cancel_run(store, run_id, reason, status_of=_client_status(client, system_database_url))
+        )
     except (CheckpointError, ConfigError):
         raise
     except Exception as exc:

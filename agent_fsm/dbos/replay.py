@@ -47,8 +47,15 @@ from dataclasses import dataclass
 from dbos import DBOS, StepOptions
 
 from agent_fsm.dbos.liveness import Admission
-from agent_fsm.durable.journal import JournalEntry, PairedLookup, ToolJournal
+from agent_fsm.durable.journal import (
+    FinishingLookup,
+    JournalEntry,
+    PairedLookup,
+    StartingLookup,
+    ToolJournal,
+)
 from agent_fsm.errors import ConfigError
+from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunState
 
@@ -103,6 +110,8 @@ class RunTime:
         "cancelled",
         "journal",
         "key_prefix",
+        "looked",
+        "missed",
         "now",
         "pause",
         "random",
@@ -144,6 +153,29 @@ class RunTime:
         self.cancelled: str | None = None
         """Why the activation was cancelled from outside, once a step's recorded outcome
         said so (the same on every execution): the steps after it make no call."""
+        self.looked = False
+        """Whether a tool step read the cancel request after its call since the latest
+        model step (``saw_request``), and ``missed`` whether one did not: both from
+        recorded outcomes, and each only ever set within a turn, so parallel tool steps
+        ending in any order leave the same answer."""
+        self.missed = False
+
+    def request_seen(self) -> bool:
+        """Whether the cancel request was read after every call made so far (a tool step
+        of the latest turn read it after its own call, and none failed to), as recorded:
+        a model step then takes ``cancelled`` as that read, and reads nothing itself."""
+        return self.looked and not self.missed
+
+    def saw_request(self, looked: bool) -> None:
+        """A tool step's recorded outcome says whether it read the request after its call."""
+        if looked:
+            self.looked = True
+        else:
+            self.missed = True
+
+    def called_model(self) -> None:
+        """A model step made (or recorded) its call: the request must be read again."""
+        self.looked = self.missed = False
 
     def journal_key(self, step_id: int) -> str:
         """The journal key of the tool step at ``step_id``: its position in the workflow,
@@ -177,6 +209,41 @@ class RunTime:
             entry, request = journal.lookup_pair(key, self.key_prefix + CANCEL_KEY)
             return entry, _reason(request)
         return journal.lookup(key), self.cancel_requested()
+
+    def start_and_request(
+        self, key: str, call: ToolCall
+    ) -> tuple[JournalEntry | None, str | None, bool]:
+        """``entry_and_request(key)`` and, when the entry is None and no request is pending,
+        the call recorded as started in the same round trip where the journal offers it
+        (``StartingLookup``): (the entry, the request's reason, whether ``call`` was
+        recorded). Read inside steps only.
+
+        Raises:
+            as ``entry_and_request``, or ``ToolJournal.record_started``.
+        """
+        journal = self.journal
+        if isinstance(journal, StartingLookup):
+            entry, request, started = journal.start_unless_known(
+                key, call, self.key_prefix + CANCEL_KEY
+            )
+            return entry, _reason(request), started
+        entry, reason = self.entry_and_request(key)
+        return entry, reason, False
+
+    def finish_and_request(self, key: str, result: ToolMessage) -> tuple[bool, str | None]:
+        """Record the call of ``key`` finished with ``result`` and, in the same round trip
+        where the journal offers it (``FinishingLookup``), read this activation's pending
+        cancel request: (whether it was read, its reason). Read inside steps only.
+
+        Raises:
+            as ``ToolJournal.record_finished``.
+        """
+        journal = self.journal
+        if isinstance(journal, FinishingLookup):
+            request = journal.finish_and_lookup(key, result, self.key_prefix + CANCEL_KEY)
+            return True, _reason(request)
+        journal.record_finished(key, result)
+        return False, None
 
     def advance(self, ended_at: float) -> None:
         """A step recorded that it ended at unix time ``ended_at``. The clock never goes back

@@ -16,6 +16,10 @@ backoff, and the tool journal (``durable.journal``), kept *inside* the step:
 2. otherwise it records the call as started (durably), runs it (``tools.execution.execute``),
    and records the answer.
 
+The run's cancel request (``agent_fsm.dbos.cancelling``) is read in the statements of 1 and
+of the answer's record; a model step reads it itself only when the latest call was not
+followed by such a read (``replay.RunTime.request_seen``).
+
 DBOS records the step's outcome after that; a step with a record is never run again. So a
 non-idempotent call runs at most once, whichever worker replays the run.
 
@@ -65,7 +69,7 @@ from agent_fsm.dbos.replay import (
     options,
     sleep,
 )
-from agent_fsm.durable.journal import CallStatus, ToolJournal
+from agent_fsm.durable.journal import CallStatus, JournalEntry, ToolJournal
 from agent_fsm.errors import ConfigError
 from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.limits import Limits
@@ -134,11 +138,13 @@ class StepModel:
         if run.cancelled is not None:  # an earlier step found the request: no step now
             raise _not_made(run.cancelled)
         last = run.state.state == LAST_CALL_STATE
+        look = not run.request_seen()  # a tool step read it after the latest call: not again
 
         async def call() -> Replied:
-            return await _call(self.model, request, run, last)
+            return await _call(self.model, request, run, last, look)
 
         replied = await DBOS.run_step_async(options(MODEL_STEP), call)
+        run.called_model()
         if replied.cancelled is not None:
             run.advance(replied.ended_at)
             run.cancelled = replied.cancelled
@@ -169,10 +175,13 @@ def _not_made(reason: str) -> ModelCallError:
     )
 
 
-async def _call(model: Model, request: ModelRequest, run: RunTime, last: bool) -> Replied:
-    """The body of a model step. Must not raise for anything the model does."""
+async def _call(
+    model: Model, request: ModelRequest, run: RunTime, last: bool, look: bool
+) -> Replied:
+    """The body of a model step: ``look`` says whether to read the cancel request first (it
+    was not read since the latest call). Must not raise for anything the model does."""
     await run.admission.check()
-    reason = run.cancel_requested()
+    reason = run.cancel_requested() if look else None
     if reason is not None:
         return Replied(run.fleet_now(), cancelled=reason)
     # The last answer's own limit is the engine's (see StepModel.request); others have the
@@ -204,7 +213,12 @@ class Answered:
     result: ToolMessage
     cut: bool = False
     cancelled: str | None = None
-    """Why the call was not made: the run was cancelled from outside."""
+    """The reason of a cancel request the step found, before its call (the call was not
+    made) or after it (its answer is the call's): the steps after it make no call."""
+    looked: bool = False
+    """Whether the step's latest read of the cancel request came after its call (or it made
+    none): the model step after it then reads nothing itself (``RunTime.request_seen``).
+    An outcome recorded by an earlier version has no such field: read with ``getattr``."""
 
 
 def stepped(tool: Tool, limits: Limits) -> Tool:
@@ -229,6 +243,7 @@ def stepped(tool: Tool, limits: Limits) -> Tool:
             run.advance(answered.ended_at)
         if answered.cancelled is not None:
             run.cancelled = answered.cancelled
+        run.saw_request(getattr(answered, "looked", False))
         result = answered.result
         return ToolResult(
             output=result.content,
@@ -277,6 +292,29 @@ def _twice(write: Callable[..., _T], *args: Any) -> _T:
         return write(*args)
 
 
+def _look_up(
+    run: RunTime, key: str, call: ToolCall, left: float
+) -> tuple[JournalEntry | None, str | None, bool, Exception | None]:
+    """A tool step's read before its call: its journal entry, a cancel request
+    (``agent_fsm.dbos.cancelling``), whether the call was recorded as started (in the same
+    round trip, when both are absent and ``left`` says the deadline has not come), and the
+    failure that left the entry unread. When the one round trip fails, the entry is read on
+    its own: a journal that refuses writes must still tell "not run" (its start could not
+    be recorded) from "may have run" (its entry could not be read)."""
+    if left > 0:
+        try:
+            entry, reason, started = _twice(run.start_and_request, key, call)
+        except Exception:  # told apart by the read below
+            pass
+        else:
+            return entry, reason, started, None
+    try:
+        entry, reason = _twice(run.entry_and_request, key)
+    except Exception as exc:
+        return None, None, False, exc
+    return entry, reason, False, None
+
+
 async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: RunTime) -> Answered:
     """The body of a tool step: the journal around the call (see the module docstring).
     Must not raise for anything the journal does."""
@@ -286,12 +324,11 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
     key = run.journal_key(step_id)
     call = ToolCall(id=key, name=tool.name, arguments=json.dumps(values, default=str))
     journal = run.journal
-    try:  # one read: the call's entry, and a cancel request (agent_fsm.dbos.cancelling)
-        (entry, reason), unread = _twice(run.entry_and_request, key), None
-    except Exception as exc:
-        entry, reason, unread = None, None, exc
+    left = run.remaining_s()
+    entry, reason, started, unread = _look_up(run, key, call, left)
+    # No call is made below unless said: the request just read is the latest (``looked``).
     if entry is not None and entry.status is CallStatus.FINISHED and entry.result is not None:
-        return Answered(run.fleet_now(), entry.result)
+        return Answered(run.fleet_now(), entry.result, cancelled=reason, looked=True)
     if (entry is not None or unread is not None) and not tool.idempotent:
         if unread is not None:
             why = f"its journal could not be read ({describe(unread)}), so it may have run"
@@ -299,18 +336,19 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
         result = outcome_unknown(call)
         with contextlib.suppress(Exception):  # then a later execution answers the same
             _twice(journal.record_finished, key, result)
-        return Answered(run.fleet_now(), result)
+        return Answered(run.fleet_now(), result, cancelled=reason, looked=True)
     if reason is not None:  # cancelled from outside: the call never starts
         message = error_result(call, _not_run(tool.name, reason), {"runtime": {"cancelled": True}})
-        return Answered(run.fleet_now(), message, cancelled=reason)
-    left = run.remaining_s()
+        return Answered(run.fleet_now(), message, cancelled=reason, looked=True)
     if left <= 0:  # the deadline came first: the call never starts
-        return Answered(run.fleet_now(), _cancelled(call, tool), cut=True)
+        return Answered(run.fleet_now(), _cancelled(call, tool), cut=True, looked=unread is None)
     try:
-        _twice(journal.record_started, key, call)
+        if not started:  # an idempotent call run again, or a journal that failed above
+            _twice(journal.record_started, key, call)
     except Exception as exc:
         why = f"its start could not be recorded in the journal ({describe(exc)})"
-        return Answered(run.fleet_now(), skipped_result(call, f"{why}; nothing was done"))
+        result = skipped_result(call, f"{why}; nothing was done")
+        return Answered(run.fleet_now(), result, looked=unread is None)
     prepared = PreparedCall(call, tool, arguments=values, error=None, values=values)
     try:
         async with asyncio.timeout(left):
@@ -319,13 +357,14 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
         result, cut = _cancelled(call, tool), True
     else:
         cut = False
-    try:
-        _twice(journal.record_finished, key, result)
+    try:  # one round trip: the end recorded, and a cancel request made meanwhile read
+        looked, reason = _twice(run.finish_and_request, key, result)
     except Exception as exc:
+        looked, reason = False, None  # the model step after it reads the request itself
         if not tool.idempotent:  # the journal says "started": any later execution says this
             why = f"it ran, but the journal could not record its end ({describe(exc)})"
             result = outcome_unknown(call, why)
-    return Answered(run.fleet_now(), result, cut)
+    return Answered(run.fleet_now(), result, cut, cancelled=reason, looked=looked)
 
 
 def durable_config(config: RunConfig) -> RunConfig:

@@ -19,6 +19,19 @@ A worker's runs make one system-database round trip at a time each, and DBOS's o
 (queue polling, notifications) a few more, so ``pool_size`` about the runs it drives at once
 (``RunQueue.worker_concurrency``) plus 2 keeps them from waiting for a connection.
 
+**Commits that do not wait for the disk** (``synchronous_commit=False``). DBOS commits each
+step's outcome, and a tool step its journal's start, with a flush to disk: about three flushes
+per tool call, each a disk's latency (1 to 10 ms on a busy disk) on the run's path. Off, DBOS's
+own commits (step outcomes, workflow statuses, queue claims) do not wait for the disk, as
+``PostgresStore``'s saves do not: a crash of the PostgreSQL *server* (not of a worker) may
+lose their last fraction of a second, and the runs concerned replay from an earlier step, as
+if their worker had died then. The journal still records every tool call as started with a
+flush before the call runs, and a flush carries every commit made before it on that server:
+so no recorded step a call followed can be lost once the call has started, and no call runs
+twice. That holds only when the journal store is on the same PostgreSQL server as DBOS's
+system database (``database_url``), as in the fleet this module describes. One flush per tool
+call instead of about three (``benchmarks/stores.py``, ``dbos-async``).
+
 **Liveness from launch.** The process's ``WorkerLiveness`` claims its lease after
 ``DBOS(config=...)`` sets the executor id and before ``DBOS.launch()`` starts taking runs,
 and gives it up when the worker is destroyed (``agent_fsm.dbos.liveness``).
@@ -85,6 +98,8 @@ class DBOSWorker:
         pool_size: DBOS's connections to the system database (one more is its notification
             listener's): all opened at launch.
         dbos_schema: the schema of DBOS's system tables.
+        synchronous_commit: whether DBOS's commits wait for the disk (see the module
+            docstring: False needs the journal store on the same server).
         config: more DBOS settings (``DBOSConfig`` keys, such as ``log_level`` or
             ``application_version``); not the ones set from the arguments above.
 
@@ -101,6 +116,7 @@ class DBOSWorker:
         executor_id: str | None = None,
         pool_size: int = 8,
         dbos_schema: str = "dbos",
+        synchronous_commit: bool = True,
         config: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
@@ -111,11 +127,14 @@ class DBOSWorker:
             raise ConfigError(f"liveness must be a WorkerLiveness, got {type(liveness).__name__}")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ConfigError(f"pool_size must be an int >= 1, got {pool_size!r}")
+        if not isinstance(synchronous_commit, bool):
+            raise ConfigError(f"synchronous_commit must be a bool, got {synchronous_commit!r}")
         extra = dict(config or {})
         if clash := sorted(_OWN_KEYS & set(extra)):
             raise ConfigError(f"config sets {clash}: give them as DBOSWorker's arguments")
         self.name = name
         self.pool_size = pool_size
+        self.synchronous_commit = synchronous_commit
         self.liveness = liveness
         self.executor_id = executor_id or (f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
         self._url = sa.make_url(database_url).set(drivername="postgresql+psycopg")
@@ -140,6 +159,9 @@ class DBOSWorker:
         """
         if self._engine is not None:
             return
+        options = "-c idle_in_transaction_session_timeout=60000"
+        if not self.synchronous_commit:
+            options += " -c synchronous_commit=off"
         engine = sa.create_engine(
             self._url,
             pool_size=self.pool_size,
@@ -149,7 +171,7 @@ class DBOSWorker:
             connect_args={
                 "application_name": "dbos_transact",
                 "connect_timeout": 10,
-                "options": "-c idle_in_transaction_session_timeout=60000",
+                "options": options,
             },
         )
         self._engine = engine

@@ -36,8 +36,10 @@ __all__ = [
     "CallStatus",
     "GuardedJournal",
     "JournalEntry",
+    "FinishingLookup",
     "MemoryJournal",
     "PairedLookup",
+    "StartingLookup",
     "ToolJournal",
     "journal_key",
     "stored_key",
@@ -120,6 +122,41 @@ class PairedLookup(Protocol):
 
     def lookup_pair(self, key: str, other: str) -> tuple[JournalEntry | None, JournalEntry | None]:
         """``(lookup(key), lookup(other))``, read together."""
+        ...
+
+
+@runtime_checkable
+class FinishingLookup(Protocol):
+    """A journal that records a call finished and reads another entry in the same round
+    trip (``PostgresJournal``): a DBOS tool step records its answer and reads its
+    activation's cancel request at once, so the model step after it need not read it
+    again (``agent_fsm.dbos.cancelling``)."""
+
+    def finish_and_lookup(self, key: str, result: ToolMessage, other: str) -> JournalEntry | None:
+        """``record_finished(key, result)``, then ``lookup(other)`` (another key), together.
+
+        Raises:
+            as ``record_finished``.
+        """
+        ...
+
+
+@runtime_checkable
+class StartingLookup(Protocol):
+    """A journal that reads two entries and records a call started, when neither exists, in
+    one round trip (``PostgresJournal``): a DBOS tool step's read of its own entry and its
+    activation's cancel request, and the start of its call when both are absent (the first
+    execution of the step, the usual case)."""
+
+    def start_unless_known(
+        self, key: str, call: ToolCall, other: str
+    ) -> tuple[JournalEntry | None, JournalEntry | None, bool]:
+        """``(lookup(key), lookup(other), started)``: ``record_started(key, call)`` was done,
+        as durably, when (and only when) ``started``; it is done when both entries are None.
+
+        Raises:
+            as ``record_started``.
+        """
         ...
 
 

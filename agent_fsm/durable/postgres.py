@@ -316,6 +316,11 @@ class PostgresStore(ClosingStore):
         """Close the connection; idempotent."""
         self._db.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the store was closed (its calls raise ``CheckpointError`` since)."""
+        return self._db.closed
+
     # -- leases --------------------------------------------------------------------------
 
     def claim(self, run_id: str, owner: str, ttl_s: float) -> Lease:

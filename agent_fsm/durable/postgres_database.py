@@ -245,6 +245,11 @@ class PostgresDatabase:
                 conn.execute("SET LOCAL synchronous_commit = on")
             yield conn
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+        return self._closed
+
     def close(self) -> None:
         """Close the connection; idempotent. Calls then raise CheckpointError."""
         with self._lock:

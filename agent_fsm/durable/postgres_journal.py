@@ -24,6 +24,29 @@ _START = (
 )
 """Record a call as started (``fenced_insert`` adds the lease's fence to its WHERE)."""
 
+_START_UNLESS_KNOWN = (
+    "WITH seen AS (SELECT key, call::text AS call, status, result::text AS result FROM journal"
+    " WHERE run_id = %(run_id)s AND key = ANY(%(keys)s)), started AS ("
+    + leases.fenced_insert(
+        f"INSERT INTO journal SELECT %(run_id)s, %(key)s, %(call)s::json, '{_STARTED}', NULL"
+        " WHERE NOT EXISTS (SELECT FROM seen) ON CONFLICT (run_id, key) DO NOTHING RETURNING 1",
+        None,
+    )
+    + ") SELECT EXISTS (SELECT FROM started), seen.key, seen.call, seen.status, seen.result"
+    " FROM (SELECT) AS one LEFT JOIN seen ON true"
+)
+"""Read two entries of the run and, when neither exists and no live lease is on the run,
+record a call as started under the first (``start_unless_known``)."""
+
+_FINISH_AND_LOOK_UP = (
+    f"WITH done AS (UPDATE journal SET status = '{_FINISHED}', result = %(result)s"
+    " WHERE run_id = %(run_id)s AND key = %(key)s RETURNING 1)"
+    " SELECT EXISTS (SELECT FROM done), other.call::text, other.status, other.result::text"
+    " FROM (SELECT) AS one LEFT JOIN journal AS other"
+    " ON other.run_id = %(run_id)s AND other.key = %(other)s"
+)
+"""Record a call as finished, and read another entry of the run (as it was before)."""
+
 
 class PostgresJournal:
     """The journal of ``run_id`` in ``database``, whose ``record_started`` is fenced by
@@ -94,6 +117,64 @@ class PostgresJournal:
         if started.fetchone() is None:
             with self._db.connected(f"record journal entry {key!r}") as conn:
                 raise leases.refusal(conn, run_id, lease)
+
+    def start_unless_known(
+        self, key: str, call: ToolCall, other: str
+    ) -> tuple[JournalEntry | None, JournalEntry | None, bool]:
+        """``lookup(key)``, ``lookup(other)`` and, when both are None, ``record_started(key,
+        call)``, in one statement, committed with a flush to disk (``journal.StartingLookup``);
+        the third value says whether the call was recorded. A journal fenced by a lease reads
+        and records in two statements (its fence renews the lease, which one statement
+        cannot do alongside the read).
+
+        Raises:
+            as ``record_started``.
+        """
+        if self._lease is not None:
+            first, second = self.lookup_pair(key, other)
+            if first is None and second is None:
+                self.record_started(key, call)
+                return None, None, True
+            return first, second, False
+        keys = stored_key(key), stored_key(other)
+        params = {
+            "run_id": self._run_id,
+            "key": keys[0],
+            "keys": list(keys),
+            "call": encode_model(call),
+        }
+        with self._db.transaction(f"record journal entry {key!r}") as conn:
+            rows = conn.execute(_START_UNLESS_KNOWN, params).fetchall()
+        started = bool(rows[0][0])
+        found = {row[1]: row[2:] for row in rows if row[1] is not None}
+        first, second = found.get(keys[0]), found.get(keys[1])
+        if not started and first is None and second is None:
+            # Refused by the fence (another's live lease), or the key recorded meanwhile:
+            # the separate statements say which, as record_started does.
+            self.record_started(key, call)
+            return None, None, True
+        return (
+            None if first is None else self._entry(key, first),
+            None if second is None else self._entry(other, second),
+            started,
+        )
+
+    def finish_and_lookup(self, key: str, result: ToolMessage, other: str) -> JournalEntry | None:
+        """``record_finished`` and ``lookup(other)`` in one statement
+        (``journal.FinishingLookup``), committed as ``record_finished`` is. ``other`` is read
+        as it was before the statement (another key than ``key``)."""
+        params = {
+            "run_id": self._run_id,
+            "key": stored_key(key),
+            "result": encode_model(result),
+            "other": stored_key(other),
+        }
+        with self._db.connected(f"record journal entry {key!r}") as conn:
+            row = conn.execute(_FINISH_AND_LOOK_UP, params).fetchone()
+        assert row is not None  # one row, whatever the journal holds
+        if not row[0]:
+            raise KeyError(f"journal entry {key!r} finished without having started")
+        return None if row[1] is None else self._entry(other, row[1:])
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         """Not fenced: it records what really happened to a call started under a valid

@@ -27,9 +27,13 @@ class RunsElsewhere(Protocol):
 
     def cancel_elsewhere(self, run_id: str, reason: str) -> bool | None:
         """Ask the run, if it is one of these, to stop as ``Agent.cancel`` says: True when
-        asked, False when it is at a stop or finished, None when it is not one of these runs
-        (or cannot be told now). Blocking; may be called from a running event loop's thread.
-        Must not raise."""
+        asked, False when it is at a stop or finished, None when it is not one of these
+        runs. Blocking; may be called from a running event loop's thread.
+
+        Raises:
+            CheckpointError: where these runs live could not be read (a database away), so
+                whether the run is one of them is not known. Nothing else.
+        """
         ...
 
 
@@ -44,12 +48,21 @@ def reach_runs_elsewhere(runs: RunsElsewhere) -> None:
 
 def cancel_elsewhere(run_id: str, reason: str) -> bool | None:
     """Ask each registered ``RunsElsewhere`` in turn; the first that knows the run answers
-    (True: asked, False: stopped); None when none knows it."""
+    (True: asked, False: stopped); None when none knows it.
+
+    Raises:
+        CheckpointError: none knows the run, and one of them could not look (its error):
+            a run is never reported missing when a place it may live could not be read.
+    """
+    unread: CheckpointError | None = None
     for runs in list(_REGISTERED):
         try:
             found = runs.cancel_elsewhere(run_id, reason)
-        except CheckpointError:  # a contract broken: taken for "not one of these runs"
-            found = None
+        except CheckpointError as exc:  # could not look: asked the others, then said
+            unread = unread or exc
+            continue
         if found is not None:
             return found
+    if unread is not None:
+        raise unread
     return None
