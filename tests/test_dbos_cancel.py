@@ -27,7 +27,7 @@ from dbos import DBOS
 from psycopg import sql
 
 from agent_fsm import Agent, AgentState, CheckpointError, Limits, StopReason, tool
-from agent_fsm.dbos import DBOSAgent, RunQueue
+from agent_fsm.dbos import DBOSAgent, RunQueue, cancelling
 from agent_fsm.dbos.cancelling import cancel_run
 from agent_fsm.dbos.pausing import resume_id
 from agent_fsm.durable.postgres import PostgresStore
@@ -437,6 +437,25 @@ async def test_a_cancel_that_cannot_look_says_so_and_never_no_such_run(
     with pytest.raises(CheckpointError, match="not-stored") as told:
         plain.cancel("not-stored", "why")
     assert "cannot tell" not in str(told.value)
+
+
+async def test_a_cancel_whose_status_look_up_never_answers_ends_saying_so(
+    outside: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DBOS retries a system database it cannot reach without end: a cancel waits
+    ``STATUS_WAIT_S`` for the status, then says it cannot tell (every call ends)."""
+    agent = canceller(outside)
+    never = asyncio.Event()
+
+    async def database_unreachable(workflow_id: str, **_: object) -> object:
+        await never.wait()  # as DBOS's retries against a database that does not answer
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(DBOS, "get_workflow_status_async", database_unreachable)
+    monkeypatch.setattr(cancelling, "STATUS_WAIT_S", 0.2)
+    with pytest.raises(CheckpointError, match=r"no answer within 0\.2 s") as raised:
+        await agent.cancel("not-stored", "why")
+    assert "no checkpoint" not in str(raised.value)
 
 
 class CountedReads:

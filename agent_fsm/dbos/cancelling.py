@@ -71,6 +71,10 @@ __all__ = [
 RUNNING = frozenset({"ENQUEUED", "PENDING"})
 """DBOS's statuses of a workflow that has not ended."""
 
+STATUS_WAIT_S = 30.0
+"""How long a cancel waits for a workflow's status before it says it cannot tell: DBOS
+retries a system database it cannot reach without end, and a cancel must end."""
+
 StatusOf = Callable[[str], Awaitable[str | None]]
 """DBOS's status of a workflow id (``ENQUEUED``, ``SUCCESS``, ...), None for no workflow."""
 
@@ -128,13 +132,19 @@ async def _find(
 
 
 async def _read_status(status_of: StatusOf, workflow_id: str) -> str | None:
-    """``status_of(workflow_id)``; a failure to read it is a ``CheckpointError`` that says
-    so (never taken for "no such workflow": a run must not be reported missing when its
-    workflows could not be looked at)."""
+    """``status_of(workflow_id)``; a failure to read it, or no answer within
+    ``STATUS_WAIT_S``, is a ``CheckpointError`` that says so (never taken for "no such
+    workflow": a run must not be reported missing when its workflows could not be looked
+    at). DBOS's own retries may go on in its thread after the wait ends: they read only."""
     try:
-        return await status_of(workflow_id)
+        return await asyncio.wait_for(status_of(workflow_id), STATUS_WAIT_S)
     except CheckpointError:
         raise
+    except TimeoutError:
+        raise CheckpointError(
+            f"cannot read the status of DBOS workflow {workflow_id!r}: no answer within "
+            f"{STATUS_WAIT_S:g} s (is DBOS's system database reachable?)"
+        ) from None
     except Exception as exc:
         detail = redacted(" ".join(f"{type(exc).__name__}: {exc}".split()))
         raise CheckpointError(
