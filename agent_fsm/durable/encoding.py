@@ -69,6 +69,8 @@ __all__ = [
     "stop_column",
     "stop_value",
     "summarize",
+    "summary_columns",
+    "SummaryColumns",
     "unknown_run",
 ]
 
@@ -198,24 +200,48 @@ class RunSummary:
 def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSummary:
     """The summary line of ``state`` (its texts with any NUL, which PostgreSQL's text columns
     refuse, or lone surrogate made U+FFFD, so that every store lists the same line)."""
+    name, turns, total_tokens, last_row, output, error, stop_reason, cost = summary_columns(state)
     return RunSummary(
         run_id=state.run_id,
-        state=state.state,
-        turns=state.turns,
-        total_tokens=state.usage.total_tokens,
+        state=name,
+        turns=turns,
+        total_tokens=total_tokens,
         messages=len(state.messages),
-        last_row=state.trace[-1][0] if state.trace else None,
+        last_row=last_row,
         created_at=created_at,
         updated_at=updated_at,
-        output=_column_text(state.output),
-        error=_column_text(state.error),
+        output=output,
+        error=error,
+        stop_reason=stop_reason,
+        cost=cost,
+    )
+
+
+SummaryColumns = tuple[
+    AgentState | str, int, int, int | None, str | None, str | None, StopReason | None, float | None
+]
+"""``summary_columns``: state, turns, total_tokens, last_row, output, error, stop_reason,
+cost."""
+
+
+def summary_columns(state: RunState) -> SummaryColumns:
+    """The fields of ``summarize``'s line that come from ``state`` alone, for a store that
+    writes them as columns on every save without making a ``RunSummary`` (a frozen dataclass
+    of many fields: its construction costs as much as a statement)."""
+    return (
+        state.state,
+        state.turns,
+        state.usage.total_tokens,
+        state.trace[-1][0] if state.trace else None,
+        _column_text(state.output),
+        _column_text(state.error),
         # a run going on holds none (``Lifetime.STOP``): most saves skip the state test
-        stop_reason=(
+        (
             state.stop_reason
             if state.stop_reason is not None and state.state in TERMINAL_STATES
             else None
         ),
-        cost=state.cost,
+        state.cost,
     )
 
 

@@ -37,7 +37,9 @@ __all__ = [
     "GuardedJournal",
     "JournalEntry",
     "MemoryJournal",
+    "NotStarted",
     "PairedLookup",
+    "StartingJournal",
     "ToolJournal",
     "journal_key",
     "stored_key",
@@ -108,6 +110,31 @@ class ToolJournal(Protocol):
 
         Raises:
             KeyError: ``key`` never started.
+        """
+        ...
+
+
+class NotStarted(Exception):
+    """``StartingJournal.lookup_or_start`` found no entry for the key, and could not record
+    the call as started (its cause says why): the call must not run, and it did not."""
+
+
+@runtime_checkable
+class StartingJournal(Protocol):
+    """A journal that looks a call up and records it started in one durable write
+    (``SQLiteJournal``: one transaction where ``lookup`` and ``record_started`` take two).
+    ACT calls ``lookup_or_start`` where a journal has it, ``lookup`` then ``record_started``
+    otherwise: the same outcomes either way."""
+
+    def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
+        """The entry for ``key`` when there is one (then nothing is written); otherwise
+        ``call`` is recorded as started, as ``record_started`` does (durable when it
+        returns), and None is returned.
+
+        Raises:
+            NotStarted: there was no entry and the record could not be written (the call
+                must not run).
+            Exception: anything else: the entry could not be read (it may have run).
         """
         ...
 

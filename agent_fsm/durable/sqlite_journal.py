@@ -1,5 +1,7 @@
 """One run's tool journal in a SQLiteStore's ``journal`` table (``durable.journal``'s
-contract): every call is its own transaction on the store's file (``SQLiteFile``). Keys are
+contract): every call is its own transaction on the store's file (``SQLiteFile``), and
+``lookup_or_start`` reads a call's entry and records it started in one
+(``journal.StartingJournal``). Keys are
 stored as ``journal.stored_key`` gives them, calls and results as ``encoding.encode_model``
 (a lone surrogate becomes U+FFFD, never an encoding error)."""
 
@@ -9,13 +11,21 @@ from collections.abc import Callable
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
 from agent_fsm.durable.encoding import encode_model
-from agent_fsm.durable.journal import CallStatus, JournalEntry, stored_key
+from agent_fsm.durable.journal import CallStatus, JournalEntry, NotStarted, stored_key
 from agent_fsm.durable.leases import Lease
 from agent_fsm.durable.sqlite_file import SQLiteFile
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import ToolCall, ToolMessage
 
 __all__ = ["SQLiteJournal"]
+
+_LOOKUP = "SELECT call, status, result FROM journal WHERE run_id = ? AND key = ?"
+
+_START = (
+    "INSERT INTO journal VALUES (?, ?, ?, 'started', NULL) ON CONFLICT (run_id, key)"
+    " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL"
+)
+"""A call recorded as started (``CallStatus.STARTED``), replacing any entry of its key."""
 
 
 class SQLiteJournal:
@@ -34,12 +44,29 @@ class SQLiteJournal:
 
     def lookup(self, key: str) -> JournalEntry | None:
         with self._file.transaction(f"read journal entry {key!r}", write=False) as conn:
-            row = conn.execute(
-                "SELECT call, status, result FROM journal WHERE run_id = ? AND key = ?",
-                (self._run_id, stored_key(key)),
-            ).fetchone()
-        if row is None:
-            return None
+            row = conn.execute(_LOOKUP, (self._run_id, stored_key(key))).fetchone()
+        return None if row is None else self._entry(key, row)
+
+    def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
+        # One write transaction (BEGIN IMMEDIATE): no other writer between the read and the
+        # record. Fenced by the run's lease only when it writes, as record_started is.
+        stored, row, absent = stored_key(key), None, False
+        try:
+            with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
+                row = conn.execute(_LOOKUP, (self._run_id, stored)).fetchone()
+                if row is None:
+                    absent = True
+                    sqlite_leases.fence(conn, self._run_id, self._lease, self._clock())
+                    conn.execute(_START, (self._run_id, stored, encode_model(call)))
+        except Exception as exc:
+            if row is not None:  # read; nothing was to be written
+                return self._entry(key, row)
+            if absent:
+                raise NotStarted(f"{type(exc).__name__}: {exc}") from exc
+            raise
+        return None if row is None else self._entry(key, row)
+
+    def _entry(self, key: str, row: tuple[str, str, str | None]) -> JournalEntry:
         call, status, result = row
         try:
             return JournalEntry(
@@ -58,11 +85,7 @@ class SQLiteJournal:
         # run's lease: a driver whose lease was taken over must not start the call.
         with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
             sqlite_leases.fence(conn, self._run_id, self._lease, self._clock())
-            conn.execute(
-                "INSERT INTO journal VALUES (?, ?, ?, ?, NULL) ON CONFLICT (run_id, key)"
-                " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL",
-                (self._run_id, stored_key(key), encode_model(call), CallStatus.STARTED.value),
-            )
+            conn.execute(_START, (self._run_id, stored_key(key), encode_model(call)))
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
