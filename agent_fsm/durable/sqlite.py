@@ -261,6 +261,16 @@ class SQLiteStore(ClosingStore):
         (``checkpoint``'s rules), written whole: transcript and trace are one history.
         """
         run_id, messages, trace = state.run_id, state.messages, state.trace
+        seen = self._seen.get(run_id)
+        if (  # the common case, checked at once: the live run continues what this store wrote
+            seen is not None
+            and seen.revision == revision
+            and 0 < seen.messages == stored[0] <= len(messages)
+            and 0 < seen.steps == stored[1] <= len(trace)
+            and messages[seen.messages - 1] is seen.last
+            and trace[seen.steps - 1] is seen.last_step
+        ):
+            return stored
         kept_messages, kept_trace = min(stored[0], len(messages)), min(stored[1], len(trace))
         if not (
             self._same_message(conn, run_id, kept_messages, messages, revision)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
 from agent_fsm.durable.listing import redacted
@@ -218,8 +216,7 @@ class SQLiteFile:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
-    @contextmanager
-    def transaction(self, what: str, *, write: bool) -> Iterator[sqlite3.Connection]:
+    def transaction(self, what: str, *, write: bool) -> _Transaction:
         """One transaction on the file, under the lock: committed when the block ends,
         rolled back when it raises. sqlite errors become ``CheckpointError`` saying it could
         not ``what`` (for example "save run 'r1'").
@@ -232,23 +229,7 @@ class SQLiteFile:
         Raises:
             CheckpointError: the file is closed, or sqlite failed.
         """
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise CheckpointError(f"checkpoint store {self.name} is closed")
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                try:
-                    yield conn
-                except BaseException:
-                    if conn.in_transaction:  # sqlite may have rolled back already
-                        conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise CheckpointError(
-                    f"checkpoint store {self.name}: cannot {what}: {exc}"
-                ) from exc
+        return _Transaction(self, what, write)
 
     def close(self) -> None:
         """Close the connection; idempotent. Transactions then raise CheckpointError."""
@@ -256,3 +237,54 @@ class SQLiteFile:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+class _Transaction:
+    """``SQLiteFile.transaction``'s block: a class rather than a generator context manager,
+    as every save and journal record opens one (a generator's frame and its ``next`` and
+    ``throw`` cost more than the statements of a small transaction)."""
+
+    __slots__ = ("_conn", "_file", "_what", "_write")
+
+    def __init__(self, file: SQLiteFile, what: str, write: bool) -> None:
+        self._file = file
+        self._what = what
+        self._write = write
+        self._conn: sqlite3.Connection | None = None
+
+    def __enter__(self) -> sqlite3.Connection:
+        file = self._file
+        file._lock.acquire()
+        try:
+            conn = file._conn
+            if conn is None:
+                raise CheckpointError(f"checkpoint store {file.name} is closed")
+            conn.execute("BEGIN IMMEDIATE" if self._write else "BEGIN")
+        except sqlite3.Error as exc:
+            file._lock.release()
+            raise self._failed(exc) from exc
+        except BaseException:
+            file._lock.release()
+            raise
+        self._conn = conn
+        return conn
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: object
+    ) -> None:
+        conn, lock = self._conn, self._file._lock
+        assert conn is not None
+        try:
+            if kind is None:
+                conn.execute("COMMIT")
+            elif conn.in_transaction:  # sqlite may have rolled back already
+                conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
+        finally:
+            lock.release()
+        if isinstance(error, sqlite3.Error):
+            raise self._failed(error) from error
+
+    def _failed(self, exc: sqlite3.Error) -> CheckpointError:
+        return CheckpointError(f"checkpoint store {self._file.name}: cannot {self._what}: {exc}")

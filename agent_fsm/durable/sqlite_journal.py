@@ -7,12 +7,13 @@ stored as ``journal.stored_key`` gives them, calls and results as ``encoding.enc
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
 from agent_fsm.durable.encoding import encode_model
 from agent_fsm.durable.journal import CallStatus, JournalEntry, NotStarted, stored_key
-from agent_fsm.durable.leases import Lease
+from agent_fsm.durable.leases import Lease, leased_error
 from agent_fsm.durable.sqlite_file import SQLiteFile
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import ToolCall, ToolMessage
@@ -26,6 +27,13 @@ _START = (
     " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL"
 )
 """A call recorded as started (``CallStatus.STARTED``), replacing any entry of its key."""
+
+_START_UNLEASED = (
+    "INSERT INTO journal SELECT ?1, ?2, ?3, 'started', NULL WHERE NOT EXISTS"
+    " (SELECT 1 FROM leases WHERE run_id = ?1 AND expires_at > ?4) ON CONFLICT (run_id, key)"
+    " DO UPDATE SET call = excluded.call, status = excluded.status, result = NULL"
+)
+"""``_START`` unless a lease on the run is live (``sqlite_leases.fence`` without a lease)."""
 
 
 class SQLiteJournal:
@@ -56,8 +64,7 @@ class SQLiteJournal:
                 row = conn.execute(_LOOKUP, (self._run_id, stored)).fetchone()
                 if row is None:
                     absent = True
-                    sqlite_leases.fence(conn, self._run_id, self._lease, self._clock())
-                    conn.execute(_START, (self._run_id, stored, encode_model(call)))
+                    self._start(conn, stored, call)
         except Exception as exc:
             if row is not None:  # read; nothing was to be written
                 return self._entry(key, row)
@@ -84,8 +91,19 @@ class SQLiteJournal:
         # Committed before returning: it guards a side effect about to happen. Fenced by the
         # run's lease: a driver whose lease was taken over must not start the call.
         with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
-            sqlite_leases.fence(conn, self._run_id, self._lease, self._clock())
-            conn.execute(_START, (self._run_id, stored_key(key), encode_model(call)))
+            self._start(conn, stored_key(key), call)
+
+    def _start(self, conn: sqlite3.Connection, stored: str, call: ToolCall) -> None:
+        """Record ``call`` started under ``stored``, fenced by the run's lease: without one,
+        by the same statement, which writes only while no lease is live (one statement)."""
+        run_id, now, recorded = self._run_id, self._clock(), encode_model(call)
+        if self._lease is not None:
+            sqlite_leases.renew(conn, self._lease, now)  # raises when taken over
+            conn.execute(_START, (run_id, stored, recorded))
+        elif not conn.execute(_START_UNLEASED, (run_id, stored, recorded, now)).rowcount:
+            holder = sqlite_leases.live(conn, run_id, now)
+            assert holder is not None  # found live by the statement, in this transaction
+            raise leased_error(run_id, holder.owner, holder.expires_at, now)
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
