@@ -17,9 +17,11 @@ from agent_fsm.durable.journal import (
     NotStarted,
     StartingJournal,
     ToolJournal,
+    settle,
 )
 from agent_fsm.errors import RunLeased
 from agent_fsm.messages import ToolCall, ToolMessage
+from agent_fsm.state import RunState
 from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
 
 CALL = ToolCall(id="c1", name="transfer", arguments='{"amount": 5}')
@@ -134,3 +136,73 @@ def test_a_call_whose_entry_could_not_be_read_is_outcome_unknown(tmp_path: Path)
     assert "could not be read (ConnectionError: the connection dropped)" in answer.content
     assert answer.details == {"runtime": {"outcome_unknown": True}}
     assert "was not run" not in answer.content
+
+
+# -- the finished record of a run's last call in flight waits for the run's next write ------
+
+
+def test_the_last_call_in_flight_is_recorded_finished_with_the_next_write(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite3"
+    with SQLiteStore(path) as store, SQLiteStore(path) as other:
+        store.save(RunState(run_id="r"))
+        journal = store.journal("r")
+        journal.record_started("1:0:c1", CALL)
+        journal.record_finished("1:0:c1", DONE)
+        finished = JournalEntry("1:0:c1", CALL, CallStatus.FINISHED, DONE)
+        assert store.journal("r").lookup("1:0:c1") == finished  # this process knows
+        # another process (a crash now) finds it started: its outcome unknown, never run twice
+        assert other.journal("r").lookup("1:0:c1") == JournalEntry(
+            "1:0:c1", CALL, CallStatus.STARTED
+        )
+        store.save(RunState(run_id="r", turns=1))  # the checkpoint after ACT writes it
+        assert other.journal("r").lookup("1:0:c1") == finished
+        # the next call's start writes it too, and a call finishing beside another in
+        # flight is written at once
+        journal.record_started("2:0:c1", CALL)
+        journal.record_finished("2:0:c1", DONE)
+        journal.lookup_or_start("3:0:c1", CALL)
+        journal.record_started("3:1:c2", CALL)
+        assert other.journal("r").lookup("2:0:c1") is not None
+        assert other.journal("r").lookup("2:0:c1").status is CallStatus.FINISHED  # type: ignore[union-attr]
+        journal.record_finished("3:0:c1", DONE)
+        assert other.journal("r").lookup("3:0:c1").status is CallStatus.FINISHED  # type: ignore[union-attr]
+        journal.record_finished("3:1:c2", DONE)  # the last: held back
+        assert other.journal("r").lookup("3:1:c2").status is CallStatus.STARTED  # type: ignore[union-attr]
+        settle(journal)  # its driver lets go
+        assert other.journal("r").lookup("3:1:c2").status is CallStatus.FINISHED  # type: ignore[union-attr]
+
+
+def test_a_record_held_back_survives_a_save_that_fails(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite3"
+    with SQLiteStore(path) as store, SQLiteStore(path) as other:
+        store.save(RunState(run_id="r"))
+        journal = store.journal("r")
+        journal.record_started("1:0:c1", CALL)
+        journal.record_finished("1:0:c1", DONE)
+        other.claim("r", "worker-b", 60.0)  # another worker leased the run meanwhile
+        with pytest.raises(RunLeased):
+            store.save(RunState(run_id="r", turns=1))  # rolled back, the record held again
+        assert other.journal("r").lookup("1:0:c1").status is CallStatus.STARTED  # type: ignore[union-attr]
+        settle(journal)
+        assert other.journal("r").lookup("1:0:c1") == JournalEntry(
+            "1:0:c1", CALL, CallStatus.FINISHED, DONE
+        )
+
+
+def test_a_durable_run_leaves_every_call_recorded_finished(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite3"
+    EFFECTS.clear()
+    with SQLiteStore(path) as store:
+        model = ScriptedModel(
+            [
+                reply("", call("transfer", amount=1)),
+                reply("", call("transfer", amount=2), call("transfer", amount=3)),
+                "Done.",
+            ]
+        )
+        result = Agent(model=model, tools=[transfer], store=store).run_sync("Pay.")
+    with SQLiteStore(path) as fresh:  # as a new process finds it
+        journal = fresh.journal(result.run_id)
+        keys = ["1:0:call_1_0", "2:0:call_2_0", "2:1:call_2_1"]
+        assert [journal.lookup(key).status for key in keys] == [CallStatus.FINISHED] * 3  # type: ignore[union-attr]
+    assert EFFECTS == ["transfer 1", "transfer 2", "transfer 3"]

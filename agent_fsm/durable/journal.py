@@ -23,6 +23,7 @@ still found by the key given (``lookup`` applies the same function) and carry th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = [
     "StartingJournal",
     "ToolJournal",
     "journal_key",
+    "settle",
     "stored_key",
 ]
 
@@ -193,3 +195,14 @@ class GuardedJournal:
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         self._journal.record_finished(key, result)
+
+
+def settle(journal: ToolJournal | None) -> None:
+    """Write now what ``journal`` holds back, if it holds anything back (a ``SQLiteJournal``
+    keeps the finished record of a run's last call in flight for the run's next write): the
+    run's driver lets go of it. Never raises: a record lost reads as started, the call's
+    outcome unknown, as after a crash."""
+    settling = getattr(journal, "settle", None)
+    if settling is not None:
+        with contextlib.suppress(Exception):
+            settling()

@@ -130,7 +130,9 @@ class SQLiteStore(ClosingStore):
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
         check_id(state.run_id)
-        with self._file.transaction(f"save run {state.run_id!r}", write=True) as conn:
+        with self._file.transaction(
+            f"save run {state.run_id!r}", write=True, settling=state.run_id
+        ) as conn:
             revision, renewed = self._write(conn, state, lease)
         self._saved(revision, state)
         return renewed
@@ -139,7 +141,7 @@ class SQLiteStore(ClosingStore):
         """One write transaction (``BEGIN IMMEDIATE``): no other process writes between
         the comparison and the save."""
         run_id = check_id(state.run_id)
-        with self._file.transaction(f"save run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"save run {run_id!r}", write=True, settling=run_id) as conn:
             row = conn.execute(
                 "SELECT header, trace_count FROM runs WHERE run_id = ?", (run_id,)
             ).fetchone()
@@ -157,7 +159,7 @@ class SQLiteStore(ClosingStore):
 
     def _create(self, state: RunState, lease: Lease | None, priority: int) -> bool:
         run_id = check_id(state.run_id)
-        with self._file.transaction(f"create run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"create run {run_id!r}", write=True, settling=run_id) as conn:
             # BEGIN IMMEDIATE holds the write lock from here: no other process can create
             # the run between this look-up and the write.
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
@@ -397,6 +399,7 @@ class SQLiteStore(ClosingStore):
         with self._file.transaction(f"delete run {run_id!r}", write=True) as conn:
             for table in ("runs", "messages", "trace", "journal", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            self._file.forget(run_id)
         self._seen.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:

@@ -14,7 +14,7 @@ import agent_fsm.durable.sqlite_leases as sqlite_leases
 from agent_fsm.durable.encoding import encode_model
 from agent_fsm.durable.journal import CallStatus, JournalEntry, NotStarted, stored_key
 from agent_fsm.durable.leases import Lease, leased_error
-from agent_fsm.durable.sqlite_file import SQLiteFile
+from agent_fsm.durable.sqlite_file import SQLiteFile, Transaction
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import ToolCall, ToolMessage
 
@@ -40,7 +40,7 @@ class SQLiteJournal:
     """The journal of ``run_id`` in ``file``, whose ``record_started`` is fenced by
     ``lease`` at the time ``clock`` reads (the store's: ``durable.leases``)."""
 
-    __slots__ = ("_clock", "_file", "_lease", "_run_id")
+    __slots__ = ("_clock", "_file", "_lease", "_open", "_run_id")
 
     def __init__(
         self, file: SQLiteFile, run_id: str, lease: Lease | None, clock: Callable[[], float]
@@ -49,10 +49,16 @@ class SQLiteJournal:
         self._run_id = run_id
         self._lease = lease
         self._clock = clock
+        self._open: set[str] = set()
+        """The calls (keys as stored) this journal recorded started and not yet finished."""
 
     def lookup(self, key: str) -> JournalEntry | None:
+        stored = stored_key(key)
         with self._file.transaction(f"read journal entry {key!r}", write=False) as conn:
-            row = conn.execute(_LOOKUP, (self._run_id, stored_key(key))).fetchone()
+            row = conn.execute(_LOOKUP, (self._run_id, stored)).fetchone()
+            held = self._file.held(self._run_id, stored)
+        if row is not None and held is not None:  # finished, its record held back
+            row = (row[0], CallStatus.FINISHED.value, held)
         return None if row is None else self._entry(key, row)
 
     def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
@@ -60,7 +66,7 @@ class SQLiteJournal:
         # record. Fenced by the run's lease only when it writes, as record_started is.
         stored, row, absent = stored_key(key), None, False
         try:
-            with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
+            with self._transaction(key) as conn:
                 row = conn.execute(_LOOKUP, (self._run_id, stored)).fetchone()
                 if row is None:
                     absent = True
@@ -90,8 +96,15 @@ class SQLiteJournal:
     def record_started(self, key: str, call: ToolCall) -> None:
         # Committed before returning: it guards a side effect about to happen. Fenced by the
         # run's lease: a driver whose lease was taken over must not start the call.
-        with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
-            self._start(conn, stored_key(key), call)
+        stored = stored_key(key)
+        with self._transaction(key) as conn:
+            self._start(conn, stored, call)
+
+    def _transaction(self, key: str) -> Transaction:
+        """A write of the run, which first writes what the file holds back for it."""
+        return self._file.transaction(
+            f"record journal entry {key!r}", write=True, settling=self._run_id
+        )
 
     def _start(self, conn: sqlite3.Connection, stored: str, call: ToolCall) -> None:
         """Record ``call`` started under ``stored``, fenced by the run's lease: without one,
@@ -104,12 +117,34 @@ class SQLiteJournal:
             holder = sqlite_leases.live(conn, run_id, now)
             assert holder is not None  # found live by the statement, in this transaction
             raise leased_error(run_id, holder.owner, holder.expires_at, now)
+        self._open.add(stored)
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
-        with self._file.transaction(f"record journal entry {key!r}", write=True) as conn:
+        """Written at once, or held back (``SQLiteFile.hold``) when the call is the last of
+        the run in flight that this journal started: then the run's next write, a checkpoint
+        save or the next call's start, which follows without waiting on anything from
+        outside, writes it in its own transaction (one write transaction fewer per call).
+        A crash before that loses it: the call then reads as started, its outcome unknown,
+        as after a crash just before its record. ``settle`` writes what is held back."""
+        stored = stored_key(key)
+        if stored in self._open:
+            self._open.discard(stored)
+            if not self._open:
+                self._file.hold(self._run_id, stored, encode_model(result))
+                return
+        with self._transaction(key) as conn:
             updated = conn.execute(
                 "UPDATE journal SET status = ?, result = ? WHERE run_id = ? AND key = ?",
-                (CallStatus.FINISHED.value, encode_model(result), self._run_id, stored_key(key)),
+                (CallStatus.FINISHED.value, encode_model(result), self._run_id, stored),
             ).rowcount
             if not updated:
                 raise KeyError(f"journal entry {key!r} finished without having started")
+
+    def settle(self) -> None:
+        """Write the finished records held back for the run (``record_finished``) now: its
+        driver lets go of it (``durable.journal.settle``)."""
+        if self._file.holds(self._run_id):
+            with self._file.transaction(
+                "record journal entries", write=True, settling=self._run_id
+            ):
+                pass
