@@ -206,3 +206,18 @@ def test_a_durable_run_leaves_every_call_recorded_finished(tmp_path: Path) -> No
         keys = ["1:0:call_1_0", "2:0:call_2_0", "2:1:call_2_1"]
         assert [journal.lookup(key).status for key in keys] == [CallStatus.FINISHED] * 3  # type: ignore[union-attr]
     assert EFFECTS == ["transfer 1", "transfer 2", "transfer 3"]
+
+
+def test_a_forks_journal_is_durable_once_fork_returns(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite3"
+    EFFECTS.clear()
+    with SQLiteStore(path) as store:
+        model = ScriptedModel([reply("", call("transfer", amount=1)), "Done."])
+        agent = Agent(model=model, tools=[transfer], store=store)
+        first = agent.run_sync("Pay.")
+        fork = agent.fork(first.run_id, at=len(first.trace) - 1)
+        with SQLiteStore(path) as other:  # another process, before the fork takes a step
+            entry = other.journal(fork.run_id).lookup("1:0:call_1_0")
+        assert entry is not None
+        assert entry.status is CallStatus.FINISHED
+    assert EFFECTS == ["transfer 1"]
