@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     GetCoreSchemaHandler,
+    GetPydanticSchema,
     JsonValue,
     PlainValidator,
     TypeAdapter,
@@ -70,7 +71,16 @@ def _state_from(value: object) -> AgentState | str:
     return state_named(value)
 
 
-StateName = Annotated[AgentState | str, PlainValidator(_state_from)]
+def _dumped_as_str(source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+    """Dumped by pydantic-core as the str it is (an ``AgentState`` is a ``StrEnum``): without
+    this, a ``PlainValidator``'s field is dumped through a Python callback, once per dump,
+    and a durable run dumps its state on every checkpoint save (``durable.encoding``)."""
+    return {**handler(source), "serialization": core_schema.simple_ser_schema("str")}
+
+
+StateName = Annotated[
+    AgentState | str, PlainValidator(_state_from), GetPydanticSchema(_dumped_as_str)
+]
 """A state of the loop: the ``AgentState`` member for a state of the default loop, the name
 of a ``CustomState`` otherwise (``table.state_named``)."""
 

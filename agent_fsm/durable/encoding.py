@@ -69,6 +69,8 @@ __all__ = [
     "stop_column",
     "stop_value",
     "summarize",
+    "summary_columns",
+    "SummaryColumns",
     "unknown_run",
 ]
 
@@ -119,6 +121,12 @@ MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 
 _HEADER_EXCLUDE = {"messages", "trace"}
 """RunState's append-only lists: stored entry by entry, not in the header."""
+
+# The encoders call pydantic-core's serializers directly: ``TypeAdapter.dump_json`` and
+# ``BaseModel.model_dump_json`` give the same JSON through a Python layer of keyword
+# arguments that costs a third of a small message's encoding, paid on every save.
+_HEADER_SERIALIZER = RUN_STATE_ADAPTER.serializer
+_MESSAGE_SERIALIZER = MESSAGE_ADAPTER.serializer
 
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
 _T = TypeVar("_T")
@@ -198,24 +206,48 @@ class RunSummary:
 def summarize(state: RunState, *, created_at: float, updated_at: float) -> RunSummary:
     """The summary line of ``state`` (its texts with any NUL, which PostgreSQL's text columns
     refuse, or lone surrogate made U+FFFD, so that every store lists the same line)."""
+    name, turns, total_tokens, last_row, output, error, stop_reason, cost = summary_columns(state)
     return RunSummary(
         run_id=state.run_id,
-        state=state.state,
-        turns=state.turns,
-        total_tokens=state.usage.total_tokens,
+        state=name,
+        turns=turns,
+        total_tokens=total_tokens,
         messages=len(state.messages),
-        last_row=state.trace[-1][0] if state.trace else None,
+        last_row=last_row,
         created_at=created_at,
         updated_at=updated_at,
-        output=_column_text(state.output),
-        error=_column_text(state.error),
+        output=output,
+        error=error,
+        stop_reason=stop_reason,
+        cost=cost,
+    )
+
+
+SummaryColumns = tuple[
+    AgentState | str, int, int, int | None, str | None, str | None, StopReason | None, float | None
+]
+"""``summary_columns``: state, turns, total_tokens, last_row, output, error, stop_reason,
+cost."""
+
+
+def summary_columns(state: RunState) -> SummaryColumns:
+    """The fields of ``summarize``'s line that come from ``state`` alone, for a store that
+    writes them as columns on every save without making a ``RunSummary`` (a frozen dataclass
+    of many fields: its construction costs as much as a statement)."""
+    return (
+        state.state,
+        state.turns,
+        state.usage.total_tokens,
+        state.trace[-1][0] if state.trace else None,
+        _column_text(state.output),
+        _column_text(state.error),
         # a run going on holds none (``Lifetime.STOP``): most saves skip the state test
-        stop_reason=(
+        (
             state.stop_reason
             if state.stop_reason is not None and state.state in TERMINAL_STATES
             else None
         ),
-        cost=state.cost,
+        state.cost,
     )
 
 
@@ -258,7 +290,7 @@ def encode_header(state: RunState) -> tuple[int, bytes]:
         CheckpointError: a note is not a JSON value, naming it.
     """
     try:
-        header = RUN_STATE_ADAPTER.dump_json(state, exclude=_HEADER_EXCLUDE)
+        header = _HEADER_SERIALIZER.to_json(state, exclude=_HEADER_EXCLUDE)
     except PydanticSerializationError as exc:
         try:
             header = RUN_STATE_ADAPTER.dump_json(
@@ -276,7 +308,7 @@ def encode_message(message: Message) -> str:
     that still holds a lone surrogate is written with U+FFFD, not refused with a serializer's
     error."""
     try:
-        return MESSAGE_ADAPTER.dump_json(message).decode()
+        return _MESSAGE_SERIALIZER.to_json(message).decode()
     except PydanticSerializationError:
         return MESSAGE_ADAPTER.dump_json(_cleaned(MESSAGE_ADAPTER, message)).decode()
 
@@ -284,7 +316,7 @@ def encode_message(message: Message) -> str:
 def encode_model(model: _Model) -> str:
     """``encode_message`` for any model (a journal's call or result)."""
     try:
-        return model.model_dump_json()
+        return model.__pydantic_serializer__.to_json(model).decode()
     except PydanticSerializationError:
         return _cleaned(TypeAdapter(type(model)), model).model_dump_json()
 

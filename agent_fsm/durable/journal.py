@@ -23,6 +23,7 @@ still found by the key given (``lookup`` applies the same function) and carry th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,10 +39,13 @@ __all__ = [
     "JournalEntry",
     "FinishingLookup",
     "MemoryJournal",
+    "NotStarted",
     "PairedLookup",
+    "StartingJournal",
     "StartingLookup",
     "ToolJournal",
     "journal_key",
+    "settle",
     "stored_key",
 ]
 
@@ -110,6 +114,31 @@ class ToolJournal(Protocol):
 
         Raises:
             KeyError: ``key`` never started.
+        """
+        ...
+
+
+class NotStarted(Exception):
+    """``StartingJournal.lookup_or_start`` found no entry for the key, and could not record
+    the call as started (its cause says why): the call must not run, and it did not."""
+
+
+@runtime_checkable
+class StartingJournal(Protocol):
+    """A journal that looks a call up and records it started in one durable write
+    (``SQLiteJournal``: one transaction where ``lookup`` and ``record_started`` take two).
+    ACT calls ``lookup_or_start`` where a journal has it, ``lookup`` then ``record_started``
+    otherwise: the same outcomes either way."""
+
+    def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
+        """The entry for ``key`` when there is one (then nothing is written); otherwise
+        ``call`` is recorded as started, as ``record_started`` does (durable when it
+        returns), and None is returned.
+
+        Raises:
+            NotStarted: there was no entry and the record could not be written (the call
+                must not run).
+            Exception: anything else: the entry could not be read (it may have run).
         """
         ...
 
@@ -203,3 +232,14 @@ class GuardedJournal:
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         self._journal.record_finished(key, result)
+
+
+def settle(journal: ToolJournal | None) -> None:
+    """Write now what ``journal`` holds back, if it holds anything back (a ``SQLiteJournal``
+    keeps the finished record of a run's last call in flight for the run's next write): the
+    run's driver lets go of it. Never raises: a record lost reads as started, the call's
+    outcome unknown, as after a crash."""
+    settling = getattr(journal, "settle", None)
+    if settling is not None:
+        with contextlib.suppress(Exception):
+            settling()

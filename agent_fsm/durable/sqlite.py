@@ -31,7 +31,7 @@ from agent_fsm.durable.encoding import (
     encode_message,
     read_summary,
     stop_value,
-    summarize,
+    summary_columns,
     unknown_run,
 )
 from agent_fsm.durable.journal import ToolJournal
@@ -47,21 +47,35 @@ from agent_fsm.table import TERMINAL_STATES, StopReason
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
 
-_UPSERT_RUN = """
-INSERT INTO runs (run_id, schema_version, header, state, turns, total_tokens, message_count,
-    trace_count, last_row, output, error, created_at, updated_at, revision, priority, cancel,
-    stop_reason, cost)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (run_id) DO UPDATE SET
-    schema_version = excluded.schema_version, header = excluded.header,
-    state = excluded.state, turns = excluded.turns, total_tokens = excluded.total_tokens,
-    message_count = excluded.message_count, trace_count = excluded.trace_count,
-    last_row = excluded.last_row, output = excluded.output, error = excluded.error,
-    updated_at = excluded.updated_at, revision = excluded.revision, cancel = excluded.cancel,
-    stop_reason = excluded.stop_reason, cost = excluded.cost
-"""
-"""A run's row: a new one with its priority, or the stored one rewritten (its priority
-kept, its cancel request as ``_write`` decides)."""
+_RUN_COLUMNS = (
+    "schema_version, header, state, turns, total_tokens, message_count, trace_count, last_row,"
+    " output, error, updated_at, revision, cancel, stop_reason, cost"
+)
+"""The columns of a run's row every save writes, in ``_write``'s order."""
+
+_INSERT_RUN = (
+    f"INSERT INTO runs ({_RUN_COLUMNS}, run_id, created_at, priority)"
+    f" VALUES ({', '.join('?' * 18)})"
+)
+"""A new run's row, with its creation time and priority."""
+
+_UPDATE_RUN = (
+    "UPDATE runs SET "
+    + ", ".join(f"{name.strip()} = ?" for name in _RUN_COLUMNS.split(","))
+    + " WHERE run_id = ?"
+)
+"""The stored row rewritten: its creation time and priority kept, its cancel request as
+``_write`` decides."""
+
+_READ_RUN = (
+    "SELECT r.message_count, r.trace_count, r.created_at, r.revision, r.cancel,"
+    " (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs),"
+    " EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?1 AND l.expires_at > ?2)"
+    " FROM (SELECT 1) LEFT JOIN runs r ON r.run_id = ?1"
+)
+"""What a save reads first, in one statement (each one costs a round through the sqlite3
+module): the stored run's counts, creation time, revision and cancel request (NULLs for a
+new run), the revision the save takes, and whether a lease on the run is live."""
 
 _LIST_RUNS = (
     "SELECT "
@@ -116,7 +130,9 @@ class SQLiteStore(ClosingStore):
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
         check_id(state.run_id)
-        with self._file.transaction(f"save run {state.run_id!r}", write=True) as conn:
+        with self._file.transaction(
+            f"save run {state.run_id!r}", write=True, settling=state.run_id
+        ) as conn:
             revision, renewed = self._write(conn, state, lease)
         self._saved(revision, state)
         return renewed
@@ -125,7 +141,7 @@ class SQLiteStore(ClosingStore):
         """One write transaction (``BEGIN IMMEDIATE``): no other process writes between
         the comparison and the save."""
         run_id = check_id(state.run_id)
-        with self._file.transaction(f"save run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"save run {run_id!r}", write=True, settling=run_id) as conn:
             row = conn.execute(
                 "SELECT header, trace_count FROM runs WHERE run_id = ?", (run_id,)
             ).fetchone()
@@ -143,7 +159,7 @@ class SQLiteStore(ClosingStore):
 
     def _create(self, state: RunState, lease: Lease | None, priority: int) -> bool:
         run_id = check_id(state.run_id)
-        with self._file.transaction(f"create run {run_id!r}", write=True) as conn:
+        with self._file.transaction(f"create run {run_id!r}", write=True, settling=run_id) as conn:
             # BEGIN IMMEDIATE holds the write lock from here: no other process can create
             # the run between this look-up and the write.
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
@@ -173,16 +189,17 @@ class SQLiteStore(ClosingStore):
         save of a stop clears."""
         run_id = state.run_id
         now = self._clock()
-        sqlite_leases.fence(conn, run_id, lease, now)
+        if lease is not None:
+            sqlite_leases.renew(conn, lease, now)
         version, header = encode_header(state)
         messages, trace = state.messages, state.trace
-        row = conn.execute(
-            "SELECT message_count, trace_count, created_at, revision, cancel FROM runs"
-            " WHERE run_id = ?",
-            (run_id,),
-        ).fetchone()
-        found = row if row is not None else (0, 0, now, None, None)
-        stored_messages, stored_trace, created_at, stored_revision, request = found
+        stored_messages, stored_trace, created_at, stored_revision, request, revision, leased = (
+            conn.execute(_READ_RUN, (run_id, now)).fetchone()
+        )
+        if lease is None and leased:
+            sqlite_leases.fence(conn, run_id, None, now)  # raises, naming the holder
+        if stored_revision is None:  # a new run
+            stored_messages, stored_trace, created_at = 0, 0, now
         stopped = state.state in TERMINAL_STATES
         if stopped:
             request = None
@@ -202,31 +219,30 @@ class SQLiteStore(ClosingStore):
                 "INSERT INTO trace VALUES (?, ?, ?, ?)",
                 [(run_id, idx, *trace[idx]) for idx in range(kept_trace, len(trace))],
             )
-        summary = summarize(state, created_at=created_at, updated_at=now)
-        (revision,) = conn.execute("SELECT COALESCE(MAX(revision), 0) + 1 FROM runs").fetchone()
-        conn.execute(
-            _UPSERT_RUN,
-            (
-                run_id,
-                version,
-                header.decode(),
-                str(summary.state),
-                summary.turns,
-                summary.total_tokens,
-                len(messages),
-                len(trace),
-                summary.last_row,
-                summary.output,
-                summary.error,
-                created_at,
-                now,
-                revision,
-                priority,
-                request,
-                stop_value(summary.stop_reason, stopped=stopped),
-                summary.cost,
-            ),
+        name, turns, total_tokens, last_row, output, error, stop_reason, cost = summary_columns(
+            state
         )
+        columns = (
+            version,
+            header.decode(),
+            str(name),
+            turns,
+            total_tokens,
+            len(messages),
+            len(trace),
+            last_row,
+            output,
+            error,
+            now,
+            revision,
+            request,
+            stop_value(stop_reason, stopped=stopped),
+            cost,
+        )
+        if stored_revision is None:
+            conn.execute(_INSERT_RUN, (*columns, run_id, created_at, priority))
+        else:
+            conn.execute(_UPDATE_RUN, (*columns, run_id))
         if lease is None:
             return int(revision), None
         renewed = dataclasses.replace(lease, expires_at=now + lease.ttl_s, cancel_requested=request)
@@ -247,6 +263,16 @@ class SQLiteStore(ClosingStore):
         (``checkpoint``'s rules), written whole: transcript and trace are one history.
         """
         run_id, messages, trace = state.run_id, state.messages, state.trace
+        seen = self._seen.get(run_id)
+        if (  # the common case, checked at once: the live run continues what this store wrote
+            seen is not None
+            and seen.revision == revision
+            and 0 < seen.messages == stored[0] <= len(messages)
+            and 0 < seen.steps == stored[1] <= len(trace)
+            and messages[seen.messages - 1] is seen.last
+            and trace[seen.steps - 1] is seen.last_step
+        ):
+            return stored
         kept_messages, kept_trace = min(stored[0], len(messages)), min(stored[1], len(trace))
         if not (
             self._same_message(conn, run_id, kept_messages, messages, revision)
@@ -373,6 +399,7 @@ class SQLiteStore(ClosingStore):
         with self._file.transaction(f"delete run {run_id!r}", write=True) as conn:
             for table in ("runs", "messages", "trace", "journal", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            self._file.forget(run_id)
         self._seen.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:

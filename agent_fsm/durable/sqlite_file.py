@@ -22,18 +22,17 @@ schema version each run records):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
 from agent_fsm.durable.listing import redacted
 from agent_fsm.durable.queue import STOPPED_SQL
 from agent_fsm.errors import CheckpointError
 
-__all__ = ["LAYOUT_VERSION", "SQLiteFile"]
+__all__ = ["LAYOUT_VERSION", "SQLiteFile", "Transaction"]
 
 LAYOUT_VERSION = 4
 """The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table, 3
@@ -134,6 +133,9 @@ class SQLiteFile:
         password."""
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._held: dict[str, dict[str, str]] = {}
+        """run_id -> stored key -> result JSON: finished records a journal holds back until
+        the run's next write (``hold``)."""
         if self.path.lower().startswith(("postgres://", "postgresql://")):
             raise CheckpointError(
                 f"{self.name} is a PostgreSQL URL, not a SQLite file: open it with"
@@ -218,8 +220,32 @@ class SQLiteFile:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
-    @contextmanager
-    def transaction(self, what: str, *, write: bool) -> Iterator[sqlite3.Connection]:
+    def hold(self, run_id: str, key: str, result: str) -> None:
+        """Keep the finished record of a call (``key`` as stored, ``result`` its JSON) until
+        the run's next write transaction (``transaction(..., settling=run_id)``: a checkpoint
+        save or a journal record), which writes it first. Until then ``held`` gives it to
+        readers in this process; a crash loses it, and the call then reads as started (its
+        outcome unknown), as when a crash came just before its record. ``durable.journal``'s
+        ``SQLiteJournal`` holds back a record only when no other call of the run is in
+        flight, so the next write follows without waiting on anything from outside."""
+        with self._lock:
+            self._held.setdefault(run_id, {})[key] = result
+
+    def held(self, run_id: str, key: str) -> str | None:
+        """The result JSON held back for the call (``hold``), if any; read inside a
+        transaction, which holds the lock."""
+        records = self._held.get(run_id)
+        return None if records is None else records.get(key)
+
+    def holds(self, run_id: str) -> bool:
+        """Records are held back for the run."""
+        return run_id in self._held
+
+    def forget(self, run_id: str) -> None:
+        """Drop what is held back for a deleted run; inside its delete's transaction."""
+        self._held.pop(run_id, None)
+
+    def transaction(self, what: str, *, write: bool, settling: str | None = None) -> Transaction:
         """One transaction on the file, under the lock: committed when the block ends,
         rolled back when it raises. sqlite errors become ``CheckpointError`` saying it could
         not ``what`` (for example "save run 'r1'").
@@ -229,30 +255,88 @@ class SQLiteFile:
         deferred transaction: its queries see one snapshot even while another process
         writes.
 
+        ``settling``: a write of that run, which first writes the finished records held
+        back for it (``hold``); they are held again if it does not commit.
+
         Raises:
             CheckpointError: the file is closed, or sqlite failed.
         """
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise CheckpointError(f"checkpoint store {self.name} is closed")
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                try:
-                    yield conn
-                except BaseException:
-                    if conn.in_transaction:  # sqlite may have rolled back already
-                        conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise CheckpointError(
-                    f"checkpoint store {self.name}: cannot {what}: {exc}"
-                ) from exc
+        return Transaction(self, what, write, settling)
 
     def close(self) -> None:
         """Close the connection; idempotent. Transactions then raise CheckpointError."""
+        for run_id in list(self._held):  # best effort: a record lost reads as started
+            settled = self.transaction("record journal entries", write=True, settling=run_id)
+            with contextlib.suppress(CheckpointError), settled:
+                pass
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+class Transaction:
+    """``SQLiteFile.transaction``'s block: a class rather than a generator context manager,
+    as every save and journal record opens one (a generator's frame and its ``next`` and
+    ``throw`` cost more than the statements of a small transaction)."""
+
+    __slots__ = ("_conn", "_file", "_settled", "_settling", "_what", "_write")
+
+    def __init__(self, file: SQLiteFile, what: str, write: bool, settling: str | None) -> None:
+        self._file = file
+        self._what = what
+        self._write = write
+        self._settling = settling
+        self._settled: dict[str, str] | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    def __enter__(self) -> sqlite3.Connection:
+        file = self._file
+        file._lock.acquire()
+        try:
+            conn = file._conn
+            if conn is None:
+                raise CheckpointError(f"checkpoint store {file.name} is closed")
+            conn.execute("BEGIN IMMEDIATE" if self._write else "BEGIN")
+            self._conn = conn
+            if self._settling is not None and self._settling in file._held:
+                self._settle(conn, self._settling)
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, None)
+            raise
+        return conn
+
+    def _settle(self, conn: sqlite3.Connection, run_id: str) -> None:
+        """Write the finished records held back for ``run_id`` (``SQLiteFile.hold``)."""
+        self._settled = records = self._file._held.pop(run_id)
+        conn.executemany(
+            "UPDATE journal SET status = 'finished', result = ? WHERE run_id = ? AND key = ?",
+            [(result, run_id, key) for key, result in records.items()],
+        )
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: object
+    ) -> None:
+        conn, file = self._conn, self._file
+        committed = False
+        try:
+            if conn is None:  # it never began
+                pass
+            elif kind is None:
+                conn.execute("COMMIT")
+                committed = True
+            elif conn.in_transaction:  # sqlite may have rolled back already
+                conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
+        finally:
+            settled = self._settled
+            if settled is not None and not committed:  # held again, under later ones
+                assert self._settling is not None
+                file._held[self._settling] = {**settled, **file._held.get(self._settling, {})}
+            file._lock.release()
+        if isinstance(error, sqlite3.Error):
+            raise self._failed(error) from error
+
+    def _failed(self, exc: sqlite3.Error) -> CheckpointError:
+        return CheckpointError(f"checkpoint store {self._file.name}: cannot {self._what}: {exc}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent_fsm.durable.journal import CallStatus, ToolJournal, journal_key
+from agent_fsm.durable.journal import CallStatus, ToolJournal, journal_key, settle
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, Usage, UserMessage
 from agent_fsm.state import RunState
@@ -115,4 +115,5 @@ def copy_journal(source: ToolJournal, target: ToolJournal, messages: Sequence[Me
             if entry.status is CallStatus.FINISHED and entry.result is not None:
                 target.record_finished(key, entry.result)
             copied += 1
+    settle(target)  # durable now, whenever and wherever the fork is run
     return copied

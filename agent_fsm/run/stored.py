@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 
 from agent_fsm.durable.checkpoint import CheckpointStore
-from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.durable.journal import ToolJournal, settle
 from agent_fsm.durable.leases import Lease, LeaseStore
 from agent_fsm.durable.queue import RunCancels, RunQueue
 from agent_fsm.errors import CheckpointError, ConfigError, ResumeError
@@ -118,6 +118,7 @@ class _StoredKeeper:
         self._store.save(state)
 
     def release(self) -> None:
+        settle(self.journal)  # what its journal held back for its next save
         self._home.live.remove(self._run_id, self._stop)
 
 
@@ -290,5 +291,6 @@ class _LeasedKeeper:
         self._lease.save(state)
 
     def release(self) -> None:
+        settle(self.journal)  # before the lease goes: whoever takes the run over reads it
         self._lease.release()
         self._home.live.remove(self._run_id, self._stop)

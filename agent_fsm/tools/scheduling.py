@@ -17,7 +17,7 @@ from pydantic import JsonValue
 
 from agent_fsm.cancellation import StopEvent, StopScope
 from agent_fsm.constructors import builder
-from agent_fsm.durable.journal import CallStatus, ToolJournal, journal_key
+from agent_fsm.durable.journal import CallStatus, NotStarted, ToolJournal, journal_key
 from agent_fsm.events import Event, ToolRetried, ToolStarted
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolCall, ToolMessage
@@ -226,10 +226,16 @@ class TurnCalls:
         assert journal is not None
         assert tool is not None
         key = journal_key(self.site.state.turns, index, call.id)
+        starting = getattr(journal, "lookup_or_start", None)  # ``StartingJournal``
         try:
-            entry = journal.lookup(key)
+            entry = journal.lookup(key) if starting is None else starting(key, call)
+        except NotStarted as exc:  # read: never started; and it could not be recorded
+            return Executed(_not_recorded(call, exc.__cause__ or exc), 0)
         except Exception as exc:  # unread is not unrun: it may have run before a crash
             return Executed(outcome_unknown(call, f"{type(exc).__name__}: {exc}"), 0)
+        if entry is None and starting is not None:  # recorded as started: it runs now
+            self.open_keys[index] = key
+            return None
         if entry is not None and entry.status is CallStatus.FINISHED and entry.result:
             recorded = entry.result
             details = merge_runtime_details(recorded.details, {"replayed": True})
@@ -242,14 +248,7 @@ class TurnCalls:
         try:
             journal.record_started(key, call)
         except Exception as exc:  # the store failed: never run a call the journal cannot see
-            return Executed(
-                error_result(
-                    call,
-                    f"Tool '{call.name}' was not run: its call could not be recorded "
-                    f"({type(exc).__name__}: {exc}).",
-                ),
-                0,
-            )
+            return Executed(_not_recorded(call, exc), 0)
         self.open_keys[index] = key
         return None
 
@@ -261,6 +260,15 @@ class TurnCalls:
         # If the store fails the answer stands; a resume will call the outcome unknown.
         with contextlib.suppress(Exception):
             journal.record_finished(key, result)
+
+
+def _not_recorded(call: ToolCall, why: BaseException) -> ToolMessage:
+    """The answer to a call that did not run because the journal could not record it."""
+    return error_result(
+        call,
+        f"Tool '{call.name}' was not run: its call could not be recorded "
+        f"({type(why).__name__}: {why}).",
+    )
 
 
 def waves(prepared: Sequence[PreparedCall], runnable: list[int], parallel: bool) -> list[list[int]]:
