@@ -49,8 +49,6 @@ __all__ = [
     "RUN_STATE_ADAPTER",
     "calibrated_prompt_tokens",
     "reopen_fields",
-    "SHARED_TURNS",
-    "TRACE_PAIRS",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -439,22 +437,7 @@ class RunState:
     trace: list[tuple[int, int]] = _declared(
         L.RUN, "run.engine durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
-    """(row index in the machine's table, turn) for every transition taken (each pair
-    shared with other runs: ``TRACE_PAIRS``)."""
-
-
-SHARED_TURNS = 256
-"""``RunState.trace`` pairs are shared (``TRACE_PAIRS``) for the turns below this: at most
-the table's rows times this many pairs (a few hundred KiB at worst; a few KiB for agents of
-tens of turns, which take a handful of rows per turn). A later turn's pair is a tuple of its
-run's own."""
-
-TRACE_PAIRS: dict[tuple[int, int], tuple[int, int]] = {}
-"""One ``(row, turn)`` tuple for every run that takes row ``row`` at turn ``turn``, keyed by
-itself: runs of one agent take the same rows at the same turns, so a live run holds a
-reference per transition instead of a 64-byte tuple of its own (a fifth of a kilobyte per
-turn, for as long as the run lives). Written by the engine after each transition
-(``TRACE_PAIRS.setdefault(pair, pair)``), read by nobody: the pairs are ordinary tuples."""
+    """(row index in the machine's table, turn) for every transition taken."""
 
 
 def calibrated_prompt_tokens(state: RunState) -> int:

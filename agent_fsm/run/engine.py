@@ -62,15 +62,7 @@ from agent_fsm.run.reflecting import reflect
 from agent_fsm.run.residence import RunKeeper
 from agent_fsm.run.summarising import summarise
 from agent_fsm.run.thinking import think
-from agent_fsm.state import (
-    SHARED_TURNS,
-    TRACE_PAIRS,
-    AgentRecord,
-    RunResult,
-    RunState,
-    TraceEntry,
-    reopen_fields,
-)
+from agent_fsm.state import AgentRecord, RunResult, RunState, TraceEntry, reopen_fields
 from agent_fsm.table import (
     LAST_CALL_STATE,
     TERMINAL_STATES,
@@ -85,7 +77,6 @@ __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 
 _TRIGGER_NAMES: dict[Trigger | str, str] = {trigger: trigger.value for trigger in Trigger}
 _state_changed = builder(StateChanged)
-_shared_pair = TRACE_PAIRS.setdefault  # bound once: called after every transition
 
 
 _WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[None] | None]] = {
@@ -428,12 +419,8 @@ class Run:
     def _after(self, row: Row) -> None:
         state = self._state
         index = self._handle.taken if self._handle is not None else -1
-        turn = state.turns
-        pair = (index, turn)
-        if turn < SHARED_TURNS:  # one tuple for every run (state.TRACE_PAIRS)
-            pair = _shared_pair(pair, pair)
-        # the one record of it: the result's TraceEntry objects are built from it at the end
-        state.trace.append(pair)
+        state.trace.append((index, state.turns))  # the one record of it: the result's
+        # TraceEntry objects are built from it when the run ends
         if self._debug:
             self._ctx.log.debug(
                 "transition",
