@@ -94,6 +94,8 @@ def test_the_transcript_records_of_every_run_share_their_sets() -> None:
     assert len(calls) == 6
     for kind in (answers, calls):
         assert len({id(record.model_fields_set) for record in kind}) == 1
+    users = [m for ms in transcripts for m in ms if isinstance(m, UserMessage)]
+    assert users[0].model_fields_set is users[1].model_fields_set
     # the sets pydantic gives the same builds, given as the engine builds them
     assert (
         answers[0].model_fields_set

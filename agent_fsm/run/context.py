@@ -25,7 +25,7 @@ from agent_fsm.guardrails import Guardrail
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
-from agent_fsm.messages import AssistantMessage, Message
+from agent_fsm.messages import AssistantMessage, Message, UserMessage
 from agent_fsm.models.base import Model
 from agent_fsm.output import OutputSpec
 from agent_fsm.pricing import Pricing
@@ -176,10 +176,14 @@ class RunContext:
         sent to providers, all as UTF-8): text is cleaned where it enters the run (the user's
         input and answers, the model's reply, a tool's result), not here on every append."""
         state = self.state
-        if type(message) is AssistantMessage:  # the model's records, kept as long as the run
-            share_fields_sets((message, *message.tool_calls))  # (records.py says why)
+        # records kept as long as the run share their fields sets (records.py says why; a
+        # tool's answer gets its shared set where it is built)
+        if type(message) is AssistantMessage:
+            share_fields_sets((message, *message.tool_calls))
             if message.usage is not None:
                 share_fields_sets((message.usage,))
+        elif type(message) is UserMessage:
+            share_fields_sets((message,))
         state.messages.append(message)
         state.prompt_tokens_estimate += estimate_message_tokens(message, self.config.count_tokens)
 
