@@ -7,7 +7,7 @@ instance's own: 216 bytes, over 700 once it holds five names, and one more conta
 cyclic collector to walk. A transcript holds many messages, tool calls and usages, almost all
 with one of a handful of fields sets: a run parked in its fifth tool call held sixteen such
 sets, a fifth of its memory (``benchmarks/parked_runs.py``). The engine hands each record it
-keeps for the life of a run (the model's replies, in ``RunContext.append``) to
+keeps for the life of a run (the model's replies, the user's messages: ``RunContext.append``) to
 ``share_fields_sets``; the records it builds itself with the same fields every time (a tool's
 answer, the run's usage) get their shared set as they are built (``give_fields_set``).
 
