@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from agent_fsm.constructors import quick_init
 from agent_fsm.content import ContentPart, FilePart, ImagePart, TextPart, clean_text
 from agent_fsm.errors import ConfigError
+from agent_fsm.records import fields_set, give_fields_set
 
 __all__ = [
     "AssistantMessage",
@@ -172,7 +173,7 @@ class Usage(BaseModel):
     def __add__(self, other: Usage) -> Usage:
         # Validated like Usage(...), through the model's own validator: the keyword call
         # of BaseModel.__init__ cost a third of this, and it runs on every reply.
-        return Usage.__pydantic_validator__.validate_python(  # type: ignore[no-any-return]
+        total: Usage = Usage.__pydantic_validator__.validate_python(
             {
                 "input_tokens": self.input_tokens + other.input_tokens,
                 "output_tokens": self.output_tokens + other.output_tokens,
@@ -182,9 +183,12 @@ class Usage(BaseModel):
                 "estimated": self.estimated or other.estimated,
             }
         )
+        give_fields_set(total, _EVERY_USAGE_FIELD)  # a run keeps its sum as long as it lives
+        return total
 
 
 AssistantMessage.model_rebuild()  # its ``usage`` is a Usage, defined after it
+_EVERY_USAGE_FIELD = fields_set(*Usage.model_fields)  # the fields ``Usage.__add__`` gives
 
 
 class FinishReason(StrEnum):

@@ -305,6 +305,21 @@ def _declared(
 
 L = Lifetime
 
+_NO_USAGE = Usage()
+_NO_EDITS = ContextEdits()
+
+
+def _no_usage() -> Usage:
+    """A new run's usage: one frozen record shared by every run (one of its own, with its
+    dict and fields set, cost each run a few hundred bytes until its first reply)."""
+    return _NO_USAGE
+
+
+def _unedited() -> ContextEdits:
+    """A new run's context edits (none): one frozen record shared by every run, as
+    ``_no_usage``; a policy that edits the prompt gives the run new ones."""
+    return _NO_EDITS
+
 
 @dataclass(slots=True, kw_only=True)
 class RunState:
@@ -336,7 +351,7 @@ class RunState:
     """Retries of the current turn's model call."""
     turn_retry_wait_s: float = _declared(L.RUN, "run.thinking", 0.0)
     """Seconds the current turn has waited before its retries."""
-    usage: Usage = _declared(L.RUN, "run.thinking run.parenting", factory=Usage)
+    usage: Usage = _declared(L.RUN, "run.thinking run.parenting", factory=_no_usage)
     cost: float | None = _declared(L.RUN, "run.thinking run.parenting", None)
     """What the model calls cost so far (``Limits.prices``); None while none was priced."""
     messages: list[Message] = _declared(
@@ -362,7 +377,7 @@ class RunState:
     calibration: Calibration = _declared(L.RUN, "", factory=Calibration)
     """How the servers count what the engine estimates (``tokens.Calibration``), learned
     from every reported usage and every context overflow (``calibrated_prompt_tokens``)."""
-    context: ContextEdits = _declared(L.RUN, "run.context", factory=ContextEdits)
+    context: ContextEdits = _declared(L.RUN, "run.context", factory=_unedited)
     """How the prompt sent differs from the transcript (``agent_fsm.prompt``)."""
     summary_due: SummaryDue | None = _declared(L.STOP, "run.compacting", None)
     """A summary a context policy asked for, written by the next model call."""

@@ -18,6 +18,7 @@ LAYERS = [
     "errors",
     "extras",
     "constructors",
+    "records",
     "table",
     "custom_table",
     "content",

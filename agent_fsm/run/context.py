@@ -25,11 +25,12 @@ from agent_fsm.guardrails import Guardrail
 from agent_fsm.hooks import StepHooks
 from agent_fsm.limits import Limits
 from agent_fsm.loop.machine import AgentMachine
-from agent_fsm.messages import Message
+from agent_fsm.messages import AssistantMessage, Message, UserMessage
 from agent_fsm.models.base import Model
 from agent_fsm.output import OutputSpec
 from agent_fsm.pricing import Pricing
 from agent_fsm.prompt import ContextEdits, prompt_messages
+from agent_fsm.records import share_fields_sets
 from agent_fsm.state import AgentRecord, RunResult, RunState
 from agent_fsm.table import Row
 from agent_fsm.tokens import TextCounter, estimate_message_tokens, estimate_text_tokens
@@ -175,6 +176,14 @@ class RunContext:
         sent to providers, all as UTF-8): text is cleaned where it enters the run (the user's
         input and answers, the model's reply, a tool's result), not here on every append."""
         state = self.state
+        # records kept as long as the run share their fields sets (records.py says why; a
+        # tool's answer gets its shared set where it is built)
+        if type(message) is AssistantMessage:
+            share_fields_sets((message, *message.tool_calls))
+            if message.usage is not None:
+                share_fields_sets((message.usage,))
+        elif type(message) is UserMessage:
+            share_fields_sets((message,))
         state.messages.append(message)
         state.prompt_tokens_estimate += estimate_message_tokens(message, self.config.count_tokens)
 

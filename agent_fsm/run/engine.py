@@ -38,7 +38,7 @@ from agent_fsm.events import (
     StateChanged,
     SteeringQueued,
 )
-from agent_fsm.logs import get_logger, is_enabled_for
+from agent_fsm.logs import RunLogger, get_logger, is_enabled_for
 from agent_fsm.loop.machine import RunHandle
 from agent_fsm.messages import (
     Message,
@@ -123,7 +123,7 @@ class Run:
         path: tuple[str, ...] = (),
         home: object = None,
     ) -> None:
-        log = get_logger("agent_fsm").bind(run_id=state.run_id)
+        log = RunLogger("agent_fsm", state.run_id)
         time = keeper.time
         self._config = config
         self._state = state
@@ -133,7 +133,7 @@ class Run:
         # Asked once per run: the transition line is built only when it will be written.
         # Filtered out, building it still cost 6% of a turn's wall time (the interpreter's
         # call and keyword dict; callgrind counts 3% of instructions).
-        self._debug = is_enabled_for(log, logging.DEBUG)
+        self._debug = is_enabled_for(get_logger("agent_fsm"), logging.DEBUG)  # (binds no id)
         self._ctx = RunContext(
             state=state,
             config=config,
