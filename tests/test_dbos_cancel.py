@@ -395,6 +395,34 @@ async def test_agent_cancel_reaches_a_dbos_run(
         agent.agent.cancel("never-ran", "why")
 
 
+async def test_agent_cancel_is_recorded_by_the_dbos_agent_whose_run_it_is(
+    journal: PostgresStore, postgres_url: str
+) -> None:
+    """DBOS sees the workflows of every ``DBOSAgent`` of the process: one on another
+    journal store must not take another's run for its own (its request, recorded in its
+    own journal, would never be read, and the run would go on)."""
+    tools = Sends(hold=frozenset({1}))
+    model = FunctionModel(sends(3))
+    agent = agent_of(journal, model, tools)
+    run_id = f"whose-{uuid.uuid4().hex[:8]}"
+    other_schema = f"test_{uuid.uuid4().hex[:16]}"
+    try:
+        with PostgresStore(postgres_url, schema=other_schema) as elsewhere:
+            stranger = canceller(elsewhere)  # registered too, on a journal of its own
+            running = asyncio.ensure_future(agent.run("Send three.", run_id=run_id))
+            await tools.wait_entered(1)
+            assert stranger.cancel_elsewhere(run_id, "not mine") is None
+            assert elsewhere.journal(run_id).lookup("cancel") is None
+            assert agent.cancel_elsewhere(run_id, "mine") is True
+            tools.release()
+            assert_aborted(await running, "mine", agent)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(other_schema))
+            )
+
+
 async def test_a_cancel_that_cannot_look_says_so_and_never_no_such_run(
     outside: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

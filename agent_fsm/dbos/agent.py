@@ -46,7 +46,7 @@ from typing import Any
 from dbos import DBOS, SetWorkflowID, WorkflowHandleAsync
 
 from agent_fsm.agent import Agent
-from agent_fsm.dbos.cancelling import cancel_run, request_cancel
+from agent_fsm.dbos.cancelling import cancel_run, launched_status_among, request_cancel
 from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
 from agent_fsm.dbos.private import launched
@@ -402,10 +402,17 @@ class DBOSAgent:
             return None  # a journal store closed: this agent runs nothing any more
         answer: list[bool | None] = [None]
         failed: list[CheckpointError] = []
+        # Only a workflow of this agent's: another DBOSAgent of the process, on another
+        # journal store, sees it too, and must not record the request where it is not read.
+        own_workflows = launched_status_among(
+            frozenset({WORKFLOW_PREFIX + self.name, RESUME_PREFIX + self.name})
+        )
 
         def ask() -> None:
             try:
-                answer[0] = asyncio.run(request_cancel(self._journal, run_id, reason))
+                answer[0] = asyncio.run(
+                    request_cancel(self._journal, run_id, reason, status_of=own_workflows)
+                )
             except ConfigError:  # an id no store keeps: not one of these runs
                 pass
             except CheckpointError as exc:

@@ -64,6 +64,7 @@ __all__ = [
     "StatusOf",
     "cancel_outside",
     "cancel_run",
+    "launched_status_among",
     "request_cancel",
     "running_activation",
 ]
@@ -83,6 +84,19 @@ async def _launched_status(workflow_id: str) -> str | None:
     """The status, read through this process's launched DBOS."""
     status = await DBOS.get_workflow_status_async(workflow_id)
     return None if status is None else str(status.status)
+
+
+def launched_status_among(names: frozenset[str]) -> StatusOf:
+    """The status, read through this process's launched DBOS, of a workflow registered
+    under one of ``names``; None for another's. One process may hold ``DBOSAgent``s on
+    different journal stores, and DBOS sees the workflows of all of them: a request
+    recorded in the journal of an agent whose workflow it is not would never be read."""
+
+    async def status(workflow_id: str) -> str | None:
+        found = await DBOS.get_workflow_status_async(workflow_id)
+        return None if found is None or found.name not in names else str(found.status)
+
+    return status
 
 
 def _client_status(client: DBOSClient, url: str) -> StatusOf:
