@@ -464,6 +464,45 @@ def test_a_starting_lookup_reads_both_entries_and_starts_only_when_neither_exist
     assert pg.journal("fenced").lookup("a") is None
 
 
+def test_of_two_executions_starting_a_call_at_once_only_one_starts_it(
+    pg: PostgresStore, postgres_url: str, postgres_schema: str
+) -> None:
+    """Two executions of one DBOS tool step at once (a worker taken for dead that goes on,
+    and the one that recovered its run): the second's ``start_unless_known`` runs while the
+    first's start is written but not committed, so its read sees no entry and its insert
+    meets the first's row and does nothing. It must answer the first's entry, not record
+    the call again and run it (the chaos test saw the effect twice)."""
+    from agent_fsm.durable.journal import CallStatus
+    from agent_fsm.messages import ToolCall
+    from tests.test_forward_saves import wait_for_a_lock_waiter
+
+    send = ToolCall(id="a", name="send", arguments='{"n": 1}')
+    outcome: dict[str, Any] = {}
+    with PostgresStore(postgres_url, schema=postgres_schema) as other:
+        second = pg.journal("both")
+        in_write = threading.Event()
+
+        def second_starts() -> None:
+            assert in_write.wait(30)
+            outcome["second"] = second.start_unless_known("call", send, "cancel")
+
+        racing = threading.Thread(target=second_starts)
+        racing.start()
+        with other._db.transaction("hold the first start") as conn:  # not committed yet
+            conn.execute(
+                "INSERT INTO journal VALUES (%s, %s, %s::json, 'started', NULL)",
+                ("both", "call", send.model_dump_json()),
+            )
+            in_write.set()
+            wait_for_a_lock_waiter(postgres_url)  # the second waits on the first's row
+        racing.join(30)
+    entry, request, started = outcome["second"]
+    assert started is False
+    assert request is None
+    assert entry is not None
+    assert (entry.status, entry.call) == (CallStatus.STARTED, send)
+
+
 def test_a_finishing_lookup_records_the_end_and_reads_the_other_entry(pg: PostgresStore) -> None:
     """``finish_and_lookup`` (a DBOS tool step's end, and its run's cancel request read in
     the same round trip) does what ``record_finished`` then ``lookup`` would: the end

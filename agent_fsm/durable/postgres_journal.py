@@ -149,10 +149,18 @@ class PostgresJournal:
         found = {row[1]: row[2:] for row in rows if row[1] is not None}
         first, second = found.get(keys[0]), found.get(keys[1])
         if not started and first is None and second is None:
-            # Refused by the fence (another's live lease), or the key recorded meanwhile:
-            # the separate statements say which, as record_started does.
-            self.record_started(key, call)
-            return None, None, True
+            # Refused by the fence (another's live lease), or the key recorded meanwhile by
+            # another execution of the step (a worker taken for dead that goes on): its row
+            # came after this statement's snapshot, and the insert met it and did nothing.
+            # Read again (the other's insert has committed by now, or rolled back): an entry
+            # found is answered as found, never recorded over, so that only one execution
+            # starts the call; none found leaves the fence to say why it refused (or, when
+            # the other rolled back, to record the start).
+            first_entry, second_entry = self.lookup_pair(key, other)
+            if first_entry is None and second_entry is None:
+                self.record_started(key, call)
+                return None, None, True
+            return first_entry, second_entry, False
         return (
             None if first is None else self._entry(key, first),
             None if second is None else self._entry(other, second),
