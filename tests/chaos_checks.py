@@ -50,6 +50,9 @@ class ClickRow:
     """``prompt``, ``double`` (the same again at once) or ``late`` (once the run left the
     pause)."""
     outcome: str | None
+    holders: tuple[str, ...] = ()
+    """The workers that took the click, in turn (a worker that dies holding it leaves it to
+    the next)."""
 
 
 @dataclass
@@ -255,15 +258,21 @@ class Left:
         for row in ledger.execute("SELECT run_id, call_id, step, tool, worker FROM effects"):
             effects[row[0]].append(Effect(*row))
         clicks = [
-            ClickRow(n, run_id, pause, tuple(calls), kind, outcome)
-            for n, run_id, pause, calls, kind, outcome in ledger.execute(
-                "SELECT id, run_id, pause, calls, kind, outcome FROM clicks ORDER BY id"
+            ClickRow(n, run_id, pause, tuple(calls), kind, outcome, tuple(holders or ()))
+            for n, run_id, pause, calls, kind, outcome, holders in ledger.execute(
+                "SELECT id, run_id, pause, calls, kind, outcome, holders FROM clicks ORDER BY id"
             )
         ]
         finishes: dict[str, list[tuple[str, str | None]]] = collections.defaultdict(list)
         for run_id, worker, text in ledger.execute("SELECT run_id, worker, digest FROM finishes"):
             finishes[run_id].append((worker, text))
         return cls(effects, clicks, finishes)
+
+    def workers_of(self, run_id: str) -> set[str]:
+        """The workers that took a click of ``run_id`` or made one of its effects: the
+        ones that drove it, as far as the ledger tells."""
+        clicks = {w for click in self.clicks if click.run_id == run_id for w in click.holders}
+        return clicks | {effect.worker for effect in self.effects.get(run_id, [])}
 
     def clicked(self, run_id: str) -> set[str]:
         """The call ids the clicks for ``run_id`` named."""
@@ -317,7 +326,13 @@ def leases_results(
         seen = left.finishes.get(run_id, [])
         if len(seen) > 1:
             tally.problem(run_id, f"finished by {len(seen)} workers: {seen}")
-        elif not seen and summary.lease_holder not in killed:
+        elif (
+            not seen and summary.lease_holder not in killed and not killed & left.workers_of(run_id)
+        ):
+            # A worker writes a run's finish down once its last save is in and its lease
+            # let go; one killed in between (by a fault armed for another run's save or
+            # call, in the same process) never does, and holds no lease any more: a worker
+            # that drove the run and was killed may be the one that finished it.
             tally.problem(run_id, "finished, but no worker saw it finish")
         for _, text in seen:
             same_result(tally, run_id, "finisher vs store", digest(result.messages), text)
