@@ -97,13 +97,6 @@ def _where(summary: RunSummary) -> tuple[Any, ...]:
     return (summary.state, summary.messages, summary.turns, row, stop)
 
 
-LATEST = {"sigstop": 0.5}
-"""The latest share of runs finished at which a fault of the kind may be due (0.75 for the
-others). A SIGSTOP waits for a worker that drives a run; one due late, after a restart of
-PostgreSQL had left the workers idle, once found none before every run had finished (a
-round of 13 s): "faults not injected"."""
-
-
 def _schedule(profile: Profile) -> list[tuple[float, str]]:
     """When each fault comes: a share of the runs finished, drawn from the seed."""
     rng = random.Random(profile.seed)
@@ -113,7 +106,7 @@ def _schedule(profile: Profile) -> list[tuple[float, str]]:
         + ["pg-restart"] * profile.pg_restarts
         + ["sigstop"] * profile.sigstops
     )
-    return sorted((rng.uniform(0.05, LATEST.get(kind, 0.75)), kind) for kind in kinds)
+    return sorted((rng.uniform(0.05, 0.75), kind) for kind in kinds)
 
 
 def _retrying(work: Callable[[], Any], bound_s: float = 180.0) -> Any:
