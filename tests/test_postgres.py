@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import dataclasses
 import math
 import re
 import socket
@@ -501,6 +502,111 @@ def test_of_two_executions_starting_a_call_at_once_only_one_starts_it(
     assert request is None
     assert entry is not None
     assert (entry.status, entry.call) == (CallStatus.STARTED, send)
+
+
+def _race_a_first_start(
+    pg: PostgresStore,
+    postgres_url: str,
+    postgres_schema: str,
+    run_id: str,
+    start: Any,
+) -> Any:
+    """``start()`` (a first start of call ``call`` of ``run_id``, on ``pg``) made while
+    another execution's start of the same call is written but not committed: its read sees
+    no entry and its insert meets the other's row. What ``start`` returned."""
+    from agent_fsm.messages import ToolCall
+    from tests.test_forward_saves import wait_for_a_lock_waiter
+
+    theirs = ToolCall(id="a", name="send", arguments='{"by": "other"}')
+    outcome: dict[str, Any] = {}
+    with PostgresStore(postgres_url, schema=postgres_schema) as other:
+        in_write = threading.Event()
+
+        def second_starts() -> None:
+            assert in_write.wait(30)
+            outcome["second"] = start()
+
+        racing = threading.Thread(target=second_starts)
+        racing.start()
+        with other._db.transaction("hold the first start") as conn:  # not committed yet
+            conn.execute(
+                "INSERT INTO journal VALUES (%s, %s, %s::json, 'started', NULL)",
+                (run_id, "call", theirs.model_dump_json()),
+            )
+            in_write.set()
+            wait_for_a_lock_waiter(postgres_url)  # the second waits on the first's row
+        racing.join(30)
+    return outcome["second"]
+
+
+def test_a_first_start_racing_another_answers_its_entry_and_does_not_start(
+    pg: PostgresStore, postgres_url: str, postgres_schema: str
+) -> None:
+    """``lookup_or_start`` (a call's first start: ACT's, a DBOS tool step's whose journal
+    cannot start in its read) while another execution's start of the call commits: it
+    answers that entry and records nothing over it (an upsert would start the call twice)."""
+    from agent_fsm.durable.journal import CallStatus, StartingJournal
+    from agent_fsm.messages import ToolCall
+
+    journal = pg.journal("first")
+    assert isinstance(journal, StartingJournal)
+    ours = ToolCall(id="a", name="send", arguments='{"by": "us"}')
+    entry = _race_a_first_start(
+        pg, postgres_url, postgres_schema, "first", lambda: journal.lookup_or_start("call", ours)
+    )
+    assert entry is not None
+    assert entry.status is CallStatus.STARTED
+    assert entry.call.arguments == '{"by": "other"}'
+    assert pg.journal("first").lookup("call") == entry
+
+
+def test_a_leased_starting_lookup_racing_another_start_does_not_start(
+    pg: PostgresStore, postgres_url: str, postgres_schema: str
+) -> None:
+    """``start_unless_known`` under a lease reads, then starts in a statement of its own: a
+    start of the same call committed in between is answered, not recorded over."""
+    from agent_fsm.durable.journal import CallStatus
+    from agent_fsm.messages import ToolCall
+
+    lease = pg.claim("leased-race", "us", 60.0)
+    journal = pg.journal("leased-race", lease=lease)
+    ours = ToolCall(id="a", name="send", arguments='{"by": "us"}')
+    entry, request, started = _race_a_first_start(
+        pg,
+        postgres_url,
+        postgres_schema,
+        "leased-race",
+        lambda: journal.start_unless_known("call", ours, "cancel"),
+    )
+    assert (started, request) == (False, None)
+    assert entry is not None
+    assert (entry.status, entry.call.arguments) == (CallStatus.STARTED, '{"by": "other"}')
+
+
+def test_a_first_start_refused_by_the_fence_is_not_started(pg: PostgresStore) -> None:
+    """``lookup_or_start`` fenced as ``record_started``: under another's live lease, or a
+    lease taken over, it records nothing and says why (``NotStarted`` from ``RunLeased``);
+    an entry already there is answered whoever holds the run."""
+    from agent_fsm.durable.journal import NotStarted
+    from agent_fsm.errors import RunLeased
+    from agent_fsm.messages import ToolCall
+
+    send = ToolCall(id="a", name="send")
+    pg.claim("fenced-first", "someone", 30.0)
+    with pytest.raises(NotStarted) as refused:
+        pg.journal("fenced-first").lookup_or_start("a", send)
+    assert isinstance(refused.value.__cause__, RunLeased)
+    assert pg.journal("fenced-first").lookup("a") is None
+    mine = pg.claim("fenced-mine", "me", 30.0)
+    assert pg.journal("fenced-mine", lease=mine).lookup_or_start("a", send) is None
+    stale = dataclasses.replace(mine, token=mine.token + 1)  # taken over since
+    with pytest.raises(NotStarted) as lost:
+        pg.journal("fenced-mine", lease=stale).lookup_or_start("b", send)
+    assert isinstance(lost.value.__cause__, RunLeased)
+    assert pg.journal("fenced-mine").lookup("b") is None
+    found = pg.journal("fenced-mine", lease=stale).lookup_or_start("a", send)
+    assert found is not None  # read, whoever holds the run
+    assert found.call == send
 
 
 def test_a_finishing_lookup_records_the_end_and_reads_the_other_entry(pg: PostgresStore) -> None:

@@ -69,7 +69,13 @@ from agent_fsm.dbos.replay import (
     options,
     sleep,
 )
-from agent_fsm.durable.journal import CallStatus, JournalEntry, ToolJournal
+from agent_fsm.durable.journal import (
+    CallStatus,
+    JournalEntry,
+    NotStarted,
+    ToolJournal,
+    start_fresh,
+)
 from agent_fsm.errors import ConfigError
 from agent_fsm.failures import describe, is_own_failure
 from agent_fsm.limits import Limits
@@ -294,25 +300,36 @@ def _twice(write: Callable[..., _T], *args: Any) -> _T:
 
 def _look_up(
     run: RunTime, key: str, call: ToolCall, left: float
-) -> tuple[JournalEntry | None, str | None, bool, Exception | None]:
+) -> tuple[JournalEntry | None, str | None, bool, Exception | None, Exception | None]:
     """A tool step's read before its call: its journal entry, a cancel request
     (``agent_fsm.dbos.cancelling``), whether the call was recorded as started (in the same
-    round trip, when both are absent and ``left`` says the deadline has not come), and the
-    failure that left the entry unread. When the one round trip fails, the entry is read on
-    its own: a journal that refuses writes must still tell "not run" (its start could not
-    be recorded) from "may have run" (its entry could not be read)."""
+    round trip, when both are absent and ``left`` says the deadline has not come), the
+    failure that left the entry unread, and the failure that refused the start. When the
+    one round trip fails, the entry is read on its own: a journal that refuses writes must
+    still tell "not run" (its start could not be recorded) from "may have run" (its entry
+    could not be read). A start is a first start (``journal.start_fresh``): never recorded
+    over another execution's, whose entry is answered instead."""
     if left > 0:
         try:
             entry, reason, started = _twice(run.start_and_request, key, call)
         except Exception:  # told apart by the read below
             pass
         else:
-            return entry, reason, started, None
+            if entry is not None or reason is not None or started:
+                return entry, reason, started, None, None
+            try:  # a journal that cannot start a call in its read: the first start now
+                entry = _twice(start_fresh, run.journal, key, call)
+            except NotStarted as exc:
+                cause = exc.__cause__
+                return None, None, False, None, cause if isinstance(cause, Exception) else exc
+            except Exception as exc:  # whether another execution started it is not known
+                return None, None, False, exc, None
+            return entry, None, entry is None, None, None
     try:
         entry, reason = _twice(run.entry_and_request, key)
     except Exception as exc:
-        return None, None, False, exc
-    return entry, reason, False, None
+        return None, None, False, exc, None
+    return entry, reason, False, None, None
 
 
 async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: RunTime) -> Answered:
@@ -325,7 +342,7 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
     call = ToolCall(id=key, name=tool.name, arguments=json.dumps(values, default=str))
     journal = run.journal
     left = run.remaining_s()
-    entry, reason, started, unread = _look_up(run, key, call, left)
+    entry, reason, started, unread, refused = _look_up(run, key, call, left)
     # No call is made below unless said: the request just read is the latest (``looked``).
     if entry is not None and entry.status is CallStatus.FINISHED and entry.result is not None:
         return Answered(run.fleet_now(), entry.result, cancelled=reason, looked=True)
@@ -342,13 +359,10 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
         return Answered(run.fleet_now(), message, cancelled=reason, looked=True)
     if left <= 0:  # the deadline came first: the call never starts
         return Answered(run.fleet_now(), _cancelled(call, tool), cut=True, looked=unread is None)
-    try:
-        if not started:  # an idempotent call run again, or a journal that failed above
-            _twice(journal.record_started, key, call)
-    except Exception as exc:
-        why = f"its start could not be recorded in the journal ({describe(exc)})"
-        result = skipped_result(call, f"{why}; nothing was done")
-        return Answered(run.fleet_now(), result, looked=unread is None)
+    if refused is None and not started:  # an idempotent call run again (found started, or
+        refused = _restart(journal, key, call)  # maybe: unread)
+    if refused is not None:
+        return _not_recorded(call, refused, run, looked=unread is None)
     prepared = PreparedCall(call, tool, arguments=values, error=None, values=values)
     try:
         async with asyncio.timeout(left):
@@ -365,6 +379,25 @@ async def _run_call(tool: Tool, values: dict[str, Any], limits: Limits, run: Run
             why = f"it ran, but the journal could not record its end ({describe(exc)})"
             result = outcome_unknown(call, why)
     return Answered(run.fleet_now(), result, cut, cancelled=reason, looked=looked)
+
+
+def _restart(journal: ToolJournal, key: str, call: ToolCall) -> Exception | None:
+    """Record an idempotent call started again (its entry replaced); the failure if not."""
+    try:
+        _twice(journal.record_started, key, call)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _not_recorded(
+    call: ToolCall, why: BaseException, run: RunTime, *, looked: bool = True
+) -> Answered:
+    """The answer to a call not made because its start could not be recorded."""
+    what = f"its start could not be recorded in the journal ({describe(why)})"
+    return Answered(
+        run.fleet_now(), skipped_result(call, f"{what}; nothing was done"), looked=looked
+    )
 
 
 def durable_config(config: RunConfig) -> RunConfig:

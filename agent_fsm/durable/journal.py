@@ -46,6 +46,7 @@ __all__ = [
     "ToolJournal",
     "journal_key",
     "settle",
+    "start_fresh",
     "stored_key",
 ]
 
@@ -103,9 +104,10 @@ class ToolJournal(Protocol):
         ...
 
     def record_started(self, key: str, call: ToolCall) -> None:
-        """Record that ``call`` is about to run. Durable when it returns. A key recorded
-        before is replaced (an idempotent call run again after a crash): one entry,
-        ``STARTED``, no result."""
+        """Record that ``call`` is about to run *again*: an idempotent call whose entry was
+        found started (its first run cut short by a crash). Durable when it returns. A key
+        recorded before is replaced: one entry, ``STARTED``, no result. Not for a call's
+        first start, which must not overwrite another's: ``start_fresh``."""
         ...
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
@@ -125,15 +127,16 @@ class NotStarted(Exception):
 
 @runtime_checkable
 class StartingJournal(Protocol):
-    """A journal that looks a call up and records it started in one durable write
-    (``SQLiteJournal``: one transaction where ``lookup`` and ``record_started`` take two).
-    ACT calls ``lookup_or_start`` where a journal has it, ``lookup`` then ``record_started``
-    otherwise: the same outcomes either way."""
+    """A journal that records a call's first start as an insert that refuses an existing
+    entry, and answers that entry instead (every journal of agent_fsm: one durable write
+    where ``lookup`` and ``record_started`` take two). Of any number of executions starting
+    one call at once (a worker taken for dead that goes on, and the one that took its run
+    over), exactly one records it and runs it. ``start_fresh`` calls it."""
 
     def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
         """The entry for ``key`` when there is one (then nothing is written); otherwise
-        ``call`` is recorded as started, as ``record_started`` does (durable when it
-        returns), and None is returned.
+        ``call`` is recorded as started (durable when it returns), and None is returned.
+        Atomic: an entry another writer records meanwhile is answered, never replaced.
 
         Raises:
             NotStarted: there was no entry and the record could not be written (the call
@@ -189,6 +192,30 @@ class StartingLookup(Protocol):
         ...
 
 
+def start_fresh(journal: ToolJournal, key: str, call: ToolCall) -> JournalEntry | None:
+    """The first start of a call: ``lookup_or_start`` on a journal that has it (every
+    journal of agent_fsm: atomic), else ``lookup`` then ``record_started`` (a journal of
+    someone else's, which cannot refuse a concurrent start). None when the call was
+    recorded started and must run now; the entry found otherwise (nothing written).
+
+    Raises:
+        NotStarted: there was no entry and the start could not be recorded (the call must
+            not run); with a journal lacking ``lookup_or_start``, any failure of
+            ``record_started`` is raised as this too.
+        Exception: the entry could not be read (the call may have run).
+    """
+    if isinstance(journal, StartingJournal):
+        return journal.lookup_or_start(key, call)
+    entry = journal.lookup(key)
+    if entry is not None:
+        return entry
+    try:
+        journal.record_started(key, call)
+    except Exception as exc:
+        raise NotStarted(f"{type(exc).__name__}: {exc}") from exc
+    return None
+
+
 class MemoryJournal:
     """A journal kept in a dict: survives a resumed ``Run`` object, not a process."""
 
@@ -199,6 +226,11 @@ class MemoryJournal:
 
     def lookup(self, key: str) -> JournalEntry | None:
         return self._entries.get(key)
+
+    def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
+        started = JournalEntry(key, call, CallStatus.STARTED)
+        found = self._entries.setdefault(key, started)  # atomic: one writer wins
+        return None if found is started else found
 
     def record_started(self, key: str, call: ToolCall) -> None:
         self._entries[key] = JournalEntry(key, call, CallStatus.STARTED)
@@ -225,6 +257,17 @@ class GuardedJournal:
 
     def lookup(self, key: str) -> JournalEntry | None:
         return self._journal.lookup(key)
+
+    def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
+        """Guarded only when it writes: an entry found is answered whoever holds the run."""
+        entry = self._journal.lookup(key)
+        if entry is not None:
+            return entry
+        try:
+            self._guard()
+        except Exception as exc:
+            raise NotStarted(f"{type(exc).__name__}: {exc}") from exc
+        return start_fresh(self._journal, key, call)
 
     def record_started(self, key: str, call: ToolCall) -> None:
         self._guard()

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import agent_fsm.durable.postgres_leases as leases
 from agent_fsm.durable.encoding import encode_model
-from agent_fsm.durable.journal import CallStatus, JournalEntry, stored_key
+from agent_fsm.durable.journal import CallStatus, JournalEntry, NotStarted, stored_key
 from agent_fsm.durable.leases import Lease
 from agent_fsm.durable.postgres_database import PostgresDatabase
+from agent_fsm.durable.postgres_rows import NOW
 from agent_fsm.errors import CheckpointError
 from agent_fsm.messages import ToolCall, ToolMessage
 
@@ -23,6 +24,31 @@ _START = (
     f" status = '{_STARTED}', result = NULL RETURNING 1"
 )
 """Record a call as started (``fenced_insert`` adds the lease's fence to its WHERE)."""
+
+_FIRST_START = (
+    "WITH started AS ("
+    + leases.fenced_insert(
+        f"INSERT INTO journal SELECT %(run_id)s, %(key)s, %(call)s::json, '{_STARTED}', NULL"
+        " WHERE true ON CONFLICT (run_id, key) DO NOTHING RETURNING 1",
+        None,
+    )
+    + ") SELECT EXISTS (SELECT FROM started), seen.call::text, seen.status, seen.result::text"
+    " FROM (SELECT) AS one LEFT JOIN journal AS seen"
+    " ON seen.run_id = %(run_id)s AND seen.key = %(key)s"
+)
+"""A call's first start (``lookup_or_start``) on a journal without a lease: recorded unless
+an entry exists or another's lease is live, and the entry read (as it was before)."""
+
+_FIRST_START_LEASED = (
+    "WITH fence AS (UPDATE leases SET expires_at = " + NOW + " + %(ttl)s"
+    " WHERE run_id = %(run_id)s AND token = %(token)s RETURNING 1), started AS ("
+    f"INSERT INTO journal SELECT %(run_id)s, %(key)s, %(call)s::json, '{_STARTED}', NULL"
+    " WHERE EXISTS (SELECT FROM fence) ON CONFLICT (run_id, key) DO NOTHING RETURNING 1)"
+    " SELECT EXISTS (SELECT FROM started), seen.call::text, seen.status, seen.result::text"
+    " FROM (SELECT) AS one LEFT JOIN journal AS seen"
+    " ON seen.run_id = %(run_id)s AND seen.key = %(key)s"
+)
+"""The same under a lease, whose renewal is the fence (``leases.fenced_insert``'s)."""
 
 _START_UNLESS_KNOWN = (
     "WITH seen AS (SELECT key, call::text AS call, status, result::text AS result FROM journal"
@@ -118,14 +144,57 @@ class PostgresJournal:
             with self._db.connected(f"record journal entry {key!r}") as conn:
                 raise leases.refusal(conn, run_id, lease)
 
+    def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
+        """A call's first start (``journal.StartingJournal``): the entry for ``key`` when
+        there is one, else ``call`` recorded as started and None, in one statement committed
+        with a flush to disk, fenced as ``record_started`` is. An insert that meets a row
+        committed after the statement's snapshot (another execution starting the same call
+        at that moment) writes nothing, and the row is read again and answered: only one
+        execution starts the call.
+
+        Raises:
+            NotStarted: there is no entry and the fence refused the start (``RunLeased``
+                its cause), or the write failed.
+            CheckpointError: the entry could not be read.
+        """
+        run_id, lease = self._run_id, self._lease
+        params: dict[str, object] = {
+            "run_id": run_id,
+            "key": stored_key(key),
+            "call": encode_model(call),
+        }
+        if lease is not None:
+            params.update(ttl=lease.ttl_s, token=lease.token)
+        sql = _FIRST_START if lease is None else _FIRST_START_LEASED
+        try:
+            with self._db.transaction(f"record journal entry {key!r}") as conn:
+                row = conn.execute(sql, params).fetchone()
+        except CheckpointError as exc:  # nothing was committed: not started, maybe unread
+            entry = self.lookup(key)  # raises when it cannot be read either
+            if entry is not None:
+                return entry
+            raise NotStarted(str(exc)) from exc
+        assert row is not None  # one row, whatever the journal holds
+        if row[0]:
+            return None
+        if row[1] is not None:
+            return self._entry(key, row[1:])
+        entry = self.lookup(key)  # committed after the snapshot, or the fence refused
+        if entry is not None:
+            return entry
+        with self._db.connected(f"record journal entry {key!r}") as conn:
+            refused = leases.refusal(conn, run_id, lease)
+        raise NotStarted(str(refused)) from refused
+
     def start_unless_known(
         self, key: str, call: ToolCall, other: str
     ) -> tuple[JournalEntry | None, JournalEntry | None, bool]:
-        """``lookup(key)``, ``lookup(other)`` and, when both are None, ``record_started(key,
-        call)``, in one statement, committed with a flush to disk (``journal.StartingLookup``);
-        the third value says whether the call was recorded. A journal fenced by a lease reads
-        and records in two statements (its fence renews the lease, which one statement
-        cannot do alongside the read).
+        """``lookup(key)``, ``lookup(other)`` and, when both are None, the call's first start
+        (as ``lookup_or_start``: never over an entry another execution records meanwhile,
+        which is answered instead), in one statement, committed with a flush to disk
+        (``journal.StartingLookup``); the third value says whether the call was recorded. A
+        journal fenced by a lease reads and records in two statements (its fence renews the
+        lease, which one statement cannot do alongside the read).
 
         Raises:
             as ``record_started``.
@@ -133,8 +202,8 @@ class PostgresJournal:
         if self._lease is not None:
             first, second = self.lookup_pair(key, other)
             if first is None and second is None:
-                self.record_started(key, call)
-                return None, None, True
+                entry = self._first_start(key, call)
+                return entry, None, entry is None
             return first, second, False
         keys = stored_key(key), stored_key(other)
         params = {
@@ -158,14 +227,27 @@ class PostgresJournal:
             # the other rolled back, to record the start).
             first_entry, second_entry = self.lookup_pair(key, other)
             if first_entry is None and second_entry is None:
-                self.record_started(key, call)
-                return None, None, True
+                entry = self._first_start(key, call)
+                return entry, None, entry is None
             return first_entry, second_entry, False
         return (
             None if first is None else self._entry(key, first),
             None if second is None else self._entry(other, second),
             started,
         )
+
+    def _first_start(self, key: str, call: ToolCall) -> JournalEntry | None:
+        """``lookup_or_start`` for ``start_unless_known``, whose caller found no entry: None
+        when recorded; the entry another execution recorded meanwhile otherwise.
+
+        Raises:
+            as ``record_started`` (the cause of ``NotStarted``: ``RunLeased``, say).
+        """
+        try:
+            return self.lookup_or_start(key, call)
+        except NotStarted as exc:
+            cause = exc.__cause__
+            raise (cause if isinstance(cause, Exception) else exc) from None
 
     def finish_and_lookup(self, key: str, result: ToolMessage, other: str) -> JournalEntry | None:
         """``record_finished`` and ``lookup(other)`` in one statement

@@ -67,7 +67,7 @@ from typing import Any, Protocol
 
 from pydantic import JsonValue
 
-from agent_fsm.durable.journal import ToolJournal
+from agent_fsm.durable.journal import ToolJournal, start_fresh
 from agent_fsm.errors import CheckpointError, ConfigError, ResumeError, RunLeased
 from agent_fsm.events import SubAgentStarted
 from agent_fsm.loop.verify import TerminationBound
@@ -368,14 +368,13 @@ def _started_before(journal: ToolJournal, run_id: str, call: ToolCall) -> ToolRe
     journal, that it starts now."""
     key = f"sub-agent {run_id}"
     try:
-        if journal.lookup(key) is not None:
+        if start_fresh(journal, key, call) is not None:  # never over another's start
             return ToolResult(
                 f"The sub-agent was started before the run was interrupted, and its outcome "
                 f"is unknown: it was not run again (call {call.id}).",
                 details={"sub_agent_run_id": run_id, "stop_reason": "outcome_unknown"},
                 is_error=True,
             )
-        journal.record_started(key, call)
     except Exception as exc:  # unread is not unrun: never start a child the journal cannot see
         return _not_run(call.name, run_id, exc)
     return None

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from agent_fsm.durable.journal import CallStatus, JournalEntry, journal_key
+from agent_fsm.durable.journal import CallStatus, JournalEntry, journal_key, start_fresh
 from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.testing.store_kit import StoreContractBase
 
@@ -115,3 +115,53 @@ class JournalContract(StoreContractBase):
         first.close()
         second.close()
         assert self.open_shared().journal("r").lookup("k") == entry  # as a new process finds it
+
+    def test_a_first_start_answers_the_entry_it_finds_and_leaves_it(self) -> None:
+        """A call's first start (``start_fresh``, a worker that read no entry a moment
+        before) never records over an entry another execution made meanwhile: it answers
+        that entry, started or finished, and writes nothing (only ``record_started``, an
+        idempotent call run again, replaces an entry)."""
+        store = self.open_store()
+        journal = store.journal("run-1")
+        theirs, ours = (
+            ToolCall(id="c", name="send", arguments='{"n": 1}'),
+            ToolCall(id="c", name="send", arguments='{"n": 2}'),
+        )
+        assert start_fresh(journal, "1:0:c", theirs) is None  # recorded: it runs now
+        started = JournalEntry("1:0:c", theirs, CallStatus.STARTED)
+        assert start_fresh(journal, "1:0:c", ours) == started
+        assert store.journal("run-1").lookup("1:0:c") == started
+        done = ToolMessage(tool_call_id="c", name="send", content="sent")
+        journal.record_finished("1:0:c", done)
+        finished = JournalEntry("1:0:c", theirs, CallStatus.FINISHED, done)
+        assert start_fresh(journal, "1:0:c", ours) == finished
+        assert store.journal("run-1").lookup("1:0:c") == finished
+
+    def test_of_first_starts_of_one_call_at_once_exactly_one_starts_it(self) -> None:
+        """Two workers (two stores on one storage where it is shared, else two threads on
+        one store) make the first start of the same calls at the same moment: each call is
+        started by exactly one of them, and the other gets its entry."""
+        stores = [self.open_store()]
+        stores.append(self.open_shared() if self.shares_storage else stores[0])
+        keys = [f"1:{n}:c" for n in range(12)]
+        barrier = threading.Barrier(2)
+        answers: list[list[JournalEntry | None]] = [[], []]
+
+        def worker(n: int) -> None:
+            journal = stores[n].journal("race")
+            call = ToolCall(id="c", name="send", arguments=f'{{"by": {n}}}')
+            for key in keys:
+                barrier.wait(30)
+                answers[n].append(start_fresh(journal, key, call))
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        for index, key in enumerate(keys):
+            first, second = answers[0][index], answers[1][index]
+            assert (first is None) != (second is None), key  # one started it
+            found = stores[0].journal("race").lookup(key)
+            assert found is not None
+            assert found == (first or second), key  # the one answered is the one recorded

@@ -17,7 +17,13 @@ from pydantic import JsonValue
 
 from agent_fsm.cancellation import StopEvent, StopScope
 from agent_fsm.constructors import builder
-from agent_fsm.durable.journal import CallStatus, NotStarted, ToolJournal, journal_key
+from agent_fsm.durable.journal import (
+    CallStatus,
+    NotStarted,
+    ToolJournal,
+    journal_key,
+    start_fresh,
+)
 from agent_fsm.events import Event, ToolRetried, ToolStarted
 from agent_fsm.limits import Limits
 from agent_fsm.messages import ToolCall, ToolMessage
@@ -226,14 +232,13 @@ class TurnCalls:
         assert journal is not None
         assert tool is not None
         key = journal_key(self.site.state.turns, index, call.id)
-        starting = getattr(journal, "lookup_or_start", None)  # ``StartingJournal``
-        try:
-            entry = journal.lookup(key) if starting is None else starting(key, call)
+        try:  # a first start: never over another execution's (``start_fresh``)
+            entry = start_fresh(journal, key, call)
         except NotStarted as exc:  # read: never started; and it could not be recorded
             return Executed(_not_recorded(call, exc.__cause__ or exc), 0)
         except Exception as exc:  # unread is not unrun: it may have run before a crash
             return Executed(outcome_unknown(call, f"{type(exc).__name__}: {exc}"), 0)
-        if entry is None and starting is not None:  # recorded as started: it runs now
+        if entry is None:  # recorded as started: it runs now
             self.open_keys[index] = key
             return None
         if entry is not None and entry.status is CallStatus.FINISHED and entry.result:
@@ -245,7 +250,7 @@ class TurnCalls:
             with contextlib.suppress(Exception):  # the answer stands; a resume says it again
                 journal.record_finished(key, result)
             return Executed(result, 0)
-        try:
+        try:  # an idempotent call found started: run again, its entry replaced
             journal.record_started(key, call)
         except Exception as exc:  # the store failed: never run a call the journal cannot see
             return Executed(_not_recorded(call, exc), 0)
