@@ -26,7 +26,7 @@ from dbos import DBOS
 from agent_fsm import Agent, AgentState, ConfigError, Limits, MemoryStore, StopReason, tool
 from agent_fsm.dbos import DBOSAgent, RateLimit, RunQueue, StepModel
 from agent_fsm.dbos.pausing import SAVE_STEP
-from agent_fsm.dbos.replay import MODEL_STEP, SLEEP_STEP, START_STEP, TOOL_STEP
+from agent_fsm.dbos.replay import MODEL_STEP, SLEEP_STEP, TOOL_STEP
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse, ToolMessage
 from agent_fsm.models.base import ModelCallError
@@ -140,7 +140,7 @@ async def test_a_run_is_a_workflow_whose_model_and_tool_calls_are_steps(
     )
     check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
     turn = [MODEL_STEP, TOOL_STEP + "send", TOOL_STEP + "lookup"]
-    assert await step_names("steps-1") == [START_STEP, *turn, *turn, MODEL_STEP]
+    assert await step_names("steps-1") == [*turn, *turn, MODEL_STEP]
     # A run id is one run: running it again gives its result, and runs nothing.
     again = await agent.run("Do it.", run_id="steps-1")
     same_run(again, result)
@@ -208,6 +208,33 @@ async def test_a_tool_step_cut_short_by_a_crash_is_re_run_only_if_idempotent(
     assert result.output == "done"
 
 
+async def test_the_first_step_records_the_start_and_a_later_replay_keeps_it(
+    journal: PostgresStore,
+) -> None:
+    """The activation's start has no step of its own: its first model step records it with
+    its outcome (``RunTime.step``). The run's clock reads the same on a replay made later:
+    the stop it saves again has the same elapsed time (a start read afresh would shorten it)."""
+
+    async def slow_then_ask(request: ModelRequest) -> ModelResponse:
+        if len([m for m in request.messages if isinstance(m, AssistantMessage)]) == 0:
+            await asyncio.sleep(0.2)  # the first model call takes time on the fleet's clock
+            return reply("", call("ask_user", question="Which city?"))
+        return reply("Paris")
+
+    agent = durable(journal, FunctionModel(slow_then_ask), [])
+    paused = await agent.run("Where?", run_id="start-1")
+    steps = await DBOS.list_workflow_steps_async("start-1")
+    assert [step["function_name"] for step in steps] == [MODEL_STEP, SAVE_STEP]
+    assert steps[0]["output"].began_at is not None
+    elapsed = journal.load("start-1").elapsed_s
+    assert elapsed >= 0.2
+    await asyncio.sleep(0.3)
+    journal.delete("start-1")  # the replay's save writes it again
+    replayed = await (await DBOS.fork_workflow_async("start-1", len(steps))).get_result()
+    same_run(replayed, paused)
+    assert journal.load("start-1").elapsed_s == elapsed
+
+
 async def test_backoff_jitter_and_sleep_replay_as_recorded(journal: PostgresStore) -> None:
     tools = Tools()
     failures = iter([True, True])
@@ -220,7 +247,7 @@ async def test_backoff_jitter_and_sleep_replay_as_recorded(journal: PostgresStor
     agent = durable(journal, flaky, tools, retry_backoff_s=0.01, retry_backoff_max_s=0.05)
     first = await agent.run("Do it.", run_id="backoff-1")
     steps = await step_names("backoff-1")
-    assert steps[:6] == [START_STEP, MODEL_STEP, SLEEP_STEP, MODEL_STEP, SLEEP_STEP, MODEL_STEP]
+    assert steps[:5] == [MODEL_STEP, SLEEP_STEP, MODEL_STEP, SLEEP_STEP, MODEL_STEP]
     assert first.stop_reason is StopReason.FINAL_ANSWER
     started = time.monotonic()
     replayed = await (await DBOS.fork_workflow_async("backoff-1", len(steps) + 1)).get_result()
@@ -255,7 +282,7 @@ async def test_a_model_call_that_outlasts_the_time_limit_ends_the_run_on_timeout
     assert first.error == "timed out after 0.3 s (limit 0.3 s)"
     check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
     # A timeout can be resumed, so the stop is saved (agent_fsm.dbos.pausing).
-    assert await step_names("deadline-1") == [START_STEP, MODEL_STEP, SAVE_STEP]
+    assert await step_names("deadline-1") == [MODEL_STEP, SAVE_STEP]
     calls = len(model.requests)  # 1, unless the machine reached the step after the deadline
     same_run(await replay("deadline-1"), first)
     assert (len(model.requests), tools.sent) == (calls, [])
@@ -283,7 +310,7 @@ async def test_a_backoff_sleep_cut_by_the_time_limit_ends_the_run_on_timeout(
     first = await agent.run("Do it.", run_id="deadline-2")
     assert (first.final_state, first.stop_reason) == (AgentState.ERROR, StopReason.TIMEOUT)
     check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
-    assert await step_names("deadline-2") == [START_STEP, MODEL_STEP, SLEEP_STEP, SAVE_STEP]
+    assert await step_names("deadline-2") == [MODEL_STEP, SLEEP_STEP, SAVE_STEP]
     assert len(waits) == 1
     assert 0 < waits[0] <= agent.agent.limits.timeout_s
     same_run(await replay("deadline-2"), first)

@@ -18,7 +18,7 @@ from dbos import DBOS
 
 from agent_fsm import AgentState, CheckpointError, ResumeError, RunStatus, StopReason, tool
 from agent_fsm.dbos.pausing import LOAD_STEP, SAVE_STEP, resume_id
-from agent_fsm.dbos.replay import MODEL_STEP, START_STEP, TOOL_STEP
+from agent_fsm.dbos.replay import MODEL_STEP, TOOL_STEP
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, UserMessage
 from agent_fsm.models.base import ModelCallError
@@ -85,7 +85,7 @@ async def test_a_run_that_asks_the_user_is_resumed_with_the_reply(
     agent = durable(journal, model, [])
     paused = await agent.run("What's the weather?", run_id="ask-1")
     assert (paused.status, paused.stop_reason) == (RunStatus.NEEDS_INPUT, StopReason.ASK_USER)
-    assert await step_names("ask-1") == [START_STEP, MODEL_STEP, SAVE_STEP]
+    assert await step_names("ask-1") == [MODEL_STEP, SAVE_STEP]
     with pytest.raises(ResumeError, match="pass the answer as reply"):
         await agent.resume("ask-1")
     with pytest.raises(ResumeError, match="not approvals"):
@@ -99,7 +99,7 @@ async def test_a_run_that_asks_the_user_is_resumed_with_the_reply(
     )
     check_invariants(done, limits=agent.agent.limits, bound=agent.agent.bound)
     assert done.messages[: len(paused.messages)] == paused.messages
-    assert await step_names(resume_id("ask-1", 1)) == [START_STEP, LOAD_STEP, MODEL_STEP, SAVE_STEP]
+    assert await step_names(resume_id("ask-1", 1)) == [LOAD_STEP, MODEL_STEP, SAVE_STEP]
     # The stop saved is now the end: the run has finished.
     with pytest.raises(ResumeError, match="has finished"):
         await agent.resume("ask-1", "Rome")
@@ -246,7 +246,7 @@ async def test_a_resume_cut_short_by_a_crash_runs_nothing_twice(journal: Postgre
     await transfers.entered.wait()
     resumed = resume_id("approve-3", 1)
     names = await step_names(resumed)
-    assert names == [START_STEP, LOAD_STEP]
+    assert names == [LOAD_STEP]
     in_flight = len(names) + 1  # the transfer's step: no record yet
     hold, transfers.hold = transfers.hold, None
     result = await (await DBOS.fork_workflow_async(resumed, in_flight)).get_result()
@@ -260,7 +260,6 @@ async def test_a_resume_cut_short_by_a_crash_runs_nothing_twice(journal: Postgre
     assert (finished.output, transfers.made) == ("done", [5])
     calls = len(model.requests)
     assert await step_names(resumed) == [
-        START_STEP,
         LOAD_STEP,
         TOOL_STEP + "transfer",
         MODEL_STEP,

@@ -50,7 +50,7 @@ from agent_fsm.dbos.cancelling import cancel_run, launched_status_among, request
 from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import key_prefix, load_stop, resume_id, save_stop, stop_of
 from agent_fsm.dbos.private import launched
-from agent_fsm.dbos.replay import RunTime, record_start, running
+from agent_fsm.dbos.replay import RunTime, running
 from agent_fsm.dbos.steps import ReplayedKeeper, durable_config
 from agent_fsm.durable.checkpoint import CheckpointStore, redacted
 from agent_fsm.durable.leases import LeaseStore
@@ -243,7 +243,6 @@ class DBOSAgent:
         """The workflow's body: the same run on every execution (``agent_fsm.dbos.replay``)."""
         config = self._config
         admission = await self._admit()
-        started_at = await record_start(admission)
         state = new_run_state(
             run_id,
             self.agent.system_prompt,
@@ -253,7 +252,7 @@ class DBOSAgent:
             config.count_tokens,
             agent=config.record,  # a function of the agent: the same on every replay
         )
-        return await self._activate(run_id, state, admission, started_at, 0, None)
+        return await self._activate(run_id, state, admission, 0, None)
 
     async def _drive_resume(
         self,
@@ -266,14 +265,13 @@ class DBOSAgent:
         """A resume workflow's body: the stop it loaded the first time, reopened with the
         answer, driven on (``agent_fsm.dbos.pausing``)."""
         admission = await self._admit()
-        started_at = await record_start(admission)
         state = await load_stop(self._journal, run_id, resumes)
         config = keep_approvals(self._config, state)  # the same stop on every replay
         answered = reopen(
             state, config.machine, config.limits, reply, approvals, pause, tools=config.tools
         )
         return await self._activate(
-            resume_id(run_id, resumes), state, admission, started_at, resumes, answered, config
+            resume_id(run_id, resumes), state, admission, resumes, answered, config
         )
 
     async def _admit(self) -> Admission:
@@ -286,7 +284,6 @@ class DBOSAgent:
         workflow_id: str,
         state: RunState,
         admission: Admission,
-        started_at: float,
         resumes: int,
         answered: str | None,
         config: RunConfig | None = None,
@@ -297,7 +294,6 @@ class DBOSAgent:
         config = config if config is not None else self._config
         run = RunTime(
             workflow_id,
-            started_at,
             config.limits.timeout_s,
             self._journal.journal(state.run_id),
             state,

@@ -14,7 +14,7 @@ Durability: the save commits before DBOS records the step, durably; with the sto
 PostgreSQL server of DBOS's system database, that later commit flushes the save with it.
 
 **A resume is a workflow of its own**, ``f"{run_id}:resume-{n}"``, ``n`` counting the
-run's resumes (1 continues its first stop). It records its start, then loads the checkpoint
+run's resumes (1 continues its first stop). It loads the checkpoint
 in a step (``LOAD_STEP``), so a replay gets the stop it loaded the first time even after
 the checkpoint has moved on. It reopens the run with the answer (``run.resuming.reopen``:
 the table's resume rows, as ``Agent.resume`` does) and drives it like a first workflow, with

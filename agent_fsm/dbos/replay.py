@@ -8,8 +8,10 @@ same order, with the same arguments, every time it is replayed. Its model and to
 steps (``agent_fsm.dbos.steps``); what else it reads that could differ between two
 executions is made a function of the recorded outcomes here:
 
-- **the clock** (``RunConfig.clock``): seconds since the run's recorded start, advanced only
-  by the end times that steps record (a step returns when it ended). It stands still between
+- **the clock** (``RunConfig.clock``): seconds since the activation's recorded start, which
+  its first model, tool or sleep step records with its own outcome (``RunTime.step``: no
+  step of its own), advanced only by the end times that steps record (a step returns when
+  it ended). It stands still between
   steps, so the engine's ``elapsed_s`` and the ``time_is_up`` guard read the same values on
   every execution. Every time recorded or compared is read on *one* clock, the fleet's
   (``liveness.WorkerLiveness.now``: the lease store's), never a worker's own time of day: a
@@ -37,12 +39,14 @@ run to look in.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
 
 from dbos import DBOS, StepOptions
 
@@ -64,19 +68,16 @@ __all__ = [
     "CANCEL_KEY",
     "MODEL_STEP",
     "SLEEP_STEP",
-    "START_STEP",
     "TOOL_STEP",
     "RunTime",
     "Woke",
     "active",
     "interrupted",
     "options",
-    "record_start",
     "running",
     "sleep",
 ]
 
-START_STEP = "agent_fsm.start"
 MODEL_STEP = "agent_fsm.model"
 SLEEP_STEP = "agent_fsm.sleep"
 TOOL_STEP = "agent_fsm.tool:"
@@ -97,15 +98,28 @@ def options(name: str) -> StepOptions:
     return {"name": name, "retries_allowed": False}
 
 
+class _Outcome(Protocol):
+    """What a timed step records (``Replied``, ``Answered``, ``Woke``)."""
+
+    @property
+    def began_at(self) -> float | None: ...
+
+
+_O = TypeVar("_O", bound=_Outcome)
+
+
 class RunTime:
     """One activation's recorded time, deadline and random numbers (see the module
     docstring): the run's first workflow, or one of its resumes.
 
-    Created in the workflow once ``started_at`` is recorded; read by the agent's clock,
-    sleep, random source, model and tools through ``active()``.
+    Created in the workflow before its first step; read by the agent's clock, sleep,
+    random source, model and tools through ``active()``. Its timed steps (model, tool,
+    sleep) are made with ``step``, the first of which records the activation's start.
     """
 
     __slots__ = (
+        "_first",
+        "_pending",
         "admission",
         "cancelled",
         "journal",
@@ -123,7 +137,6 @@ class RunTime:
     def __init__(
         self,
         workflow_id: str,
-        started_at: float,
         timeout_s: float,
         journal: ToolJournal,
         state: RunState,
@@ -132,8 +145,13 @@ class RunTime:
         key_prefix: str = "",
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.started_at = started_at
-        """The activation's start on the fleet's clock, as its first step recorded it."""
+        self.started_at: float | None = None
+        """The activation's start on the fleet's clock, as its first step recorded it (None
+        before: nothing reads it until a step has ended)."""
+        self._pending: float | None = None
+        """The start the first step's body is measuring from, before its outcome is in."""
+        self._first = asyncio.Lock()
+        """Held by the first step, so that it is the first one to begin on every execution."""
         self.admission = admission
         """This execution's admission: the fence its model and tool steps pass before a
         call, and the fleet's clock (``agent_fsm.dbos.liveness``)."""
@@ -245,11 +263,37 @@ class RunTime:
         journal.record_finished(key, result)
         return False, None
 
+    async def step(self, name: str, body: Callable[[], Coroutine[Any, Any, _O]]) -> _O:
+        """The DBOS step ``name`` (``options``) running ``body``, whose outcome (a dataclass
+        with ``began_at``) is recorded. The activation's first step records its start too:
+        the fleet's time when its body began, in its outcome's ``began_at``, where every
+        execution finds it (one step fewer than a step of its own). That first step is the
+        first caller on every execution: callers queue for it in the order they call, which
+        the recorded outcomes decide, so parallel steps (a resume's approved calls) cannot
+        take turns differently on a replay."""
+        if self.started_at is not None:
+            return await DBOS.run_step_async(options(name), body)
+        async with self._first:
+            if self.started_at is not None:  # began while this caller waited
+                return await DBOS.run_step_async(options(name), body)
+
+            async def first() -> _O:
+                began = self._pending = self.admission.now()
+                outcome = await body()
+                return cast(_O, dataclasses.replace(cast(Any, outcome), began_at=began))
+
+            outcome = await DBOS.run_step_async(options(name), first)
+            self.started_at = outcome.began_at
+            return outcome
+
     def advance(self, ended_at: float) -> None:
         """A step recorded that it ended at unix time ``ended_at``. The clock never goes back
         (parallel tool steps end in any order), and never passes the deadline: time beyond
         it is only ever read as the deadline (``cut``)."""
-        self.now = max(self.now, min(ended_at - self.started_at, self.timeout_s))
+        started_at = self.started_at
+        if started_at is None:  # no step has recorded the start: none has ended either
+            return
+        self.now = max(self.now, min(ended_at - started_at, self.timeout_s))
 
     def cut(self) -> None:
         """A step was cut by the deadline: the clock reads the time limit exactly."""
@@ -262,7 +306,9 @@ class RunTime:
     def remaining_s(self) -> float:
         """Real seconds left before the deadline, on the fleet's clock. Read inside steps
         only: outside, its answer would differ between executions."""
-        return self.started_at + self.timeout_s - self.admission.now()
+        started_at = self.started_at if self.started_at is not None else self._pending
+        assert started_at is not None  # in a step: the first one set ``_pending``
+        return started_at + self.timeout_s - self.admission.now()
 
 
 def _reason(entry: JournalEntry | None) -> str | None:
@@ -305,12 +351,6 @@ def running(run: RunTime) -> Iterator[RunTime]:
         _ACTIVE.reset(token)
 
 
-async def record_start(admission: Admission) -> float:
-    """The run's start time on the fleet's clock: now on the first execution, the recorded
-    one on a replay."""
-    return await DBOS.run_step_async(options(START_STEP), admission.now)
-
-
 def interrupted(timeout_s: float) -> ModelCallError:
     """The failure of a model call the deadline cut: worded as the engine words a model call
     its deadline timer interrupts (``RunContext.why_stopped``), and permanent, so the THINK
@@ -327,6 +367,8 @@ class Woke:
 
     ended_at: float
     cut: bool
+    began_at: float | None = None
+    """The activation's start, when this was its first step (``RunTime.step``)."""
 
 
 async def sleep(seconds: float) -> None:
@@ -344,7 +386,7 @@ async def sleep(seconds: float) -> None:
         await run.pause(max(min(seconds, left), 0.0))
         return Woke(run.fleet_now(), cut=seconds >= left)
 
-    woke = await DBOS.run_step_async(options(SLEEP_STEP), wait)
+    woke = await run.step(SLEEP_STEP, wait)
     if woke.cut:
         run.cut()
         raise interrupted(run.timeout_s)

@@ -42,7 +42,9 @@ off (the step has the real ones). The stand-in returns the step's answer as a ``
 which the engine takes as it is.
 
 Both kinds of step enforce the run's deadline (``replay.RunTime.remaining_s``) and record
-when they ended, which is what the run's clock reads (``agent_fsm.dbos.replay``). Before a
+when they ended, which is what the run's clock reads (``agent_fsm.dbos.replay``); the
+activation's first step records when it began too, the activation's start
+(``replay.RunTime.step``). Before a
 call, both pass the execution's fence (``liveness.Admission.check``): a call starts only
 while this process's liveness lease, the one the execution was admitted under, is fresh.
 """
@@ -66,7 +68,6 @@ from agent_fsm.dbos.replay import (
     RunTime,
     active,
     interrupted,
-    options,
     sleep,
 )
 from agent_fsm.durable.journal import (
@@ -117,6 +118,8 @@ class Replied:
     cut: bool = False
     cancelled: str | None = None
     """Why no call was made: the run was cancelled from outside (the request's reason)."""
+    began_at: float | None = None
+    """The activation's start, when this was its first step (``RunTime.step``)."""
 
 
 class StepModel:
@@ -149,7 +152,7 @@ class StepModel:
         async def call() -> Replied:
             return await _call(self.model, request, run, last, look)
 
-        replied = await DBOS.run_step_async(options(MODEL_STEP), call)
+        replied = await run.step(MODEL_STEP, call)
         run.called_model()
         if replied.cancelled is not None:
             run.advance(replied.ended_at)
@@ -225,6 +228,8 @@ class Answered:
     """Whether the step's latest read of the cancel request came after its call (or it made
     none): the model step after it then reads nothing itself (``RunTime.request_seen``).
     An outcome recorded by an earlier version has no such field: read with ``getattr``."""
+    began_at: float | None = None
+    """The activation's start, when this was its first step (``RunTime.step``)."""
 
 
 def stepped(tool: Tool, limits: Limits) -> Tool:
@@ -242,7 +247,7 @@ def stepped(tool: Tool, limits: Limits) -> Tool:
         async def body() -> Answered:
             return await _run_call(tool, values, limits, run)
 
-        answered = await DBOS.run_step_async(options(TOOL_STEP + tool.name), body)
+        answered = await run.step(TOOL_STEP + tool.name, body)
         if answered.cut:
             run.cut()
         else:
