@@ -188,6 +188,8 @@ class _TimedJournal:
             self.finish_and_lookup = self._finish_and_lookup
         if hasattr(journal, "start_unless_known"):  # and its start (StartingLookup)
             self.start_unless_known = self._start_unless_known
+        if hasattr(journal, "lookup_or_start"):  # a call's first start (StartingJournal)
+            self.lookup_or_start = self._lookup_or_start
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -205,6 +207,12 @@ class _TimedJournal:
     def _start_unless_known(self, key: str, call: Any, other: str) -> Any:
         self._started.append(key)
         return self._timed("start_unless_known", key, call, other)
+
+    def _lookup_or_start(self, key: str, call: Any) -> Any:
+        found = self._timed("lookup_or_start", key, call)
+        if found is None:
+            self._started.append(key)
+        return found
 
     def _finish_and_lookup(self, key: str, result: Any, other: str) -> Any:
         return self._timed("finish_and_lookup", key, result, other)
