@@ -23,6 +23,13 @@ each at a moment drawn from the seed (a share of the runs finished), one at a ti
   approval; the test, as the person, clicks each pause when it sees it (every other pause
   twice at once: a double click) and once more, late, after the run has left it.
 
+Every planned fault is carried out, whatever the machine's speed: the last runs of the
+stream (``RESERVE``) are held back until none is left to come (due, armed and not fired,
+or a worker frozen), and fed one at a time whenever the fleet runs out of work meanwhile,
+so a fault due late, or one waiting for a worker that drives a run, always finds one; a
+kill armed in a worker that drives no run any more (its run taken over, or finished) is
+moved to one that does (``Fleet.disarm``).
+
 ``run_chaos`` returns a ``Report``: the figures (runs, workers, faults of each kind,
 effects, duplicates, invariant violations, wall time) and every problem found. Timeouts are
 upper bounds for a hung fleet, never measures.
@@ -63,6 +70,13 @@ __all__ = ["CI", "FULL", "MODES", "Cluster", "Profile", "Report", "run_chaos"]
 MODES = ("leases", "dbos")
 WINDOW = 3
 """Runs fed to the fleet and not finished yet, at most, per worker."""
+RESERVE = 0.25
+"""The share of the runs held back at the end of the stream while a planned fault has not
+been carried out (they are fed one at a time when the fleet has nothing else to do): the
+faults are due by 75% of the runs finished (``_schedule``), so the others reach them all."""
+IDLE_CHECKS = 5
+"""How many looks in a row find a worker armed with a kill driving no run before its kill
+is moved to one that drives a run."""
 FREEZE_BOUND_S = 60.0 + 10 * max(LEASE_S, TTL_S)
 """How long a worker stays frozen when nobody takes its run over: a bound for a hang."""
 _ERROR = re.compile(r"^\S+ error \S+ \S+(?: on \S+)?: (\w+):", re.MULTILINE)
@@ -145,6 +159,10 @@ class Chaos:
             for n in range(profile.runs)
         ]
         self.fed = 0
+        self.schedule = _schedule(profile)
+        """The faults still to inflict, each at a share of the runs finished."""
+        self.idle_armed: dict[str, int] = {}
+        """How many looks in a row found each worker armed with a kill driving no run."""
         self.client: Any = None
         self.frozen: Frozen | None = None
         self.waiting_to_freeze = False
@@ -163,7 +181,7 @@ class Chaos:
         report = self.report
         try:
             self._start()
-            schedule = _schedule(self.profile)
+            schedule = self.schedule
             deadline = self.started + self.profile.upper_bound_s
             while True:
                 self.fleet.replace_the_dead()
@@ -171,6 +189,7 @@ class Chaos:
                 self.progress = finished / len(self.run_ids)
                 _retrying(functools.partial(self._feed, finished))
                 self._thaw()
+                _retrying(self._move_idle_kills)
                 for fault in [fault for fault in schedule if fault[0] <= self.progress]:
                     if self._inject(fault[1]):  # one at a time; the others next time
                         schedule.remove(fault)
@@ -212,11 +231,30 @@ class Chaos:
                 system_database_url=self.cluster.url, dbos_system_schema=self.dbos_schema
             )
 
+    def _outstanding(self) -> bool:
+        """Whether a planned fault is still to be carried out: due, armed and not fired, or
+        a worker frozen."""
+        return (
+            bool(self.schedule) or self.frozen is not None or any(s.armed for s in self.fleet.slots)
+        )
+
+    def _feed_limit(self, finished: int) -> int:
+        """How many runs may be fed by now: all of them once every fault was carried out;
+        until then all but the last ``RESERVE``, and one more each time the fleet has
+        finished every run fed to it."""
+        reserve = int(len(self.run_ids) * RESERVE)
+        if not self._outstanding():
+            return len(self.run_ids)
+        if self.fed < len(self.run_ids) - reserve:
+            return len(self.run_ids) - reserve
+        return self.fed + 1 if finished >= self.fed else self.fed
+
     def _feed(self, finished: int) -> None:
-        """Queue runs until ``WINDOW`` per worker are unfinished: a producer enqueues them,
-        in the store for the workers' ``take_next`` (leases-only; the ``pay-`` runs first),
-        or on DBOS's queue."""
-        while self.fed < len(self.run_ids) and self.fed - finished < WINDOW * len(self.fleet.slots):
+        """Queue runs until ``WINDOW`` per worker are unfinished (see ``_feed_limit``): a
+        producer enqueues them, in the store for the workers' ``take_next`` (leases-only;
+        the ``pay-`` runs first), or on DBOS's queue."""
+        limit = min(len(self.run_ids), self._feed_limit(finished))
+        while self.fed < limit and self.fed - finished < WINDOW * len(self.fleet.slots):
             run_id = self.run_ids[self.fed]
             if self.mode == "leases":
                 # An enqueue whose commit went unanswered (the server stopped) is not made
@@ -266,6 +304,27 @@ class Chaos:
             self.report.faults["pg-restart"] += 1
             return True
         return self.frozen is None and self._freeze(live)
+
+    def _move_idle_kills(self) -> None:
+        """Move a kill armed in a worker that has driven no run for ``IDLE_CHECKS`` looks
+        in a row (its run was taken over or ended) to one that drives a run: it has calls
+        and saves to come."""
+        armed = [s for s in self.fleet.live() if s.armed]
+        if not armed:
+            self.idle_armed.clear()
+            return
+        holders = self._holders()
+        for slot in armed:
+            idle = 0 if slot.name in holders else self.idle_armed.get(slot.name, 0) + 1
+            self.idle_armed[slot.name] = idle
+            drivers = [s for s in self.fleet.live() if s.name in holders and not s.armed]
+            if idle < IDLE_CHECKS or not drivers:
+                continue
+            kind = slot.armed[0]
+            if self.fleet.disarm(slot, kind):
+                self.fleet.arm(self.rng.choice(drivers), kind)
+                self.report.faults[f"kill-{kind} moved"] += 1
+            self.idle_armed.pop(slot.name, None)
 
     def _holders(self) -> dict[str, str]:
         """Worker name -> a run it drives now."""

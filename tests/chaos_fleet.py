@@ -251,6 +251,25 @@ class Fleet:
         self.tell(slot, f"arm {kind}")
         self.note(f"{slot.name} armed: kill in {kind}")
 
+    def disarm(self, slot: Slot, kind: str) -> bool:
+        """Take back the kill of ``kind`` armed in ``slot``'s worker; False when it could
+        not be (the kill is under way, or the worker ended: ``replace_the_dead`` counts
+        it). Waits for the worker's answer (a bound for a hang, not a measure)."""
+        assert slot.process is not None
+        seen = len(slot.lines)
+        self.tell(slot, f"disarm {kind}")
+        deadline = time.monotonic() + READY_BOUND_S
+        while slot.process.poll() is None and time.monotonic() < deadline:
+            answers = [line for line in slot.lines[seen:] if line.startswith(f"disarmed {kind} ")]
+            if answers:
+                if answers[0].endswith(" 1"):
+                    slot.armed.remove(kind)
+                    self.note(f"{slot.name} disarmed: kill in {kind}")
+                    return True
+                return False
+            time.sleep(0.01)
+        return False
+
     def replace_the_dead(self) -> None:
         """Count the workers that died (by a fault they were armed with, or otherwise) and
         start new ones in their places, without waiting for them."""

@@ -36,9 +36,11 @@ stdin): a SIGKILL inside the next ``send``/``transfer`` call (before or after it
 or inside the next save: a checkpoint save or a journal write (leases), DBOS recording a
 step's outcome or a journal write (dbos); the kill comes from a timer started as the save
 begins, within about one save's time. It prints ``fault KIND DETAIL`` first (the test
-counts them). ``SKEW_S``: this process's clock is that far off (the test's launcher patches
-``time.time`` before anything is imported) and its stores and agent are given clocks that
-read it.
+counts them). ``disarm tool`` / ``disarm save`` takes an armed kill back (the test moves it
+to a worker that drives a run): answered ``disarmed KIND 1``, or ``disarmed KIND 0`` when
+none is left to take back (the kill is under way). ``SKEW_S``: this process's clock is
+that far off (the test's launcher patches ``time.time`` before anything is imported) and
+its stores and agent are given clocks that read it.
 """
 
 from __future__ import annotations
@@ -327,6 +329,16 @@ class Faults:
                 return True
             return False
 
+    def disarm(self, kind: str) -> bool:
+        """Take back one kill of ``kind`` (``tool``, or ``save``: a save of any kind) not
+        yet taken; False when none is left (the kill is under way)."""
+        with self.lock:
+            for armed in sorted(self.armed):
+                if self.armed[armed] > 0 and armed.split(":")[0] == kind:
+                    self.armed[armed] -= 1
+                    return True
+            return False
+
     def choose(self, *kinds: str) -> str:
         return self.rng.choice(kinds)
 
@@ -508,6 +520,8 @@ class Control:
                 if self.mode == "dbos":
                     kinds = ("step", "step", "journal")
                 self.faults.arm("save:" + self.faults.choose(*kinds))
+            elif words[:1] == ["disarm"] and len(words) == 2:
+                print(f"disarmed {words[1]} {int(self.faults.disarm(words[1]))}", flush=True)
         self.quit.set()  # quit, or the test has gone
 
 

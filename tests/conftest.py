@@ -13,11 +13,12 @@ import structlog
 from hypothesis import HealthCheck, settings
 from hypothesis.control import currently_in_test_context
 
-from agent_fsm import Agent, Limits, Tool, tool
+from agent_fsm import Agent, CheckpointStore, Limits, Tool, tool
 from agent_fsm.durable.checkpoint import MemoryStore
 from agent_fsm.events import Event
+from agent_fsm.messages import ToolMessage
 from agent_fsm.state import RUN_STATE_ADAPTER, RunState
-from agent_fsm.testing import ScriptedModel, ScriptItem
+from agent_fsm.testing import ScriptedModel, ScriptItem, call, check_invariants, reply
 
 # The checkpoint stores of every kind, and PostgreSQL for them (``store``, ``postgres_url``).
 pytest_plugins = ["tests.stores"]
@@ -101,6 +102,30 @@ def add(a: int, b: int) -> int:
 def boom(reason: str = "broken") -> str:
     """Always fails."""
     raise RuntimeError(reason)
+
+
+TRANSFERS: list[str] = []
+"""What ``transfer`` did, in order (the side effect that must not happen twice)."""
+
+
+@tool
+def transfer(amount: int) -> str:
+    """Move money (not idempotent)."""
+    TRANSFERS.append(f"transfer {amount}")
+    return f"moved {amount}"
+
+
+def one_transfer(store: CheckpointStore) -> ToolMessage:
+    """Run an agent on ``store`` whose model calls ``transfer(amount=5)`` once and then
+    answers; check the run's invariants and return the call's one tool result.
+    ``TRANSFERS`` is cleared first, so it then holds what that call did."""
+    TRANSFERS.clear()
+    model = ScriptedModel([reply("", call("transfer", amount=5)), "Done."])
+    agent = Agent(model=model, tools=[transfer], store=store)
+    result = agent.run_sync("Pay.")
+    check_invariants(result, limits=agent.limits, bound=agent.bound)
+    (answer,) = [m for m in result.messages if isinstance(m, ToolMessage)]
+    return answer
 
 
 FAST = {"retry_backoff_s": 0.0, "retry_backoff_max_s": 0.0}

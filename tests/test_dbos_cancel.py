@@ -13,7 +13,7 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -140,23 +140,54 @@ def assert_aborted(result: RunResult, reason: str, agent: DBOSAgent) -> None:
     check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
 
 
+async def cancelled_while_held(
+    agent: DBOSAgent,
+    tools: Sends,
+    run: Coroutine[Any, Any, RunResult],
+    *,
+    step: int,
+    cancel: Callable[[str], Awaitable[None]],
+    reason: str,
+) -> RunResult:
+    """Drive ``run`` (a run or a resume of ``agent``) until its call to ``send`` ``step`` is
+    held, ``cancel`` it for ``reason`` meanwhile (the cancel checks its own answer), then
+    release the call: the run's result, checked aborted for ``reason``."""
+    tools.hold_again(frozenset({step}))
+    running = asyncio.ensure_future(run)
+    await tools.wait_entered(step)
+    try:
+        await cancel(reason)
+    finally:
+        tools.release()  # a failed cancel leaves no run held
+    result = await running
+    assert_aborted(result, reason, agent)
+    return result
+
+
+def requested(by: DBOSAgent, run_id: str) -> Callable[[str], Awaitable[None]]:
+    """A cancel of ``run_id`` asked of ``by``, which must answer that it was requested."""
+
+    async def cancel(reason: str) -> None:
+        assert await by.cancel(run_id, reason) is True
+
+    return cancel
+
+
 async def test_a_run_cancelled_while_a_worker_drives_it_stops_before_its_next_call(
     journal: PostgresStore, outside: PostgresStore, postgres_url: str, postgres_schema: str
 ) -> None:
     """The call in flight when the request comes finishes and is answered; no model or tool
     call starts after it; the run is aborted, resumable, and a replay of it, even with the
     request gone from the journal, takes the same path (the steps recorded what they read)."""
-    tools = Sends(hold=frozenset({1}))
+    tools = Sends()
     model = FunctionModel(sends(3))
     agent = agent_of(journal, model, tools)
     run_id = f"cancel-{uuid.uuid4().hex[:8]}"
-    running = asyncio.ensure_future(agent.run("Send three.", run_id=run_id))
-    await tools.wait_entered(1)
-    assert await canceller(outside).cancel(run_id, "stop sending") is True
-    tools.release()
-    result = await running
-
-    assert_aborted(result, "stop sending", agent)
+    run = agent.run("Send three.", run_id=run_id)
+    cancel = requested(canceller(outside), run_id)
+    result = await cancelled_while_held(
+        agent, tools, run, step=1, cancel=cancel, reason="stop sending"
+    )
     assert tools.made == [1]
     assert len(model.requests) == 1  # the second call was answered by its step: never made
     sent = [m for m in result.messages if m.role == "tool"]
@@ -221,12 +252,10 @@ async def test_a_cancel_of_a_paused_run_is_refused_and_one_during_its_resume_sto
     assert paused.stop_reason is StopReason.ASK_USER
     assert await other.cancel(run_id, "too late") is False
 
-    resuming = asyncio.ensure_future(agent.resume(run_id, "two"))
-    await tools.wait_entered(1)
-    assert await other.cancel(run_id, "stop now") is True
-    tools.release()
-    stopped = await resuming
-    assert_aborted(stopped, "stop now", agent)
+    resume, cancel = agent.resume(run_id, "two"), requested(other, run_id)
+    stopped = await cancelled_while_held(
+        agent, tools, resume, step=1, cancel=cancel, reason="stop now"
+    )
     assert tools.made == [1]
     assert "too late" not in (stopped.error or "")
 
@@ -275,20 +304,23 @@ async def test_a_cancel_while_a_resume_is_queued_is_not_lost_when_it_leaves_the_
 async def test_a_run_is_cancelled_from_another_process(
     journal: PostgresStore, dbos_schema: str, postgres_url: str, postgres_schema: str
 ) -> None:
-    tools = Sends(hold=frozenset({1}))
+    tools = Sends()
     model = FunctionModel(sends(2))
     agent = agent_of(journal, model, tools)
     run_id = f"elsewhere-{uuid.uuid4().hex[:8]}"
-    running = asyncio.ensure_future(agent.run("Send two.", run_id=run_id))
-    await tools.wait_entered(1)
-    args = [postgres_url, postgres_schema, dbos_schema, run_id, "from afar"]
-    canceller = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.dbos_canceller", *args, stdout=subprocess.PIPE
+
+    async def from_another_process(reason: str) -> None:
+        args = [postgres_url, postgres_schema, dbos_schema, run_id, reason]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.dbos_canceller", *args, stdout=subprocess.PIPE
+        )
+        said, _ = await process.communicate()
+        assert (process.returncode, said.decode().strip()) == (0, "True")
+
+    run = agent.run("Send two.", run_id=run_id)
+    await cancelled_while_held(
+        agent, tools, run, step=1, cancel=from_another_process, reason="from afar"
     )
-    said, _ = await canceller.communicate()
-    assert (canceller.returncode, said.decode().strip()) == (0, "True")
-    tools.release()
-    assert_aborted(await running, "from afar", agent)
     assert (tools.made, len(model.requests)) == ([1], 1)
 
 
@@ -322,35 +354,38 @@ async def test_the_command_line_cancels_a_dbos_run_through_its_system_database(
     checkpoint, so the store alone says "no such run", and the error says to add --dbos),
     and a resume under way (where the store shows the stop it continues); a run at a stop
     is left as it is, an unknown run exits 2. No password is printed."""
-    tools = Sends(hold=frozenset({1}))
+    tools = Sends()
     model = FunctionModel(sends(2))
     agent = agent_of(journal, model, tools)
     store = ("--store", postgres_url, "--schema", postgres_schema)
     dbos = ("--dbos", postgres_url, "--dbos-schema", dbos_schema)
     run_id = f"cli-{uuid.uuid4().hex[:8]}"
-    running = asyncio.ensure_future(agent.run("Send two.", run_id=run_id))
-    await tools.wait_entered(1)
 
-    code, out, err = await agent_fsm_cancel(run_id, *store)
-    assert code == 2
-    assert "add --dbos URL" in err
-    code, out, err = await agent_fsm_cancel(run_id, *store, *dbos, "--reason", "from the shell")
-    assert (code, err) == (0, "")
-    assert "cancel requested" in out
-    tools.release()
-    assert_aborted(await running, "from the shell", agent)
+    async def from_the_shell(reason: str) -> None:
+        code, out, err = await agent_fsm_cancel(run_id, *store)
+        assert code == 2
+        assert "add --dbos URL" in err
+        code, out, err = await agent_fsm_cancel(run_id, *store, *dbos, "--reason", reason)
+        assert (code, err) == (0, "")
+        assert "cancel requested" in out
+
+    run = agent.run("Send two.", run_id=run_id)
+    await cancelled_while_held(
+        agent, tools, run, step=1, cancel=from_the_shell, reason="from the shell"
+    )
     assert (tools.made, len(model.requests)) == ([1], 1)
 
     # At its stop (aborted, resumable): nothing to cancel. Resumed: the resume is stopped.
     code, out, _ = await agent_fsm_cancel(run_id, *store, *dbos)
     assert (code, "already stopped" in out) == (0, True)
-    tools.hold_again(frozenset({2}))
-    resuming = asyncio.ensure_future(agent.resume(run_id))
-    await tools.wait_entered(2)
-    code, out, _ = await agent_fsm_cancel(run_id, *store, *dbos, "--reason", "again")
-    assert (code, "cancel requested" in out) == (0, True)
-    tools.release()
-    assert_aborted(await resuming, "again", agent)
+
+    async def with_dbos(reason: str) -> None:
+        code, out, _ = await agent_fsm_cancel(run_id, *store, *dbos, "--reason", reason)
+        assert (code, "cancel requested" in out) == (0, True)
+
+    await cancelled_while_held(
+        agent, tools, agent.resume(run_id), step=2, cancel=with_dbos, reason="again"
+    )
     assert tools.made == [1, 2]
 
     code, _, err = await agent_fsm_cancel("never-ran", *store, *dbos)
@@ -369,25 +404,28 @@ async def test_agent_cancel_reaches_a_dbos_run(
     on the journal store, for the run's first workflow and for a resume under way (where
     the store shows the stop it continues). A run at a stop is left; an unknown one is no
     run (``run.elsewhere``)."""
-    tools = Sends(hold=frozenset({1}))
+    tools = Sends()
     model = FunctionModel(sends(3))
     agent = agent_of(journal, model, tools)
     run_id = f"library-{uuid.uuid4().hex[:8]}"
-    running = asyncio.ensure_future(agent.run("Send three.", run_id=run_id))
-    await tools.wait_entered(1)
-    assert agent.agent.cancel(run_id, "from the library") is True
-    tools.release()
-    assert_aborted(await running, "from the library", agent)
+    leased = Agent(model=FunctionModel(sends(0)), store=outside, lease_s=5.0)
+
+    def through(library: Agent) -> Callable[[str], Awaitable[None]]:
+        async def cancel(reason: str) -> None:
+            assert library.cancel(run_id, reason) is True  # sync, on the loop's thread
+
+        return cancel
+
+    run = agent.run("Send three.", run_id=run_id)
+    cancel = through(agent.agent)
+    await cancelled_while_held(agent, tools, run, step=1, cancel=cancel, reason="from the library")
     assert (tools.made, len(model.requests)) == ([1], 1)
 
-    leased = Agent(model=FunctionModel(sends(0)), store=outside, lease_s=5.0)
     assert leased.cancel(run_id, "at its stop") is False
-    tools.hold_again(frozenset({2}))
-    resuming = asyncio.ensure_future(agent.resume(run_id))
-    await tools.wait_entered(2)
-    assert leased.cancel(run_id, "from a leased agent") is True
-    tools.release()
-    assert_aborted(await resuming, "from a leased agent", agent)
+    resume, cancel = agent.resume(run_id), through(leased)
+    await cancelled_while_held(
+        agent, tools, resume, step=2, cancel=cancel, reason="from a leased agent"
+    )
     assert tools.made == [1, 2]
     with pytest.raises(CheckpointError):
         leased.cancel("never-ran", "why")
@@ -401,7 +439,7 @@ async def test_agent_cancel_is_recorded_by_the_dbos_agent_whose_run_it_is(
     """DBOS sees the workflows of every ``DBOSAgent`` of the process: one on another
     journal store must not take another's run for its own (its request, recorded in its
     own journal, would never be read, and the run would go on)."""
-    tools = Sends(hold=frozenset({1}))
+    tools = Sends()
     model = FunctionModel(sends(3))
     agent = agent_of(journal, model, tools)
     run_id = f"whose-{uuid.uuid4().hex[:8]}"
@@ -409,13 +447,14 @@ async def test_agent_cancel_is_recorded_by_the_dbos_agent_whose_run_it_is(
     try:
         with PostgresStore(postgres_url, schema=other_schema) as elsewhere:
             stranger = canceller(elsewhere)  # registered too, on a journal of its own
-            running = asyncio.ensure_future(agent.run("Send three.", run_id=run_id))
-            await tools.wait_entered(1)
-            assert stranger.cancel_elsewhere(run_id, "not mine") is None
-            assert elsewhere.journal(run_id).lookup("cancel") is None
-            assert agent.cancel_elsewhere(run_id, "mine") is True
-            tools.release()
-            assert_aborted(await running, "mine", agent)
+
+            async def by_the_runs_own_agent(reason: str) -> None:
+                assert stranger.cancel_elsewhere(run_id, "not mine") is None
+                assert elsewhere.journal(run_id).lookup("cancel") is None
+                assert agent.cancel_elsewhere(run_id, reason) is True
+
+            run, cancel = agent.run("Send three.", run_id=run_id), by_the_runs_own_agent
+            await cancelled_while_held(agent, tools, run, step=1, cancel=cancel, reason="mine")
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(
@@ -539,17 +578,13 @@ async def test_a_request_made_during_a_tool_call_is_read_with_its_end_and_no_mod
     reads: dict[str, int] = {}
     opened = journal.journal
     monkeypatch.setattr(journal, "journal", lambda run_id: CountedReads(opened(run_id), reads))
-    tools = Sends(hold=frozenset({3}))
+    tools = Sends()
     model = FunctionModel(sends(4))
     agent = agent_of(journal, model, tools)
     run_id = f"reads-{uuid.uuid4().hex[:8]}"
-    running = asyncio.ensure_future(agent.run("Send four.", run_id=run_id))
-    await tools.wait_entered(3)
-    assert await canceller(outside).cancel(run_id, "enough") is True
-    tools.release()
-    result = await running
-
-    assert_aborted(result, "enough", agent)
+    run = agent.run("Send four.", run_id=run_id)
+    cancel = requested(canceller(outside), run_id)
+    result = await cancelled_while_held(agent, tools, run, step=3, cancel=cancel, reason="enough")
     assert tools.made == [1, 2, 3]
     assert len(model.requests) == 3  # the fourth call was never made
     assert [m.content for m in result.messages if m.role == "tool"] == [

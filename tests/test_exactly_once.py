@@ -12,15 +12,7 @@ from agent_fsm import Agent, MemoryStore, ResumeError, tool
 from agent_fsm.durable.journal import CallStatus, JournalEntry, ToolJournal
 from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
-
-EFFECTS: list[str] = []
-
-
-@tool
-def transfer(amount: int) -> str:
-    """Move money (not idempotent)."""
-    EFFECTS.append(f"transfer {amount}")
-    return f"moved {amount}"
+from tests.conftest import TRANSFERS, one_transfer
 
 
 class Unreadable:
@@ -54,19 +46,9 @@ class FlakyStore(MemoryStore):
         return Unreadable(super().journal(run_id, lease=lease), started=self.started)  # type: ignore[return-value]
 
 
-def _transfer_once(store: MemoryStore) -> Any:
-    EFFECTS.clear()
-    model = ScriptedModel([reply("", call("transfer", amount=5)), "Done."])
-    agent = Agent(model=model, tools=[transfer], store=store)
-    result = agent.run_sync("Pay.")
-    check_invariants(result, limits=agent.limits, bound=agent.bound)
-    (answer,) = [m for m in result.messages if isinstance(m, ToolMessage)]
-    return answer
-
-
 def test_a_journal_that_cannot_be_read_answers_outcome_unknown() -> None:
-    answer = _transfer_once(FlakyStore())
-    assert EFFECTS == []  # never run while the journal cannot see it
+    answer = one_transfer(FlakyStore())
+    assert TRANSFERS == []  # never run while the journal cannot see it
     assert answer.is_error
     assert "The outcome of this call to 'transfer' is unknown" in answer.content
     assert "could not be read (ConnectionError" in answer.content
@@ -75,8 +57,8 @@ def test_a_journal_that_cannot_be_read_answers_outcome_unknown() -> None:
 
 
 def test_a_started_call_whose_end_cannot_be_recorded_is_still_outcome_unknown() -> None:
-    answer = _transfer_once(FlakyStore(started=True))
-    assert EFFECTS == []
+    answer = one_transfer(FlakyStore(started=True))
+    assert TRANSFERS == []
     assert "is unknown: it started before an interruption" in answer.content
     assert answer.details == {"runtime": {"outcome_unknown": True}}
 

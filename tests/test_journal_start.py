@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
-from agent_fsm import Agent, tool
+from agent_fsm import Agent
 from agent_fsm.durable import SQLiteStore
 from agent_fsm.durable.journal import (
     CallStatus,
@@ -22,7 +23,8 @@ from agent_fsm.durable.journal import (
 from agent_fsm.errors import RunLeased
 from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.state import RunState
-from agent_fsm.testing import ScriptedModel, call, check_invariants, reply
+from agent_fsm.testing import ScriptedModel, call, reply
+from tests.conftest import TRANSFERS, one_transfer, transfer
 
 CALL = ToolCall(id="c1", name="transfer", arguments='{"amount": 5}')
 DONE = ToolMessage(tool_call_id="c1", name="transfer", content="moved 5")
@@ -70,16 +72,6 @@ def test_a_start_the_lease_refuses_is_not_started_and_writes_nothing(tmp_path: P
         )
 
 
-EFFECTS: list[str] = []
-
-
-@tool
-def transfer(amount: int) -> str:
-    """Move money (not idempotent)."""
-    EFFECTS.append(f"transfer {amount}")
-    return f"moved {amount}"
-
-
 class Failing:
     """A starting journal whose ``lookup_or_start`` fails as ``failure`` says."""
 
@@ -107,16 +99,11 @@ class FailingStore(SQLiteStore):
 
 
 def _answer(tmp_path: Path, failure: BaseException) -> ToolMessage:
-    EFFECTS.clear()
     store = FailingStore(tmp_path / "runs.sqlite3")
     store.failure = failure
     with store:
-        model = ScriptedModel([reply("", call("transfer", amount=5)), "Done."])
-        agent = Agent(model=model, tools=[transfer], store=store)
-        result = agent.run_sync("Pay.")
-    check_invariants(result, limits=agent.limits, bound=agent.bound)
-    (answer,) = [m for m in result.messages if isinstance(m, ToolMessage)]
-    assert EFFECTS == []  # never run while the journal cannot see it
+        answer = one_transfer(store)
+    assert TRANSFERS == []  # never run while the journal cannot see it
     return answer
 
 
@@ -141,57 +128,68 @@ def test_a_call_whose_entry_could_not_be_read_is_outcome_unknown(tmp_path: Path)
 # -- the finished record of a run's last call in flight waits for the run's next write ------
 
 
-def test_the_last_call_in_flight_is_recorded_finished_with_the_next_write(tmp_path: Path) -> None:
+class HeldBack(NamedTuple):
+    """Run ``r`` saved in ``store``, its call ``1:0:c1`` recorded started and finished in
+    ``journal``: the run's last call in flight, its finished record held back; ``other``
+    opens the same file, as another process (or one after a crash) would."""
+
+    store: SQLiteStore
+    other: SQLiteStore
+    journal: ToolJournal
+
+
+@pytest.fixture
+def held_back(tmp_path: Path) -> Iterator[HeldBack]:
     path = tmp_path / "runs.sqlite3"
     with SQLiteStore(path) as store, SQLiteStore(path) as other:
         store.save(RunState(run_id="r"))
         journal = store.journal("r")
         journal.record_started("1:0:c1", CALL)
         journal.record_finished("1:0:c1", DONE)
-        finished = JournalEntry("1:0:c1", CALL, CallStatus.FINISHED, DONE)
-        assert store.journal("r").lookup("1:0:c1") == finished  # this process knows
-        # another process (a crash now) finds it started: its outcome unknown, never run twice
-        assert other.journal("r").lookup("1:0:c1") == JournalEntry(
-            "1:0:c1", CALL, CallStatus.STARTED
-        )
-        store.save(RunState(run_id="r", turns=1))  # the checkpoint after ACT writes it
-        assert other.journal("r").lookup("1:0:c1") == finished
-        # the next call's start writes it too, and a call finishing beside another in
-        # flight is written at once
-        journal.record_started("2:0:c1", CALL)
-        journal.record_finished("2:0:c1", DONE)
-        journal.lookup_or_start("3:0:c1", CALL)
-        journal.record_started("3:1:c2", CALL)
-        assert other.journal("r").lookup("2:0:c1") is not None
-        assert other.journal("r").lookup("2:0:c1").status is CallStatus.FINISHED  # type: ignore[union-attr]
-        journal.record_finished("3:0:c1", DONE)
-        assert other.journal("r").lookup("3:0:c1").status is CallStatus.FINISHED  # type: ignore[union-attr]
-        journal.record_finished("3:1:c2", DONE)  # the last: held back
-        assert other.journal("r").lookup("3:1:c2").status is CallStatus.STARTED  # type: ignore[union-attr]
-        settle(journal)  # its driver lets go
-        assert other.journal("r").lookup("3:1:c2").status is CallStatus.FINISHED  # type: ignore[union-attr]
+        yield HeldBack(store, other, journal)
 
 
-def test_a_record_held_back_survives_a_save_that_fails(tmp_path: Path) -> None:
-    path = tmp_path / "runs.sqlite3"
-    with SQLiteStore(path) as store, SQLiteStore(path) as other:
-        store.save(RunState(run_id="r"))
-        journal = store.journal("r")
-        journal.record_started("1:0:c1", CALL)
-        journal.record_finished("1:0:c1", DONE)
-        other.claim("r", "worker-b", 60.0)  # another worker leased the run meanwhile
-        with pytest.raises(RunLeased):
-            store.save(RunState(run_id="r", turns=1))  # rolled back, the record held again
-        assert other.journal("r").lookup("1:0:c1").status is CallStatus.STARTED  # type: ignore[union-attr]
-        settle(journal)
-        assert other.journal("r").lookup("1:0:c1") == JournalEntry(
-            "1:0:c1", CALL, CallStatus.FINISHED, DONE
-        )
+def test_the_last_call_in_flight_is_recorded_finished_with_the_next_write(
+    held_back: HeldBack,
+) -> None:
+    store, other, journal = held_back
+    finished = JournalEntry("1:0:c1", CALL, CallStatus.FINISHED, DONE)
+    assert store.journal("r").lookup("1:0:c1") == finished  # this process knows
+    # another process (a crash now) finds it started: its outcome unknown, never run twice
+    assert other.journal("r").lookup("1:0:c1") == JournalEntry("1:0:c1", CALL, CallStatus.STARTED)
+    store.save(RunState(run_id="r", turns=1))  # the checkpoint after ACT writes it
+    assert other.journal("r").lookup("1:0:c1") == finished
+    # the next call's start writes it too, and a call finishing beside another in
+    # flight is written at once
+    journal.record_started("2:0:c1", CALL)
+    journal.record_finished("2:0:c1", DONE)
+    journal.lookup_or_start("3:0:c1", CALL)
+    journal.record_started("3:1:c2", CALL)
+    assert other.journal("r").lookup("2:0:c1") is not None
+    assert other.journal("r").lookup("2:0:c1").status is CallStatus.FINISHED  # type: ignore[union-attr]
+    journal.record_finished("3:0:c1", DONE)
+    assert other.journal("r").lookup("3:0:c1").status is CallStatus.FINISHED  # type: ignore[union-attr]
+    journal.record_finished("3:1:c2", DONE)  # the last: held back
+    assert other.journal("r").lookup("3:1:c2").status is CallStatus.STARTED  # type: ignore[union-attr]
+    settle(journal)  # its driver lets go
+    assert other.journal("r").lookup("3:1:c2").status is CallStatus.FINISHED  # type: ignore[union-attr]
+
+
+def test_a_record_held_back_survives_a_save_that_fails(held_back: HeldBack) -> None:
+    store, other, journal = held_back
+    other.claim("r", "worker-b", 60.0)  # another worker leased the run meanwhile
+    with pytest.raises(RunLeased):
+        store.save(RunState(run_id="r", turns=1))  # rolled back, the record held again
+    assert other.journal("r").lookup("1:0:c1").status is CallStatus.STARTED  # type: ignore[union-attr]
+    settle(journal)
+    assert other.journal("r").lookup("1:0:c1") == JournalEntry(
+        "1:0:c1", CALL, CallStatus.FINISHED, DONE
+    )
 
 
 def test_a_durable_run_leaves_every_call_recorded_finished(tmp_path: Path) -> None:
     path = tmp_path / "runs.sqlite3"
-    EFFECTS.clear()
+    TRANSFERS.clear()
     with SQLiteStore(path) as store:
         model = ScriptedModel(
             [
@@ -205,12 +203,12 @@ def test_a_durable_run_leaves_every_call_recorded_finished(tmp_path: Path) -> No
         journal = fresh.journal(result.run_id)
         keys = ["1:0:call_1_0", "2:0:call_2_0", "2:1:call_2_1"]
         assert [journal.lookup(key).status for key in keys] == [CallStatus.FINISHED] * 3  # type: ignore[union-attr]
-    assert EFFECTS == ["transfer 1", "transfer 2", "transfer 3"]
+    assert TRANSFERS == ["transfer 1", "transfer 2", "transfer 3"]
 
 
 def test_a_forks_journal_is_durable_once_fork_returns(tmp_path: Path) -> None:
     path = tmp_path / "runs.sqlite3"
-    EFFECTS.clear()
+    TRANSFERS.clear()
     with SQLiteStore(path) as store:
         model = ScriptedModel([reply("", call("transfer", amount=1)), "Done."])
         agent = Agent(model=model, tools=[transfer], store=store)
@@ -220,4 +218,4 @@ def test_a_forks_journal_is_durable_once_fork_returns(tmp_path: Path) -> None:
             entry = other.journal(fork.run_id).lookup("1:0:call_1_0")
         assert entry is not None
         assert entry.status is CallStatus.FINISHED
-    assert EFFECTS == ["transfer 1"]
+    assert TRANSFERS == ["transfer 1"]
