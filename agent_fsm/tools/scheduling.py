@@ -116,16 +116,13 @@ class TurnCalls:
         """Why calls not yet started are skipped (steering or a stop); None to go on."""
         self.on_retry: RetryHandler | None = self._report_retry if self.emit is not None else None
 
-    async def run_groups(self, groups: Sequence[Sequence[int]]) -> None:
-        for group in groups:
-            if len(group) == 1:
-                await self.run_call(group[0])
-                continue
-            # A few workers share one iterator: calls start in call order, at most
-            # max_parallel_tools at a time, without a semaphore per call.
-            pending = iter(group)
-            width = min(self.site.limits.max_parallel_tools, len(group))
-            await asyncio.gather(*(self._worker(pending) for _ in range(width)))
+    async def run_wave(self, group: Sequence[int]) -> None:
+        """Run the calls of one wave concurrently (``waves``)."""
+        # A few workers share one iterator: calls start in call order, at most
+        # max_parallel_tools at a time, without a semaphore per call.
+        pending = iter(group)
+        width = min(self.site.limits.max_parallel_tools, len(group))
+        await asyncio.gather(*(self._worker(pending) for _ in range(width)))
 
     async def _worker(self, pending: Iterator[int]) -> None:
         for index in pending:
@@ -298,7 +295,8 @@ async def run_until_stopped(turn: TurnCalls, groups: list[list[int]]) -> None:
         turn.halted = STOPPED
         return
     with StopScope(stop) as scope:
-        await turn.run_groups(groups)
+        for group in groups:  # a wave of one call, the usual, is awaited without a coroutine
+            await (turn.run_call(group[0]) if len(group) == 1 else turn.run_wave(group))
     if scope.stopped:
         turn.halted = STOPPED
         for index, started in enumerate(turn.started):
