@@ -379,9 +379,10 @@ def _gate(
     approved: Collection[str],
     results: list[ToolMessage | None],
     approval_first: bool = False,
-) -> tuple[list[int], list[PreparedCall]]:
+) -> tuple[tuple[int, ...], tuple[PreparedCall, ...]]:
     """Answer the calls that cannot run (their error) and those that wait for approval;
-    return the indices of the calls that run, and the calls that wait. With
+    return the indices of the calls that run, and the calls that wait (tuples, held while
+    the calls run: see ``scheduling.waves``). With
     ``approval_first`` (the table ranks a pending approval above a terminal tool), terminal
     calls do not run while calls wait: the run pauses before anything could end it."""
     runnable: list[int] = []
@@ -407,7 +408,7 @@ def _gate(
         for index in [i for i in runnable if prepared[i].tool.terminal]:  # type: ignore[union-attr]
             results[index] = skipped_result(prepared[index].call, waiting)
             runnable.remove(index)
-    return runnable, pending
+    return tuple(runnable), tuple(pending)
 
 
 def _end_on_terminal_tool(

@@ -268,26 +268,32 @@ def _not_recorded(call: ToolCall, why: BaseException) -> ToolMessage:
     )
 
 
-def waves(prepared: Sequence[PreparedCall], runnable: list[int], parallel: bool) -> list[list[int]]:
+def waves(
+    prepared: Sequence[PreparedCall], runnable: Sequence[int], parallel: bool
+) -> tuple[tuple[int, ...], ...]:
     """Runnable call indices in waves: each wave runs concurrently, waves one after another.
-    A sequential tool (or every call, when not ``parallel``) is a wave of its own."""
-    groups: list[list[int]] = []
+    A sequential tool (or every call, when not ``parallel``) is a wave of its own.
+
+    Tuples: they are held while the calls run, and tuples of numbers are let go by the
+    cyclic collector at its first pass, where lists are looked at in every pass (issue 39).
+    """
+    groups: list[tuple[int, ...]] = []
     current: list[int] = []
     for index in runnable:
         found = prepared[index].tool
         if not parallel or (found is not None and found.sequential):
             if current:
-                groups.append(current)
+                groups.append(tuple(current))
                 current = []
-            groups.append([index])
+            groups.append((index,))
         else:
             current.append(index)
     if current:
-        groups.append(current)
-    return groups
+        groups.append(tuple(current))
+    return tuple(groups)
 
 
-async def run_until_stopped(turn: TurnCalls, groups: list[list[int]]) -> None:
+async def run_until_stopped(turn: TurnCalls, groups: Sequence[Sequence[int]]) -> None:
     """Run the groups in this task; when the run's stop is set first, cancel what runs
     (answered "cancelled") and skip the rest."""
     stop = turn.site.stop
