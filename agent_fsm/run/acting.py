@@ -436,9 +436,10 @@ def _report(
     prepared: Sequence[PreparedCall],
     final: Sequence[ToolMessage],
 ) -> None:
-    """A ToolFinished for every call (and a ToolStarted for those that never started)."""
-    emit = ctx.bus.emitter
-    if emit is None:
+    """A ToolFinished for every call (and a ToolStarted for those that never started), to
+    whoever listened when the turn's calls began (as their ToolStarted events did)."""
+    emit, durations, attempts = turn.emit, turn.durations, turn.attempts
+    if emit is None or durations is None or attempts is None:
         return
     run_id, number = ctx.state.run_id, ctx.state.turns
     for index, result in enumerate(final):
@@ -452,11 +453,11 @@ def _report(
                 name=result.name,
                 status=result.status,
                 output=result.content,
-                duration_s=turn.durations[index],
+                duration_s=durations[index],
                 is_error=result.status is ToolStatus.ERROR,
                 output_chars=len(result.content),
                 details=result.details,
-                attempts=turn.attempts[index],
+                attempts=attempts[index],
             )
         )
 

@@ -107,9 +107,13 @@ class TurnCalls:
         self.emit = site.emitter()
         count = len(prepared)
         self.results: list[ToolMessage | None] = [None] * count
-        self.durations = [0.0] * count
-        self.attempts = [0] * count
         self.started = [False] * count
+        self.durations: list[float] | None = None
+        self.attempts: list[int] | None = None
+        """Each call's duration and attempts: what the ToolFinished events tell, so kept
+        only when anyone listens (``emit``); a turn nobody watches makes no list of them."""
+        if self.emit is not None:
+            self.durations, self.attempts = [0.0] * count, [0] * count
         self.open_keys: dict[int, str] = {}
         """Journal keys recorded as started and not yet finished, by call index."""
         self.halted: str | None = None
@@ -152,9 +156,11 @@ class TurnCalls:
             self.cancelled(index)
             raise
         finally:
-            self.durations[index] = site.clock() - begun
+            if self.durations is not None:
+                self.durations[index] = site.clock() - begun
         self.results[index] = executed.result
-        self.attempts[index] = executed.attempts
+        if self.attempts is not None:
+            self.attempts[index] = executed.attempts
         if executed.attempts and executed.result.is_error:
             # The model sees the error; the people who run the tool see it in the log too.
             site.log.warning(
