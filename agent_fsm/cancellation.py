@@ -91,9 +91,9 @@ class StopScope:
     __slots__ = (
         "_again",
         "_base",
-        "_callback",
         "_cancels",
         "_inside",
+        "_registered",
         "_stop",
         "_task",
         "stopped",
@@ -106,7 +106,7 @@ class StopScope:
         self._cancels = 0
         self._again: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[Any] | None = None
-        self._callback: Callable[[], None] | None = None
+        self._registered = False
 
     # Entering and leaving run twice per turn, so they touch the event's callback list
     # directly (same module) and ask the task for its loop only when a stop arrives.
@@ -118,15 +118,16 @@ class StopScope:
         self._task = task
         self._base = task.cancelling()
         self._inside = True
-        self._callback = callback = self._on_stop  # one bound method, removed by identity
         stop = self._stop
         if stop._set:
-            callback()
-        else:
-            stop._callbacks.append(callback)
+            self()
+        else:  # the scope is its own callback: no bound method made, removed by identity
+            stop._callbacks.append(self)
+            self._registered = True
         return self
 
-    def _on_stop(self) -> None:
+    def __call__(self) -> None:
+        """The stop arrived (``StopEvent`` calls the scope): cancel the work from the loop."""
         task = self._task
         if task is not None:
             task.get_loop().call_soon(self._cancel)
@@ -147,14 +148,14 @@ class StopScope:
         traceback: TracebackType | None,
     ) -> bool:
         self._inside = False
-        callback, callbacks = self._callback, self._stop._callbacks
-        if callbacks and callbacks[-1] is callback:  # the usual case: still the latest
-            callbacks.pop()
-        elif callback is not None:
-            self._stop.remove_callback(callback)
-        # The bound method held the scope (a reference cycle for the collector, two per
-        # turn), and the task held the scope in its frame: let both go now.
-        self._callback = None
+        if self._registered:  # the event held the scope, which holds the event: let go now
+            self._registered = False
+            callbacks = self._stop._callbacks
+            if callbacks and callbacks[-1] is self:  # the usual case: still the latest
+                callbacks.pop()
+            else:
+                self._stop.remove_callback(self)
+        # The task held the scope in its frame: let it go now (no cycle for the collector).
         task, self._task = self._task, None
         if not self._cancels:  # the usual case: the stop never reached the work
             return False

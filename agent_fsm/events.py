@@ -439,12 +439,14 @@ class EventBus:
         *,
         on_handler_error: Callable[[Event], None] | None = None,
     ) -> None:
-        self._handlers = [checked_handler(handler) for handler in handlers]
+        # A tuple: most runs have no subscriber, and the empty tuple is no object of theirs
+        # for the cyclic collector to look at (issue 39).
+        self._handlers = tuple(checked_handler(handler) for handler in handlers)
         self._on_handler_error = on_handler_error
         self.emitter: EventHandler | None = self.emit if self._handlers else None
 
     def subscribe(self, handler: EventHandler) -> None:
-        self._handlers.append(checked_handler(handler))
+        self._handlers = (*self._handlers, checked_handler(handler))
         self.emitter = self.emit
 
     def emit(self, event: Event) -> None:

@@ -58,8 +58,11 @@ __all__ = [
     "Trace",
     "TraceEntry",
     "RUN_STATE_ADAPTER",
+    "SHARED_TURNS",
+    "STEP_PAIRS",
     "calibrated_prompt_tokens",
     "reopen_fields",
+    "step_pair",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -457,7 +460,35 @@ class RunState:
     trace: list[tuple[int, int]] = _declared(
         L.RUN, "run.engine durable.checkpoint durable.sqlite durable.postgres", factory=list
     )
-    """(row index in the machine's table, turn) for every transition taken."""
+    """(row index in the machine's table, turn) for every transition taken; the engine's
+    pairs are shared by every run (``step_pair``)."""
+
+
+SHARED_TURNS = 256
+"""The turns whose ``(row, turn)`` pairs are shared (``step_pair``)."""
+
+STEP_PAIRS: dict[int, list[tuple[int, int]]] = {}
+"""``STEP_PAIRS[row][turn]``: the one ``(row, turn)`` tuple of the process, for every turn
+below ``SHARED_TURNS``, made for a row the first time a run takes it (``step_pair``)."""
+
+
+def step_pair(row: int, turn: int) -> tuple[int, int]:
+    """The ``(row, turn)`` pair to add to a trace: one tuple shared by every run that took
+    ``row`` at ``turn`` (``STEP_PAIRS``), or, past ``SHARED_TURNS``, a new one.
+
+    A trace holds a pair per transition for as long as its run lives; a tuple of its own was
+    64 bytes each, 1.2 KiB of a run parked at turn 5 (``benchmarks/parked_runs.py``, issue
+    39), and an object for the cyclic collector to look at. Shared, a transition costs a
+    trace one reference. The tuples are plain: a trace, its JSON and the stores are as
+    they were. The engine reads ``STEP_PAIRS`` itself and calls this only for a row no run
+    took before (a row's pairs, 16 KiB, are made at once, so a new turn finds them made).
+    """
+    if row < 0 or not 0 <= turn < SHARED_TURNS:
+        return (row, turn)
+    pairs = STEP_PAIRS.get(row)
+    if pairs is None:
+        pairs = STEP_PAIRS[row] = [(row, shared) for shared in range(SHARED_TURNS)]
+    return pairs[turn]
 
 
 def calibrated_prompt_tokens(state: RunState) -> int:

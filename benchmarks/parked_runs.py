@@ -69,7 +69,10 @@ def _agent(turns: int, gate: asyncio.Event, parked: list[int]) -> Agent:
             await gate.wait()
         return n + 1
 
-    return Agent(model=_Stepper(turns), tools=[step], limits=Limits(max_turns=turns + 1))
+    # Parked for as long as the measurement takes: 10,000 runs on a busy machine can take
+    # longer to park than the default tool timeout, and a call that times out ends its run.
+    limits = Limits(max_turns=turns + 1, tool_timeout_s=3600.0, timeout_s=3600.0)
+    return Agent(model=_Stepper(turns), tools=[step], limits=limits)
 
 
 async def _measure(runs: int, start: Start, traced: bool, top: int) -> tuple[float, list[Any]]:

@@ -100,3 +100,16 @@ def test_an_aborted_run_in_the_middle_of_a_call_leaves_no_cycle(
     garbage()
     assert _on_a_loop_of_its_own(agent, abort_after=0.05) is None
     assert _agent_fsm_objects(garbage()) == {}
+
+
+def test_a_turn_of_parallel_calls_leaves_no_cycle(
+    garbage: Callable[[], collections.Counter[str]],
+) -> None:
+    """Calls of one turn that run at once (a wave: ``TurnCalls.run_wave``) leave no cycle
+    either, nor does a stop scope that was never reached."""
+    parallel = reply("", call("step", n=1), call("step", n=2), call("step", n=3))
+    agent = Agent(model=ScriptedModel([parallel, "done"]), tools=[step])
+    agent.run_sync("warm up")
+    garbage()
+    assert _on_a_loop_of_its_own(agent.replace(model=ScriptedModel([parallel, "done"]))) == "done"
+    assert _agent_fsm_objects(garbage()) == {}

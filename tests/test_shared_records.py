@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from agent_fsm import Agent, Limits, tool
 from agent_fsm.messages import AssistantMessage, ToolCall, ToolMessage, Usage, UserMessage
 from agent_fsm.records import share_fields_sets
-from agent_fsm.state import RUN_STATE_ADAPTER, RunState
+from agent_fsm.state import RUN_STATE_ADAPTER, SHARED_TURNS, STEP_PAIRS, RunState, step_pair
 from agent_fsm.testing import ScriptedModel, call, reply
 
 _R = TypeVar("_R", bound=BaseModel)
@@ -132,3 +132,25 @@ def test_new_runs_share_their_frozen_defaults_until_they_replace_them() -> None:
     ended = _ended_state()
     assert ended.usage.requests == 4  # a run's own sum replaced the shared zero
     assert first.usage == Usage()  # which no run changed
+
+
+def test_runs_share_their_trace_pairs_and_keep_the_same_trace() -> None:
+    """Each transition adds a reference to one (row, turn) tuple of the process, not a tuple
+    of its own (``state.step_pair``): the trace, its JSON and its result are unchanged."""
+    first, second = _ended_state(), _ended_state()
+    assert first.trace == second.trace
+    assert all(a is b for a, b in zip(first.trace, second.trace, strict=True))
+    assert all(pair is STEP_PAIRS[pair[0]][pair[1]] for pair in first.trace)
+    assert all(type(pair) is tuple and len(pair) == 2 for pair in first.trace)
+    dumped = json.loads(RUN_STATE_ADAPTER.dump_json(first))
+    assert dumped["trace"] == [[row, turn] for row, turn in first.trace]
+    assert RUN_STATE_ADAPTER.validate_json(json.dumps(dumped)).trace == first.trace
+
+
+def test_a_pair_past_the_shared_turns_or_of_no_row_is_a_tuple_of_its_own() -> None:
+    assert step_pair(3, 5) == (3, 5)
+    assert step_pair(3, 5) is step_pair(3, 5)
+    assert step_pair(3, SHARED_TURNS) == (3, SHARED_TURNS)
+    assert step_pair(3, SHARED_TURNS) is not step_pair(3, SHARED_TURNS)
+    assert step_pair(-1, 0) == (-1, 0)
+    assert -1 not in STEP_PAIRS  # the engine's own lookup finds no pair for "no row"

@@ -73,7 +73,7 @@ from agent_fsm.tools.scheduling import (
     tool_started,
     waves,
 )
-from agent_fsm.tools.tool import PreparedCall
+from agent_fsm.tools.tool import PreparedCall, ToolRegistry
 
 __all__ = ["act", "answer_calls", "carry_out"]
 
@@ -143,12 +143,13 @@ async def answer_calls(
         unscreened: ids among ``approved`` whose arguments the person changed: the hook
             has not seen these arguments, so it is asked about them.
     """
+    # No comprehension in this function: on Python 3.11 one makes each local it reads a
+    # cell, and the cells live in this frame while the tools run, for the collector to
+    # look at (issue 39).
     state, config = ctx.state, ctx.config
     if state.requests:  # the last turn's: a new list only when there were some
         state.requests = []
-    prepared = [config.tools.prepare(call) for call in calls]
-    if state.withheld:  # the loop ladder took these away (``Limits.loop_ladder``)
-        prepared = [_unless_withheld(item, state.withheld) for item in prepared]
+    prepared = _prepare(config.tools, calls, state.withheld)
     hooks = config.hooks
     turn = TurnCalls(ctx, prepared, None if hooks is None else _reviewer(ctx, hooks.after_tool))
     machine = config.machine
@@ -164,10 +165,7 @@ async def answer_calls(
             await run_until_stopped(turn, groups)
         if pending:
             state.requests.append(approval_request(pending))
-    final = [
-        result if result is not None else skipped_result(turn.prepared[index].call, STOPPED)
-        for index, result in enumerate(turn.results)
-    ]
+    final = _answers(turn)
     if hooks is not None:
         _keep_hook_facts(turn.prepared, final)
     _end_on_terminal_tool(ctx, turn.prepared, final)
@@ -179,6 +177,25 @@ async def answer_calls(
     return final
 
 
+def _prepare(
+    tools: ToolRegistry, calls: Sequence[ToolCall], withheld: tuple[str, ...]
+) -> list[PreparedCall]:
+    """Each call prepared to run; one of a tool the loop ladder took away
+    (``Limits.loop_ladder``) is answered with why."""
+    prepared = [tools.prepare(call) for call in calls]
+    if withheld:
+        prepared = [_unless_withheld(item, withheld) for item in prepared]
+    return prepared
+
+
+def _answers(turn: TurnCalls) -> list[ToolMessage]:
+    """Every call's answer: a call that never started (the run was stopped) is skipped."""
+    return [
+        result if result is not None else skipped_result(turn.prepared[index].call, STOPPED)
+        for index, result in enumerate(turn.results)
+    ]
+
+
 def _rank(order: Sequence[StopReason], kind: ControlKind) -> int:
     """Where the table ranks requests of ``kind`` (kinds it has no row for come last)."""
     stop = CONTROL_STOPS[kind]
@@ -187,7 +204,7 @@ def _rank(order: Sequence[StopReason], kind: ControlKind) -> int:
 
 def _control_calls(
     prepared: Sequence[PreparedCall], order: Sequence[StopReason]
-) -> list[PreparedCall]:
+) -> Sequence[PreparedCall]:
     """The first valid call of each control tool the turn calls (ask_user, finish_task), the
     one the table ranks first first."""
     first: dict[ControlKind, PreparedCall] | None = None
@@ -198,7 +215,7 @@ def _control_calls(
             first = first or {}
             first.setdefault(tool.control, item)
     if first is None:  # the usual turn: no control tool called
-        return []
+        return ()
     return sorted(first.values(), key=lambda item: _rank(order, _kind(item)))
 
 
@@ -362,9 +379,10 @@ def _gate(
     approved: Collection[str],
     results: list[ToolMessage | None],
     approval_first: bool = False,
-) -> tuple[list[int], list[PreparedCall]]:
+) -> tuple[tuple[int, ...], tuple[PreparedCall, ...]]:
     """Answer the calls that cannot run (their error) and those that wait for approval;
-    return the indices of the calls that run, and the calls that wait. With
+    return the indices of the calls that run, and the calls that wait (tuples, held while
+    the calls run: see ``scheduling.waves``). With
     ``approval_first`` (the table ranks a pending approval above a terminal tool), terminal
     calls do not run while calls wait: the run pauses before anything could end it."""
     runnable: list[int] = []
@@ -390,7 +408,7 @@ def _gate(
         for index in [i for i in runnable if prepared[i].tool.terminal]:  # type: ignore[union-attr]
             results[index] = skipped_result(prepared[index].call, waiting)
             runnable.remove(index)
-    return runnable, pending
+    return tuple(runnable), tuple(pending)
 
 
 def _end_on_terminal_tool(
@@ -418,9 +436,10 @@ def _report(
     prepared: Sequence[PreparedCall],
     final: Sequence[ToolMessage],
 ) -> None:
-    """A ToolFinished for every call (and a ToolStarted for those that never started)."""
-    emit = ctx.bus.emitter
-    if emit is None:
+    """A ToolFinished for every call (and a ToolStarted for those that never started), to
+    whoever listened when the turn's calls began (as their ToolStarted events did)."""
+    emit, durations, attempts = turn.emit, turn.durations, turn.attempts
+    if emit is None or durations is None or attempts is None:
         return
     run_id, number = ctx.state.run_id, ctx.state.turns
     for index, result in enumerate(final):
@@ -434,11 +453,11 @@ def _report(
                 name=result.name,
                 status=result.status,
                 output=result.content,
-                duration_s=turn.durations[index],
+                duration_s=durations[index],
                 is_error=result.status is ToolStatus.ERROR,
                 output_chars=len(result.content),
                 details=result.details,
-                attempts=turn.attempts[index],
+                attempts=attempts[index],
             )
         )
 

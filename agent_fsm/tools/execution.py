@@ -286,7 +286,7 @@ async def execute(
     if tool.idempotent:
         retries = limits.tool_max_retries if tool.max_retries is None else tool.max_retries
     runtime: dict[str, JsonValue] = {}
-    history: list[JsonValue] = []
+    history: tuple[JsonValue, ...] = ()  # a tuple: the usual call, never retried, makes no list
     attempt = 0
     while True:
         attempt += 1
@@ -296,14 +296,14 @@ async def execute(
             break
         if attempt <= retries and isinstance(failure, tool.retry_on):
             delay = retry_delay(attempt, limits)
-            history.append({"attempt": attempt, "error": outcome.message, "delay_s": delay})
+            history += ({"attempt": attempt, "error": outcome.message, "delay_s": delay},)
             if on_retry is not None:
                 on_retry(call, attempt, outcome.message, delay)
             await sleep(delay)
             continue
         return Executed(_failed(call, outcome, attempt, history, runtime, timeout_s), attempt)
     if history:
-        runtime.update(attempts=attempt, retries=history)
+        runtime.update(attempts=attempt, retries=list(history))
     return Executed(_answer(call, tool, outcome.value, limits, runtime), attempt)
 
 
@@ -365,7 +365,7 @@ def _failed(
     call: ToolCall,
     outcome: _Outcome,
     attempts: int,
-    history: list[JsonValue],
+    history: tuple[JsonValue, ...],
     runtime: dict[str, JsonValue],
     timeout_s: float,
 ) -> ToolMessage:
@@ -373,7 +373,7 @@ def _failed(
     message = outcome.message
     if history:
         message += f" (gave up after {attempts} attempts)"
-        runtime.update(attempts=attempts, retries=history)
+        runtime.update(attempts=attempts, retries=list(history))
     if outcome.expired:
         runtime["timed_out_after_s"] = timeout_s
     if outcome.traceback is not None:

@@ -113,25 +113,26 @@ class TurnCalls:
         self.emit = site.emitter()
         count = len(prepared)
         self.results: list[ToolMessage | None] = [None] * count
-        self.durations = [0.0] * count
-        self.attempts = [0] * count
         self.started = [False] * count
+        self.durations: list[float] | None = None
+        self.attempts: list[int] | None = None
+        """Each call's duration and attempts: what the ToolFinished events tell, so kept
+        only when anyone listens (``emit``); a turn nobody watches makes no list of them."""
+        if self.emit is not None:
+            self.durations, self.attempts = [0.0] * count, [0] * count
         self.open_keys: dict[int, str] = {}
         """Journal keys recorded as started and not yet finished, by call index."""
         self.halted: str | None = None
         """Why calls not yet started are skipped (steering or a stop); None to go on."""
         self.on_retry: RetryHandler | None = self._report_retry if self.emit is not None else None
 
-    async def run_groups(self, groups: Sequence[Sequence[int]]) -> None:
-        for group in groups:
-            if len(group) == 1:
-                await self.run_call(group[0])
-                continue
-            # A few workers share one iterator: calls start in call order, at most
-            # max_parallel_tools at a time, without a semaphore per call.
-            pending = iter(group)
-            width = min(self.site.limits.max_parallel_tools, len(group))
-            await asyncio.gather(*(self._worker(pending) for _ in range(width)))
+    async def run_wave(self, group: Sequence[int]) -> None:
+        """Run the calls of one wave concurrently (``waves``)."""
+        # A few workers share one iterator: calls start in call order, at most
+        # max_parallel_tools at a time, without a semaphore per call.
+        pending = iter(group)
+        width = min(self.site.limits.max_parallel_tools, len(group))
+        await asyncio.gather(*(self._worker(pending) for _ in range(width)))
 
     async def _worker(self, pending: Iterator[int]) -> None:
         for index in pending:
@@ -161,9 +162,11 @@ class TurnCalls:
             self.cancelled(index)
             raise
         finally:
-            self.durations[index] = site.clock() - begun
+            if self.durations is not None:
+                self.durations[index] = site.clock() - begun
         self.results[index] = executed.result
-        self.attempts[index] = executed.attempts
+        if self.attempts is not None:
+            self.attempts[index] = executed.attempts
         if executed.attempts and executed.result.is_error:
             # The model sees the error; the people who run the tool see it in the log too.
             site.log.warning(
@@ -276,26 +279,32 @@ def _not_recorded(call: ToolCall, why: BaseException) -> ToolMessage:
     )
 
 
-def waves(prepared: Sequence[PreparedCall], runnable: list[int], parallel: bool) -> list[list[int]]:
+def waves(
+    prepared: Sequence[PreparedCall], runnable: Sequence[int], parallel: bool
+) -> tuple[tuple[int, ...], ...]:
     """Runnable call indices in waves: each wave runs concurrently, waves one after another.
-    A sequential tool (or every call, when not ``parallel``) is a wave of its own."""
-    groups: list[list[int]] = []
+    A sequential tool (or every call, when not ``parallel``) is a wave of its own.
+
+    Tuples: they are held while the calls run, and tuples of numbers are let go by the
+    cyclic collector at its first pass, where lists are looked at in every pass (issue 39).
+    """
+    groups: list[tuple[int, ...]] = []
     current: list[int] = []
     for index in runnable:
         found = prepared[index].tool
         if not parallel or (found is not None and found.sequential):
             if current:
-                groups.append(current)
+                groups.append(tuple(current))
                 current = []
-            groups.append([index])
+            groups.append((index,))
         else:
             current.append(index)
     if current:
-        groups.append(current)
-    return groups
+        groups.append(tuple(current))
+    return tuple(groups)
 
 
-async def run_until_stopped(turn: TurnCalls, groups: list[list[int]]) -> None:
+async def run_until_stopped(turn: TurnCalls, groups: Sequence[Sequence[int]]) -> None:
     """Run the groups in this task; when the run's stop is set first, cancel what runs
     (answered "cancelled") and skip the rest."""
     stop = turn.site.stop
@@ -303,7 +312,8 @@ async def run_until_stopped(turn: TurnCalls, groups: list[list[int]]) -> None:
         turn.halted = STOPPED
         return
     with StopScope(stop) as scope:
-        await turn.run_groups(groups)
+        for group in groups:  # a wave of one call, the usual, is awaited without a coroutine
+            await (turn.run_call(group[0]) if len(group) == 1 else turn.run_wave(group))
     if scope.stopped:
         turn.halted = STOPPED
         for index, started in enumerate(turn.started):
