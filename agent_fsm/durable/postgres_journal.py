@@ -125,19 +125,25 @@ class PostgresJournal:
                 f"journal entry {key!r} of run {self._run_id!r} is unreadable: {exc}"
             ) from exc
 
+    def _start_params(self, key: str, call: ToolCall) -> dict[str, object]:
+        """The parameters of a statement that records ``call`` started under ``key``,
+        with the lease's when the journal is fenced."""
+        params: dict[str, object] = {
+            "run_id": self._run_id,
+            "key": stored_key(key),
+            "call": encode_model(call),
+        }
+        if self._lease is not None:
+            params.update(ttl=self._lease.ttl_s, token=self._lease.token)
+        return params
+
     def record_started(self, key: str, call: ToolCall) -> None:
         """Committed with a flush to disk before returning: it guards a side effect about to
         happen. Fenced by the run's lease (``durable.leases``): a driver whose lease was
         taken over must not start the call, and gets ``RunLeased``. One statement, whose
         answer is read after the commit (it wrote nothing when the fence failed)."""
         run_id, lease = self._run_id, self._lease
-        params: dict[str, object] = {
-            "run_id": run_id,
-            "key": stored_key(key),
-            "call": encode_model(call),
-        }
-        if lease is not None:
-            params.update(ttl=lease.ttl_s, token=lease.token)
+        params = self._start_params(key, call)
         with self._db.transaction(f"record journal entry {key!r}") as conn:
             started = conn.execute(leases.fenced_insert(_START, lease), params)
         if started.fetchone() is None:
@@ -158,13 +164,7 @@ class PostgresJournal:
             CheckpointError: the entry could not be read.
         """
         run_id, lease = self._run_id, self._lease
-        params: dict[str, object] = {
-            "run_id": run_id,
-            "key": stored_key(key),
-            "call": encode_model(call),
-        }
-        if lease is not None:
-            params.update(ttl=lease.ttl_s, token=lease.token)
+        params = self._start_params(key, call)
         sql = _FIRST_START if lease is None else _FIRST_START_LEASED
         try:
             with self._db.transaction(f"record journal entry {key!r}") as conn:
