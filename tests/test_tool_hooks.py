@@ -8,11 +8,19 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from agent_fsm import Limits, tool
 from agent_fsm.cancellation import StopEvent
-from agent_fsm.durable.journal import CallStatus, MemoryJournal, journal_key
+from agent_fsm.durable.journal import (
+    CallStatus,
+    JournalEntry,
+    MemoryJournal,
+    NotStarted,
+    journal_key,
+)
 from agent_fsm.events import Event, ToolFinished
-from agent_fsm.messages import ToolMessage, ToolStatus
+from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus
 from agent_fsm.tools.tool import ASK_USER
 from tests.test_tool_acting import act_on, c, fresh_state
 
@@ -93,12 +101,29 @@ def test_a_started_call_of_an_idempotent_tool_is_run_again() -> None:
     assert entry.status is CallStatus.FINISHED
 
 
-def test_a_journal_that_cannot_record_means_the_call_is_not_run() -> None:
-    class Broken(MemoryJournal):
-        def record_started(self, key: str, call: Any) -> None:
-            raise OSError("disk full")
+class _UnwritableJournal:
+    """A journal of someone else's (no ``lookup_or_start``) whose writes fail."""
 
-    (result,) = asyncio.run(act_on([charge], [c(0, "charge", amount=5)], journal=Broken()))
+    def lookup(self, key: str) -> JournalEntry | None:
+        return None
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        raise OSError("disk full")
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        raise OSError("disk full")
+
+
+class _UnwritableStartingJournal(MemoryJournal):
+    """A journal that starts a call in one write (``StartingJournal``), which fails."""
+
+    def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
+        raise NotStarted("the write failed") from OSError("disk full")  # as journals do
+
+
+@pytest.mark.parametrize("journal", [_UnwritableJournal, _UnwritableStartingJournal])
+def test_a_journal_that_cannot_record_means_the_call_is_not_run(journal: type[Any]) -> None:
+    (result,) = asyncio.run(act_on([charge], [c(0, "charge", amount=5)], journal=journal()))
     assert runs == []
     assert result.is_error
     assert "was not run: its call could not be recorded (OSError: disk full)" in result.content
