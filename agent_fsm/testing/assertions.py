@@ -100,8 +100,9 @@ def assert_terminates(
             ``Agent.start``).
         behaviours: the behaviours to try; ``behaviours_for(agent)`` by default.
         tool_failures: let generated tool doubles misbehave.
-        max_examples: how many behaviours to try at least (runs: rounded up to whole
-            batches); the active profile's number by default.
+        max_examples: how many behaviours to try (runs: rounded up to whole batches, of
+            which behaviours drawn alike are played once, so a few fewer may run); the
+            active profile's number by default.
         settings: hypothesis settings to start from; the active profile by default.
         store: where the generated runs are checkpointed; an in-memory store of the harness
             by default, never the agent's own (a production database stays untouched).
