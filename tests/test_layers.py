@@ -44,6 +44,7 @@ LAYERS = [
     "durable.leases",
     "durable.queue",
     "durable.encoding",
+    "durable.header",
     "durable.listing",
     "durable.checkpoint",
     "durable.sqlite_leases",

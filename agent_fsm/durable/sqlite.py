@@ -5,7 +5,8 @@ write one ``BEGIN IMMEDIATE`` transaction, so a crash mid-save leaves the previo
 intact and concurrent writers wait for each other (up to ``timeout``) instead of failing.
 
 A save reads the run's stored counts (one indexed lookup), inserts only the new messages and
-trace rows and rewrites the small ``runs`` row; see ``checkpoint`` for the rules. A save
+trace rows and rewrites the small ``runs`` row, whose header encodes again only the fields
+that changed (``durable.header``); see ``checkpoint`` for the rules. A save
 of a leased run checks and renews the lease in its own transaction (``durable.leases``), and
 reads the run's pending cancel request with its counts (``durable.queue``). ``claim_next``
 is one write transaction: the first runnable run by the ``runs_to_take`` index, claimed.
@@ -27,13 +28,13 @@ from agent_fsm.durable.encoding import (
     RunSummary,
     decode_entries,
     decode_header,
-    encode_header,
     encode_message,
     read_summary,
     stop_value,
     summary_columns,
     unknown_run,
 )
+from agent_fsm.durable.header import HeaderEncoder
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
 from agent_fsm.durable.listing import listed, state_names, stop_names
@@ -127,6 +128,9 @@ class SQLiteStore(ClosingStore):
         """run_id → what this store last wrote or read of the run: while the stored
         revision is that one and the live state still holds that very last message, the
         stored messages are known to match without reading one back."""
+        self._headers: dict[str, HeaderEncoder] = {}
+        """run_id → the encoder of the run's headers, while it has not stopped: each save
+        encodes only the fields that changed since the last one (``durable.header``)."""
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
         check_id(state.run_id)
@@ -191,7 +195,11 @@ class SQLiteStore(ClosingStore):
         now = self._clock()
         if lease is not None:
             sqlite_leases.renew(conn, lease, now)
-        version, header = encode_header(state)
+        stopped = state.state in TERMINAL_STATES
+        headers = self._headers.pop(run_id, None) or HeaderEncoder()
+        version, header = headers.encode(state)
+        if not stopped:  # a stopped run holds none: most are never saved again
+            self._headers[run_id] = headers
         messages, trace = state.messages, state.trace
         stored_messages, stored_trace, created_at, stored_revision, request, revision, leased = (
             conn.execute(_READ_RUN, (run_id, now)).fetchone()
@@ -200,7 +208,6 @@ class SQLiteStore(ClosingStore):
             sqlite_leases.fence(conn, run_id, None, now)  # raises, naming the holder
         if stored_revision is None:  # a new run
             stored_messages, stored_trace, created_at = 0, 0, now
-        stopped = state.state in TERMINAL_STATES
         if stopped:
             request = None
         kept_messages, kept_trace = self._kept(
@@ -401,6 +408,7 @@ class SQLiteStore(ClosingStore):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self._file.forget(run_id)
         self._seen.pop(run_id, None)
+        self._headers.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
         return SQLiteJournal(self._file, check_id(run_id), lease, self._clock)
