@@ -68,6 +68,23 @@ _UPDATE_RUN = (
 """The stored row rewritten: its creation time and priority kept, its cancel request as
 ``_write`` decides."""
 
+_QUICK_UPDATE = (
+    "UPDATE runs SET "
+    + ", ".join(
+        f"{name} = CASE WHEN ?{n} THEN NULL ELSE cancel END"
+        if name == "cancel"
+        else f"{name} = ?{n}"
+        for n, name in enumerate((name.strip() for name in _RUN_COLUMNS.split(",")), 1)
+    )
+    + " WHERE run_id = ?16 AND revision = ?17 AND message_count = ?18 AND trace_count = ?19"
+    " AND ?12 > (SELECT MAX(revision) FROM runs)"
+    " AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?16 AND l.expires_at > ?11)"
+)
+"""``_UPDATE_RUN`` for ``_quick_write``, which reads nothing first: only while the row is at
+the known revision and counts (?17, ?18, ?19), the new revision (?12) is the highest, and no
+lease on the run is live at the save's time (?11); the cancel request is kept, or cleared by
+a stop (?13)."""
+
 _READ_RUN = (
     "SELECT r.message_count, r.trace_count, r.created_at, r.revision, r.cancel,"
     " (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs),"
@@ -128,6 +145,8 @@ class SQLiteStore(ClosingStore):
         """run_id → what this store last wrote or read of the run: while the stored
         revision is that one and the live state still holds that very last message, the
         stored messages are known to match without reading one back."""
+        self._top = 0
+        """The highest revision this store took or read: ``_quick_write`` takes the next."""
         self._headers: dict[str, HeaderEncoder] = {}
         """run_id → the encoder of the run's headers, while it has not stopped: each save
         encodes only the fields that changed since the last one (``durable.header``)."""
@@ -176,6 +195,7 @@ class SQLiteStore(ClosingStore):
         """Remember what is stored at ``revision``, so the next save of the run need not
         read it back."""
         messages, trace = state.messages, state.trace
+        self._top = max(self._top, revision)
         self._seen[state.run_id] = _Seen(
             revision,
             len(messages),
@@ -200,7 +220,10 @@ class SQLiteStore(ClosingStore):
         version, header = headers.encode(state)
         if not stopped:  # a stopped run holds none: most are never saved again
             self._headers[run_id] = headers
-        messages, trace = state.messages, state.trace
+        if lease is None:
+            quick = self._quick_write(conn, state, now, (version, header), stopped)
+            if quick is not None:
+                return quick, None
         stored_messages, stored_trace, created_at, stored_revision, request, revision, leased = (
             conn.execute(_READ_RUN, (run_id, now)).fetchone()
         )
@@ -210,42 +233,9 @@ class SQLiteStore(ClosingStore):
             stored_messages, stored_trace, created_at = 0, 0, now
         if stopped:
             request = None
-        kept_messages, kept_trace = self._kept(
-            conn, state, (stored_messages, stored_trace), stored_revision
-        )
-        if kept_messages < len(messages):  # most saves add none: no statement for nothing
-            conn.executemany(
-                "INSERT INTO messages VALUES (?, ?, ?)",
-                [
-                    (run_id, idx, encode_message(messages[idx]))
-                    for idx in range(kept_messages, len(messages))
-                ],
-            )
-        if kept_trace < len(trace):
-            conn.executemany(
-                "INSERT INTO trace VALUES (?, ?, ?, ?)",
-                [(run_id, idx, *trace[idx]) for idx in range(kept_trace, len(trace))],
-            )
-        name, turns, total_tokens, last_row, output, error, stop_reason, cost = summary_columns(
-            state
-        )
-        columns = (
-            version,
-            header.decode(),
-            str(name),
-            turns,
-            total_tokens,
-            len(messages),
-            len(trace),
-            last_row,
-            output,
-            error,
-            now,
-            revision,
-            request,
-            stop_value(stop_reason, stopped=stopped),
-            cost,
-        )
+        kept = self._kept(conn, state, (stored_messages, stored_trace), stored_revision)
+        _append(conn, state, *kept)
+        columns = _columns(state, version, header, now, revision, request, stopped)
         if stored_revision is None:
             conn.execute(_INSERT_RUN, (*columns, run_id, created_at, priority))
         else:
@@ -254,6 +244,41 @@ class SQLiteStore(ClosingStore):
             return int(revision), None
         renewed = dataclasses.replace(lease, expires_at=now + lease.ttl_s, cancel_requested=request)
         return int(revision), renewed
+
+    def _quick_write(
+        self,
+        conn: sqlite3.Connection,
+        state: RunState,
+        now: float,
+        header: tuple[int, bytes],
+        stopped: bool,
+    ) -> int | None:
+        """The common save of a run without a lease, read nothing first: one statement
+        (``_QUICK_UPDATE``) rewrites the run's row only if it is still at the revision this
+        store last wrote or read (so the stored entries are the ones it knows, which the live
+        state continues), no lease on the run is live, and no other store took a revision
+        since this one's latest (the new one, the next, is then the highest); then only the
+        new entries are inserted. Returns the new revision, or None when the statement
+        matched nothing (it wrote nothing): the save then takes the long way, which reads
+        what is stored and says why."""
+        seen = self._seen.get(state.run_id)
+        messages, trace = state.messages, state.trace
+        if not (
+            seen is not None
+            and 0 < seen.messages <= len(messages)
+            and 0 < seen.steps <= len(trace)
+            and messages[seen.messages - 1] is seen.last
+            and trace[seen.steps - 1] is seen.last_step
+        ):
+            return None
+        revision = self._top + 1
+        columns = _columns(state, *header, now, revision, int(stopped), stopped)
+        known = (state.run_id, seen.revision, seen.messages, seen.steps)
+        updated = conn.execute(_QUICK_UPDATE, (*columns, *known))
+        if updated.rowcount != 1:
+            return None
+        _append(conn, state, seen.messages, seen.steps)
+        return revision
 
     def _kept(
         self,
@@ -466,6 +491,56 @@ class SQLiteStore(ClosingStore):
     def close(self) -> None:
         """Close the file; idempotent."""
         self._file.close()
+
+
+def _columns(
+    state: RunState,
+    version: int,
+    header: bytes,
+    now: float,
+    revision: int,
+    cancel: str | int | None,
+    stopped: bool,
+) -> tuple[object, ...]:
+    """The values of ``_RUN_COLUMNS`` for ``state`` (``cancel``: the request kept, or for
+    ``_QUICK_UPDATE`` whether the run stopped)."""
+    name, turns, total_tokens, last_row, output, error, stop_reason, cost = summary_columns(state)
+    return (
+        version,
+        header.decode(),
+        str(name),
+        turns,
+        total_tokens,
+        len(state.messages),
+        len(state.trace),
+        last_row,
+        output,
+        error,
+        now,
+        revision,
+        cancel,
+        stop_value(stop_reason, stopped=stopped),
+        cost,
+    )
+
+
+def _append(conn: sqlite3.Connection, state: RunState, messages_from: int, trace_from: int) -> None:
+    """Insert the messages and trace entries of ``state`` from those indices on (most saves
+    add no message: no statement for nothing)."""
+    run_id, messages, trace = state.run_id, state.messages, state.trace
+    if messages_from < len(messages):
+        conn.executemany(
+            "INSERT INTO messages VALUES (?, ?, ?)",
+            [
+                (run_id, idx, encode_message(messages[idx]))
+                for idx in range(messages_from, len(messages))
+            ],
+        )
+    if trace_from < len(trace):
+        conn.executemany(
+            "INSERT INTO trace VALUES (?, ?, ?, ?)",
+            [(run_id, idx, *trace[idx]) for idx in range(trace_from, len(trace))],
+        )
 
 
 def _filters(names: list[str] | None, stops: list[str] | None) -> tuple[str, list[str]]:
