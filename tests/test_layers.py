@@ -50,6 +50,7 @@ LAYERS = [
     "durable.sqlite_leases",
     "durable.sqlite_file",
     "durable.sqlite_journal",
+    "durable.sqlite_rows",
     "durable.sqlite",
     "durable.postgres_rows",
     "durable.postgres_queue",

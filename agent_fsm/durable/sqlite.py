@@ -4,12 +4,14 @@ The file, its tables and its transactions are ``durable.sqlite_file``'s: WAL mod
 write one ``BEGIN IMMEDIATE`` transaction, so a crash mid-save leaves the previous checkpoint
 intact and concurrent writers wait for each other (up to ``timeout``) instead of failing.
 
-A save reads the run's stored counts (one indexed lookup), inserts only the new messages and
-trace rows and rewrites the small ``runs`` row, whose header encodes again only the fields
-that changed (``durable.header``); see ``checkpoint`` for the rules. A save
-of a leased run checks and renews the lease in its own transaction (``durable.leases``), and
-reads the run's pending cancel request with its counts (``durable.queue``). ``claim_next``
-is one write transaction: the first runnable run by the ``runs_to_take`` index, claimed.
+A save inserts only the new messages and trace rows and rewrites the small ``runs`` row,
+whose header encodes again only the fields that changed (``durable.header``); see
+``checkpoint`` for the rules. The common save, of a run this store wrote or read last, reads
+nothing first: one UPDATE guarded by what it assumes (``_quick_write``); any other save first
+reads the run's stored counts (one indexed lookup). A save of a leased run checks and renews
+the lease in its own transaction (``durable.leases``), and reads the run's pending cancel
+request with its counts (``durable.queue``). ``claim_next`` is one write transaction: the
+first runnable run by the ``runs_to_take`` index, claimed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
+import agent_fsm.durable.sqlite_rows as rows
 from agent_fsm.durable.checkpoint import ClosingStore, behind, resumes_in
 from agent_fsm.durable.encoding import (
     STORED_SUMMARY,
@@ -30,8 +33,6 @@ from agent_fsm.durable.encoding import (
     decode_header,
     encode_message,
     read_summary,
-    stop_value,
-    summary_columns,
     unknown_run,
 )
 from agent_fsm.durable.header import HeaderEncoder
@@ -47,53 +48,6 @@ from agent_fsm.state import RunState
 from agent_fsm.table import TERMINAL_STATES, StopReason
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
-
-_RUN_COLUMNS = (
-    "schema_version, header, state, turns, total_tokens, message_count, trace_count, last_row,"
-    " output, error, updated_at, revision, cancel, stop_reason, cost"
-)
-"""The columns of a run's row every save writes, in ``_write``'s order."""
-
-_INSERT_RUN = (
-    f"INSERT INTO runs ({_RUN_COLUMNS}, run_id, created_at, priority)"
-    f" VALUES ({', '.join('?' * 18)})"
-)
-"""A new run's row, with its creation time and priority."""
-
-_UPDATE_RUN = (
-    "UPDATE runs SET "
-    + ", ".join(f"{name.strip()} = ?" for name in _RUN_COLUMNS.split(","))
-    + " WHERE run_id = ?"
-)
-"""The stored row rewritten: its creation time and priority kept, its cancel request as
-``_write`` decides."""
-
-_QUICK_UPDATE = (
-    "UPDATE runs SET "
-    + ", ".join(
-        f"{name} = CASE WHEN ?{n} THEN NULL ELSE cancel END"
-        if name == "cancel"
-        else f"{name} = ?{n}"
-        for n, name in enumerate((name.strip() for name in _RUN_COLUMNS.split(",")), 1)
-    )
-    + " WHERE run_id = ?16 AND revision = ?17 AND message_count = ?18 AND trace_count = ?19"
-    " AND ?12 > (SELECT MAX(revision) FROM runs)"
-    " AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?16 AND l.expires_at > ?11)"
-)
-"""``_UPDATE_RUN`` for ``_quick_write``, which reads nothing first: only while the row is at
-the known revision and counts (?17, ?18, ?19), the new revision (?12) is the highest, and no
-lease on the run is live at the save's time (?11); the cancel request is kept, or cleared by
-a stop (?13)."""
-
-_READ_RUN = (
-    "SELECT r.message_count, r.trace_count, r.created_at, r.revision, r.cancel,"
-    " (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs),"
-    " EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?1 AND l.expires_at > ?2)"
-    " FROM (SELECT 1) LEFT JOIN runs r ON r.run_id = ?1"
-)
-"""What a save reads first, in one statement (each one costs a round through the sqlite3
-module): the stored run's counts, creation time, revision and cancel request (NULLs for a
-new run), the revision the save takes, and whether a lease on the run is live."""
 
 _LIST_RUNS = (
     "SELECT "
@@ -225,7 +179,7 @@ class SQLiteStore(ClosingStore):
             if quick is not None:
                 return quick, None
         stored_messages, stored_trace, created_at, stored_revision, request, revision, leased = (
-            conn.execute(_READ_RUN, (run_id, now)).fetchone()
+            conn.execute(rows.READ_RUN, (run_id, now)).fetchone()
         )
         if lease is None and leased:
             sqlite_leases.fence(conn, run_id, None, now)  # raises, naming the holder
@@ -234,12 +188,12 @@ class SQLiteStore(ClosingStore):
         if stopped:
             request = None
         kept = self._kept(conn, state, (stored_messages, stored_trace), stored_revision)
-        _append(conn, state, *kept)
-        columns = _columns(state, version, header, now, revision, request, stopped)
+        rows.append(conn, state, *kept)
+        columns = rows.columns(state, version, header, now, revision, request, stopped)
         if stored_revision is None:
-            conn.execute(_INSERT_RUN, (*columns, run_id, created_at, priority))
+            conn.execute(rows.INSERT_RUN, (*columns, run_id, created_at, priority))
         else:
-            conn.execute(_UPDATE_RUN, (*columns, run_id))
+            conn.execute(rows.UPDATE_RUN, (*columns, run_id))
         if lease is None:
             return int(revision), None
         renewed = dataclasses.replace(lease, expires_at=now + lease.ttl_s, cancel_requested=request)
@@ -254,13 +208,13 @@ class SQLiteStore(ClosingStore):
         stopped: bool,
     ) -> int | None:
         """The common save of a run without a lease, read nothing first: one statement
-        (``_QUICK_UPDATE``) rewrites the run's row only if it is still at the revision this
-        store last wrote or read (so the stored entries are the ones it knows, which the live
-        state continues), no lease on the run is live, and no other store took a revision
-        since this one's latest (the new one, the next, is then the highest); then only the
-        new entries are inserted. Returns the new revision, or None when the statement
-        matched nothing (it wrote nothing): the save then takes the long way, which reads
-        what is stored and says why."""
+        (``sqlite_rows.QUICK_UPDATE``) rewrites the run's row only if it is still at the
+        revision and counts this store last wrote or read (so the stored entries are the ones
+        it knows, which the live state continues), no lease on the run is live, and no other
+        store took a revision since this one's latest (the new one, the next, is then the
+        highest); then only the new entries are inserted. Returns the new revision, or None
+        when the statement matched nothing (it wrote nothing): the save then takes the long
+        way, which reads what is stored and says why."""
         seen = self._seen.get(state.run_id)
         messages, trace = state.messages, state.trace
         if not (
@@ -272,12 +226,12 @@ class SQLiteStore(ClosingStore):
         ):
             return None
         revision = self._top + 1
-        columns = _columns(state, *header, now, revision, int(stopped), stopped)
+        columns = rows.columns(state, *header, now, revision, int(stopped), stopped)
         known = (state.run_id, seen.revision, seen.messages, seen.steps)
-        updated = conn.execute(_QUICK_UPDATE, (*columns, *known))
+        updated = conn.execute(rows.QUICK_UPDATE, (*columns, *known))
         if updated.rowcount != 1:
             return None
-        _append(conn, state, seen.messages, seen.steps)
+        rows.append(conn, state, seen.messages, seen.steps)
         return revision
 
     def _kept(
@@ -491,56 +445,6 @@ class SQLiteStore(ClosingStore):
     def close(self) -> None:
         """Close the file; idempotent."""
         self._file.close()
-
-
-def _columns(
-    state: RunState,
-    version: int,
-    header: bytes,
-    now: float,
-    revision: int,
-    cancel: str | int | None,
-    stopped: bool,
-) -> tuple[object, ...]:
-    """The values of ``_RUN_COLUMNS`` for ``state`` (``cancel``: the request kept, or for
-    ``_QUICK_UPDATE`` whether the run stopped)."""
-    name, turns, total_tokens, last_row, output, error, stop_reason, cost = summary_columns(state)
-    return (
-        version,
-        header.decode(),
-        str(name),
-        turns,
-        total_tokens,
-        len(state.messages),
-        len(state.trace),
-        last_row,
-        output,
-        error,
-        now,
-        revision,
-        cancel,
-        stop_value(stop_reason, stopped=stopped),
-        cost,
-    )
-
-
-def _append(conn: sqlite3.Connection, state: RunState, messages_from: int, trace_from: int) -> None:
-    """Insert the messages and trace entries of ``state`` from those indices on (most saves
-    add no message: no statement for nothing)."""
-    run_id, messages, trace = state.run_id, state.messages, state.trace
-    if messages_from < len(messages):
-        conn.executemany(
-            "INSERT INTO messages VALUES (?, ?, ?)",
-            [
-                (run_id, idx, encode_message(messages[idx]))
-                for idx in range(messages_from, len(messages))
-            ],
-        )
-    if trace_from < len(trace):
-        conn.executemany(
-            "INSERT INTO trace VALUES (?, ?, ?, ?)",
-            [(run_id, idx, *trace[idx]) for idx in range(trace_from, len(trace))],
-        )
 
 
 def _filters(names: list[str] | None, stops: list[str] | None) -> tuple[str, list[str]]:
