@@ -53,6 +53,7 @@ from agent_fsm.table import TERMINAL_STATES, AgentState, StopReason, state_named
 
 __all__ = [
     "CHECKPOINT_SCHEMA_VERSION",
+    "HEADER_EXCLUDE",
     "MESSAGE_ADAPTER",
     "MIGRATIONS",
     "Migration",
@@ -119,8 +120,9 @@ MIGRATIONS: dict[int, Migration] = {1: _decisions_with_their_calls, 2: _call_str
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 """Encodes and decodes one transcript message."""
 
-_HEADER_EXCLUDE = {"messages", "trace"}
-"""RunState's append-only lists: stored entry by entry, not in the header."""
+HEADER_EXCLUDE = {"messages", "trace"}
+"""RunState's append-only lists: stored entry by entry, not in the header (a set: pydantic-core
+takes a frozenset for ``exclude`` at twice the cost)."""
 
 # The encoders call pydantic-core's serializers directly: ``TypeAdapter.dump_json`` and
 # ``BaseModel.model_dump_json`` give the same JSON through a Python layer of keyword
@@ -290,12 +292,12 @@ def encode_header(state: RunState) -> tuple[int, bytes]:
         CheckpointError: a note is not a JSON value, naming it.
     """
     try:
-        header = _HEADER_SERIALIZER.to_json(state, exclude=_HEADER_EXCLUDE)
+        header = _HEADER_SERIALIZER.to_json(state, exclude=HEADER_EXCLUDE)
     except PydanticSerializationError as exc:
         try:
             header = RUN_STATE_ADAPTER.dump_json(
-                _cleaned(RUN_STATE_ADAPTER, state, exclude=_HEADER_EXCLUDE),
-                exclude=_HEADER_EXCLUDE,
+                _cleaned(RUN_STATE_ADAPTER, state, exclude=HEADER_EXCLUDE),
+                exclude=HEADER_EXCLUDE,
             )
         except (PydanticSerializationError, ValueError, RecursionError):
             raise _not_json(state, exc) from exc

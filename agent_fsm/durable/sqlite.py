@@ -4,11 +4,14 @@ The file, its tables and its transactions are ``durable.sqlite_file``'s: WAL mod
 write one ``BEGIN IMMEDIATE`` transaction, so a crash mid-save leaves the previous checkpoint
 intact and concurrent writers wait for each other (up to ``timeout``) instead of failing.
 
-A save reads the run's stored counts (one indexed lookup), inserts only the new messages and
-trace rows and rewrites the small ``runs`` row; see ``checkpoint`` for the rules. A save
-of a leased run checks and renews the lease in its own transaction (``durable.leases``), and
-reads the run's pending cancel request with its counts (``durable.queue``). ``claim_next``
-is one write transaction: the first runnable run by the ``runs_to_take`` index, claimed.
+A save inserts only the new messages and trace rows and rewrites the small ``runs`` row,
+whose header encodes again only the fields that changed (``durable.header``); see
+``checkpoint`` for the rules. The common save, of a run this store wrote or read last, reads
+nothing first: one UPDATE guarded by what it assumes (``_quick_write``); any other save first
+reads the run's stored counts (one indexed lookup). A save of a leased run checks and renews
+the lease in its own transaction (``durable.leases``), and reads the run's pending cancel
+request with its counts (``durable.queue``). ``claim_next`` is one write transaction: the
+first runnable run by the ``runs_to_take`` index, claimed.
 """
 
 from __future__ import annotations
@@ -21,19 +24,18 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import agent_fsm.durable.sqlite_leases as sqlite_leases
+import agent_fsm.durable.sqlite_rows as rows
 from agent_fsm.durable.checkpoint import ClosingStore, behind, resumes_in
 from agent_fsm.durable.encoding import (
     STORED_SUMMARY,
     RunSummary,
     decode_entries,
     decode_header,
-    encode_header,
     encode_message,
     read_summary,
-    stop_value,
-    summary_columns,
     unknown_run,
 )
+from agent_fsm.durable.header import HeaderEncoder
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
 from agent_fsm.durable.listing import listed, state_names, stop_names
@@ -46,36 +48,6 @@ from agent_fsm.state import RunState
 from agent_fsm.table import TERMINAL_STATES, StopReason
 
 __all__ = ["LAYOUT_VERSION", "SQLiteStore"]
-
-_RUN_COLUMNS = (
-    "schema_version, header, state, turns, total_tokens, message_count, trace_count, last_row,"
-    " output, error, updated_at, revision, cancel, stop_reason, cost"
-)
-"""The columns of a run's row every save writes, in ``_write``'s order."""
-
-_INSERT_RUN = (
-    f"INSERT INTO runs ({_RUN_COLUMNS}, run_id, created_at, priority)"
-    f" VALUES ({', '.join('?' * 18)})"
-)
-"""A new run's row, with its creation time and priority."""
-
-_UPDATE_RUN = (
-    "UPDATE runs SET "
-    + ", ".join(f"{name.strip()} = ?" for name in _RUN_COLUMNS.split(","))
-    + " WHERE run_id = ?"
-)
-"""The stored row rewritten: its creation time and priority kept, its cancel request as
-``_write`` decides."""
-
-_READ_RUN = (
-    "SELECT r.message_count, r.trace_count, r.created_at, r.revision, r.cancel,"
-    " (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs),"
-    " EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?1 AND l.expires_at > ?2)"
-    " FROM (SELECT 1) LEFT JOIN runs r ON r.run_id = ?1"
-)
-"""What a save reads first, in one statement (each one costs a round through the sqlite3
-module): the stored run's counts, creation time, revision and cancel request (NULLs for a
-new run), the revision the save takes, and whether a lease on the run is live."""
 
 _LIST_RUNS = (
     "SELECT "
@@ -127,6 +99,11 @@ class SQLiteStore(ClosingStore):
         """run_id → what this store last wrote or read of the run: while the stored
         revision is that one and the live state still holds that very last message, the
         stored messages are known to match without reading one back."""
+        self._top = 0
+        """The highest revision this store took or read: ``_quick_write`` takes the next."""
+        self._headers: dict[str, HeaderEncoder] = {}
+        """run_id → the encoder of the run's headers, while it has not stopped: each save
+        encodes only the fields that changed since the last one (``durable.header``)."""
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
         check_id(state.run_id)
@@ -172,6 +149,7 @@ class SQLiteStore(ClosingStore):
         """Remember what is stored at ``revision``, so the next save of the run need not
         read it back."""
         messages, trace = state.messages, state.trace
+        self._top = max(self._top, revision)
         self._seen[state.run_id] = _Seen(
             revision,
             len(messages),
@@ -191,62 +169,70 @@ class SQLiteStore(ClosingStore):
         now = self._clock()
         if lease is not None:
             sqlite_leases.renew(conn, lease, now)
-        version, header = encode_header(state)
-        messages, trace = state.messages, state.trace
+        stopped = state.state in TERMINAL_STATES
+        headers = self._headers.pop(run_id, None) or HeaderEncoder()
+        version, header = headers.encode(state)
+        if not stopped:  # a stopped run holds none: most are never saved again
+            self._headers[run_id] = headers
+        if lease is None:
+            quick = self._quick_write(conn, state, now, (version, header), stopped)
+            if quick is not None:
+                return quick, None
         stored_messages, stored_trace, created_at, stored_revision, request, revision, leased = (
-            conn.execute(_READ_RUN, (run_id, now)).fetchone()
+            conn.execute(rows.READ_RUN, (run_id, now)).fetchone()
         )
         if lease is None and leased:
             sqlite_leases.fence(conn, run_id, None, now)  # raises, naming the holder
         if stored_revision is None:  # a new run
             stored_messages, stored_trace, created_at = 0, 0, now
-        stopped = state.state in TERMINAL_STATES
         if stopped:
             request = None
-        kept_messages, kept_trace = self._kept(
-            conn, state, (stored_messages, stored_trace), stored_revision
-        )
-        if kept_messages < len(messages):  # most saves add none: no statement for nothing
-            conn.executemany(
-                "INSERT INTO messages VALUES (?, ?, ?)",
-                [
-                    (run_id, idx, encode_message(messages[idx]))
-                    for idx in range(kept_messages, len(messages))
-                ],
-            )
-        if kept_trace < len(trace):
-            conn.executemany(
-                "INSERT INTO trace VALUES (?, ?, ?, ?)",
-                [(run_id, idx, *trace[idx]) for idx in range(kept_trace, len(trace))],
-            )
-        name, turns, total_tokens, last_row, output, error, stop_reason, cost = summary_columns(
-            state
-        )
-        columns = (
-            version,
-            header.decode(),
-            str(name),
-            turns,
-            total_tokens,
-            len(messages),
-            len(trace),
-            last_row,
-            output,
-            error,
-            now,
-            revision,
-            request,
-            stop_value(stop_reason, stopped=stopped),
-            cost,
-        )
+        kept = self._kept(conn, state, (stored_messages, stored_trace), stored_revision)
+        rows.append(conn, state, *kept)
+        columns = rows.columns(state, version, header, now, revision, request, stopped)
         if stored_revision is None:
-            conn.execute(_INSERT_RUN, (*columns, run_id, created_at, priority))
+            conn.execute(rows.INSERT_RUN, (*columns, run_id, created_at, priority))
         else:
-            conn.execute(_UPDATE_RUN, (*columns, run_id))
+            conn.execute(rows.UPDATE_RUN, (*columns, run_id))
         if lease is None:
             return int(revision), None
         renewed = dataclasses.replace(lease, expires_at=now + lease.ttl_s, cancel_requested=request)
         return int(revision), renewed
+
+    def _quick_write(
+        self,
+        conn: sqlite3.Connection,
+        state: RunState,
+        now: float,
+        header: tuple[int, bytes],
+        stopped: bool,
+    ) -> int | None:
+        """The common save of a run without a lease, read nothing first: one statement
+        (``sqlite_rows.QUICK_UPDATE``) rewrites the run's row only if it is still at the
+        revision and counts this store last wrote or read (so the stored entries are the ones
+        it knows, which the live state continues), no lease on the run is live, and no other
+        store took a revision since this one's latest (the new one, the next, is then the
+        highest); then only the new entries are inserted. Returns the new revision, or None
+        when the statement matched nothing (it wrote nothing): the save then takes the long
+        way, which reads what is stored and says why."""
+        seen = self._seen.get(state.run_id)
+        messages, trace = state.messages, state.trace
+        if not (
+            seen is not None
+            and 0 < seen.messages <= len(messages)
+            and 0 < seen.steps <= len(trace)
+            and messages[seen.messages - 1] is seen.last
+            and trace[seen.steps - 1] is seen.last_step
+        ):
+            return None
+        revision = self._top + 1
+        columns = rows.columns(state, *header, now, revision, int(stopped), stopped)
+        known = (state.run_id, seen.revision, seen.messages, seen.steps)
+        updated = conn.execute(rows.QUICK_UPDATE, (*columns, *known))
+        if updated.rowcount != 1:
+            return None
+        rows.append(conn, state, seen.messages, seen.steps)
+        return revision
 
     def _kept(
         self,
@@ -401,6 +387,7 @@ class SQLiteStore(ClosingStore):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self._file.forget(run_id)
         self._seen.pop(run_id, None)
+        self._headers.pop(run_id, None)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
         return SQLiteJournal(self._file, check_id(run_id), lease, self._clock)

@@ -1,0 +1,117 @@
+"""The statements of a ``SQLiteStore`` save and the values they take: the run's row
+(``RUN_COLUMNS``), written whole by ``INSERT_RUN``, ``UPDATE_RUN`` or, for the common save
+that reads nothing first, ``QUICK_UPDATE``; and the new messages and trace entries
+(``append``). ``durable.sqlite`` decides which statement a save takes."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from agent_fsm.durable.encoding import encode_message, stop_value, summary_columns
+from agent_fsm.state import RunState
+
+__all__ = [
+    "INSERT_RUN",
+    "QUICK_UPDATE",
+    "READ_RUN",
+    "RUN_COLUMNS",
+    "UPDATE_RUN",
+    "append",
+    "columns",
+]
+
+RUN_COLUMNS = (
+    "schema_version, header, state, turns, total_tokens, message_count, trace_count, last_row,"
+    " output, error, updated_at, revision, cancel, stop_reason, cost"
+)
+"""The columns of a run's row every save writes, in ``columns``' order."""
+
+INSERT_RUN = (
+    f"INSERT INTO runs ({RUN_COLUMNS}, run_id, created_at, priority) VALUES ({', '.join('?' * 18)})"
+)
+"""A new run's row, with its creation time and priority."""
+
+UPDATE_RUN = (
+    "UPDATE runs SET "
+    + ", ".join(f"{name.strip()} = ?" for name in RUN_COLUMNS.split(","))
+    + " WHERE run_id = ?"
+)
+"""The stored row rewritten: its creation time and priority kept, its cancel request as
+``SQLiteStore._write`` decides."""
+
+QUICK_UPDATE = (
+    "UPDATE runs SET "
+    + ", ".join(
+        f"{name} = CASE WHEN ?{n} THEN NULL ELSE cancel END"
+        if name == "cancel"
+        else f"{name} = ?{n}"
+        for n, name in enumerate((name.strip() for name in RUN_COLUMNS.split(",")), 1)
+    )
+    + " WHERE run_id = ?16 AND revision = ?17 AND message_count = ?18 AND trace_count = ?19"
+    " AND ?12 > (SELECT MAX(revision) FROM runs)"
+    " AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?16 AND l.expires_at > ?11)"
+)
+"""``UPDATE_RUN`` for ``SQLiteStore._quick_write``, which reads nothing first: only while
+the row is at the known revision and counts (?17, ?18, ?19), the new revision (?12) is the
+highest, and no lease on the run is live at the save's time (?11); the cancel request is
+kept, or cleared by a stop (?13)."""
+
+READ_RUN = (
+    "SELECT r.message_count, r.trace_count, r.created_at, r.revision, r.cancel,"
+    " (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs),"
+    " EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?1 AND l.expires_at > ?2)"
+    " FROM (SELECT 1) LEFT JOIN runs r ON r.run_id = ?1"
+)
+"""What a save reads first, in one statement (each one costs a round through the sqlite3
+module): the stored run's counts, creation time, revision and cancel request (NULLs for a
+new run), the revision the save takes, and whether a lease on the run is live."""
+
+
+def columns(
+    state: RunState,
+    version: int,
+    header: bytes,
+    now: float,
+    revision: int,
+    cancel: str | int | None,
+    stopped: bool,
+) -> tuple[object, ...]:
+    """The values of ``RUN_COLUMNS`` for ``state`` (``cancel``: the request kept, or for
+    ``QUICK_UPDATE`` whether the run stopped)."""
+    name, turns, total_tokens, last_row, output, error, stop_reason, cost = summary_columns(state)
+    return (
+        version,
+        header.decode(),
+        str(name),
+        turns,
+        total_tokens,
+        len(state.messages),
+        len(state.trace),
+        last_row,
+        output,
+        error,
+        now,
+        revision,
+        cancel,
+        stop_value(stop_reason, stopped=stopped),
+        cost,
+    )
+
+
+def append(conn: sqlite3.Connection, state: RunState, messages_from: int, trace_from: int) -> None:
+    """Insert the messages and trace entries of ``state`` from those indices on (most saves
+    add no message: no statement for nothing)."""
+    run_id, messages, trace = state.run_id, state.messages, state.trace
+    if messages_from < len(messages):
+        conn.executemany(
+            "INSERT INTO messages VALUES (?, ?, ?)",
+            [
+                (run_id, idx, encode_message(messages[idx]))
+                for idx in range(messages_from, len(messages))
+            ],
+        )
+    if trace_from < len(trace):
+        conn.executemany(
+            "INSERT INTO trace VALUES (?, ?, ?, ?)",
+            [(run_id, idx, *trace[idx]) for idx in range(trace_from, len(trace))],
+        )
