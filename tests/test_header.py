@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
+import types
+import typing
 
+import pydantic
 import pytest
 
 from agent_fsm import Agent, tool
-from agent_fsm.durable import SQLiteStore
+from agent_fsm.durable import SQLiteStore, header
 from agent_fsm.durable.checkpoint import MemoryStore
 from agent_fsm.durable.encoding import encode_header
 from agent_fsm.durable.header import HeaderEncoder
@@ -125,3 +129,52 @@ def test_a_sqlite_store_loads_what_it_saved_save_after_save(tmp_path: object) ->
         state.state = AgentState.DONE
         store.save(state)
         assert store.load(state.run_id) == state
+
+
+def _immutable(hint: object, where: str, seen: set[type]) -> list[str]:
+    """Where in type ``hint`` (named ``where``) a writer could change a value in place
+    (empty: nowhere): the encoder keeps a field's JSON while its value is the same object."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        return _immutable(args[0], where, seen)
+    if origin in (typing.Union, types.UnionType, tuple, frozenset):
+        return [bad for arg in args if arg is not Ellipsis for bad in _immutable(arg, where, seen)]
+    if origin is typing.Literal or hint in (str, int, float, bool, type(None)):
+        return []
+    if not isinstance(hint, type):
+        return [f"{where}: {hint!r}"]
+    if issubclass(hint, enum.Enum) or hint in seen:
+        return []
+    seen.add(hint)
+    if issubclass(hint, pydantic.BaseModel) and hint.model_config.get("frozen"):
+        names = list(hint.model_fields)
+    elif dataclasses.is_dataclass(hint) and hint.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        names = [item.name for item in dataclasses.fields(hint)]
+    else:
+        return [f"{where}: {hint.__name__}"]
+    hints = typing.get_type_hints(hint, include_extras=True)
+    return [
+        bad for name in names for bad in _immutable(hints[name], f"{hint.__name__}.{name}", seen)
+    ]
+
+
+def test_every_field_the_encoder_keeps_while_unchanged_is_immutable_all_through() -> None:
+    """A field the encoder does not encode on every save (its default is hashable) must be
+    of a type no writer can change in place, down to its parts: else a save after an
+    in-place change would store the old JSON. A new RunState field of a mutable type fails
+    here until it is given a mutable default (then it is encoded on every save)."""
+    in_place = {index for index, _, _ in header._IN_PLACE}
+    kept = [item.name for n, item in enumerate(header._FIELDS) if n not in in_place]
+    assert {"state", "usage", "agent"} <= set(kept)  # it reaches the fields it guards
+    # dicts inside frozen records, filled when the record is made and never written after
+    # (grep: nothing in agent_fsm assigns into them); any other mutable part fails
+    built_once = {
+        "AgentRecord.tools: dict[str, str]",
+        "SubAgentPause.counted: dict[str, JsonValue]",
+    }
+    problems = {
+        name: bad
+        for name in kept
+        if (bad := set(_immutable(header._HINTS[name], name, set())) - built_once)
+    }
+    assert problems == {}
