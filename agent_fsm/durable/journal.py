@@ -204,8 +204,10 @@ def start_fresh(journal: ToolJournal, key: str, call: ToolCall) -> JournalEntry 
             ``record_started`` is raised as this too.
         Exception: the entry could not be read (the call may have run).
     """
-    if isinstance(journal, StartingJournal):
-        return journal.lookup_or_start(key, call)
+    starting = getattr(journal, "lookup_or_start", None)  # not isinstance: a Protocol's is
+    if starting is not None:  # slow, and this runs for every call of a durable run
+        found: JournalEntry | None = starting(key, call)
+        return found
     entry = journal.lookup(key)
     if entry is not None:
         return entry
