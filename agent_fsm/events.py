@@ -203,7 +203,8 @@ class ToolStarted:
 @quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolFinished:
-    """A tool call was answered (run, failed, or skipped)."""
+    """A tool call was answered (run, failed, or skipped). It goes to the handlers that got
+    the turn's ``ToolStarted`` events: one subscribed during the turn gets neither."""
 
     kind: Literal["tool_finished"] = "tool_finished"
     run_id: str
