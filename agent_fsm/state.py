@@ -480,8 +480,7 @@ def step_pair(row: int, turn: int) -> tuple[int, int]:
     64 bytes each, 1.2 KiB of a run parked at turn 5 (``benchmarks/parked_runs.py``, issue
     39), and an object for the cyclic collector to look at. Shared, a transition costs a
     trace one reference. The tuples are plain: a trace, its JSON and the stores are as
-    they were. The engine reads ``STEP_PAIRS`` itself and calls this only for a row no run
-    took before (a row's pairs, 16 KiB, are made at once, so a new turn finds them made).
+    they were. A row's pairs (16 KiB) are made at once, the first time any run takes it.
     """
     if row < 0 or not 0 <= turn < SHARED_TURNS:
         return (row, turn)

@@ -153,4 +153,4 @@ def test_a_pair_past_the_shared_turns_or_of_no_row_is_a_tuple_of_its_own() -> No
     assert step_pair(3, SHARED_TURNS) == (3, SHARED_TURNS)
     assert step_pair(3, SHARED_TURNS) is not step_pair(3, SHARED_TURNS)
     assert step_pair(-1, 0) == (-1, 0)
-    assert -1 not in STEP_PAIRS  # the engine's own lookup finds no pair for "no row"
+    assert -1 not in STEP_PAIRS  # "no row" (-1) makes no shared pairs

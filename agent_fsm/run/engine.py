@@ -63,7 +63,6 @@ from agent_fsm.run.residence import RunKeeper
 from agent_fsm.run.summarising import summarise
 from agent_fsm.run.thinking import think
 from agent_fsm.state import (
-    STEP_PAIRS,
     AgentRecord,
     RunResult,
     RunState,
@@ -427,13 +426,9 @@ class Run:
     def _after(self, row: Row) -> None:
         state = self._state
         index = self._handle.taken if self._handle is not None else -1
-        turn = state.turns
-        try:  # a pair every run shares (``state.step_pair``): a reference, not a tuple
-            pair = STEP_PAIRS[index][turn]
-        except (KeyError, IndexError):  # a row no run took before, or a late turn
-            pair = step_pair(index, turn)
-        state.trace.append(pair)  # the one record of it: the result's trace
-        # (``state.Trace``) reads it, building TraceEntry records only when read
+        # a pair every run shares (``state.step_pair``), the one record of the transition:
+        # the result's trace (``state.Trace``) reads it, building TraceEntry records on read
+        state.trace.append(step_pair(index, state.turns))
         if self._debug:
             self._ctx.log.debug(
                 "transition",
