@@ -475,33 +475,20 @@ def test_of_two_executions_starting_a_call_at_once_only_one_starts_it(
     the call again and run it (the chaos test saw the effect twice)."""
     from agent_fsm.durable.journal import CallStatus
     from agent_fsm.messages import ToolCall
-    from tests.test_forward_saves import wait_for_a_lock_waiter
 
-    send = ToolCall(id="a", name="send", arguments='{"n": 1}')
-    outcome: dict[str, Any] = {}
-    with PostgresStore(postgres_url, schema=postgres_schema) as other:
-        second = pg.journal("both")
-        in_write = threading.Event()
-
-        def second_starts() -> None:
-            assert in_write.wait(30)
-            outcome["second"] = second.start_unless_known("call", send, "cancel")
-
-        racing = threading.Thread(target=second_starts)
-        racing.start()
-        with other._db.transaction("hold the first start") as conn:  # not committed yet
-            conn.execute(
-                "INSERT INTO journal VALUES (%s, %s, %s::json, 'started', NULL)",
-                ("both", "call", send.model_dump_json()),
-            )
-            in_write.set()
-            wait_for_a_lock_waiter(postgres_url)  # the second waits on the first's row
-        racing.join(30)
-    entry, request, started = outcome["second"]
+    second = pg.journal("both")
+    ours = ToolCall(id="a", name="send", arguments='{"by": "us"}')
+    entry, request, started = _race_a_first_start(
+        pg,
+        postgres_url,
+        postgres_schema,
+        "both",
+        lambda: second.start_unless_known("call", ours, "cancel"),
+    )
     assert started is False
     assert request is None
     assert entry is not None
-    assert (entry.status, entry.call) == (CallStatus.STARTED, send)
+    assert (entry.status, entry.call.arguments) == (CallStatus.STARTED, '{"by": "other"}')
 
 
 def _race_a_first_start(
@@ -528,7 +515,9 @@ def _race_a_first_start(
 
         racing = threading.Thread(target=second_starts)
         racing.start()
-        with other._db.transaction("hold the first start") as conn:  # not committed yet
+        # Not pipelined (as the store's own transactions are): the insert has reached
+        # the server, and holds the row, before the second is let go.
+        with other._db.connected("hold the first start") as conn, conn.transaction():
             conn.execute(
                 "INSERT INTO journal VALUES (%s, %s, %s::json, 'started', NULL)",
                 (run_id, "call", theirs.model_dump_json()),
