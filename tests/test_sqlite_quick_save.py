@@ -1,16 +1,21 @@
 """SQLiteStore's quick save (``_quick_write``: one UPDATE, no read first) writes only when
 what it assumes still holds: the run's row at the revision this store knows, no live lease,
 no revision taken by another store since; otherwise the save takes the long way (issue 39).
-Each test has another store on the same file break one assumption between two saves."""
+Each test has another store on the same file break one assumption between two saves. A run
+deleted and made again by another store is never at a revision the file held before, so
+neither the quick save nor the long way's shortcut takes its history for the one it knows,
+in a new file or in one laid out before the ``revisions`` table."""
 
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from agent_fsm.durable import SQLiteStore
+from agent_fsm.durable import SQLiteStore, sqlite_file
+from agent_fsm.durable.sqlite_leases import LEASES_TABLE
 from agent_fsm.errors import RunLeased
 from agent_fsm.messages import AssistantMessage, UserMessage
 from agent_fsm.state import RunState
@@ -103,3 +108,116 @@ def test_a_run_another_store_deleted_is_saved_again_whole(tmp_path: Path) -> Non
     _next_step(state, "after the delete")
     store.save(state)
     assert SQLiteStore(path).load(state.run_id) == state
+
+
+def _made_again(path: Path, state: RunState, saves: int = 2) -> None:
+    """Another store deletes the run and makes it again, another history as long as
+    ``state``'s, saved ``saves`` times: with revisions taken from the file's highest one
+    alone, it would be at the very revision and counts the first store remembers."""
+    other = SQLiteStore(path)
+    other.delete(state.run_id)
+    theirs = sample_state(state.run_id)
+    theirs.messages = [UserMessage(content=f"theirs {n}") for n in range(len(state.messages))]
+    theirs.trace = [(0, n) for n in range(len(state.trace))]
+    for _ in range(saves):
+        other.save(theirs)
+
+
+def test_a_run_deleted_and_made_again_elsewhere_is_not_continued(tmp_path: Path) -> None:
+    """The quick save's guard matches the row's revision and counts: the run made again must
+    never be at a revision the first store saw, or its save would append onto the other
+    history."""
+    path = tmp_path / "runs.sqlite3"
+    store, state = _saved_twice(path)
+    _made_again(path, state)
+    _next_step(state, "mine")
+    store.save(state)
+    assert SQLiteStore(path).load(state.run_id) == state
+
+
+def test_a_run_deleted_and_made_again_elsewhere_is_not_continued_the_long_way(
+    tmp_path: Path,
+) -> None:
+    """The same, when another store took a revision since (the quick save does not apply):
+    the long way's shortcut, of a run at the revision and counts the store knows, must not
+    take the other history for its own either."""
+    path = tmp_path / "runs.sqlite3"
+    store, state = _saved_twice(path)
+    _made_again(path, state)
+    SQLiteStore(path).save(sample_state("run-2"))
+    _next_step(state, "mine")
+    store.save(state)
+    assert SQLiteStore(path).load(state.run_id) == state
+
+
+def _stored_revision(path: Path, run_id: str) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(
+            conn.execute("SELECT revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+        )
+
+
+def test_no_revision_is_taken_twice_even_after_deletes(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite3"
+    mine, theirs = SQLiteStore(path), SQLiteStore(path)
+    taken: list[int] = []
+
+    def saved(store: SQLiteStore, state: RunState) -> None:
+        _next_step(state, "goes on")
+        store.save(state)  # the first save of a run takes the long way, the others are quick
+        taken.append(_stored_revision(path, state.run_id))
+
+    state, other = sample_state(), sample_state("run-2")
+    saved(mine, state)
+    saved(mine, state)
+    saved(theirs, other)
+    saved(theirs, other)
+    theirs.delete(other.run_id)  # the highest revision, deleted
+    saved(mine, state)  # the next above what this store knows would be the deleted one's
+    theirs.delete(state.run_id)
+    again = sample_state()
+    saved(theirs, again)
+    saved(theirs, again)
+    assert len(set(taken)) == len(taken) == 7
+
+
+def _laid_out_as_4(path: Path, runs_from: Path) -> None:
+    """A file as the layout before ``revisions`` (4) lays it out, holding the rows the store
+    wrote in ``runs_from`` (a run's rows are the same in both layouts)."""
+    with sqlite3.connect(path) as conn:
+        conn.executescript(sqlite_file._LAYOUT)
+        conn.execute(LEASES_TABLE)
+        for statement in (*sqlite_file._QUEUE, *sqlite_file._STOPS):
+            conn.execute(statement)
+        conn.execute("ATTACH DATABASE ? AS written", (str(runs_from),))
+        for table in ("runs", "messages", "trace", "journal"):
+            conn.execute(f"INSERT INTO {table} SELECT * FROM written.{table}")
+        conn.commit()
+        conn.execute("DETACH DATABASE written")
+        conn.execute("PRAGMA user_version = 4")
+
+
+def test_a_file_of_the_layout_before_the_revisions_table_is_upgraded(tmp_path: Path) -> None:
+    written = tmp_path / "written.sqlite3"
+    with SQLiteStore(written) as writer:
+        state = sample_state()
+        for n in range(3):
+            _next_step(state, f"before the upgrade {n}")
+            writer.save(state)
+    path = tmp_path / "old.sqlite3"
+    _laid_out_as_4(path, written)
+    store = SQLiteStore(path)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_file.LAYOUT_VERSION
+        assert conn.execute("SELECT * FROM revisions").fetchall() == [(0,)]
+    loaded = store.load(state.run_id)  # the store knows it at revision 3
+    assert loaded == state  # nothing lost
+    state = loaded
+    _made_again(path, state, saves=3)
+    _next_step(state, "mine")
+    store.save(state)
+    assert SQLiteStore(path).load(state.run_id) == state
+    with SQLiteStore(path) as again:  # upgraded once
+        assert len(again.list_runs()) == 1
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM revisions").fetchone()[0] == 1

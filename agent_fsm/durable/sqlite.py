@@ -210,11 +210,12 @@ class SQLiteStore(ClosingStore):
         """The common save of a run without a lease, read nothing first: one statement
         (``sqlite_rows.QUICK_UPDATE``) rewrites the run's row only if it is still at the
         revision and counts this store last wrote or read (so the stored entries are the ones
-        it knows, which the live state continues), no lease on the run is live, and no other
-        store took a revision since this one's latest (the new one, the next, is then the
-        highest); then only the new entries are inserted. Returns the new revision, or None
-        when the statement matched nothing (it wrote nothing): the save then takes the long
-        way, which reads what is stored and says why."""
+        it knows, which the live state continues: no revision is taken twice in the file, not
+        even by a run deleted and made again, ``sqlite_rows``), no lease on the run is live,
+        and no other store took a revision since this one's latest (the new one, the next, is
+        then the highest the file ever held); then only the new entries are inserted. Returns
+        the new revision, or None when the statement matched nothing (it wrote nothing): the
+        save then takes the long way, which reads what is stored and says why."""
         seen = self._seen.get(state.run_id)
         messages, trace = state.messages, state.trace
         if not (
@@ -383,6 +384,7 @@ class SQLiteStore(ClosingStore):
     def delete(self, run_id: str) -> None:
         check_id(run_id)
         with self._file.transaction(f"delete run {run_id!r}", write=True) as conn:
+            conn.execute(rows.FORGET_REVISION, (run_id,))  # never taken again
             for table in ("runs", "messages", "trace", "journal", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self._file.forget(run_id)

@@ -18,6 +18,8 @@ schema version each run records):
     trace     run_id, idx, row, turn      one row per transition
     journal   run_id, key, call, status, result     the tool journal
     leases    run_id, owner, token, expires_at      run leases (``sqlite_leases``)
+    revisions deleted                               one row: the highest revision a deleted
+                                                    run held (``_REVISIONS``)
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from agent_fsm.errors import CheckpointError
 
 __all__ = ["LAYOUT_VERSION", "SQLiteFile", "Transaction"]
 
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 """The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table, 3
 the queue's ``priority`` and ``cancel`` columns of ``runs`` and its index, 4 the
-``stop_reason`` and ``cost`` columns and the ``runs_by_stop`` index (an older file is
-upgraded when opened; an older agent_fsm then refuses it as newer)."""
+``stop_reason`` and ``cost`` columns and the ``runs_by_stop`` index, 5 the ``revisions``
+table (an older file is upgraded when opened; an older agent_fsm then refuses it as
+newer)."""
 
 _QUEUE = (
     "ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0",
@@ -67,6 +70,19 @@ filters by the one and shows the other without reading a header; ``encoding.stop
 filled for the runs an older layout kept from their headers, and the index a stop filter
 walks: of the stopped runs' reasons only (no revision, which every save changes), so a save
 mid-run leaves it alone."""
+
+_REVISIONS = (
+    "CREATE TABLE revisions (deleted INTEGER NOT NULL)",
+    "INSERT INTO revisions VALUES (0)",
+)
+"""Layout 5: the highest revision a deleted run held. A save takes a revision above both it
+and every stored run's (``sqlite_rows``), so no revision is taken twice in a file, even
+after deletes: a store that remembers a run at a revision (``SQLiteStore._seen``) and finds
+it there knows the stored history is the one it saw, never a run deleted and made again by
+another store up to the same revision and counts. Kept by the rare delete rather than bumped
+by every save: a save only reads it, in the statement that reads the highest revision
+anyway. An older file starts it at 0: revisions its runs deleted before held are unknown,
+and no store of this layout can remember them (each opened the file, upgrading it, first)."""
 
 _LAYOUT = """
 CREATE TABLE runs (
@@ -200,6 +216,9 @@ class SQLiteFile:
                 conn.execute(statement)
         if version in (0, 1, 2, 3):
             for statement in _STOPS:
+                conn.execute(statement)
+        if version in (0, 1, 2, 3, 4):
+            for statement in _REVISIONS:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
 

@@ -1,7 +1,11 @@
 """The statements of a ``SQLiteStore`` save and the values they take: the run's row
 (``RUN_COLUMNS``), written whole by ``INSERT_RUN``, ``UPDATE_RUN`` or, for the common save
 that reads nothing first, ``QUICK_UPDATE``; and the new messages and trace entries
-(``append``). ``durable.sqlite`` decides which statement a save takes."""
+(``append``). ``durable.sqlite`` decides which statement a save takes.
+
+A save takes a revision above every one the file ever held: above every stored run's and
+the highest a deleted run held (``DELETED``, kept by ``FORGET_REVISION``), so none is taken
+twice (``durable.sqlite_file``'s layout 5 says why)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from agent_fsm.durable.encoding import encode_message, stop_value, summary_colum
 from agent_fsm.state import RunState
 
 __all__ = [
+    "DELETED",
+    "FORGET_REVISION",
     "INSERT_RUN",
     "QUICK_UPDATE",
     "READ_RUN",
@@ -19,6 +25,15 @@ __all__ = [
     "append",
     "columns",
 ]
+
+DELETED = "(SELECT deleted FROM revisions)"
+"""The highest revision a deleted run held (0 if none)."""
+
+FORGET_REVISION = (
+    "UPDATE revisions SET deleted ="
+    " MAX(deleted, COALESCE((SELECT revision FROM runs WHERE run_id = ?), 0))"
+)
+"""Before a run's row is deleted: its revision, if the highest deleted, kept as such."""
 
 RUN_COLUMNS = (
     "schema_version, header, state, turns, total_tokens, message_count, trace_count, last_row,"
@@ -48,23 +63,24 @@ QUICK_UPDATE = (
         for n, name in enumerate((name.strip() for name in RUN_COLUMNS.split(",")), 1)
     )
     + " WHERE run_id = ?16 AND revision = ?17 AND message_count = ?18 AND trace_count = ?19"
-    " AND ?12 > (SELECT MAX(revision) FROM runs)"
+    f" AND ?12 > (SELECT MAX(revision) FROM runs) AND ?12 > {DELETED}"
     " AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?16 AND l.expires_at > ?11)"
 )
 """``UPDATE_RUN`` for ``SQLiteStore._quick_write``, which reads nothing first: only while
 the row is at the known revision and counts (?17, ?18, ?19), the new revision (?12) is the
-highest, and no lease on the run is live at the save's time (?11); the cancel request is
-kept, or cleared by a stop (?13)."""
+highest the file ever held, and no lease on the run is live at the save's time (?11); the
+cancel request is kept, or cleared by a stop (?13)."""
 
 READ_RUN = (
     "SELECT r.message_count, r.trace_count, r.created_at, r.revision, r.cancel,"
-    " (SELECT COALESCE(MAX(revision), 0) + 1 FROM runs),"
+    f" (SELECT MAX(COALESCE(MAX(revision), 0), {DELETED}) + 1 FROM runs),"
     " EXISTS (SELECT 1 FROM leases l WHERE l.run_id = ?1 AND l.expires_at > ?2)"
     " FROM (SELECT 1) LEFT JOIN runs r ON r.run_id = ?1"
 )
 """What a save reads first, in one statement (each one costs a round through the sqlite3
 module): the stored run's counts, creation time, revision and cancel request (NULLs for a
-new run), the revision the save takes, and whether a lease on the run is live."""
+new run), the revision the save takes (the next above any the file held), and whether a
+lease on the run is live."""
 
 
 def columns(
