@@ -582,6 +582,27 @@ class CheckpointStoreContract(JournalContract, LeaseContract, QueueContract):
         first.save(state)  # the last writer: its history, whole
         assert second.load("run-1") == state
 
+    def test_a_run_deleted_and_made_again_by_another_store_is_not_continued(self) -> None:
+        """Another store deletes the run and makes it again, with a history as long as the
+        one this store saved last, in as many saves: this store's next save must not append
+        to the other's history (a store comparing revisions must never find the one it
+        remembers again, as SQLiteStore did when it took the file's highest + 1)."""
+        first, second = self.open_store(), self.open_shared()
+        state = sample_state()
+        first.save(state)
+        add_turn(state, 1)
+        first.save(state)
+        second.delete("run-1")
+        theirs = sample_state()
+        theirs.messages[-1] = UserMessage(content="another history")
+        theirs.trace[-1] = (3, 0)
+        second.save(theirs)
+        add_turn(theirs, 5)  # as long, another ending, in as many saves
+        second.save(theirs)
+        add_turn(state, 2)
+        first.save(state)  # the last writer: its history, whole
+        assert second.load("run-1") == state
+
     def test_of_many_stores_creating_one_run_exactly_one_wins(self) -> None:
         stores = [self.open_store(), *(self.open_shared() for _ in range(5))]
         barrier = threading.Barrier(len(stores))
