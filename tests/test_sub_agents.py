@@ -194,7 +194,7 @@ def test_carve_takes_the_smaller_of_each_budget() -> None:
         limits=Limits(max_turns=9, timeout_s=30.0, cost_budget=2.0, prices=PRICES),
         clock=lambda: 50.0,
         started_at=40.0,
-        finished_children=[],
+        finished_children=(),
     )
     parent.state.usage = parent.state.usage.model_copy(update={"input_tokens": 150})
     carved = delegation.carve(own, parent).limits  # type: ignore[arg-type]
@@ -518,7 +518,7 @@ def test_the_harness_checks_each_sub_agents_run_under_its_carved_limits(
 
     def inflate(delegate: Any, parent: Any, child: RunResult, config: Any) -> None:
         if parent is not None:  # the parent counts what the child really spent
-            parent.finished_children.append(child)
+            parent.finished_children += (child,)
         delegate.observer(child.model_copy(update={"turns": child.turns + 50}), config)
 
     monkeypatch.setattr(delegation, "_ended", inflate)

@@ -121,11 +121,12 @@ class RunContext:
     path: tuple[str, ...] = ()
     """The runs that started this one (a sub-agent's), outermost first; empty for a run of
     its own."""
-    finished_children: list[RunResult] = field(default_factory=list)
+    finished_children: tuple[RunResult, ...] = ()
     """Sub-agent runs that ended during the current ACT, counted in this run's spend when
     the step ends (``run.parenting.fold``): the turn count keys the tool journal, so it must
     not move while the step's calls run. A child started meanwhile is carved from what
-    they left too (``run.delegation.carve``)."""
+    they left too (``run.delegation.carve``). A tuple: a run without sub-agents makes no
+    list for the cyclic collector to look at (issue 39)."""
     home: Any = None
     """Where the run lives (its agent's ``run.residence.Residence``), for its sub-agents:
     a child of a run kept in a store is kept in the same store (``run.delegation``). None

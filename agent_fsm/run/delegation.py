@@ -601,7 +601,7 @@ def _ended(
     """A child run ended: its spend to be counted in its parent's when the step ends
     (``RunContext.finished_children``), its observer told."""
     if parent is not None:
-        parent.finished_children.append(result)
+        parent.finished_children += (result,)
     if delegate.observer is not None:
         delegate.observer(result, config)
 

@@ -70,7 +70,7 @@ async def act_as_parent(ctx: RunContext) -> None:
             else:
                 await act(ctx)
     finally:  # the step's calls are answered (or abandoned): its children's spend counts
-        children, ctx.finished_children = ctx.finished_children, []
+        children, ctx.finished_children = ctx.finished_children, ()
         for child in children:
             fold(ctx, child, ctx.counted_children.pop(child.run_id, None))
     for message in state.messages[before:]:

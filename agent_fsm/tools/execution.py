@@ -288,13 +288,28 @@ async def execute(
     runtime: dict[str, JsonValue] = {}
     history: tuple[JsonValue, ...] = ()  # a tuple: the usual call, never retried, makes no list
     attempt = 0
+    fn = tool.fn
+    assert fn is not None
     while True:
         attempt += 1
-        outcome = await _attempt(call, tool, values, timeout_s, runtime)
-        failure = outcome.failure
-        if failure is None:
+        # One attempt, within ``timeout_s``, awaited here rather than in a coroutine of its
+        # own: a coroutine per call is one more object the cyclic collector looks at while
+        # the tool runs, in every live run (issue 39).
+        deadline = _Deadline(timeout_s)
+        try:
+            if tool.receives_call:
+                value = await fn(call, **values)
+            else:
+                value = await fn(**values) if tool.is_async else await run_in_thread(fn, values)
+        except BaseException as exc:
+            expired = deadline.finish()
+            if not expired and not is_own_failure(exc):
+                raise  # the run's own cancellation (abort, its deadline), or a KeyboardInterrupt
+            outcome = _failure(call, tool, exc, expired, timeout_s, runtime)
+        else:
+            deadline.finish()
             break
-        if attempt <= retries and isinstance(failure, tool.retry_on):
+        if attempt <= retries and isinstance(outcome.failure, tool.retry_on):
             delay = retry_delay(attempt, limits)
             history += ({"attempt": attempt, "error": outcome.message, "delay_s": delay},)
             if on_retry is not None:
@@ -304,51 +319,38 @@ async def execute(
         return Executed(_failed(call, outcome, attempt, history, runtime, timeout_s), attempt)
     if history:
         runtime.update(attempts=attempt, retries=list(history))
-    return Executed(_answer(call, tool, outcome.value, limits, runtime), attempt)
+    return Executed(_answer(call, tool, value, limits, runtime), attempt)
 
 
 @dataclass(slots=True)
 class _Outcome:
-    """One attempt: the value the tool returned, or the failure and how it reads."""
+    """A failed attempt: the failure and how it reads."""
 
-    value: Any = None
-    failure: BaseException | None = None
-    message: str = ""
+    failure: BaseException
+    message: str
     expired: bool = False
     """The attempt ran past its timeout."""
     traceback: str | None = None
     """Where the tool raised, for the people who run it (never shown to the model)."""
 
 
-async def _attempt(
+def _failure(
     call: ToolCall,
     tool: Tool,
-    values: dict[str, Any],
+    exc: BaseException,
+    expired: bool,
     timeout_s: float,
     runtime: dict[str, JsonValue],
 ) -> _Outcome:
-    """Run the tool once within ``timeout_s``. Must not raise, except the caller's own
-    cancellation; a failure after the deadline expired counts as a timeout (the tool may have
-    turned our cancellation into an error of its own)."""
-    fn = tool.fn
-    assert fn is not None
-    deadline = _Deadline(timeout_s)
-    try:
-        if tool.receives_call:
-            value = await fn(call, **values)
-        else:
-            value = await fn(**values) if tool.is_async else await run_in_thread(fn, values)
-    except BaseException as exc:
-        if deadline.finish():
-            return _timed_out(call, tool, timeout_s, runtime)
-        if not is_own_failure(exc):
-            raise  # the run's own cancellation (abort, its deadline), or a KeyboardInterrupt
-        failure = exc.original if isinstance(exc, _CarriedOut) else exc
-        message = f"Tool '{call.name}' failed: {describe(failure)}"
-        where = failure_traceback(failure)[-TRACEBACK_CHARS:]
-        return _Outcome(failure=failure, message=message, traceback=where)
-    deadline.finish()
-    return _Outcome(value=value)
+    """How an attempt that raised ``exc`` (the tool's own failure) failed; a failure after
+    the deadline expired (``expired``) counts as a timeout (the tool may have turned our
+    cancellation into an error of its own)."""
+    if expired:
+        return _timed_out(call, tool, timeout_s, runtime)
+    failure = exc.original if isinstance(exc, _CarriedOut) else exc
+    message = f"Tool '{call.name}' failed: {describe(failure)}"
+    where = failure_traceback(failure)[-TRACEBACK_CHARS:]
+    return _Outcome(failure=failure, message=message, traceback=where)
 
 
 def _timed_out(
