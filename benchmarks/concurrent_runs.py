@@ -10,6 +10,12 @@ middle, full: steadier than the times, and what fewer objects held by a run lowe
 many objects they freed.
 
     python benchmarks/concurrent_runs.py [--runs 1000] [--turns 5] [--repeat 3]
+        [--freeze] [--threshold N]
+
+``--freeze`` and ``--threshold`` measure the collector settings the README suggests for a
+process that drives many runs at once (its "Many runs in one process" section): the objects
+made before the runs start (imports, the agent) moved out of the collector's sight with
+``gc.freeze()``, and the young generation's threshold raised with ``gc.set_threshold``.
 
 CPU times on a shared machine move with its load: compare the two figures of one
 invocation, and repeat (the median of ``--repeat`` is shown).
@@ -111,9 +117,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1000, help="runs driven at once")
     parser.add_argument("--turns", type=int, default=5, help="tool turns per run")
     parser.add_argument("--repeat", type=int, default=3, help="batches per setting (median)")
+    parser.add_argument(
+        "--freeze",
+        action="store_true",
+        help="gc.freeze() once imports and caches are made, before the batches",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=int,
+        default=None,
+        help="the young generation's threshold (gc.set_threshold; Python's default is 700)",
+    )
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     _batch(10, args.turns, True)  # imports and caches before timing
+    if args.threshold is not None:
+        gc.set_threshold(args.threshold, *gc.get_threshold()[1:])
+    if args.freeze:
+        gc.collect()
+        gc.freeze()
     figures: dict[bool, list[tuple[float, float, int, list[int]]]] = {True: [], False: []}
     for _ in range(args.repeat):
         for collector_on in (True, False):
@@ -123,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     passes = statistics.median(f[1] for f in figures[True])
     freed = statistics.median(f[2] for f in figures[True])
     young, middle, full = (statistics.median(f[3][g] for f in figures[True]) for g in range(3))
-    print(f"{args.runs} runs of {args.turns} turns at once (median of {args.repeat}):")
+    settings = f"threshold {gc.get_threshold()[0]}" + (", frozen" if args.freeze else "")
+    print(f"{args.runs} runs of {args.turns} turns at once (median of {args.repeat}; {settings}):")
     print(f"  CPU with the collector:    {on:.3f} s (its passes {passes:.3f} s, {passes / on:.0%})")
     print(f"  CPU without the collector: {off:.3f} s")
     print(f"  collector passes per batch: {young:.0f} young, {middle:.0f} middle, {full:.0f} full")
