@@ -37,7 +37,7 @@ request of the row that fires becomes ``RunState.control`` and the run's output,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 from pydantic import JsonValue
 
@@ -89,19 +89,16 @@ _CONTROL_ANSWER = {
 }
 
 
-def act(ctx: RunContext) -> Awaitable[object]:
-    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls
-    (their answers appended to the transcript).
-
-    A function that returns the work rather than a coroutine that awaits it: while the tools
-    run, every live run holds its chain of coroutines, for the cyclic collector to look at,
-    and one that only forwards is one too many (issue 39)."""
+async def act(ctx: RunContext) -> None:
+    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls."""
     state = ctx.state
     if state.decisions:
-        return carry_out(ctx)
+        await carry_out(ctx)
+        return
     last = state.messages[-1]
     calls = last.tool_calls if isinstance(last, AssistantMessage) else ()
-    return answer_calls(ctx, calls, append=True)  # its list is for callers like carry_out
+    for result in await answer_calls(ctx, calls):
+        ctx.append(result)
 
 
 async def carry_out(ctx: RunContext) -> None:
@@ -136,20 +133,15 @@ async def answer_calls(
     calls: Sequence[ToolCall],
     approved: Collection[str] = (),
     unscreened: Collection[str] = (),
-    *,
-    append: bool = False,
 ) -> list[ToolMessage]:
-    """Answer ``calls``, one result each in call order; record a control request, the error
-    count and loop signals in the run state.
+    """Answer ``calls``, one result each in call order (the caller appends them); record a
+    control request, the error count and loop signals in the run state.
 
     Args:
         approved: ids of calls a person already approved: they run without asking again
             (and without the ``before_tool`` hook, which saw them before they were asked).
         unscreened: ids among ``approved`` whose arguments the person changed: the hook
             has not seen these arguments, so it is asked about them.
-        append: append the answers to the transcript (the turn's own calls); otherwise the
-            caller does what it needs with them (a resume's calls were answered "awaiting
-            approval" when the run paused).
     """
     # No comprehension in this function: on Python 3.11 one makes each local it reads a
     # cell, and the cells live in this frame while the tools run, for the collector to
@@ -182,9 +174,6 @@ async def answer_calls(
         readable_parts(final, config.part_support)
     _report(ctx, turn, turn.prepared, final)
     _count(ctx, bool(asked), prepared, final)  # the loop detector sees the model's calls
-    if append:
-        for result in final:
-            ctx.append(result)
     return final
 
 

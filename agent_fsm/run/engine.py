@@ -86,7 +86,7 @@ _TRIGGER_NAMES: dict[Trigger | str, str] = {trigger: trigger.value for trigger i
 _state_changed = builder(StateChanged)
 
 
-_WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[object] | None]] = {
+_WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[None] | None]] = {
     AgentState.OBSERVE: observe,
     AgentState.COMPACT: compact,
     AgentState.SUMMARISE: summarise,
