@@ -121,11 +121,10 @@ def _describe(signature: str) -> str:
 
 def _record_turn_signature(loop: LoopState, signature: str, limits: Limits) -> None:
     k, max_period = limits.loop_threshold, limits.loop_max_period
-    matches = loop.period_matches
+    matches = list(loop.period_matches)
     if len(matches) != max_period + 1:
-        matches = loop.period_matches = [0] * (max_period + 1)
-    recent = loop.recent_calls
-    recent.append(signature)
+        matches = [0] * (max_period + 1)
+    recent = (*loop.recent_calls, signature)
     size = len(recent)
     for period in range(2, max_period + 1):
         if size > period and recent[-1 - period] == signature:
@@ -135,8 +134,9 @@ def _record_turn_signature(loop: LoopState, signature: str, limits: Limits) -> N
                 loop.detected = f"a cycle of {period} turns ({cycle}) repeated {k} times"
         else:
             matches[period] = 0
-    if size > max_period + 1:
-        del recent[0]
+    # new tuples, not the old ones changed: the header encoder compares them by identity
+    loop.period_matches = tuple(matches)
+    loop.recent_calls = recent[-1 - max_period :]
 
 
 def record_turn_results(loop: LoopState, results: Sequence[ToolMessage], limits: Limits) -> None:
