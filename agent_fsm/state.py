@@ -261,10 +261,6 @@ class LoopState:
 
     Bounded in size by ``Limits.loop_max_period``, whatever the length of the run, which is
     what keeps loop detection O(1) amortised per turn. ``loop.detection`` holds the logic.
-
-    Its fields are replaced, never changed in place (tuples; ``call_streaks`` is a new dict
-    each tool turn): a checkpoint's header encoder keeps the record's JSON while each field
-    holds the very object it held at the last save (``durable.header``).
     """
 
     call_streaks: dict[str, int] = field(default_factory=dict)
@@ -276,10 +272,10 @@ class LoopState:
     last_text: str | None = None
     text_repeats: int = 0
     """How many consecutive replies carried the same non-empty text."""
-    recent_calls: tuple[str, ...] = ()
+    recent_calls: list[str] = field(default_factory=list)
     """The signatures of the last ``loop_max_period + 1`` tool turns (each the set of its
     calls), oldest first."""
-    period_matches: tuple[int, ...] = ()
+    period_matches: list[int] = field(default_factory=list)
     """``period_matches[q]``: consecutive tool turns equal to the turn q turns earlier."""
     detected: str | None = None
     """A description of the loop found, once one is found."""

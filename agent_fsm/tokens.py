@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent_fsm.content import FilePart, ImagePart, TextPart
 from agent_fsm.messages import AssistantMessage, Message, ToolMessage, ToolSpec, UserMessage
@@ -136,12 +136,10 @@ class Calibration:
     refused a prompt as longer than its context (a lower bound of its size). With one pair
     (or every pair of the same estimate) the gap is taken as fixed cost at the estimate's own
     rate; a prompt is then never counted below what the server said of a prompt of that size.
-    Reading it is O(1): the guards scale an estimate on every turn. ``learn`` replaces its
-    fields, never changes them in place: a checkpoint's header encoder keeps the record's
-    JSON while each field holds the very object it held at the last save (``durable.header``).
+    Reading it is O(1): the guards scale an estimate on every turn.
     """
 
-    pairs: tuple[tuple[int, int], ...] = ()
+    pairs: list[tuple[int, int]] = field(default_factory=list)
     """The last ``CALIBRATION_PAIRS`` (estimate, reported) pairs, oldest first."""
     fixed: int = 0
     """Tokens a server adds to every request (its template, the tool preamble)."""
@@ -164,7 +162,10 @@ class Calibration:
         positive are no evidence and ignored."""
         if estimate <= 0 or reported <= 0:
             return
-        pairs = self.pairs = (*self.pairs[1 - CALIBRATION_PAIRS :], (estimate, reported))
+        pairs = self.pairs
+        pairs.append((estimate, reported))
+        if len(pairs) > CALIBRATION_PAIRS:
+            del pairs[0]
         rate = self.per_content = _rate(pairs)
         # One pass, no generators: this runs on every reply of every run (issue 35's
         # "free when off": the per-turn cost in benchmarks/instructions.py).
@@ -176,7 +177,7 @@ class Calibration:
         self.fixed = max(0, math.ceil(worst - 1e-9))
 
 
-def _rate(pairs: tuple[tuple[int, int], ...]) -> float:
+def _rate(pairs: list[tuple[int, int]]) -> float:
     """The least-squares slope of reported over estimated tokens, within the rate bounds;
     1.0 while the estimates do not differ (no slope can be told from one size). Summed in
     integers, in one pass: exact, whatever the sizes."""

@@ -36,7 +36,7 @@ def add_turn(state: RunState, n: int) -> None:
     state.messages.append(ToolMessage(tool_call_id=call.id, name="search", content=RESULT))
     state.trace.extend([(2, n), (10, n), (13, n), (24, n)])
     state.usage = state.usage + Usage(input_tokens=400 + n, output_tokens=30, requests=1)
-    state.loop.recent_calls = (*state.loop.recent_calls[-7:], f"search:{n}")
+    state.loop.recent_calls = [*state.loop.recent_calls[-7:], f"search:{n}"]
 
 
 def run(store: CheckpointStore, turns: int) -> tuple[list[float], RunState]:

@@ -141,7 +141,7 @@ def test_a_version_2_loop_state_migrates_to_streaks_per_turn() -> None:
     }
     state = encoding.decode_header("r", 2, json.dumps(header))
     assert state.loop.call_streaks == {"echo:=x": 2}
-    assert state.loop.recent_calls == ("echo:=y", "echo:=x", "echo:=x")
+    assert state.loop.recent_calls == ["echo:=y", "echo:=x", "echo:=x"]
     header["loop"] = {"last_call": None, "call_repeats": 0}
     assert encoding.decode_header("r", 2, json.dumps(header)).loop.call_streaks == {}
 

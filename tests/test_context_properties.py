@@ -260,7 +260,7 @@ def test_the_calibration_is_the_fit_over_the_last_pairs_across_a_checkpoint(
             calibration = state.calibration
         calibration.learn(estimate, reported)
     window = [(x, y) for x, y in reports if x > 0 and y > 0][-CALIBRATION_PAIRS:]
-    assert calibration.pairs == tuple(window)
+    assert calibration.pairs == window
     if window:
         rate, fixed = _fitted_afresh(window)
         assert calibration.per_content == pytest.approx(rate, rel=1e-12)

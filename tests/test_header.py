@@ -75,9 +75,7 @@ def test_values_changed_in_place_or_replaced_are_encoded_again() -> None:
         lambda: state.notes["plan"].append("c"),  # deeper in place
         lambda: state.pending_input.append("more"),
         lambda: state.pending_input.clear(),
-        lambda: setattr(state.loop, "recent_calls", (*state.loop.recent_calls, "add:{}")),
-        lambda: setattr(state.loop, "result_repeats", state.loop.result_repeats + 1),
-        lambda: setattr(state.loop, "call_streaks", {"add:{}": 1}),
+        lambda: state.loop.recent_calls.append("add:{}"),
         lambda: state.calibration.learn(100, 120),
         lambda: state.resumed_at.append(7),
         lambda: setattr(state, "usage", state.usage + Usage(input_tokens=5)),
@@ -125,7 +123,7 @@ def test_a_sqlite_store_loads_what_it_saved_save_after_save(tmp_path: object) ->
         for turn in range(3):
             state.turns = turn
             state.notes.setdefault("turns", []).append(turn)
-            state.loop.recent_calls = (*state.loop.recent_calls, f"call {turn}")
+            state.loop.recent_calls.append(f"call {turn}")
             store.save(state)
             assert store.load(state.run_id) == state
         state.state = AgentState.DONE
@@ -160,39 +158,23 @@ def _immutable(hint: object, where: str, seen: set[type]) -> list[str]:
     ]
 
 
-def test_every_value_the_encoder_keeps_while_unchanged_is_immutable_all_through() -> None:
+def test_every_field_the_encoder_keeps_while_unchanged_is_immutable_all_through() -> None:
     """A field the encoder does not encode on every save (its default is hashable) must be
     of a type no writer can change in place, down to its parts: else a save after an
-    in-place change would store the old JSON. So must each field of the records it compares
-    field by field (the loop detector's memory, the calibration). A new RunState field of a
-    mutable type fails here until it is given a mutable default (then it is encoded on every
-    save); a new list field of those records fails until it is a tuple."""
+    in-place change would store the old JSON. A new RunState field of a mutable type fails
+    here until it is given a mutable default (then it is encoded on every save)."""
     in_place = {index for index, _, _ in header._IN_PLACE}
-    records = {index for index, _ in header._RECORDS}
-    kept = [
-        (item.name, header._HINTS[item.name])
-        for n, item in enumerate(header._FIELDS)
-        if n not in in_place | records
-    ]
-    for n in records:
-        record = header._HINTS[header._FIELDS[n].name]
-        hints = typing.get_type_hints(record, include_extras=True)
-        kept += [
-            (f"{record.__name__}.{part.name}", hints[part.name])
-            for part in dataclasses.fields(record)
-        ]
-    assert {"state", "usage", "agent", "LoopState.recent_calls", "Calibration.pairs"} <= {
-        name for name, _ in kept
-    }  # it reaches the values it guards
-    # dicts filled when made and never written after (grep: nothing in agent_fsm assigns
-    # into them; the detector gives ``call_streaks`` a new dict each tool turn); any other
-    # mutable part fails
+    kept = [item.name for n, item in enumerate(header._FIELDS) if n not in in_place]
+    assert {"state", "usage", "agent"} <= set(kept)  # it reaches the fields it guards
+    # dicts inside frozen records, filled when the record is made and never written after
+    # (grep: nothing in agent_fsm assigns into them); any other mutable part fails
     built_once = {
         "AgentRecord.tools: dict[str, str]",
         "SubAgentPause.counted: dict[str, JsonValue]",
-        "LoopState.call_streaks: dict[str, int]",
     }
     problems = {
-        name: bad for name, hint in kept if (bad := set(_immutable(hint, name, set())) - built_once)
+        name: bad
+        for name in kept
+        if (bad := set(_immutable(header._HINTS[name], name, set())) - built_once)
     }
     assert problems == {}

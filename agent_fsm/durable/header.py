@@ -12,13 +12,9 @@ the same bytes as ``encode_header`` and encodes again only the fields that chang
 What "changed" means rests on how RunState is written (``state``: its fields are assigned by
 their writers): a field whose default is hashable (a str, a number, None, an enum, a tuple, a
 frozen model) is given a new value when it changes, never changed in place, so a value that
-is the very object encoded last time encodes the same. The records that are changed in place
-(a mutable dataclass by default: the loop detector's memory, the calibration) are changed by
-giving their fields new values: such a record encodes the same while each of its fields is
-the very object encoded last time (comparing a few references costs a tenth of encoding the
-record; a frozen record, replaced by its writers, would cost every run that keeps no
-checkpoint the making of a new record each turn). The other fields (lists, dicts) are
-changed in place: they are encoded on every save, except when empty.
+is the very object encoded last time encodes the same. The other fields (lists, dicts, the
+loop detector's and the calibration's dataclasses) are changed in place: they are encoded on
+every save, except when empty.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from __future__ import annotations
 import json
 import operator
 from collections.abc import Hashable
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import MISSING, fields
 from itertools import compress
 from typing import Any, get_type_hints
 
@@ -40,14 +36,8 @@ from agent_fsm.table import TERMINAL_STATES
 __all__ = ["HeaderEncoder", "RunHeaders"]
 
 
-def _default(item: Any) -> Any:
+def _default(item: Any) -> object:
     return item.default_factory() if item.default_factory is not MISSING else item.default
-
-
-def _is_record(value: object) -> bool:
-    """Whether ``value`` is a mutable dataclass instance (changed by giving its fields new
-    values: ``RunState.loop``, ``RunState.calibration``)."""
-    return is_dataclass(value) and not isinstance(value, type | Hashable)
 
 
 _FIELDS = tuple(item for item in fields(RunState) if item.name not in encoding.HEADER_EXCLUDE)
@@ -63,17 +53,10 @@ _IN_PLACE: tuple[tuple[int, type | None, bytes], ...] = tuple(
     if not default
     else (n, None, b"")
     for n, item in enumerate(_FIELDS)
-    if not isinstance(default := _default(item), Hashable) and not _is_record(default)
+    if not isinstance(default := _default(item), Hashable)
 )
-"""The fields changed in place (their default is a list or a dict): their index, and for an
-empty container by default, its type and the field's JSON when empty."""
-_RECORDS: tuple[tuple[int, operator.attrgetter[tuple[Any, ...]]], ...] = tuple(
-    (n, operator.attrgetter(*(part.name for part in fields(default))))
-    for n, item in enumerate(_FIELDS)
-    if _is_record(default := _default(item))
-)
-"""The records whose fields are given new values (their default is a mutable dataclass of
-several fields): their index, and what reads their fields' values."""
+"""The fields changed in place (their default is a list, a dict or a mutable dataclass): their
+index, and for an empty container by default, its type and the field's JSON when empty."""
 _ALL = range(len(_FIELDS))
 
 
@@ -84,21 +67,18 @@ class HeaderEncoder:
     byte (``tests/test_header.py``), raising what it raises.
     """
 
-    __slots__ = ("_parts", "_record_fields", "_values")
+    __slots__ = ("_parts", "_values")
 
     def __init__(self) -> None:
         self._values: tuple[Any, ...] | None = None
         """The field values last encoded (held, so that none of their ids is reused)."""
         self._parts: list[bytes] = []
         """``"name":json`` of each field, as last encoded."""
-        self._record_fields: list[tuple[Any, ...]] = []
-        """The field values of each record of ``_RECORDS``, as last encoded (held too)."""
 
     def encode(self, state: RunState) -> tuple[int, bytes]:
         """The schema version and JSON header of ``state`` (``encoding.encode_header``)."""
         values: tuple[Any, ...] = _VALUES(state)
         last, self._values = self._values, None  # kept only once every part is good
-        record_fields = [read(values[n]) for n, read in _RECORDS]
         try:
             if last is None:
                 self._parts = parts = [
@@ -115,13 +95,9 @@ class HeaderEncoder:
                         parts[n] = empty_json
                     else:
                         parts[n] = _KEYS[n] + _SERIALIZERS[n].to_json(value)
-                held = zip(_RECORDS, record_fields, self._record_fields, strict=True)
-                for (n, _), now, then in held:  # a record kept, one of its fields given anew
-                    if values[n] is last[n] and any(map(operator.is_not, now, then)):
-                        parts[n] = _KEYS[n] + _SERIALIZERS[n].to_json(values[n])
         except PydanticSerializationError:  # a lone surrogate, a note that is not JSON
             return encoding.encode_header(state)  # which cleans the text, or names the note
-        self._values, self._record_fields = values, record_fields
+        self._values = values
         # read here, not imported: the store contract saves as other versions by patching it
         return encoding.CHECKPOINT_SCHEMA_VERSION, b"{" + b",".join(parts) + b"}"
 

@@ -121,10 +121,11 @@ def _describe(signature: str) -> str:
 
 def _record_turn_signature(loop: LoopState, signature: str, limits: Limits) -> None:
     k, max_period = limits.loop_threshold, limits.loop_max_period
-    matches = list(loop.period_matches)
+    matches = loop.period_matches
     if len(matches) != max_period + 1:
-        matches = [0] * (max_period + 1)
-    recent = (*loop.recent_calls, signature)
+        matches = loop.period_matches = [0] * (max_period + 1)
+    recent = loop.recent_calls
+    recent.append(signature)
     size = len(recent)
     for period in range(2, max_period + 1):
         if size > period and recent[-1 - period] == signature:
@@ -134,9 +135,8 @@ def _record_turn_signature(loop: LoopState, signature: str, limits: Limits) -> N
                 loop.detected = f"a cycle of {period} turns ({cycle}) repeated {k} times"
         else:
             matches[period] = 0
-    # new tuples, not the old ones changed: the header encoder compares them by identity
-    loop.period_matches = tuple(matches)
-    loop.recent_calls = recent[-1 - max_period :]
+    if size > max_period + 1:
+        del recent[0]
 
 
 def record_turn_results(loop: LoopState, results: Sequence[ToolMessage], limits: Limits) -> None:

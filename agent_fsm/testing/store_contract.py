@@ -114,7 +114,7 @@ class CheckpointStoreContract(JournalContract, LeaseContract, QueueContract):
         add_turn(state, 1)
         state.turns = 99
         state.notes["plan"].append("more")
-        state.loop.call_streaks["add:{}"] = 7
+        state.loop.period_matches[0] = 7
         state.pending_input.append("more")
         assert store.load("run-1") == snapshot
         loaded = store.load("run-1")

@@ -165,7 +165,7 @@ def sample_state(run_id: str = "run-1") -> RunState:
         tools_tokens_estimate=64,
         reported_prompt_tokens=300,
         estimated_prompt_tokens=280,
-        calibration=Calibration(pairs=((280, 300), (400, 420)), fixed=20, per_content=1.0),
+        calibration=Calibration(pairs=[(280, 300), (400, 420)], fixed=20, per_content=1.0),
         context=ContextEdits(start=1, cleared=frozenset({3}), summary="earlier", latest_input=1),
         summary_due=SummaryDue(policy=0, through=2, instructions="summarise", text="..."),
         summarised=True,
@@ -216,8 +216,8 @@ def sample_state(run_id: str = "run-1") -> RunState:
             result_repeats=1,
             last_text="t",
             text_repeats=1,
-            recent_calls=("add:{}", "lookup:x"),
-            period_matches=(0, 1, 2),
+            recent_calls=["add:{}", "lookup:x"],
+            period_matches=[0, 1, 2],
             detected="add repeated",
         ),
         reflector_done=True,
@@ -244,7 +244,7 @@ def add_turn(state: RunState, n: int) -> None:
     state.messages.append(ToolMessage(tool_call_id=call.id, name="echo", content=str(n)))
     state.trace.extend((row, state.turns) for row in (0, 1, 2, 3))
     state.usage = state.usage + Usage(input_tokens=10, output_tokens=n, requests=1)
-    state.loop.recent_calls = (*state.loop.recent_calls, f"echo:{n}")
+    state.loop.recent_calls.append(f"echo:{n}")
 
 
 class StoreContractBase:
