@@ -13,7 +13,10 @@ what tracing costs the run, traced minus unsubscribed); and exported, the same w
 processor handing each ended span to an in-memory exporter (what the SDK's export path adds
 on top, which depends on the application's processor, not on agent_fsm); and durable, the
 unsubscribed agent checkpointed in a ``SQLiteStore`` (a file in a temporary directory): what
-a durable turn costs, saves and the tool journal included.
+a durable turn costs, saves and the tool journal included; and durable-postgres, the same in a
+``PostgresStore`` (a schema of its own, dropped after, in the database named by
+``AGENT_FSM_POSTGRES_URL``; only when asked for, with ``--only``): the client's instructions
+alone, the server being another process.
 
     python benchmarks/instructions.py [--turns 10 110] [--only VARIANT] [--no-gc]
 
@@ -42,6 +45,8 @@ from pathlib import Path
 
 CHILD_FLAG = "--child"
 VARIANTS = ("subscribed", "unsubscribed", "traced", "exported", "durable")
+"""The variants measured by default; ``durable-postgres`` needs a server, so it is asked for."""
+ASKED_ONLY = ("durable-postgres",)
 
 
 def _tracer(exported: bool) -> object:
@@ -94,6 +99,11 @@ def _workload(turns: int, variant: str = "subscribed") -> None:
         from agent_fsm.durable import SQLiteStore
 
         store = SQLiteStore(os.path.join(tempfile.mkdtemp(), "runs.sqlite3"))
+    elif variant == "durable-postgres":
+        from agent_fsm.durable.postgres import PostgresStore
+
+        schema = f"bench_{os.getpid()}"
+        store = PostgresStore(os.environ["AGENT_FSM_POSTGRES_URL"], schema=schema)
     agent = Agent(
         model=ScriptedModel(script),
         tools=[step],
@@ -108,8 +118,19 @@ def _workload(turns: int, variant: str = "subscribed") -> None:
         result = loop.run_until_complete(agent.run("go"))
     finally:
         loop.close()
+        if variant == "durable-postgres":
+            _drop_schema(schema)
     if result.stop_reason is not StopReason.FINAL_ANSWER or result.turns != turns + 1:
         raise SystemExit(f"the workload did not run as intended: {result.stop_reason}")
+
+
+def _drop_schema(schema: str) -> None:
+    """Drop the benchmark's schema (its tables, with the runs it saved)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(os.environ["AGENT_FSM_POSTGRES_URL"], autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 def _instructions(turns: int, folder: Path, variant: str, collector: bool = True) -> int:
@@ -147,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=VARIANTS,
+        choices=VARIANTS + ASKED_ONLY,
         help="measure one variant: with an event subscriber, without, traced by OtelTracer, "
-        "traced and exported, or durable (default: all five)",
+        "traced and exported, durable, or durable in PostgreSQL (default: the first five)",
     )
     parser.add_argument(
         "--no-gc",
@@ -182,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant, cost in per_turn.items():
         print(f"per turn ({short} -> {long}), {variant}: {cost:,.0f} instructions")
     if "unsubscribed" in per_turn:
-        for variant in ("traced", "exported", "durable"):
+        for variant in ("traced", "exported", "durable", "durable-postgres"):
             if variant in per_turn:
                 added = per_turn[variant] - per_turn["unsubscribed"]
                 print(f"{variant} adds {added:,.0f} instructions per turn")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import json
 import math
 import re
 import socket
@@ -24,8 +25,10 @@ import psycopg
 from psycopg import sql
 
 from agent_fsm import CheckpointError, ConfigError
+from agent_fsm.durable.encoding import encode_header
 from agent_fsm.durable.postgres import LAYOUT_VERSION, PostgresStore
 from agent_fsm.messages import AssistantMessage
+from agent_fsm.table import AgentState
 from agent_fsm.testing.store_kit import add_turn, sample_state
 
 
@@ -334,6 +337,37 @@ def test_a_dropped_connection_fails_one_call_and_is_replaced(
     with pytest.raises(CheckpointError, match="cannot load run 'run-1'"):
         pg.load("run-1")
     assert pg.load("run-1") == sample_state()  # a new connection
+
+
+def test_each_save_stores_the_header_encode_header_writes(
+    pg: PostgresStore, admin: psycopg.Connection[Any]
+) -> None:
+    """The store encodes a run's headers with one encoder (``durable.header``), save after
+    save: each stored header is ``encode_header``'s, also after a save that changed only
+    fields kept in place or fields of the loop detector's and the calibration's records."""
+
+    def stored() -> Any:
+        return admin.execute("SELECT header::text FROM runs WHERE run_id = 'run-1'").fetchone()
+
+    state = sample_state()
+    state.state = AgentState.THINK
+    changes = [
+        lambda: add_turn(state, 1),
+        lambda: state.notes.setdefault("seen", []).append(1),
+        lambda: state.notes["seen"].append(2),
+        lambda: setattr(state.loop, "result_repeats", state.loop.result_repeats + 1),
+        lambda: setattr(state.loop, "call_streaks", {"echo:1": 3}),
+        lambda: state.calibration.learn(500, 530),
+        lambda: None,
+        lambda: setattr(state, "state", AgentState.DONE),  # a stop: the encoder is let go
+        lambda: setattr(state, "state", AgentState.THINK),  # resumed
+        lambda: pg.delete("run-1"),
+    ]
+    for change in changes:
+        change()
+        pg.save(state)
+        assert json.loads(stored()[0]) == json.loads(encode_header(state)[1])
+        assert pg.load("run-1") == state
 
 
 @pytest.mark.parametrize(("synchronous", "setting"), [(False, "off"), (True, "on")])

@@ -31,8 +31,9 @@ from pydantic_core import PydanticSerializationError, SchemaSerializer
 
 import agent_fsm.durable.encoding as encoding
 from agent_fsm.state import RunState
+from agent_fsm.table import TERMINAL_STATES
 
-__all__ = ["HeaderEncoder"]
+__all__ = ["HeaderEncoder", "RunHeaders"]
 
 
 def _default(item: Any) -> object:
@@ -99,3 +100,31 @@ class HeaderEncoder:
         self._values = values
         # read here, not imported: the store contract saves as other versions by patching it
         return encoding.CHECKPOINT_SCHEMA_VERSION, b"{" + b",".join(parts) + b"}"
+
+
+class RunHeaders:
+    """The header encoders of a store's runs, by run id: one ``HeaderEncoder`` per run while
+    it goes on (``SQLiteStore``, ``PostgresStore``).
+
+    A run saved from two threads at once is given two encoders: each is exact on its own.
+    """
+
+    __slots__ = ("_encoders",)
+
+    def __init__(self) -> None:
+        self._encoders: dict[str, HeaderEncoder] = {}
+
+    def encode(self, state: RunState) -> tuple[int, bytes]:
+        """The schema version and JSON header of ``state`` (``encoding.encode_header``), from
+        its run's encoder. A run that stopped gives its encoder up: most are never saved
+        again."""
+        run_id = state.run_id
+        encoder = self._encoders.pop(run_id, None) or HeaderEncoder()
+        encoded = encoder.encode(state)
+        if state.state not in TERMINAL_STATES:
+            self._encoders[run_id] = encoder
+        return encoded
+
+    def forget(self, run_id: str) -> None:
+        """Drop the run's encoder (the run is deleted)."""
+        self._encoders.pop(run_id, None)

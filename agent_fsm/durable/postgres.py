@@ -57,6 +57,7 @@ from agent_fsm.durable.encoding import (
     read_summary,
     unknown_run,
 )
+from agent_fsm.durable.header import RunHeaders
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
 from agent_fsm.durable.listing import listed, state_names, stop_names
@@ -130,6 +131,9 @@ class PostgresStore(ClosingStore):
         """Names the store in errors (without the password)."""
         self._clock = clock
         self._seen: dict[str, Seen] = {}
+        self._headers = RunHeaders()
+        """The encoders of the runs' headers, while they have not stopped: each save
+        encodes only the fields that changed since the last one (``durable.header``)."""
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -137,7 +141,7 @@ class PostgresStore(ClosingStore):
         run_id = check_id(state.run_id)
         known = self._seen.get(run_id)
         if known is not None and rows.continues(known, state):
-            params = rows.run_values(state, self._clock())
+            params = rows.run_values(state, self._headers.encode(state), self._clock())
             params.update(rows.append_params(state, known.messages, known.trace))
             params["known_revision"] = known.revision
             if lease is not None:
@@ -193,7 +197,7 @@ class PostgresStore(ClosingStore):
         creates exactly one succeeds."""
         run_id = state.run_id
         fence = leases.fence(conn, run_id, lease)
-        values = rows.run_values(state, self._clock(), priority)
+        values = rows.run_values(state, self._headers.encode(state), self._clock(), priority)
         inserted = one(conn.execute(rows.INSERT_RUN, values))
         expires_at = leases.check_fence(conn, run_id, lease, fence)
         if inserted is None:
@@ -227,7 +231,7 @@ class PostgresStore(ClosingStore):
             known = None  # another store wrote the run since: compare with what is stored
         messages_from, trace_from = rows.kept(conn, state, stored_messages, stored_trace, known)
         rows.clear(conn, run_id, messages_from, trace_from)
-        values = rows.run_values(state, self._clock())
+        values = rows.run_values(state, self._headers.encode(state), self._clock())
         values.update(rows.append_params(state, messages_from, trace_from), revision=revision)
         conn.execute(rows.WRITE_RUN, values)
         if lease is None:
@@ -308,6 +312,7 @@ class PostgresStore(ClosingStore):
             for statement in _DELETE:
                 conn.execute(statement, (run_id,))
         self._seen.pop(run_id, None)
+        self._headers.forget(run_id)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
         return PostgresJournal(self._db, check_id(run_id), lease)

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent_fsm.durable.encoding import (
     STORED_SUMMARY,
-    encode_header,
     encode_message,
     stop_value,
     summarize,
@@ -302,10 +301,12 @@ def one(cursor: Cursor) -> Any:
     return None if row is None else row[0]
 
 
-def run_values(state: RunState, now: float, priority: int = 0) -> dict[str, Any]:
+def run_values(
+    state: RunState, encoded: tuple[int, bytes], now: float, priority: int = 0
+) -> dict[str, Any]:
     """The run's row, for ``INSERT_RUN`` (created and updated at ``now``, with ``priority``)
-    and ``WRITE_RUN``."""
-    version, header = encode_header(state)
+    and ``WRITE_RUN``; ``encoded``: its schema version and header (``encode_header``)."""
+    version, header = encoded
     line = summarize(state, created_at=now, updated_at=now)
     stopped = state.state in TERMINAL_STATES
     return {

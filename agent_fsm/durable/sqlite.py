@@ -35,7 +35,7 @@ from agent_fsm.durable.encoding import (
     read_summary,
     unknown_run,
 )
-from agent_fsm.durable.header import HeaderEncoder
+from agent_fsm.durable.header import RunHeaders
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
 from agent_fsm.durable.listing import listed, state_names, stop_names
@@ -101,8 +101,8 @@ class SQLiteStore(ClosingStore):
         stored messages are known to match without reading one back."""
         self._top = 0
         """The highest revision this store took or read: ``_quick_write`` takes the next."""
-        self._headers: dict[str, HeaderEncoder] = {}
-        """run_id → the encoder of the run's headers, while it has not stopped: each save
+        self._headers = RunHeaders()
+        """The encoders of the runs' headers, while they have not stopped: each save
         encodes only the fields that changed since the last one (``durable.header``)."""
 
     def save(self, state: RunState, *, lease: Lease | None = None) -> Lease | None:
@@ -170,10 +170,7 @@ class SQLiteStore(ClosingStore):
         if lease is not None:
             sqlite_leases.renew(conn, lease, now)
         stopped = state.state in TERMINAL_STATES
-        headers = self._headers.pop(run_id, None) or HeaderEncoder()
-        version, header = headers.encode(state)
-        if not stopped:  # a stopped run holds none: most are never saved again
-            self._headers[run_id] = headers
+        version, header = self._headers.encode(state)
         if lease is None:
             quick = self._quick_write(conn, state, now, (version, header), stopped)
             if quick is not None:
@@ -389,7 +386,7 @@ class SQLiteStore(ClosingStore):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             self._file.forget(run_id)
         self._seen.pop(run_id, None)
-        self._headers.pop(run_id, None)
+        self._headers.forget(run_id)
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
         return SQLiteJournal(self._file, check_id(run_id), lease, self._clock)
