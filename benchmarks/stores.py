@@ -190,6 +190,8 @@ class _TimedJournal:
             self.start_unless_known = self._start_unless_known
         if hasattr(journal, "lookup_or_start"):  # a call's first start (StartingJournal)
             self.lookup_or_start = self._lookup_or_start
+        if hasattr(journal, "finish_first"):  # a DBOS tool call's end without a step
+            self.finish_first = self._finish_first
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -207,6 +209,9 @@ class _TimedJournal:
     def _start_unless_known(self, key: str, call: Any, other: str) -> Any:
         self._started.append(key)
         return self._timed("start_unless_known", key, call, other)
+
+    def _finish_first(self, key: str, result: Any) -> Any:
+        return self._timed("finish_first", key, result)
 
     def _lookup_or_start(self, key: str, call: Any) -> Any:
         found = self._timed("lookup_or_start", key, call)
