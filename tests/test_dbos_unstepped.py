@@ -1,0 +1,304 @@
+"""DBOS tool calls made without a step (``agent_fsm.dbos.tool_calls``): the journal's entry
+stands for the step's record, and every path a replay can meet takes the same turn as the
+first execution did, with the same answers and the same clock.
+
+Crashes are made as the other DBOS tests make them: ``DBOS.fork_workflow_async`` runs the
+workflow again from a step, the records of that step and of every later one left out (as if
+the worker had died there), while the journal keeps what the first execution wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("dbos")
+
+from dbos import DBOS
+from psycopg import sql
+
+from agent_fsm import Agent, Limits, StopReason, tool
+from agent_fsm.dbos import DBOSAgent
+from agent_fsm.dbos.pausing import SAVE_STEP
+from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY, MODEL_STEP, TOOL_STEP
+from agent_fsm.durable.postgres import PostgresStore
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage, ToolStatus
+from agent_fsm.state import RunResult
+from agent_fsm.testing import FunctionModel, call, reply
+from agent_fsm.testing.invariants import check_invariants
+from tests.dbos_worker import launched
+from tests.test_dbos import FAST, Tools, durable, replay, same_run, step_names, two_turns
+from tests.test_dbos_journal import Journal
+
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
+UNKNOWN = "The outcome of this call to 'send' is unknown"
+
+
+@pytest.fixture(scope="module")
+def dbos_schema(postgres_url: str) -> Iterator[str]:
+    with launched(postgres_url, "agent_fsm_unstepped") as schema:
+        yield schema
+
+
+@pytest.fixture
+def journal(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[Journal]:
+    found = Journal(postgres_url, postgres_schema)
+    try:
+        yield found
+    finally:
+        found.close()
+
+
+def entries(journal: Journal, run_id: str) -> dict[str, str]:
+    """The run's journal, key by key: each entry's status (the cancel request's too)."""
+    rows = journal.admin.execute(
+        sql.SQL("SELECT key, status FROM {} WHERE run_id = %s").format(journal.table), (run_id,)
+    )
+    return dict(rows)
+
+
+def sequential(store: PostgresStore, model: Any, tools: list[Any], **limits: Any) -> DBOSAgent:
+    """A DBOSAgent whose calls of one reply run one after another."""
+    agent = Agent(
+        model=model if isinstance(model, FunctionModel) else FunctionModel(model),
+        tools=tools,
+        limits=Limits(loop_detection=False, **limits),
+        parallel_tool_calls=False,
+    )
+    return DBOSAgent(agent, journal=store, name=uuid.uuid4().hex, queue=FAST)
+
+
+def answers(result: RunResult) -> list[ToolMessage]:
+    return [m for m in result.messages if isinstance(m, ToolMessage)]
+
+
+async def fork(run_id: str, step: int) -> RunResult:
+    """The run's workflow again from ``step`` on (the records of it and of the later steps
+    lost), as after a crash there."""
+    return await (await DBOS.fork_workflow_async(run_id, step)).get_result()
+
+
+async def test_a_run_makes_one_step_per_model_call_and_a_replay_meets_the_same_keys(
+    journal: Journal,
+) -> None:
+    """Each tool call is one journal entry, keyed by its number in the activation; a replay
+    from the first call on (a crash after its end) reaches the same keys, answers every call
+    from them and writes no other."""
+    tools = Tools()
+    agent = durable(journal.store, two_turns, tools)
+    first = await agent.run("Do it.", run_id="keys-1")
+    assert await step_names("keys-1") == [MODEL_STEP] * 3
+    written = entries(journal, "keys-1")
+    assert written == {f"call:{n}": "finished" for n in range(4)}
+    replayed = await fork("keys-1", 2)
+    same_run(replayed, first)
+    assert entries(journal, "keys-1") == written
+    assert (tools.sent, tools.looked_up) == ([1, 2], [1, 2])
+
+
+async def test_a_replay_after_the_end_reads_the_recorded_clock(journal: Journal) -> None:
+    """The call's end time is recorded with its answer: a replay made after the run's time
+    limit has passed (a crash after the end) reads the clock the first execution read after
+    the call, and takes the same path, where a time read afresh would stop the run on
+    ``timeout`` (and meet the next recorded step where it has none)."""
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        await asyncio.sleep(0.1)
+        return f"sent {step}"
+
+    def send_then_ask(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            return reply("", call("ask_user", question="Anything else?"))
+        return reply("", call("send", step=1))
+
+    agent = sequential(journal.store, send_then_ask, [send], timeout_s=1.0)
+    paused = await agent.run("Send it.", run_id="clock-1")
+    assert paused.stop_reason is StopReason.ASK_USER
+    assert await step_names("clock-1") == [MODEL_STEP, MODEL_STEP, SAVE_STEP]
+    await asyncio.sleep(1.2)  # the time limit has passed since the run began
+    same_run(await replay("clock-1"), paused)
+
+
+@pytest.mark.parametrize(("held", "runs_again"), [("send", False), ("lookup", True)])
+async def test_a_crash_between_the_start_and_the_end_is_answered_by_a_step(
+    journal: Journal, held: str, runs_again: bool
+) -> None:
+    """The worker dies mid-call: the entry says "started". The replay makes the call as a
+    step, which answers "outcome unknown" (``send``) or runs it again (``lookup``, which is
+    idempotent). The first execution, going on afterwards, finds the end the replay
+    recorded (the first end wins) and says the same for ``send``: it is not sent twice."""
+    tools = Tools()
+    tools.hold = asyncio.Event()
+    arguments = {"step": 1} if held == "send" else {"key": 1}
+
+    def model(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            return reply("done")
+        return reply("", call(held, **arguments))
+
+    run_id = f"mid-{held}-{uuid.uuid4().hex[:6]}"
+    agent = durable(journal.store, model, tools)
+    crashed = asyncio.create_task(agent.run("Do it.", run_id=run_id))
+    await tools.entered.wait()
+    assert entries(journal, run_id) == {"call:0": "started"}
+    assert await step_names(run_id) == [MODEL_STEP]  # the call in flight is no step
+    hold, tools.hold = tools.hold, None  # the replay's call, if any, returns at once
+    forked = await DBOS.fork_workflow_async(run_id, 2)
+    result = await forked.get_result()
+    made_as = TOOL_STEP + held + "#0"
+    assert await step_names(forked.get_workflow_id()) == [MODEL_STEP, made_as, MODEL_STEP]
+    answer = answers(result)[0]
+    executions = tools.sent if held == "send" else tools.looked_up
+    if runs_again:
+        assert (answer.content, executions) == ("1", [1, 1])
+    else:
+        assert UNKNOWN in answer.content
+        assert answer.details == {"runtime": {"outcome_unknown": True}}
+        assert executions == [1]
+    assert result.output == "done"
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+
+    hold.set()  # the first execution goes on: its end is not recorded over the replay's
+    finished = await crashed
+    assert finished.output == "done"
+    own = answers(finished)[0]
+    if not runs_again:
+        assert UNKNOWN in own.content
+        assert tools.sent == [1]
+    assert entries(journal, run_id) == {"call:0": "finished"}
+
+
+async def test_a_cancel_made_during_a_call_without_a_step_stops_the_next_call(
+    journal: Journal,
+) -> None:
+    """A call made without a step reads no cancel request after it: the request made during
+    it is read by the next call's start, which then makes that call a step that answers it
+    "not run", and the run is aborted before any other model call; a replay takes the same
+    path although the request is gone."""
+    run_id = f"cancel-{uuid.uuid4().hex[:8]}"
+    request = ToolCall(id=CANCEL_KEY, name=CANCEL_CALL, arguments='{"reason": "stop now"}')
+    sent: list[int] = []
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        sent.append(step)
+        if step == 1:  # as cancel_run records it, while the call runs
+            journal.store.journal(run_id).record_started(CANCEL_KEY, request)
+        return f"sent {step}"
+
+    def two_sends(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            return reply("done")
+        return reply("", call("send", step=1), call("send", step=2))
+
+    model = FunctionModel(two_sends)
+    agent = sequential(journal.store, model, [send])
+    result = await agent.run("Send two.", run_id=run_id)
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert result.stop_reason is StopReason.ABORTED
+    assert "stop now" in (result.error or "")
+    first, second = answers(result)
+    assert (first.content, first.status) == ("sent 1", ToolStatus.OK)
+    assert "was not run: the run was cancelled" in second.content
+    assert (sent, len(model.requests)) == ([1], 1)
+    steps = await step_names(run_id)
+    assert steps[:2] == [MODEL_STEP, TOOL_STEP + "send#1"]
+
+    journal.admin.execute(
+        sql.SQL("DELETE FROM {} WHERE run_id = %s AND key = %s").format(journal.table),
+        (run_id, CANCEL_KEY),
+    )
+    same_run(await replay(run_id), result)
+    assert (sent, len(model.requests)) == ([1], 1)
+
+
+async def test_a_call_the_deadline_cuts_records_the_cut_and_the_next_is_a_step(
+    journal: Journal,
+) -> None:
+    """The deadline cuts the first call, made without a step: its entry records the cut, so
+    the clock reads the time limit on every execution. The second call starts after the
+    deadline: no call starts, and its answer is a step's. A replay from the first call on
+    gives the same run and starts nothing."""
+    sent: list[int] = []
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        sent.append(step)
+        await asyncio.sleep(5)
+        return f"sent {step}"
+
+    def two_sends(request: ModelRequest) -> ModelResponse:
+        return reply("", call("send", step=1), call("send", step=2))
+
+    run_id = f"deadline-{uuid.uuid4().hex[:8]}"
+    agent = sequential(journal.store, two_sends, [send], timeout_s=0.5)
+    result = await agent.run("Send two.", run_id=run_id)
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert result.stop_reason is StopReason.TIMEOUT
+    first, second = answers(result)
+    assert "cancelled because the run was stopped" in first.content
+    assert "cancelled because the run was stopped" in second.content
+    assert sent == [1]
+    assert (await step_names(run_id))[:2] == [MODEL_STEP, TOOL_STEP + "send#1"]
+    assert entries(journal, run_id) == {"call:0": "finished"}
+    same_run(await fork(run_id, 2), result)
+    assert sent == [1]
+
+
+@pytest.mark.parametrize("failure", ["refused start", "unread", "unrecorded end"])
+async def test_a_journal_failure_makes_the_call_a_step_that_a_replay_takes_too(
+    journal: Journal, failure: str
+) -> None:
+    """The journal fails on the way without a step (its start refused, its entry unread,
+    its end unrecorded): the call is answered by a step, as before ("not run", "outcome
+    unknown", "outcome unknown"). A replay, the journal healthy again and its entry absent
+    or "started", finds the step's record by its name and takes the same path: nothing is
+    sent, or sent again."""
+    run_id = f"failing-{uuid.uuid4().hex[:8]}"
+    sent: list[int] = []
+    breaks = {
+        "refused start": journal.refuse_writes,
+        "unread": journal.hide,
+        "unrecorded end": journal.refuse_writes,
+    }[failure]
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        sent.append(step)
+        if failure == "unrecorded end":
+            await asyncio.to_thread(breaks)
+        return f"sent {step}"
+
+    def one_send(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            journal.restore()
+            return reply("done")
+        if failure != "unrecorded end":
+            breaks()
+        return reply("", call("send", step=1))
+
+    agent = durable(journal.store, one_send, [send])
+    result = await agent.run("Send it.", run_id=run_id)
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    answer = answers(result)[0]
+    if failure == "refused start":
+        assert "its start could not be recorded in the journal" in answer.content
+        assert sent == []
+    else:
+        assert UNKNOWN in answer.content
+        assert sent == ([] if failure == "unread" else [1])
+    made = list(sent)
+    assert await step_names(run_id) == [MODEL_STEP, TOOL_STEP + "send#0", MODEL_STEP]
+    same_run(await replay(run_id), result)
+    assert sent == made
