@@ -11,7 +11,8 @@ shared between processes: with several workers each has its own.
 ``dbos``: the same runs as DBOS workflows (``DBOSAgent.run``), each worker a ``DBOSWorker`` on
 the PostgreSQL database (DBOS's tables in a schema of their own, the tool journal and the
 liveness lease in a ``PostgresStore``): no checkpoints and no run leases (DBOS records every
-model and tool call as a step instead, which is in "rest"), so the save columns are empty.
+model call as a step instead, which is in "rest", and each tool call is kept in the journal,
+made as a step only when the journal cannot stand for one), so the save columns are empty.
 ``dbos-async``: the same, with DBOS's commits not waiting for the disk
 (``DBOSWorker(synchronous_commit=False)``; the journal's starts still do).
 

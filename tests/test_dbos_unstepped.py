@@ -302,3 +302,45 @@ async def test_a_journal_failure_makes_the_call_a_step_that_a_replay_takes_too(
     assert await step_names(run_id) == [MODEL_STEP, TOOL_STEP + "send#0", MODEL_STEP]
     same_run(await replay(run_id), result)
     assert sent == made
+
+
+async def test_parallel_calls_take_their_steps_in_the_order_of_their_numbers(
+    journal: Journal,
+) -> None:
+    """Two calls of one reply run at once, and neither end can be recorded: the second ends
+    first, yet its step waits for the first call's (``RunTime.wait_turn``), so DBOS numbers
+    them as a replay, which takes them in call order, meets them."""
+    run_id = f"parallel-{uuid.uuid4().hex[:8]}"
+    sent: list[int] = []
+    second_done = asyncio.Event()
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        sent.append(step)
+        if step == 1:
+            await second_done.wait()
+        else:
+            await asyncio.to_thread(journal.refuse_writes)
+            second_done.set()
+        return f"sent {step}"
+
+    def two_sends(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            journal.restore()
+            return reply("done")
+        return reply("", call("send", step=1), call("send", step=2))
+
+    agent = durable(journal.store, two_sends, [send])
+    result = await agent.run("Send two.", run_id=run_id)
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert [UNKNOWN in m.content for m in answers(result)] == [True, True]
+    assert sorted(sent) == [1, 2]
+    assert await step_names(run_id) == [
+        MODEL_STEP,
+        TOOL_STEP + "send#0",
+        TOOL_STEP + "send#1",
+        MODEL_STEP,
+    ]
+    same_run(await replay(run_id), result)
+    assert sorted(sent) == [1, 2]

@@ -212,6 +212,7 @@ async def _without_step(
     entry, the same on every execution that finds it."""
     call = _call_of(tool, key, values)
     journal = run.journal
+    await run.admission.check()  # first: it may wait, and the deadline is read after it
     left = run.remaining_s()
     if left <= 0:  # no call starts now: only a recorded one is answered
         try:
@@ -219,7 +220,6 @@ async def _without_step(
         except Exception:
             return None
         return _recorded(found)
-    await run.admission.check()
     try:
         entry, _, started = _twice(run.start_unstepped, key, call)
     except Exception:  # NotStarted, or unread: the step finds out which
@@ -241,8 +241,8 @@ async def _without_step(
     except Exception as exc:
         return _Ran(result, cut, exc)
     answered = None if entry is None else _recorded(entry)
-    if answered is None:  # its entry replaced meanwhile (not by a call made as ours)
-        return _Ran(result, cut, RuntimeError("its journal entry was replaced"))
+    if answered is None:  # ended first by a step of another execution (it found it started)
+        return _Ran(result, cut, RuntimeError("another execution recorded its end first"))
     return answered
 
 
@@ -370,9 +370,7 @@ async def _run_call(
         if unread is not None:
             why = f"its journal could not be read ({describe(unread)}), so it may have run"
             return Answered(run.fleet_now(), outcome_unknown(call, why))
-        result = outcome_unknown(call)
-        with contextlib.suppress(Exception):  # then a later execution answers the same
-            _twice(journal.record_finished, key, result)
+        result = _end_unknown(journal, key, outcome_unknown(call))
         return Answered(run.fleet_now(), result, cancelled=reason, looked=True)
     if reason is not None:  # cancelled from outside: the call never starts
         message = error_result(call, _not_run(tool.name, reason), {"runtime": {"cancelled": True}})
@@ -399,6 +397,22 @@ async def _run_call(
             why = f"it ran, but the journal could not record its end ({describe(exc)})"
             result = outcome_unknown(call, why)
     return Answered(run.fleet_now(), result, cut, cancelled=reason, looked=looked)
+
+
+def _end_unknown(journal: ToolJournal, key: str, unknown: ToolMessage) -> ToolMessage:
+    """Record ``unknown`` as the end of a call found started, so that a later execution
+    answers the same; the end recorded first when the journal keeps one
+    (``journal.FirstFinish``: the execution that started the call may have ended it since it
+    was read), else ``unknown``. A journal that fails leaves it started: "outcome unknown"
+    again."""
+    with contextlib.suppress(Exception):
+        if isinstance(journal, FirstFinish):
+            entry = _twice(journal.finish_first, key, unknown)
+            if entry is not None and entry.result is not None:
+                return _ended(entry.result)[0]
+        else:
+            _twice(journal.record_finished, key, unknown)
+    return unknown
 
 
 def _restart(journal: ToolJournal, key: str, call: ToolCall) -> Exception | None:
