@@ -147,9 +147,11 @@ class FinishingRacedJournal(RacedJournal):
     is then made without a step, its start raced the same way."""
 
     def finish_first(self, key: str, result: ToolMessage) -> JournalEntry | None:
-        journal: Any = self._journal
-        found: JournalEntry | None = journal.finish_first(key, result)
-        return found
+        entry = self._journal.lookup(key)  # one writer here: no race to keep out
+        if entry is None or entry.status is CallStatus.FINISHED:
+            return entry
+        self._journal.record_finished(key, result)
+        return self._journal.lookup(key)
 
 
 class RacedStore(MemoryStore):
