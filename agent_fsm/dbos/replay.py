@@ -54,6 +54,7 @@ from dbos import DBOS, StepInfo, StepOptions
 from agent_fsm.dbos.liveness import Admission
 from agent_fsm.durable.journal import (
     FinishingLookup,
+    FirstFinish,
     JournalEntry,
     PairedLookup,
     StartingLookup,
@@ -127,6 +128,7 @@ class RunTime:
         "_turns",
         "admission",
         "cancelled",
+        "first_finish",
         "fresh",
         "journal",
         "key_prefix",
@@ -166,7 +168,10 @@ class RunTime:
         """Seconds since ``started_at`` at the latest recorded step end (the clock)."""
         self.random = random.Random(workflow_id)
         self.journal = journal
-        """Where tool steps record their calls (``agent_fsm.dbos.steps``)."""
+        """Where tool calls are recorded (``agent_fsm.dbos.tool_calls``)."""
+        self.first_finish = journal if isinstance(journal, FirstFinish) else None
+        """The journal, when it keeps a first end: tool calls may then be made without a
+        step (checked once: a Protocol's ``isinstance`` is slow)."""
         self.key_prefix = key_prefix
         """Put before a tool step's journal key: a resume's steps are numbered from 1
         again, in the same run's journal (``agent_fsm.dbos.pausing``)."""

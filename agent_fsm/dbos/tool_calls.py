@@ -176,7 +176,7 @@ async def _answer(
     ran: _Ran | None = None
     if (
         run.started_at is not None
-        and isinstance(run.journal, FirstFinish)
+        and run.first_finish is not None
         and name not in await run.recorded_steps()
     ):
         outcome = await _without_step(tool, values, limits, run, key)
@@ -235,9 +235,10 @@ async def _without_step(
     else:
         cut = False
     ending = _with_end(result, run.fleet_now(), cut)
+    finishing = run.first_finish
+    assert finishing is not None  # checked by the caller
     try:
-        assert isinstance(journal, FirstFinish)  # checked by the caller
-        entry = _twice(journal.finish_first, key, ending)
+        entry = _twice(finishing.finish_first, key, ending)
     except Exception as exc:
         return _Ran(result, cut, exc)
     answered = None if entry is None else _recorded(entry)
