@@ -22,7 +22,7 @@ pytest.importorskip("dbos")
 from dbos import DBOS
 from psycopg import sql
 
-from agent_fsm import Agent, Limits, StopReason, tool
+from agent_fsm import Agent, CheckpointError, Limits, StopReason, tool
 from agent_fsm.dbos import DBOSAgent
 from agent_fsm.dbos.pausing import SAVE_STEP
 from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY, MODEL_STEP, TOOL_STEP
@@ -344,3 +344,69 @@ async def test_parallel_calls_take_their_steps_in_the_order_of_their_numbers(
     ]
     same_run(await replay(run_id), result)
     assert sorted(sent) == [1, 2]
+
+
+class Blinking:
+    """A run's journal that cannot be read or written while ``broken`` is set, counting the
+    tries it refused (a journal that keeps a first end: calls are made without a step)."""
+
+    def __init__(self, inner: Any, broken: asyncio.Event | None, refused: list[str]) -> None:
+        self._inner, self._broken, self.refused = inner, broken, refused
+
+    def _check(self, what: str) -> None:
+        if self._broken is not None and self._broken.is_set():
+            self.refused.append(what)
+            raise CheckpointError(f"the journal is away ({what})")
+
+    def lookup(self, key: str) -> Any:
+        self._check("lookup")
+        return self._inner.lookup(key)
+
+    def lookup_or_start(self, key: str, call: ToolCall) -> Any:
+        self._check("lookup_or_start")
+        return self._inner.lookup_or_start(key, call)
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        self._check("record_started")
+        self._inner.record_started(key, call)
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        self._check("record_finished")
+        self._inner.record_finished(key, result)
+
+    def finish_first(self, key: str, result: ToolMessage) -> Any:
+        self._check("finish_first")
+        return self._inner.finish_first(key, result)
+
+
+class BlinkingStore(PostgresStore):
+    broken: asyncio.Event | None = None
+    refused: list[str]
+
+    def journal(self, run_id: str, *, lease: Any = None) -> Any:
+        return Blinking(super().journal(run_id, lease=lease), self.broken, self.refused)
+
+
+async def test_a_replay_that_cannot_read_the_journal_waits_for_it(
+    journal: Journal, postgres_url: str, postgres_schema: str
+) -> None:
+    """A replay from the first call on, the journal away: the calls were made without a
+    step and the steps after them are recorded, so a step made for want of the entry would
+    meet the next model step's record. The replay reads the entry again until the journal
+    is back, and gives the same run, sending nothing twice."""
+    with BlinkingStore(postgres_url, schema=postgres_schema) as store:
+        store.refused = []
+        tools = Tools()
+        agent = durable(store, two_turns, tools)
+        first = await agent.run("Do it.", run_id="away-1")
+        assert await step_names("away-1") == [MODEL_STEP] * 3
+        store.broken = asyncio.Event()
+        store.broken.set()
+        forked = asyncio.create_task(fork("away-1", 2))
+        async with asyncio.timeout(60):
+            while len(store.refused) < 4:  # the start and then reads, refused
+                await asyncio.sleep(0.05)
+        store.broken.clear()
+        replayed = await forked
+        same_run(replayed, first)
+        assert (tools.sent, tools.looked_up) == ([1, 2], [1, 2])

@@ -51,7 +51,10 @@ it: on one PostgreSQL cluster (the journal and DBOS's tables in one database, as
 README's fleet has them) a later step's record, flushed to disk, flushes the end before it.
 
 **A journal that fails** (the connection dropped) is tried once more (the store connects
-again), and then the step answers as the journal will answer any later execution of it, so
+again). A replay that has run no step of its own yet reads a call's entry until the journal
+answers (``_read_in_replay``): an earlier execution may have made the call without a step
+and gone on, and a step made in its place would meet a later step's record. Otherwise the
+call is made as a step, which answers as the journal will answer any later execution of it, so
 that every execution agrees whichever one DBOS records: a look-up that fails may hide a call
 an earlier execution started, so a non-idempotent call is answered "outcome unknown" (never
 "not run"); a start that cannot be recorded is answered "not run" (the call was not made);
@@ -100,6 +103,9 @@ STAND_IN_TIMEOUT_S = 10.0**9
 """The stand-in tool's own timeout: never reached (the call inside has the real one, and
 the run's deadline), because a real-time timeout outside it would cancel it at a
 different point of a replay."""
+
+REPLAY_READ_RETRY_S = 1.0
+"""How long a replay waits before reading again a journal entry it could not read."""
 
 ENDED = "agent_fsm.dbos.ended"
 """The key, in the details of an answer recorded by a call made without a step, of when it
@@ -218,12 +224,17 @@ async def _without_step(
         try:
             found = _twice(journal.lookup, key)
         except Exception:
-            return None
+            if run.fresh:  # nothing after this point is recorded: the step finds out
+                return None
+            found = await _read_in_replay(run, journal, key)
         return _recorded(found)
     try:
         entry, _, started = _twice(run.start_unstepped, key, call)
-    except Exception:  # NotStarted, or unread: the step finds out which
-        return None
+    except Exception:  # refused, or unread
+        if run.fresh:  # nothing after this point is recorded: the step finds out which
+            return None
+        found = await _read_in_replay(run, journal, key)
+        return None if found is None else _recorded(found)
     if not started:  # found (answered if finished), or a cancel request, or refused
         return None if entry is None else _recorded(entry)
     prepared = PreparedCall(call, tool, arguments=values, error=None, values=values)
@@ -245,6 +256,23 @@ async def _without_step(
     if answered is None:  # ended first by a step of another execution (it found it started)
         return _Ran(result, cut, RuntimeError("another execution recorded its end first"))
     return answered
+
+
+async def _read_in_replay(run: RunTime, journal: ToolJournal, key: str) -> JournalEntry | None:
+    """The entry of ``key``, read by an execution that has not run a step of its own yet:
+    DBOS may hold records of steps after this call, which an earlier execution took after
+    making it without a step, so a step made here for want of its entry would meet one of
+    them (and the run would fail on it). Read again until the journal answers (as DBOS waits
+    for its own database), the execution's fence passed before each try. An entry found
+    absent means no earlier execution started the call (nor went on past it): a step may
+    make it."""
+    while True:
+        await asyncio.sleep(REPLAY_READ_RETRY_S)
+        await run.admission.check()
+        try:
+            return _twice(journal.lookup, key)
+        except Exception:
+            continue
 
 
 def _with_end(result: ToolMessage, ended_at: float, cut: bool) -> ToolMessage:
