@@ -27,6 +27,7 @@ from agent_fsm.dbos import DBOSAgent
 from agent_fsm.dbos.pausing import SAVE_STEP
 from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY, MODEL_STEP, TOOL_STEP
 from agent_fsm.durable.postgres import PostgresStore
+from agent_fsm.failures import describe
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage, ToolStatus
 from agent_fsm.state import RunResult
 from agent_fsm.testing import FunctionModel, call, reply
@@ -410,3 +411,175 @@ async def test_a_replay_that_cannot_read_the_journal_waits_for_it(
         replayed = await forked
         same_run(replayed, first)
         assert (tools.sent, tools.looked_up) == ([1, 2], [1, 2])
+
+
+delivered: list[str] = []
+"""What ``deliver`` and ``deliver_sync`` did: the effect of a tool's own DBOS step."""
+
+
+@DBOS.step()
+async def deliver(what: str) -> str:
+    delivered.append(what)
+    return f"delivered {what}"
+
+
+@DBOS.step()
+def deliver_sync(what: str) -> str:
+    delivered.append(what)
+    return f"delivered {what}"
+
+
+async def record(what: str) -> str:
+    delivered.append(what)
+    return f"delivered {what}"
+
+
+@DBOS.workflow()
+async def child_workflow(what: str) -> str:
+    delivered.append(what)
+    return what
+
+
+async def use_dbos(how: str, step: int) -> str:
+    """A tool's work done with DBOS, ``how``."""
+    if how == "step":
+        return await deliver(f"step {step}")
+    if how == "run_step":
+        return await DBOS.run_step_async(None, record, f"run_step {step}")
+    if how == "set_event":
+        await DBOS.set_event_async("sent", step)
+    elif how == "sleep":
+        await DBOS.sleep_async(0.01)
+    elif how == "start_workflow":
+        await DBOS.start_workflow_async(child_workflow, f"child {step}")
+    delivered.append(f"{how} {step}")
+    return f"sent {step}"
+
+
+@DBOS.workflow()
+async def in_a_real_step(how: str) -> str:
+    """What ``use_dbos`` fails with when a DBOS step of a workflow runs it."""
+    try:
+        await DBOS.run_step_async(None, use_dbos, how, 1)
+    except Exception as exc:
+        return describe(exc)
+    return "no failure"
+
+
+def uses_dbos(how: str) -> Any:
+    """A ``send`` tool that does its work with DBOS, ``how``."""
+    if how == "sync step":
+
+        @tool(name="send")
+        def send_sync(step: int) -> str:
+            """Send the message of one step."""
+            return deliver_sync(f"sync {step}")
+
+        return send_sync
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        return await use_dbos(how, step)
+
+    return send
+
+
+def send_once(request: ModelRequest) -> ModelResponse:
+    if any(isinstance(m, ToolMessage) for m in request.messages):
+        return reply("done")
+    return reply("", call("send", step=1))
+
+
+@pytest.mark.parametrize("how", ["step", "sync step", "run_step", "set_event"])
+async def test_a_tool_that_makes_dbos_steps_runs_them_as_in_its_step_and_a_replay_agrees(
+    journal: Journal, how: str
+) -> None:
+    """A tool made without a step that calls a ``@DBOS.step`` function (async, or sync from
+    a sync tool on its worker thread), ``DBOS.run_step_async`` or ``DBOS.set_event``: DBOS
+    sees the call's step context, so it runs the step as a plain function (and files the
+    event as a step's), as it did when the call was a step, and the workflow records no
+    step of the tool's. A replay of every recorded step answers the call from the journal:
+    it meets the model step where the first execution took it (no DBOS error), gives the
+    same run, and the effect happened once."""
+    delivered.clear()
+    run_id = f"dbos-tool-{how.replace(' ', '-')}-{uuid.uuid4().hex[:6]}"
+    agent = sequential(journal.store, send_once, [uses_dbos(how)])
+    first = await agent.run("Send it.", run_id=run_id)
+    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+    same_run(await replay(run_id), first)
+    assert first.output == "done"
+    answer = answers(first)[0]
+    assert answer.status is ToolStatus.OK, answer.content
+    effect = how.removesuffix(" step") if how == "sync step" else how
+    assert delivered == [f"{effect} 1"]
+    assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP]
+    assert entries(journal, run_id) == {"call:0": "finished"}
+    if how == "set_event":  # filed under the model step before the call, which a fork
+        assert await DBOS.get_event_async(run_id, "sent", timeout_seconds=0) == 1
+        forked = await DBOS.fork_workflow_async(run_id, 2)  # from the one after it keeps
+        same_run(await forked.get_result(), first)
+        assert await DBOS.get_event_async(forked.get_workflow_id(), "sent", timeout_seconds=0) == 1
+        assert delivered == ["set_event 1"]
+
+
+@pytest.mark.parametrize("how", ["sleep", "start_workflow"])
+async def test_a_tool_that_does_what_dbos_refuses_in_a_step_is_refused_and_a_replay_agrees(
+    journal: Journal, how: str
+) -> None:
+    """A tool made without a step that calls ``DBOS.sleep`` or starts a workflow: DBOS
+    refuses either inside a step, and refuses it in the call's step context too, so the
+    tool fails as it did when the call was a step, and nothing takes a place in the
+    workflow (no sleep step, no child workflow). A replay of every recorded step gives the
+    same run, with no DBOS error."""
+    delivered.clear()
+    run_id = f"dbos-tool-{how}-{uuid.uuid4().hex[:6]}"
+    agent = sequential(journal.store, send_once, [uses_dbos(how)])
+    first = await agent.run("Send it.", run_id=run_id)
+    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+    same_run(await replay(run_id), first)
+    assert first.output == "done"
+    answer = answers(first)[0]
+    assert answer.status is ToolStatus.ERROR
+    refusal = await (await DBOS.start_workflow_async(in_a_real_step, how)).get_result()
+    assert refusal.startswith("AssertionError")  # DBOS's refusal inside a step
+    assert answer.content == f"Tool 'send' failed: {refusal}"
+    assert delivered == []
+    assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP]
+    assert await DBOS.list_workflows_async(parent_workflow_id=run_id) == []
+
+
+async def test_parallel_calls_that_make_dbos_steps_each_run_them_as_in_a_step(
+    journal: Journal,
+) -> None:
+    """Two calls of one reply, made at once without a step, each calling a ``@DBOS.step``
+    function while the other is in flight: each runs in a step context of its own (its
+    task's), neither takes a place in the workflow, and a replay gives the same run with
+    each effect once."""
+    delivered.clear()
+    both_in = asyncio.Event()
+    inside: list[int] = []
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        inside.append(step)
+        if len(inside) == 2:
+            both_in.set()
+        await both_in.wait()
+        return await deliver(f"step {step}")
+
+    def two_sends(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            return reply("done")
+        return reply("", call("send", step=1), call("send", step=2))
+
+    run_id = f"dbos-tool-parallel-{uuid.uuid4().hex[:6]}"
+    agent = durable(journal.store, two_sends, [send])
+    first = await agent.run("Send two.", run_id=run_id)
+    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+    same_run(await replay(run_id), first)
+    assert [m.content for m in answers(first)] == ["delivered step 1", "delivered step 2"]
+    assert sorted(delivered) == ["step 1", "step 2"]
+    assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP]
+    assert entries(journal, run_id) == {"call:0": "finished", "call:1": "finished"}

@@ -32,6 +32,12 @@ record:
 3. a replay (or a second execution at once) that finds that entry finished answers from it,
    with its recorded time, and makes no call.
 
+The call runs in DBOS's step context (``private.in_a_step``), as it would in its step:
+DBOS tells a step from its workflow by that context alone, so what a tool does with DBOS
+is treated as inside a step (a ``@DBOS.step`` function it calls runs as a plain function;
+``DBOS.sleep`` and starting a workflow are refused, as in a step) and takes no place among
+the workflow's steps, which a replay answering the call from its entry would not take.
+
 Everything else is made as a step, whose record DBOS keeps, and a replay takes the same
 path: a call whose step DBOS recorded (by its name, ``TOOL_STEP`` + tool + ``#`` + number) is
 answered by that record; a replay that finds the entry started and unfinished (a crash
@@ -81,6 +87,7 @@ from typing import Any, TypeVar
 
 from pydantic import JsonValue
 
+from agent_fsm.dbos.private import in_a_step
 from agent_fsm.dbos.replay import TOOL_STEP, RunTime, active
 from agent_fsm.durable.journal import (
     CallStatus,
@@ -185,7 +192,7 @@ async def _answer(
         and run.first_finish is not None
         and name not in await run.recorded_steps()
     ):
-        outcome = await _without_step(tool, values, limits, run, key)
+        outcome = await _without_step(tool, values, limits, run, key, name)
         if isinstance(outcome, Answered):
             return outcome
         ran = outcome
@@ -210,7 +217,7 @@ def _call_of(tool: Tool, key: str, values: dict[str, Any]) -> ToolCall:
 
 
 async def _without_step(
-    tool: Tool, values: dict[str, Any], limits: Limits, run: RunTime, key: str
+    tool: Tool, values: dict[str, Any], limits: Limits, run: RunTime, key: str, name: str
 ) -> Answered | _Ran | None:
     """The call made without a step (see the module docstring): its answer; or what it
     answered when its end could not be recorded; or None, for a step to make it (nothing
@@ -240,7 +247,8 @@ async def _without_step(
     prepared = PreparedCall(call, tool, arguments=values, error=None, values=values)
     try:
         async with asyncio.timeout(left):
-            result = (await execute(prepared, limits)).result
+            with in_a_step(name):  # what the tool does with DBOS, as inside its step
+                result = (await execute(prepared, limits)).result
     except TimeoutError:  # execute never raises one of its own: it is the deadline's
         result, cut = _cancelled(call, tool), True
     else:
