@@ -11,7 +11,8 @@ shared between processes: with several workers each has its own.
 ``dbos``: the same runs as DBOS workflows (``DBOSAgent.run``), each worker a ``DBOSWorker`` on
 the PostgreSQL database (DBOS's tables in a schema of their own, the tool journal and the
 liveness lease in a ``PostgresStore``): no checkpoints and no run leases (DBOS records every
-model and tool call as a step instead, which is in "rest"), so the save columns are empty.
+model call as a step instead, which is in "rest", and each tool call is kept in the journal,
+made as a step only when the journal cannot stand for one), so the save columns are empty.
 ``dbos-async``: the same, with DBOS's commits not waiting for the disk
 (``DBOSWorker(synchronous_commit=False)``; the journal's starts still do).
 
@@ -190,6 +191,8 @@ class _TimedJournal:
             self.start_unless_known = self._start_unless_known
         if hasattr(journal, "lookup_or_start"):  # a call's first start (StartingJournal)
             self.lookup_or_start = self._lookup_or_start
+        if hasattr(journal, "finish_first"):  # a DBOS tool call's end without a step
+            self.finish_first = self._finish_first
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -207,6 +210,9 @@ class _TimedJournal:
     def _start_unless_known(self, key: str, call: Any, other: str) -> Any:
         self._started.append(key)
         return self._timed("start_unless_known", key, call, other)
+
+    def _finish_first(self, key: str, result: Any) -> Any:
+        return self._timed("finish_first", key, result)
 
     def _lookup_or_start(self, key: str, call: Any) -> Any:
         found = self._timed("lookup_or_start", key, call)

@@ -396,6 +396,13 @@ class KillingJournal:
     def record_finished(self, key: str, result: ToolMessage) -> None:
         self._write("record_finished", key, lambda: self.inner.record_finished(key, result))
 
+    def finish_first(self, key: str, result: ToolMessage) -> JournalEntry | None:
+        """A DBOS tool call made without a step records its end so (``FirstFinish``)."""
+        found: list[JournalEntry | None] = []
+        inner: Any = self.inner
+        self._write("finish_first", key, lambda: found.append(inner.finish_first(key, result)))
+        return found[-1]
+
     def _write(self, what: str, key: str, work: Callable[[], None]) -> None:
         if self.faults.take("save:journal"):
             self.faults.die_within(

@@ -26,7 +26,8 @@ from dbos import DBOS
 from agent_fsm import Agent, AgentState, ConfigError, Limits, MemoryStore, StopReason, tool
 from agent_fsm.dbos import DBOSAgent, RateLimit, RunQueue, StepModel
 from agent_fsm.dbos.pausing import SAVE_STEP
-from agent_fsm.dbos.replay import MODEL_STEP, SLEEP_STEP, TOOL_STEP
+from agent_fsm.dbos.replay import MODEL_STEP, SLEEP_STEP
+from agent_fsm.durable.journal import CallStatus
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse, ToolMessage
 from agent_fsm.models.base import ModelCallError
@@ -127,9 +128,11 @@ def same_run(a: RunResult, b: RunResult) -> None:
     ]
 
 
-async def test_a_run_is_a_workflow_whose_model_and_tool_calls_are_steps(
+async def test_a_run_is_a_workflow_whose_model_calls_are_steps_and_tool_calls_journalled(
     journal: PostgresStore,
 ) -> None:
+    """A tool call is no step of its own: its journal entry, finished with the time it ended,
+    stands for the step's record (``agent_fsm.dbos.tool_calls``)."""
     tools = Tools()
     agent = durable(journal, two_turns, tools)
     result = await agent.run("Do it.", run_id="steps-1")
@@ -139,8 +142,12 @@ async def test_a_run_is_a_workflow_whose_model_and_tool_calls_are_steps(
         "steps-1",
     )
     check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
-    turn = [MODEL_STEP, TOOL_STEP + "send", TOOL_STEP + "lookup"]
-    assert await step_names("steps-1") == [*turn, *turn, MODEL_STEP]
+    assert await step_names("steps-1") == [MODEL_STEP] * 3
+    entries = [journal.journal("steps-1").lookup(f"call:{n}") for n in range(4)]
+    assert [(e.call.name, e.status) for e in entries if e is not None] == [
+        ("send", CallStatus.FINISHED),
+        ("lookup", CallStatus.FINISHED),
+    ] * 2
     # A run id is one run: running it again gives its result, and runs nothing.
     again = await agent.run("Do it.", run_id="steps-1")
     same_run(again, result)
@@ -164,13 +171,15 @@ async def test_a_replay_of_every_step_gives_the_same_run_and_calls_nothing(
 async def test_a_finished_tool_step_run_again_is_answered_from_the_journal(
     journal: PostgresStore,
 ) -> None:
-    """A replay that runs the steps from the first ``send`` on again (their records lost)
-    meets the journal's finished entries: nothing is sent twice, and the run is the same."""
+    """A replay that runs everything from the first ``send`` on again (the records of the
+    later steps lost: a crash after the calls' ends) meets the journal's finished entries:
+    nothing is sent twice, the answers and the clock are the recorded ones, and the run is
+    the same."""
     tools = Tools()
     agent = durable(journal, two_turns, tools)
     first = await agent.run("Do it.", run_id="journal-1")
-    send_step = (await step_names("journal-1")).index(TOOL_STEP + "send") + 1
-    replayed = await (await DBOS.fork_workflow_async("journal-1", send_step)).get_result()
+    assert (await step_names("journal-1"))[0] == MODEL_STEP  # the first send comes after it
+    replayed = await (await DBOS.fork_workflow_async("journal-1", 2)).get_result()
     same_run(replayed, first)
     assert tools.sent == [1, 2]
 

@@ -30,6 +30,8 @@ from agent_fsm.dbos.liveness import Admission, process_liveness
 from agent_fsm.dbos.pausing import save_stop
 from agent_fsm.dbos.private import recover_executors
 from agent_fsm.dbos.recovery import LEASE_PREFIX, register
+from agent_fsm.dbos.replay import MODEL_STEP
+from agent_fsm.durable.journal import CallStatus
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, UserMessage
 from agent_fsm.testing import FunctionModel, call, reply
@@ -178,9 +180,10 @@ async def test_an_execution_whose_lease_was_lost_stops_before_its_next_call(
 ) -> None:
     """This process's lease is taken over while one of its runs is inside ``send`` (as after
     a stall past ``ttl_s``), and the process claims a fresh one. The execution begun under
-    the lost lease records its ``send`` and stops before its next call (the model's): it is
-    cancelled, and records nothing more. The run, handed back to the queue, is replayed here
-    under the fresh lease, and ``DBOSAgent.run()``'s caller gets the replay's result."""
+    the lost lease records its ``send`` (its end, in the journal: it is made without a step)
+    and stops before its next call (the model's): it is cancelled, and records nothing more.
+    The run, handed back to the queue, is replayed here under the fresh lease, and
+    ``DBOSAgent.run()``'s caller gets the replay's result."""
     tools = Tools()
     tools.hold = asyncio.Event()
     model = FunctionModel(two_turns)
@@ -202,9 +205,15 @@ async def test_an_execution_whose_lease_was_lost_stops_before_its_next_call(
 
     tools.release()  # the stale execution's send returns and is recorded; then it stops
     tools.hold = None
-    async with asyncio.timeout(UPPER_BOUND_S):
-        while len(await step_names("lost-1")) < 2:  # the model's, send's
+    recorded = journal.journal("lost-1")
+    async with asyncio.timeout(UPPER_BOUND_S):  # send's and lookup's ends, in the journal
+        while any(
+            (entry := recorded.lookup(f"call:{n}")) is None
+            or entry.status is not CallStatus.FINISHED
+            for n in range(2)
+        ):
             await asyncio.sleep(0.01)
+    assert await step_names("lost-1") == [MODEL_STEP]  # and no step after them
     assert await asyncio.to_thread(recover_executors, [DBOS.executor_id]) == ["lost-1"]
     result = await caller
     check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)

@@ -127,7 +127,7 @@ class RacedJournal:
 
     def lookup(self, key: str) -> JournalEntry | None:
         found = self._journal.lookup(key)
-        if found is None and "step:" in key and key not in self.raced:
+        if found is None and "call:" in key and key not in self.raced:
             self.raced.append(key)
             start_fresh(self._journal, key, THEIRS)  # the other execution's start
         return found
@@ -142,23 +142,39 @@ class RacedJournal:
         self._journal.record_finished(key, result)
 
 
+class FinishingRacedJournal(RacedJournal):
+    """``RacedJournal`` that keeps a first end (``journal.FirstFinish``): a DBOS tool call
+    is then made without a step, its start raced the same way."""
+
+    def finish_first(self, key: str, result: ToolMessage) -> JournalEntry | None:
+        entry = self._journal.lookup(key)  # one writer here: no race to keep out
+        if entry is None or entry.status is CallStatus.FINISHED:
+            return entry
+        self._journal.record_finished(key, result)
+        return self._journal.lookup(key)
+
+
 class RacedStore(MemoryStore):
-    def __init__(self) -> None:
+    def __init__(self, raced: type[RacedJournal] = RacedJournal) -> None:
         super().__init__()
         self.journals: dict[str, RacedJournal] = {}
+        self._raced = raced
 
     def journal(self, run_id: str, *, lease: Lease | None = None) -> ToolJournal:
-        raced = RacedJournal(super().journal(run_id, lease=lease))
+        raced = self._raced(super().journal(run_id, lease=lease))
         self.journals[run_id] = raced
         return raced
 
 
 @pytest.mark.slow  # a real server: make check leaves it out
+@pytest.mark.parametrize("raced", [RacedJournal, FinishingRacedJournal])
 async def test_a_dbos_tool_step_raced_between_its_read_and_its_start_does_not_run_the_call(
-    dbos_schema: str,
+    dbos_schema: str, raced: type[RacedJournal]
 ) -> None:
     """The step's first start meets the other execution's entry: the call (not idempotent)
-    is answered "outcome unknown" and not made here; the entry stays the other's."""
+    is answered "outcome unknown" and not made here; the entry stays the other's. Made
+    without a step (a journal that keeps a first end), the start meets it the same way, and
+    the call is then made as a step, which answers so."""
     sent: list[int] = []
 
     @tool
@@ -172,7 +188,7 @@ async def test_a_dbos_tool_step_raced_between_its_read_and_its_start_does_not_ru
             return reply("done")
         return reply("", call("send", n=1))
 
-    store = RacedStore()
+    store = RacedStore(raced)
     agent = Agent(model=FunctionModel(model), tools=[send], limits=Limits(loop_detection=False))
     durable = DBOSAgent(
         agent,
@@ -186,8 +202,8 @@ async def test_a_dbos_tool_step_raced_between_its_read_and_its_start_does_not_ru
     answer = next(m for m in result.messages if isinstance(m, ToolMessage))
     assert "The outcome of this call to 'send' is unknown" in answer.content
     assert sent == []  # the other execution's to make
-    raced = store.journals[run_id]
-    assert len(raced.raced) == 1
-    entry: Any = raced.lookup(raced.raced[0])
+    journal = store.journals[run_id]
+    assert len(journal.raced) == 1
+    entry: Any = journal.lookup(journal.raced[0])
     assert entry is not None
     assert entry.call == THEIRS

@@ -14,6 +14,10 @@ The contract a user's code must keep, because it runs again on every replay:
   any step: they must decide the same way on every execution, and do anything with an
   effect in a step of their own (``DBOS.run_step_async``); event handlers see a replayed
   run's events again;
+- a tool call is usually made without a step, in the workflow (``agent_fsm.dbos.tool_calls``),
+  yet in DBOS's step context: what a tool does with DBOS is treated as inside a step, as when
+  each call was a step (a ``@DBOS.step`` function it calls runs as a plain function, unrecorded;
+  ``DBOS.sleep`` and starting a workflow fail, as DBOS refuses them in a step);
 - a model that a ``before_model`` hook or a custom state supplies is not a step unless it is
   wrapped in ``StepModel``;
 - a run is cancelled from outside with ``cancel`` (from any process: it stops before its

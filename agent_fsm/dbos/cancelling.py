@@ -21,14 +21,17 @@ nothing, as ``RunCancels.cancel`` does for a stopped run (a pause is cancelled b
 answering it). A resume started after a cancel was refused runs on; a cancel made once a
 resume has started (queued or running, its resume row taken or not) stops that resume.
 
-**How the run reads it** (``agent_fsm.dbos.steps``): the request is read before every
-model and tool call, and each step records what it found as part of its outcome, so a
-replay of the run takes the same path whatever the journal holds by then. A tool step reads
-it with its own journal entry before its call, and again with the record of its end (one
-statement each, ``PairedLookup`` and ``FinishingLookup``); a model step reads it on its own
-only when no such read followed the latest call (``RunTime.request_seen``: the run's first
-model step, one after a model call, after a tool step whose end-read failed), since a read
-at the end of the turn's last tool call is the read before the next model call. A step
+**How the run reads it** (``agent_fsm.dbos.steps``, ``agent_fsm.dbos.tool_calls``): the
+request is read before every model and tool call, and each step records what it found as
+part of its outcome, so a replay of the run takes the same path whatever the journal holds
+by then. A tool call reads it with the record of its start: one made without a step starts
+only when no request is pending, and one that finds it is made as a step, which reads it
+again and records it. A tool step reads it with its own journal entry before its call, and
+again with the record of its end (one statement each, ``PairedLookup`` and
+``FinishingLookup``); a model step reads it on its own only when no such read followed the
+latest call (``RunTime.request_seen``: the run's first model step, one after a model call,
+after a tool call made without a step, after a tool step whose end-read failed), since a
+read at the end of the turn's last tool step is the read before the next model call. A step
 that finds it before its call makes no call (a tool call is answered "not run"); the steps
 after one that found it, before or after its call, in that activation are not run at all;
 the run is aborted once that state's work ends (``ReplayedKeeper``): ERROR ``aborted``, with

@@ -19,8 +19,8 @@ in a step (``LOAD_STEP``), so a replay gets the stop it loaded the first time ev
 the checkpoint has moved on. It reopens the run with the answer (``run.resuming.reopen``:
 the table's resume rows, as ``Agent.resume`` does) and drives it like a first workflow, with
 the same replay-safe steps and a clock, deadline and random numbers of its own
-(``agent_fsm.dbos.replay``). Its tool steps keep the run's journal under keys of their own
-(``resume-n/step:K``: a resume's steps are numbered from 1 again).
+(``agent_fsm.dbos.replay``). Its tool calls keep the run's journal under keys of their own
+(``resume-n/call:K``: a resume's calls are numbered from 0 again).
 
 **A double resume of one stop is one workflow.** Both callers load the same checkpoint,
 so both name the same workflow id, and DBOS starts a workflow id once (any number of

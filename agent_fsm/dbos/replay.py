@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -48,15 +49,17 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
-from dbos import DBOS, StepOptions
+from dbos import DBOS, StepInfo, StepOptions
 
 from agent_fsm.dbos.liveness import Admission
 from agent_fsm.durable.journal import (
     FinishingLookup,
+    FirstFinish,
     JournalEntry,
     PairedLookup,
     StartingLookup,
     ToolJournal,
+    start_fresh,
 )
 from agent_fsm.errors import ConfigError
 from agent_fsm.messages import ToolCall, ToolMessage
@@ -118,10 +121,15 @@ class RunTime:
     """
 
     __slots__ = (
+        "_calls",
         "_first",
         "_pending",
+        "_recorded",
+        "_turns",
         "admission",
         "cancelled",
+        "first_finish",
+        "fresh",
         "journal",
         "key_prefix",
         "looked",
@@ -160,7 +168,10 @@ class RunTime:
         """Seconds since ``started_at`` at the latest recorded step end (the clock)."""
         self.random = random.Random(workflow_id)
         self.journal = journal
-        """Where tool steps record their calls (``agent_fsm.dbos.steps``)."""
+        """Where tool calls are recorded (``agent_fsm.dbos.tool_calls``)."""
+        self.first_finish = journal if isinstance(journal, FirstFinish) else None
+        """The journal, when it keeps a first end: tool calls may then be made without a
+        step (checked once: a Protocol's ``isinstance`` is slow)."""
         self.key_prefix = key_prefix
         """Put before a tool step's journal key: a resume's steps are numbered from 1
         again, in the same run's journal (``agent_fsm.dbos.pausing``)."""
@@ -177,6 +188,73 @@ class RunTime:
         recorded outcomes, and each only ever set within a turn, so parallel tool steps
         ending in any order leave the same answer."""
         self.missed = False
+        self._calls = 0
+        """The tool calls made so far (``next_call``)."""
+        self._turns: dict[int, asyncio.Future[None]] = {}
+        """The calls that may still take a step, by number (``wait_turn``)."""
+        self.fresh = False
+        """Whether this execution has run a step body of its own (not a recorded outcome):
+        DBOS holds no record of any step after that one (``recorded_steps``)."""
+        self._recorded: frozenset[str] | None = None
+
+    def next_call(self) -> int:
+        """Number the activation's next tool call (0, 1, ...): called in the workflow, in
+        the order the engine starts the calls, which the recorded outcomes decide, so a
+        replay gives each call the same number (its journal key: ``call_key``)."""
+        number = self._calls
+        self._calls = number + 1
+        self._turns[number] = asyncio.get_running_loop().create_future()
+        return number
+
+    def call_key(self, number: int) -> str:
+        """The journal key of tool call ``number`` of the activation."""
+        return f"{self.key_prefix}call:{number}"
+
+    async def wait_turn(self, number: int) -> None:
+        """Return once every earlier call has taken its step or will take none
+        (``turn_done``): tool calls take their steps in the order of their numbers, on every
+        execution, whichever of them need one and whenever they find out (DBOS numbers the
+        steps in the order they are taken, and a replay must meet each at its place)."""
+        for earlier in sorted(n for n in self._turns if n < number):
+            waiting = self._turns.get(earlier)
+            if waiting is not None:
+                await asyncio.shield(waiting)
+
+    def turn_done(self, number: int) -> None:
+        """Call ``number`` has taken its step (DBOS numbered it), or will take none."""
+        waiting = self._turns.pop(number, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
+
+    async def recorded_steps(self) -> frozenset[str]:
+        """The names of the steps DBOS holds a record of for this workflow; none once this
+        execution has run a step body of its own (``fresh``: every step after that is new).
+        Read once per execution: a replay's one extra round trip."""
+        if self.fresh:
+            return frozenset()
+        if self._recorded is None:
+            workflow_id = DBOS.workflow_id
+            steps = [] if workflow_id is None else await _recorded_steps(workflow_id)
+            self._recorded = frozenset(step["function_name"] for step in steps)
+        return self._recorded
+
+    def start_unstepped(
+        self, key: str, call: ToolCall
+    ) -> tuple[JournalEntry | None, str | None, bool]:
+        """A tool call's start made without a step: ``start_and_request`` on a journal that
+        starts in its read, else the request read and the call's first start
+        (``journal.start_fresh``) when the key has no entry.
+
+        Raises:
+            as ``start_and_request``, or ``journal.NotStarted``.
+        """
+        if isinstance(self.journal, StartingLookup):
+            return self.start_and_request(key, call)
+        entry, reason = self.entry_and_request(key)
+        if entry is not None or reason is not None:
+            return entry, reason, False
+        entry = start_fresh(self.journal, key, call)
+        return entry, None, entry is None
 
     def request_seen(self) -> bool:
         """Whether the cancel request was read after every call made so far (a tool step
@@ -194,11 +272,6 @@ class RunTime:
     def called_model(self) -> None:
         """A model step made (or recorded) its call: the request must be read again."""
         self.looked = self.missed = False
-
-    def journal_key(self, step_id: int) -> str:
-        """The journal key of the tool step at ``step_id``: its position in the workflow,
-        which a replay reproduces."""
-        return f"{self.key_prefix}step:{step_id}"
 
     def clock(self) -> float:
         return self.now
@@ -271,14 +344,20 @@ class RunTime:
         first caller on every execution: callers queue for it in the order they call, which
         the recorded outcomes decide, so parallel steps (a resume's approved calls) cannot
         take turns differently on a replay."""
+
+        async def own() -> _O:
+            self.fresh = True
+            return await body()
+
         if self.started_at is not None:
-            return await DBOS.run_step_async(options(name), body)
+            return await DBOS.run_step_async(options(name), own)
         async with self._first:
             if self.started_at is not None:  # began while this caller waited
-                return await DBOS.run_step_async(options(name), body)
+                return await DBOS.run_step_async(options(name), own)
 
             async def first() -> _O:
                 began = self._pending = self.admission.now()
+                self.fresh = True
                 outcome = await body()
                 return cast(_O, dataclasses.replace(cast(Any, outcome), began_at=began))
 
@@ -309,6 +388,15 @@ class RunTime:
         started_at = self.started_at if self.started_at is not None else self._pending
         assert started_at is not None  # in a step: the first one set ``_pending``
         return started_at + self.timeout_s - self.admission.now()
+
+
+async def _recorded_steps(workflow_id: str) -> list[StepInfo]:
+    """DBOS's records of the steps of ``workflow_id``, read outside the workflow's context:
+    called in a workflow, ``DBOS.list_workflow_steps`` would be a step itself (and take a
+    place a replay must meet). An executor's thread has no DBOS context (``run_in_executor``
+    copies none)."""
+    read = functools.partial(DBOS.list_workflow_steps, workflow_id, load_output=False)
+    return await asyncio.get_running_loop().run_in_executor(None, read)
 
 
 def _reason(entry: JournalEntry | None) -> str | None:

@@ -35,6 +35,7 @@ from agent_fsm.messages import ToolCall, ToolMessage
 __all__ = [
     "MAX_KEY_BYTES",
     "CallStatus",
+    "FirstFinish",
     "GuardedJournal",
     "JournalEntry",
     "FinishingLookup",
@@ -192,6 +193,26 @@ class StartingLookup(Protocol):
         ...
 
 
+@runtime_checkable
+class FirstFinish(Protocol):
+    """A journal that records a call's end only if none is recorded yet (``PostgresJournal``,
+    ``MemoryJournal``): the first end wins, and a second execution of the same call (a worker
+    taken for dead that goes on) reads the end the first one recorded instead of writing its
+    own. A DBOS run's tool call made without a step (``agent_fsm.dbos.unstepped``) keeps its
+    answer, and the time it ended, nowhere else: that answer must never change once read."""
+
+    def finish_first(self, key: str, result: ToolMessage) -> JournalEntry | None:
+        """Record ``result`` as the end of the started call of ``key``, unless an end is
+        recorded already; the entry as it stands after (``result``'s, or the earlier end's).
+        None when ``key`` has no entry. Committed as ``record_finished`` is.
+
+        Raises:
+            Exception: the journal failed (the end may or may not have been recorded: a
+                second call answers which).
+        """
+        ...
+
+
 def start_fresh(journal: ToolJournal, key: str, call: ToolCall) -> JournalEntry | None:
     """The first start of a call: ``lookup_or_start`` on a journal that has it (every
     journal of agent_fsm: atomic), else ``lookup`` then ``record_started`` (a journal of
@@ -242,6 +263,14 @@ class MemoryJournal:
         if entry is None:
             raise KeyError(f"journal entry {key!r} finished without having started")
         self._entries[key] = JournalEntry(key, entry.call, CallStatus.FINISHED, result)
+
+    def finish_first(self, key: str, result: ToolMessage) -> JournalEntry | None:
+        entry = self._entries.get(key)
+        if entry is None or entry.status is CallStatus.FINISHED:
+            return entry
+        finished = JournalEntry(key, entry.call, CallStatus.FINISHED, result)
+        self._entries[key] = finished
+        return finished
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -73,6 +73,16 @@ _FINISH_AND_LOOK_UP = (
 )
 """Record a call as finished, and read another entry of the run (as it was before)."""
 
+_FINISH_FIRST = (
+    f"WITH done AS (UPDATE journal SET status = '{_FINISHED}', result = %(result)s"
+    f" WHERE run_id = %(run_id)s AND key = %(key)s AND status = '{_STARTED}' RETURNING 1)"
+    " SELECT EXISTS (SELECT FROM done), seen.call::text, seen.status, seen.result::text"
+    " FROM (SELECT) AS one LEFT JOIN journal AS seen"
+    " ON seen.run_id = %(run_id)s AND seen.key = %(key)s"
+)
+"""Record a started call as finished, unless it is finished already; read the entry (as it
+was before the statement)."""
+
 
 class PostgresJournal:
     """The journal of ``run_id`` in ``database``, whose ``record_started`` is fenced by
@@ -265,6 +275,25 @@ class PostgresJournal:
         if not row[0]:
             raise KeyError(f"journal entry {key!r} finished without having started")
         return None if row[1] is None else self._entry(other, row[1:])
+
+    def finish_first(self, key: str, result: ToolMessage) -> JournalEntry | None:
+        """``journal.FirstFinish``: one statement, committed as ``record_finished`` is. An
+        end another execution records at that moment makes the update find the row finished
+        (it waits for that writer, then checks again): the entry is read again and its end
+        answered."""
+        params = {"run_id": self._run_id, "key": stored_key(key), "result": encode_model(result)}
+        with self._db.connected(f"record journal entry {key!r}") as conn:
+            row = conn.execute(_FINISH_FIRST, params).fetchone()
+        assert row is not None  # one row, whatever the journal holds
+        done, call, status, recorded = row
+        if call is None:
+            return None
+        if done:
+            entry = self._entry(key, (call, status, None))
+            return JournalEntry(key, entry.call, CallStatus.FINISHED, result)
+        if status == _FINISHED:
+            return self._entry(key, (call, status, recorded))
+        return self.lookup(key)  # finished by another after this statement's snapshot
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         """Not fenced: it records what really happened to a call started under a valid

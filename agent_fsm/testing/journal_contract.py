@@ -8,7 +8,13 @@ import threading
 
 import pytest
 
-from agent_fsm.durable.journal import CallStatus, JournalEntry, journal_key, start_fresh
+from agent_fsm.durable.journal import (
+    CallStatus,
+    FirstFinish,
+    JournalEntry,
+    journal_key,
+    start_fresh,
+)
 from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.testing.store_kit import StoreContractBase
 
@@ -69,6 +75,27 @@ class JournalContract(StoreContractBase):
         journal.record_started("2:0:c", first)  # the same call id on another turn: its own
         assert journal.lookup("1:0:c") is not None
         assert journal.lookup("1:0:c") != journal.lookup("2:0:c")
+
+    def test_a_first_end_is_never_recorded_over(self) -> None:
+        """A journal that keeps a first end (``journal.FirstFinish``: a DBOS tool call made
+        without a step records its end so): the first end recorded wins, a second one reads
+        it back, and a key with no entry answers None. Skipped for a journal without it."""
+        store = self.open_store()
+        journal = store.journal("run-1")
+        if not isinstance(journal, FirstFinish):
+            pytest.skip("this journal keeps no first end (journal.FirstFinish)")
+        call = ToolCall(id="call:0", name="send", arguments='{"n": 1}')
+        first = ToolMessage(tool_call_id="call:0", name="send", content="sent", details={"a": 1})
+        second = ToolMessage(tool_call_id="call:0", name="send", content="unknown")
+        assert journal.finish_first("call:0", first) is None  # never started: nothing written
+        assert journal.lookup("call:0") is None
+        journal.record_started("call:0", call)
+        finished = JournalEntry("call:0", call, CallStatus.FINISHED, first)
+        assert journal.finish_first("call:0", first) == finished
+        again = store.journal("run-1")
+        assert isinstance(again, FirstFinish)
+        assert again.finish_first("call:0", second) == finished
+        assert store.journal("run-1").lookup("call:0") == finished
 
     def test_finishing_a_call_that_never_started_is_a_key_error(self) -> None:
         store = self.open_store()
