@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -25,8 +26,9 @@ from dbos import DBOS
 
 from agent_fsm import Agent, AgentState, ConfigError, Limits, MemoryStore, StopReason, tool
 from agent_fsm.dbos import DBOSAgent, RateLimit, RunQueue, StepModel
+from agent_fsm.dbos.agent import RESUME_PREFIX, WORKFLOW_PREFIX
 from agent_fsm.dbos.pausing import SAVE_STEP
-from agent_fsm.dbos.replay import MODEL_STEP, SLEEP_STEP
+from agent_fsm.dbos.replay import MODEL_STEP, REPLAY_FORMAT, SLEEP_STEP
 from agent_fsm.durable.journal import CallStatus
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse, ToolMessage
@@ -152,6 +154,21 @@ async def test_a_run_is_a_workflow_whose_model_calls_are_steps_and_tool_calls_jo
     again = await agent.run("Do it.", run_id="steps-1")
     same_run(again, result)
     assert (tools.sent, tools.looked_up) == ([1, 2], [1, 2])
+
+
+def test_the_workflows_dbos_versions_name_the_replay_format(journal: PostgresStore) -> None:
+    """DBOS's default application version hashes the source of the registered workflows
+    (``DBOSRegistry.compute_app_version``): both of a ``DBOSAgent``'s name the replay format,
+    so a release that replays differently gets a version of its own, and DBOS hands it no
+    run an earlier format began (a run whose calls were steps, replayed by a release that
+    makes them without one, could make a call again)."""
+    from dbos._dbos import _get_or_create_dbos_registry
+
+    agent = durable(journal, two_turns, Tools())
+    registered = _get_or_create_dbos_registry().workflow_info_map
+    for prefix in (WORKFLOW_PREFIX, RESUME_PREFIX):
+        source = inspect.getsource(registered[prefix + agent.name])
+        assert f"Replay format {REPLAY_FORMAT} (" in source
 
 
 async def test_a_replay_of_every_step_gives_the_same_run_and_calls_nothing(

@@ -228,6 +228,8 @@ class DBOSAgent:
         self._queue_registered: asyncio.Future[None] | None = None
 
         async def workflow(user_input: str, run_id: str) -> RunResult:
+            """Replay format 3 (``replay.REPLAY_FORMAT``: DBOS's application version hashes
+            this text)."""
             return await self._drive(user_input, run_id)
 
         async def resumed(
@@ -237,6 +239,8 @@ class DBOSAgent:
             approvals: Decisions | None,
             pause: str | None = None,  # a default: a workflow recorded before it replays
         ) -> RunResult:
+            """Replay format 3 (``replay.REPLAY_FORMAT``: DBOS's application version hashes
+            this text)."""
             return await self._drive_resume(run_id, resumes, reply, approvals, pause)
 
         self._workflow: Callable[..., Any] = DBOS.workflow(name=WORKFLOW_PREFIX + name)(workflow)

@@ -70,6 +70,7 @@ __all__ = [
     "CANCEL_CALL",
     "CANCEL_KEY",
     "MODEL_STEP",
+    "REPLAY_FORMAT",
     "SLEEP_STEP",
     "TOOL_STEP",
     "RunTime",
@@ -80,6 +81,17 @@ __all__ = [
     "running",
     "sleep",
 ]
+
+REPLAY_FORMAT = 3
+"""What a replay of this release expects to meet, bumped whenever a release records other
+steps or journal keys: 2 kept an activation's start in its first step (earlier releases
+recorded an ``agent_fsm.start`` step), 3 makes a tool call without a step when the journal
+can stand for one (journal keys ``call:N``; earlier, every call was a step keyed ``step:N``).
+A replay of a run begun under another format could meet steps it does not expect, or miss
+a call's journal entry and make the call again. DBOS's default application version is a hash
+of the source of the registered workflows, so ``DBOSAgent``'s two workflows name this number
+in their docstrings: a release of another format gets another version, and DBOS hands a
+queued or recovered run only to workers of the version that started it."""
 
 MODEL_STEP = "agent_fsm.model"
 SLEEP_STEP = "agent_fsm.sleep"
