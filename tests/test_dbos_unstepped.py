@@ -24,6 +24,7 @@ from psycopg import sql
 
 from agent_fsm import Agent, CheckpointError, Limits, StopReason, tool
 from agent_fsm.dbos import DBOSAgent
+from agent_fsm.dbos.liveness import Admission
 from agent_fsm.dbos.pausing import SAVE_STEP
 from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY, MODEL_STEP, TOOL_STEP
 from agent_fsm.durable.postgres import PostgresStore
@@ -103,11 +104,14 @@ async def test_a_run_makes_one_step_per_model_call_and_a_replay_meets_the_same_k
     assert (tools.sent, tools.looked_up) == ([1, 2], [1, 2])
 
 
-async def test_a_replay_after_the_end_reads_the_recorded_clock(journal: Journal) -> None:
+async def test_a_replay_after_the_end_reads_the_recorded_clock(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The call's end time is recorded with its answer: a replay made after the run's time
     limit has passed (a crash after the end) reads the clock the first execution read after
     the call, and takes the same path, where a time read afresh would stop the run on
-    ``timeout`` (and meet the next recorded step where it has none)."""
+    ``timeout`` (and meet the next recorded step where it has none). The fleet's clock is
+    moved past the limit rather than waited for: the first run has all the time it needs."""
 
     @tool
     async def send(step: int) -> str:
@@ -120,11 +124,12 @@ async def test_a_replay_after_the_end_reads_the_recorded_clock(journal: Journal)
             return reply("", call("ask_user", question="Anything else?"))
         return reply("", call("send", step=1))
 
-    agent = sequential(journal.store, send_then_ask, [send], timeout_s=1.0)
+    agent = sequential(journal.store, send_then_ask, [send], timeout_s=60.0)
     paused = await agent.run("Send it.", run_id="clock-1")
     assert paused.stop_reason is StopReason.ASK_USER
     assert await step_names("clock-1") == [MODEL_STEP, MODEL_STEP, SAVE_STEP]
-    await asyncio.sleep(1.2)  # the time limit has passed since the run began
+    fleet_now = Admission.now
+    monkeypatch.setattr(Admission, "now", lambda self: fleet_now(self) + 120.0)  # limit passed
     same_run(await replay("clock-1"), paused)
 
 
@@ -235,14 +240,16 @@ async def test_a_call_the_deadline_cuts_records_the_cut_and_the_next_is_a_step(
     async def send(step: int) -> str:
         """Send the message of one step."""
         sent.append(step)
-        await asyncio.sleep(5)
+        await asyncio.sleep(3600)  # until the deadline cuts it
         return f"sent {step}"
 
     def two_sends(request: ModelRequest) -> ModelResponse:
         return reply("", call("send", step=1), call("send", step=2))
 
     run_id = f"deadline-{uuid.uuid4().hex[:8]}"
-    agent = sequential(journal.store, two_sends, [send], timeout_s=0.5)
+    # A limit the first model step is sure to meet even on a loaded machine: the call must
+    # start before it (and is cut by it), the second must not.
+    agent = sequential(journal.store, two_sends, [send], timeout_s=10.0)
     result = await agent.run("Send two.", run_id=run_id)
     check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
     assert result.stop_reason is StopReason.TIMEOUT
