@@ -499,28 +499,30 @@ def test_a_starting_lookup_reads_both_entries_and_starts_only_when_neither_exist
     assert pg.journal("fenced").lookup("a") is None
 
 
+@pytest.mark.parametrize("leased", [False, True], ids=["unleased", "leased"])
 def test_of_two_executions_starting_a_call_at_once_only_one_starts_it(
-    pg: PostgresStore, postgres_url: str, postgres_schema: str
+    pg: PostgresStore, postgres_url: str, postgres_schema: str, leased: bool
 ) -> None:
     """Two executions of one DBOS tool step at once (a worker taken for dead that goes on,
     and the one that recovered its run): the second's ``start_unless_known`` runs while the
     first's start is written but not committed, so its read sees no entry and its insert
     meets the first's row and does nothing. It must answer the first's entry, not record
-    the call again and run it (the chaos test saw the effect twice)."""
+    the call again and run it (the chaos test saw the effect twice). Under a lease it reads,
+    then starts in a statement of its own: the same holds."""
     from agent_fsm.durable.journal import CallStatus
     from agent_fsm.messages import ToolCall
 
-    second = pg.journal("both")
+    run_id = f"both-{'leased' if leased else 'unleased'}"
+    second = pg.journal(run_id, lease=pg.claim(run_id, "us", 60.0) if leased else None)
     ours = ToolCall(id="a", name="send", arguments='{"by": "us"}')
     entry, request, started = _race_a_first_start(
         pg,
         postgres_url,
         postgres_schema,
-        "both",
+        run_id,
         lambda: second.start_unless_known("call", ours, "cancel"),
     )
-    assert started is False
-    assert request is None
+    assert (started, request) == (False, None)
     assert entry is not None
     assert (entry.status, entry.call.arguments) == (CallStatus.STARTED, '{"by": "other"}')
 
@@ -581,29 +583,6 @@ def test_a_first_start_racing_another_answers_its_entry_and_does_not_start(
     assert entry.status is CallStatus.STARTED
     assert entry.call.arguments == '{"by": "other"}'
     assert pg.journal("first").lookup("call") == entry
-
-
-def test_a_leased_starting_lookup_racing_another_start_does_not_start(
-    pg: PostgresStore, postgres_url: str, postgres_schema: str
-) -> None:
-    """``start_unless_known`` under a lease reads, then starts in a statement of its own: a
-    start of the same call committed in between is answered, not recorded over."""
-    from agent_fsm.durable.journal import CallStatus
-    from agent_fsm.messages import ToolCall
-
-    lease = pg.claim("leased-race", "us", 60.0)
-    journal = pg.journal("leased-race", lease=lease)
-    ours = ToolCall(id="a", name="send", arguments='{"by": "us"}')
-    entry, request, started = _race_a_first_start(
-        pg,
-        postgres_url,
-        postgres_schema,
-        "leased-race",
-        lambda: journal.start_unless_known("call", ours, "cancel"),
-    )
-    assert (started, request) == (False, None)
-    assert entry is not None
-    assert (entry.status, entry.call.arguments) == (CallStatus.STARTED, '{"by": "other"}')
 
 
 def test_a_first_start_refused_by_the_fence_is_not_started(pg: PostgresStore) -> None:
