@@ -136,7 +136,6 @@ class Run:
         self._state = state
         self._keeper = keeper
         """Where the run lives: saves it, journals its calls, keeps its time."""
-        self._saved = keeper.saved  # bound once: called after every transition
         # Asked once per run: the transition line is built only when it will be written.
         # Filtered out, building it still cost 6% of a turn's wall time (the interpreter's
         # call and keyword dict; callgrind counts 3% of instructions).
@@ -326,7 +325,7 @@ class Run:
                 await settle_orphans(self._ctx, row)
             self._finish(row)
         elif not row.saves_later:  # one write transaction fewer per turn
-            self._saved(state)
+            self._keeper.saved(state)
         return row
 
     def _take_resume_row(self, handle: RunHandle) -> Row:

@@ -25,6 +25,10 @@ from collections.abc import Callable
 
 __all__ = ["LiveRuns", "RunStop"]
 
+_STOPS_LOCK = threading.Lock()
+"""Guards the fields of every ``RunStop`` (a few assignments, never held across a call): one
+lock for all of them, not one per live run for the cyclic collector to look at (issue 39)."""
+
 
 class RunStop:
     """How one run is stopped from outside this process's driver of it (see the module)."""
@@ -34,13 +38,11 @@ class RunStop:
         "_abort",
         "_at_stop",
         "_from_stop",
-        "_lock",
         "_loop",
         "_pending",
     )
 
     def __init__(self, *, at_stop: bool = False) -> None:
-        self._lock = threading.Lock()
         self._abort: Callable[[str], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: str | None = None
@@ -54,7 +56,7 @@ class RunStop:
         """The run's activation (from its event loop): a request that came before is
         carried out now, or (a run reopened at a stop) once the resume row is taken."""
         loop = asyncio.get_running_loop()
-        with self._lock:
+        with _STOPS_LOCK:
             self._abort, self._loop = abort, loop
             pending, self._pending = self._pending, None
         if pending is None:
@@ -68,18 +70,18 @@ class RunStop:
         """The run's driver let it go: forget its abort. Kept, that bound method of the
         ``Run`` would make the finished run a reference cycle (``Run`` -> keeper -> this ->
         ``Run.abort``), for the cyclic collector to find."""
-        with self._lock:
+        with _STOPS_LOCK:
             self._abort, self._loop = None, None
 
     def left_stop(self) -> None:
         """The run's first step is taking it out of the stop it was reopened at."""
-        with self._lock:
+        with _STOPS_LOCK:
             self._at_stop = False
 
     def request(self, reason: str) -> bool:
         """Ask for the run's abort with ``reason``, from any thread; False when the run is
         at a stop (there is nothing to abort)."""
-        with self._lock:
+        with _STOPS_LOCK:
             if self._at_stop:
                 return False
             abort, loop = self._abort, self._loop
