@@ -11,6 +11,13 @@ reports the memory they hold per run:
 - tracemalloc's count of the same (Python allocations only; the steadier figure), and its top
   allocation sites, so a change can be aimed at what holds the memory.
 
+- what the cyclic collector sees of a parked run, measured in a pass of its own with the
+  collector off: the objects of the kinds it manages made and not freed since before the runs
+  (``gc.get_count()``: what makes its passes come, one young pass per 700 by default), the
+  ones it still tracks after a pass (``gc.get_objects()``: what each later pass looks at; a
+  pass lets go of the tuples and dicts that hold atomic values only), and the most frequent
+  types of these (issue 39).
+
 It then releases every run and checks that each ended as scripted.
 
     python benchmarks/parked_runs.py [--runs 1000 10000] [--turns 5] [--top 12]
@@ -26,6 +33,7 @@ import gc
 import logging
 import os
 import tracemalloc
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -96,11 +104,39 @@ async def _measure(runs: int, start: Start, traced: bool, top: int) -> tuple[flo
         tracemalloc.stop()
     else:
         grown = _rss() - before
+    await _release(gate, tasks)
+    return grown / runs, sites
+
+
+async def _census(runs: int, start: Start, top: int) -> tuple[float, float, list[Any]]:
+    """Per run parked, with the collector off until then: the objects of its kinds made and
+    not freed, the ones it tracks after a pass, and the most frequent types of these."""
+    gate, parked = asyncio.Event(), []
+    gc.collect()
+    gc.disable()
+    try:
+        before = Counter(type(o).__qualname__ for o in gc.get_objects())
+        made = gc.get_count()[0]
+        tasks = await start(gate, parked)
+        while len(parked) < runs:
+            await asyncio.sleep(0)
+        made = gc.get_count()[0] - made
+        gc.collect()  # lets go of the tuples and dicts that hold atomic values only
+        tracked = Counter(type(o).__qualname__ for o in gc.get_objects())
+        tracked.subtract(before)
+        del before  # the counters themselves are not tracked (a dict of str and int)
+    finally:
+        gc.enable()
+    await _release(gate, tasks)
+    kinds = [(name, count / runs) for name, count in tracked.most_common(top)]
+    return made / runs, tracked.total() / runs, kinds
+
+
+async def _release(gate: asyncio.Event, tasks: list[asyncio.Future[Any]]) -> None:
     gate.set()
     results = await asyncio.gather(*tasks)
     if any(getattr(result, "output", result) != "done" for result in results):
         raise SystemExit("the workload did not run as intended")
-    return grown / runs, sites
 
 
 def _agent_runs(turns: int) -> Callable[[int], Start]:
@@ -150,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
             where = f"{os.path.relpath(frame.filename)}:{frame.lineno}"
             per_run, blocks = stat.size_diff / runs, stat.count_diff / runs
             print(f"    {per_run:7.0f} B/run {blocks:5.1f} blocks  {where}")
+        made, tracked, kinds = asyncio.run(_census(runs, agent_runs(runs), args.top))
+        bare_made, bare_tracked, _ = asyncio.run(_census(runs, _bare_tasks(runs), 0))
+        print(
+            f"  collector's objects per run: {made:5.1f} made, {tracked:5.1f} tracked"
+            f"   (bare task {bare_made:.1f}, {bare_tracked:.1f})"
+        )
+        print("    " + ", ".join(f"{name} {count:.1f}" for name, count in kinds))
     return 0
 
 
