@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import random
 import time
 from collections import OrderedDict
@@ -59,14 +58,8 @@ ArmDeadline = Callable[[float, Callable[[], None]], asyncio.TimerHandle | None]
 
 
 def call_later(seconds: float, time_up: Callable[[], None]) -> asyncio.TimerHandle:
-    """The default deadline timer: the running event loop's ``call_later``, run in one empty
-    context shared by every run's deadline. ``time_up`` reads no context variable (it marks
-    the run timed out and sets its stop), and a context copied per run would be one more
-    object per live run for the cyclic collector to look at (issue 39)."""
-    return asyncio.get_running_loop().call_later(seconds, time_up, context=_DEADLINE_CONTEXT)
-
-
-_DEADLINE_CONTEXT = contextvars.Context()
+    """The default deadline timer: the running event loop's ``call_later``."""
+    return asyncio.get_running_loop().call_later(seconds, time_up)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
