@@ -121,7 +121,7 @@ async def _measure(
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--stream", action="store_true", help="streamed replies")
     args = parser.parse_args()

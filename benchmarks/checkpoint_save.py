@@ -10,6 +10,7 @@ and for contrast what encoding the whole state once costs at the end (a non-incr
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 import time
@@ -79,4 +80,5 @@ def main(turns: int = 1_000, window: int = 100) -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0]).parse_args()
     main()

@@ -113,7 +113,7 @@ def _batch(runs: int, turns: int, collector_on: bool) -> tuple[float, float, int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1000, help="runs driven at once")
     parser.add_argument("--turns", type=int, default=5, help="tool turns per run")
     parser.add_argument("--repeat", type=int, default=3, help="batches per setting (median)")

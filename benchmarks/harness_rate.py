@@ -102,7 +102,7 @@ def _instructions(examples: int, store_kind: str, folder: Path) -> tuple[int, in
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=2_000)
     parser.add_argument("--store", choices=["none", "memory", "sqlite"], default="none")
     parser.add_argument(

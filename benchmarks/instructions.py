@@ -157,7 +157,7 @@ def _instructions(turns: int, folder: Path, variant: str, collector: bool = True
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--turns",
         nargs=2,

@@ -8,6 +8,7 @@ each trigger walks its whole row group to the "else" row: the worst case per tur
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -36,4 +37,5 @@ def main(rounds: int = 7, turns: int = 5_000) -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0]).parse_args()
     main()

@@ -103,7 +103,7 @@ def _measure(fn: Any, turns: int, repeat: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=21, help="runs per size (median is shown)")
     args = parser.parse_args()
     asyncio.run(_agent_fsm(20))  # warm-up: imports, machine construction, caches

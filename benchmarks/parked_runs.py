@@ -163,7 +163,7 @@ def _bare_tasks(runs: int) -> Start:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--turns", type=int, default=5, help="the turn whose tool call parks")
     parser.add_argument("--top", type=int, default=12, help="allocation sites to list")

@@ -328,7 +328,7 @@ def storage(kind: str, pg_url: str | None) -> Iterator[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--runs", type=int, default=1000, help="runs per configuration (default: 1000)"
     )
