@@ -25,7 +25,7 @@ SMALLEST = [
     (["adapters.py", "--calls", "2"], "openai-responses"),
     (["harness_rate.py", "--examples", "3"], "runs per second"),
     (["overhead.py", "--repeat", "1"], "µs/turn"),
-    (["parked_runs.py", "--runs", "10", "--top", "2"], "traced per run"),
+    (["parked_runs.py", "--runs", "10", "--top", "2"], "collector's objects per run"),
     (["ui_pages.py", "--runs", "20", "--rounds", "1"], "one run, step 3"),
     (["checkpoint_save.py"], "SQLiteStore"),
     (["machine_fire.py"], "triggers"),
