@@ -251,3 +251,17 @@ def test_a_forks_journal_is_durable_once_fork_returns(tmp_path: Path) -> None:
         assert entry is not None
         assert entry.status is CallStatus.FINISHED
     assert TRANSFERS == ["transfer 1"]
+
+
+def test_a_record_held_back_is_not_written_onto_the_run_made_again_elsewhere(
+    held_back: HeldBack,
+) -> None:
+    """Another process deletes the run and makes it again, and a call of the same key starts
+    in it: the held record's end is not that call's (lost instead, as in a crash)."""
+    _, other, journal = held_back
+    other.delete("r")
+    other.save(RunState(run_id="r"))
+    theirs = ToolCall(id="c1", name="transfer", arguments='{"amount": 7}')
+    assert other.journal("r").lookup_or_start("1:0:c1", theirs) is None
+    settle(journal)  # this process's next write of the run
+    assert other.journal("r").lookup("1:0:c1") == JournalEntry("1:0:c1", theirs, CallStatus.STARTED)

@@ -152,6 +152,7 @@ class SQLiteStore(ClosingStore):
         read it back."""
         messages, trace = state.messages, state.trace
         self._top = max(self._top, revision)
+        self._file.knows(state.run_id, revision)
         self._seen[state.run_id] = _Seen(
             revision,
             len(messages),

@@ -138,6 +138,13 @@ CREATE TABLE journal (
 );
 """
 
+_SETTLE = (
+    "UPDATE journal SET status = 'finished', result = ?1 WHERE run_id = ?2 AND key = ?3"
+    " AND (?4 IS NULL OR ?4 = (SELECT revision FROM runs WHERE run_id = ?2))"
+)
+"""A finished record held back (``SQLiteFile.hold``) written, while the run is at the revision
+then known (?4), if one was."""
+
 _UPGRADES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (2, (sqlite_leases.LEASES_TABLE,)),
     (3, _QUEUE),
@@ -171,9 +178,11 @@ class SQLiteFile:
         password."""
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._held: dict[str, dict[str, str]] = {}
-        """run_id -> stored key -> result JSON: finished records a journal holds back until
-        the run's next write (``hold``)."""
+        self._held: dict[str, dict[str, tuple[str, int | None]]] = {}
+        """run_id -> stored key -> (result JSON, the run's revision then known): finished
+        records a journal holds back until the run's next write (``hold``)."""
+        self._known: dict[str, int] = {}
+        """run_id -> the revision this process last wrote or read of the run (``knows``)."""
         if self.path.lower().startswith(("postgres://", "postgresql://")):
             raise CheckpointError(
                 f"{self.name} is a PostgreSQL URL, not a SQLite file: open it with"
@@ -261,23 +270,34 @@ class SQLiteFile:
         readers in this process; a crash loses it, and the call then reads as started (its
         outcome unknown), as when a crash came just before its record. ``durable.journal``'s
         ``SQLiteJournal`` holds back a record only when no other call of the run is in
-        flight, so the next write follows without waiting on anything from outside."""
+        flight, so the next write follows without waiting on anything from outside.
+
+        The record is written only while the run is at the revision this process knew it at
+        when it held the record back (``knows``), if it knew one: a run another process
+        deleted and made again meanwhile, whose call of the same key may have started since,
+        is not given this one's end (the record is then lost, as in a crash)."""
         with self._lock:
-            self._held.setdefault(run_id, {})[key] = result
+            self._held.setdefault(run_id, {})[key] = (result, self._known.get(run_id))
+
+    def knows(self, run_id: str, revision: int) -> None:
+        """This process wrote or read the run at ``revision`` (``SQLiteStore``)."""
+        self._known[run_id] = revision
 
     def held(self, run_id: str, key: str) -> str | None:
         """The result JSON held back for the call (``hold``), if any; read inside a
         transaction, which holds the lock."""
-        records = self._held.get(run_id)
-        return None if records is None else records.get(key)
+        held = self._held.get(run_id, {}).get(key)
+        return None if held is None else held[0]
 
     def holds(self, run_id: str) -> bool:
         """Records are held back for the run."""
         return run_id in self._held
 
     def forget(self, run_id: str) -> None:
-        """Drop what is held back for a deleted run; inside its delete's transaction."""
+        """Drop what is held back for a deleted run, and its revision; inside its delete's
+        transaction."""
         self._held.pop(run_id, None)
+        self._known.pop(run_id, None)
 
     def transaction(self, what: str, *, write: bool, settling: str | None = None) -> Transaction:
         """One transaction on the file, under the lock: committed when the block ends,
@@ -321,7 +341,7 @@ class Transaction:
         self._what = what
         self._write = write
         self._settling = settling
-        self._settled: dict[str, str] | None = None
+        self._settled: dict[str, tuple[str, int | None]] | None = None
         self._conn: sqlite3.Connection | None = None
 
     def __enter__(self) -> sqlite3.Connection:
@@ -344,8 +364,7 @@ class Transaction:
         """Write the finished records held back for ``run_id`` (``SQLiteFile.hold``)."""
         self._settled = records = self._file._held.pop(run_id)
         conn.executemany(
-            "UPDATE journal SET status = 'finished', result = ? WHERE run_id = ? AND key = ?",
-            [(result, run_id, key) for key, result in records.items()],
+            _SETTLE, [(result, run_id, key, known) for key, (result, known) in records.items()]
         )
 
     def __exit__(
