@@ -22,9 +22,9 @@ from agent_fsm.state import RunState
 __all__ = [
     "DELETED",
     "FORGET_REVISION",
+    "GOING_ON_COLUMNS",
     "INSERT_RUN",
     "QUICK_UPDATE",
-    "GOING_ON_COLUMNS",
     "READ_RUN",
     "STOP_COLUMNS",
     "UPDATE_RUN",
