@@ -72,6 +72,38 @@ def test_a_start_the_lease_refuses_is_not_started_and_writes_nothing(tmp_path: P
         )
 
 
+def test_a_call_never_seen_is_recorded_started_in_one_statement(tmp_path: Path) -> None:
+    """The usual first start writes at once, not after a look-up: what refused a record is
+    read only when it was refused."""
+    with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+        journal = store.journal("r")
+        statements: list[str] = []
+        conn = store._file._conn
+        assert conn is not None
+        conn.set_trace_callback(statements.append)
+        assert journal.lookup_or_start("1:0:c1", CALL) is None
+        conn.set_trace_callback(None)
+    assert [statement.split()[0] for statement in statements] == ["BEGIN", "INSERT", "COMMIT"]
+
+
+def test_a_leased_start_is_refused_once_another_worker_took_the_run(tmp_path: Path) -> None:
+    now = [1000.0]
+    with SQLiteStore(tmp_path / "runs.sqlite3", clock=lambda: now[0]) as store:
+        mine = store.claim("r", "worker-a", 10.0)
+        journal = store.journal("r", lease=mine)
+        assert journal.lookup_or_start("1:0:c1", CALL) is None  # its own lease is no refusal
+        now[0] += 60.0  # worker-a's lease expired: worker-b takes the run over
+        store.claim("r", "worker-b", 10.0)
+        with pytest.raises(NotStarted) as raised:
+            journal.lookup_or_start("2:0:c1", CALL)
+        assert isinstance(raised.value.__cause__, RunLeased)
+        assert "worker-b" in str(raised.value)
+        assert journal.lookup("2:0:c1") is None  # nothing written
+        assert journal.lookup_or_start("1:0:c1", CALL) == JournalEntry(  # read, not refused
+            "1:0:c1", CALL, CallStatus.STARTED
+        )
+
+
 class Failing:
     """A starting journal whose ``lookup_or_start`` fails as ``failure`` says."""
 
@@ -219,3 +251,17 @@ def test_a_forks_journal_is_durable_once_fork_returns(tmp_path: Path) -> None:
         assert entry is not None
         assert entry.status is CallStatus.FINISHED
     assert TRANSFERS == ["transfer 1"]
+
+
+def test_a_record_held_back_is_not_written_onto_the_run_made_again_elsewhere(
+    held_back: HeldBack,
+) -> None:
+    """Another process deletes the run and makes it again, and a call of the same key starts
+    in it: the held record's end is not that call's (lost instead, as in a crash)."""
+    _, other, journal = held_back
+    other.delete("r")
+    other.save(RunState(run_id="r"))
+    theirs = ToolCall(id="c1", name="transfer", arguments='{"amount": 7}')
+    assert other.journal("r").lookup_or_start("1:0:c1", theirs) is None
+    settle(journal)  # this process's next write of the run
+    assert other.journal("r").lookup("1:0:c1") == JournalEntry("1:0:c1", theirs, CallStatus.STARTED)

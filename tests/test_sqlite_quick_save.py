@@ -9,6 +9,7 @@ in a new file or in one laid out before the ``revisions`` table."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import sqlite3
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from agent_fsm.durable.sqlite_leases import LEASES_TABLE
 from agent_fsm.errors import RunLeased
 from agent_fsm.messages import AssistantMessage, UserMessage
 from agent_fsm.state import RunState
-from agent_fsm.table import AgentState
+from agent_fsm.table import AgentState, StopReason
 from agent_fsm.testing.store_kit import sample_state
 
 
@@ -221,3 +222,71 @@ def test_a_file_of_the_layout_before_the_revisions_table_is_upgraded(tmp_path: P
         assert len(again.list_runs()) == 1
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM revisions").fetchone()[0] == 1
+
+
+# -- the queue's index is left alone by the save of a run going on (layout 6) ----------------
+
+
+def _wal_pages(path: Path) -> int:
+    """The pages written to the file's write-ahead log so far."""
+    with sqlite3.connect(path) as conn:
+        page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    return os.path.getsize(f"{path}-wal") // (page + 24)  # each frame: a header and a page
+
+
+def test_a_save_of_a_run_going_on_writes_its_row_revision_and_entries_alone(
+    tmp_path: Path,
+) -> None:
+    """No page of the queue's index: it reads ``stop_reason``, which such a save does not
+    name (it named ``state``, which the index read, one page more per save)."""
+    path = tmp_path / "runs.sqlite3"
+    store, state = _saved_twice(path)
+    state.trace.append((1, state.turns))  # a transition and no message, as after OBSERVE
+    before = _wal_pages(path)
+    store.save(state)
+    assert _wal_pages(path) - before == 3  # the row, its revision's index entry, the trace's
+    assert SQLiteStore(path).load(state.run_id) == state
+
+
+def test_a_run_saved_going_on_after_its_stop_is_queued_again(tmp_path: Path) -> None:
+    """The save after a stop (a run reopened) takes the long way, which writes the stop
+    reason back to NULL: the queue's index, which reads it, holds the run again."""
+    path = tmp_path / "runs.sqlite3"
+    store, state = _saved_twice(path)
+    state.state, state.stop_reason = AgentState.DONE, StopReason.FINAL_ANSWER
+    _next_step(state, "stopped")
+    store.save(state)
+    assert store.claim_next("worker", 60.0) is None
+    state.state, state.stop_reason = AgentState.OBSERVE, None
+    _next_step(state, "reopened")
+    store.save(state)  # by the store that saved the stop: it knows the run at that revision
+    lease = store.claim_next("worker", 60.0)
+    assert lease is not None
+    assert lease.run_id == state.run_id
+    assert store.list_runs()[0].stop_reason is None
+
+
+def test_a_file_of_layout_5_takes_its_queue_by_stop_reason(tmp_path: Path) -> None:
+    written = tmp_path / "written.sqlite3"
+    with SQLiteStore(written) as writer:
+        going_on, stopped = sample_state("going-on"), sample_state("stopped")
+        writer.save(going_on)
+        stopped.state = AgentState.ERROR
+        writer.save(stopped)
+    path = tmp_path / "old.sqlite3"
+    _laid_out_as_4(path, written)
+    with sqlite3.connect(path) as conn:
+        for statement in sqlite_file._REVISIONS:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 5")
+    with SQLiteStore(path) as store:
+        lease = store.claim_next("worker", 60.0)
+        assert lease is not None
+        assert lease.run_id == "going-on"
+        assert store.claim_next("worker", 60.0) is None  # the stopped run is not taken
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_file.LAYOUT_VERSION
+        (index,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'runs_to_take'"
+        ).fetchone()
+    assert index.endswith("WHERE stop_reason IS NULL")

@@ -6,11 +6,12 @@ intact and concurrent writers wait for each other (up to ``timeout``) instead of
 
 A save inserts only the new messages and trace rows and rewrites the small ``runs`` row,
 whose header encodes again only the fields that changed (``durable.header``); see
-``checkpoint`` for the rules. The common save, of a run this store wrote or read last, reads
-nothing first: one UPDATE guarded by what it assumes (``_quick_write``); any other save first
-reads the run's stored counts (one indexed lookup). A save of a leased run checks and renews
-the lease in its own transaction (``durable.leases``), and reads the run's pending cancel
-request with its counts (``durable.queue``). ``claim_next`` is one write transaction: the
+``checkpoint`` for the rules. The common save, of a run going on that this store wrote or
+read last, reads nothing first: one UPDATE guarded by what it assumes (``_quick_write``); any
+other save (a stop, the save after one) first reads the run's stored counts (one indexed
+lookup). A save of a leased run checks and renews the lease in its own transaction
+(``durable.leases``), and reads the run's pending cancel request with its counts
+(``durable.queue``). ``claim_next`` is one write transaction: the
 first runnable run by the ``runs_to_take`` index, claimed.
 """
 
@@ -39,7 +40,7 @@ from agent_fsm.durable.header import RunHeaders
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.durable.leases import Lease, check_id, check_ttl
 from agent_fsm.durable.listing import listed, state_names, stop_names
-from agent_fsm.durable.queue import STOPPED_SQL, check_priority, check_reason
+from agent_fsm.durable.queue import check_priority, check_reason
 from agent_fsm.durable.sqlite_file import LAYOUT_VERSION, SQLiteFile
 from agent_fsm.durable.sqlite_journal import SQLiteJournal
 from agent_fsm.errors import CheckpointError
@@ -60,12 +61,13 @@ cancel request and last lease."""
 
 _NEXT_RUN = (
     "SELECT r.run_id FROM runs r"
-    f" WHERE r.state NOT IN {STOPPED_SQL} AND NOT EXISTS (SELECT 1 FROM leases l"
+    " WHERE r.stop_reason IS NULL AND NOT EXISTS (SELECT 1 FROM leases l"
     " WHERE l.run_id = r.run_id AND l.expires_at > ?)"
     " ORDER BY r.priority DESC, r.created_at, r.run_id LIMIT 1"
 )
-"""The next runnable run (``durable.queue``): not stopped, no live lease, by priority, age
-and id, along the partial index of the runs that have not stopped."""
+"""The next runnable run (``durable.queue``): not stopped (its ``stop_reason`` NULL), no live
+lease, by priority, age and id, along the partial index of the runs that have not stopped
+(``sqlite_file._TAKE_BY_STOP``)."""
 
 
 class SQLiteStore(ClosingStore):
@@ -150,12 +152,14 @@ class SQLiteStore(ClosingStore):
         read it back."""
         messages, trace = state.messages, state.trace
         self._top = max(self._top, revision)
+        self._file.knows(state.run_id, revision)
         self._seen[state.run_id] = _Seen(
             revision,
             len(messages),
             messages[-1] if messages else None,
             len(trace),
             trace[-1] if trace else None,
+            state.state in TERMINAL_STATES,
         )
 
     def _write(
@@ -171,8 +175,8 @@ class SQLiteStore(ClosingStore):
             sqlite_leases.renew(conn, lease, now)
         stopped = state.state in TERMINAL_STATES
         version, header = self._headers.encode(state)
-        if lease is None:
-            quick = self._quick_write(conn, state, now, (version, header), stopped)
+        if lease is None and not stopped:
+            quick = self._quick_write(conn, state, now, (version, header))
             if quick is not None:
                 return quick, None
         stored_messages, stored_trace, created_at, stored_revision, request, revision, leased = (
@@ -182,15 +186,15 @@ class SQLiteStore(ClosingStore):
             sqlite_leases.fence(conn, run_id, None, now)  # raises, naming the holder
         if stored_revision is None:  # a new run
             stored_messages, stored_trace, created_at = 0, 0, now
-        if stopped:
-            request = None
         kept = self._kept(conn, state, (stored_messages, stored_trace), stored_revision)
         rows.append(conn, state, *kept)
-        columns = rows.columns(state, version, header, now, revision, request, stopped)
+        columns = rows.columns(state, version, header, now, revision)
+        request, stop_reason = rows.stop(state, request, stopped)
         if stored_revision is None:
-            conn.execute(rows.INSERT_RUN, (*columns, run_id, created_at, priority))
+            values = (*columns, request, stop_reason, run_id, created_at, priority)
+            conn.execute(rows.INSERT_RUN, values)
         else:
-            conn.execute(rows.UPDATE_RUN, (*columns, run_id))
+            conn.execute(rows.UPDATE_RUN, (*columns, request, stop_reason, run_id))
         if lease is None:
             return int(revision), None
         renewed = dataclasses.replace(lease, expires_at=now + lease.ttl_s, cancel_requested=request)
@@ -202,21 +206,23 @@ class SQLiteStore(ClosingStore):
         state: RunState,
         now: float,
         header: tuple[int, bytes],
-        stopped: bool,
     ) -> int | None:
-        """The common save of a run without a lease, read nothing first: one statement
-        (``sqlite_rows.QUICK_UPDATE``) rewrites the run's row only if it is still at the
-        revision and counts this store last wrote or read (so the stored entries are the ones
+        """The common save of a run going on without a lease, read nothing first: one
+        statement (``sqlite_rows.QUICK_UPDATE``) rewrites the run's row only if it is still at
+        the revision and counts this store last wrote or read, going on then too (so its
+        ``stop_reason`` is NULL and stays so, and the stored entries are the ones
         it knows, which the live state continues: no revision is taken twice in the file, not
         even by a run deleted and made again, ``sqlite_rows``), no lease on the run is live,
         and no other store took a revision since this one's latest (the new one, the next, is
         then the highest the file ever held); then only the new entries are inserted. Returns
-        the new revision, or None when the statement matched nothing (it wrote nothing): the
-        save then takes the long way, which reads what is stored and says why."""
+        the new revision, or None when the statement matched nothing (it wrote nothing) or
+        the run stopped at its last save: the save then takes the long way, which reads what
+        is stored and says why (a stop, and the save after one, take it too: once a run)."""
         seen = self._seen.get(state.run_id)
         messages, trace = state.messages, state.trace
         if not (
             seen is not None
+            and not seen.stopped
             and 0 < seen.messages <= len(messages)
             and 0 < seen.steps <= len(trace)
             and messages[seen.messages - 1] is seen.last
@@ -224,7 +230,7 @@ class SQLiteStore(ClosingStore):
         ):
             return None
         revision = self._top + 1
-        columns = rows.columns(state, *header, now, revision, int(stopped), stopped)
+        columns = rows.columns(state, *header, now, revision)
         known = (state.run_id, seen.revision, seen.messages, seen.steps)
         updated = conn.execute(rows.QUICK_UPDATE, (*columns, *known))
         if updated.rowcount != 1:
@@ -462,10 +468,12 @@ def _filters(names: list[str] | None, stops: list[str] | None) -> tuple[str, lis
 class _Seen(NamedTuple):
     """What a SQLiteStore last wrote or read of a run: at ``revision``, the stored messages
     were ``messages`` many, the last of them ``last``, and the stored trace entries ``steps``
-    many, the last of them ``last_step`` (the live state's very tuple)."""
+    many, the last of them ``last_step`` (the live state's very tuple); the run had
+    ``stopped`` (its ``stop_reason`` column not NULL)."""
 
     revision: int
     messages: int
     last: Message | None
     steps: int
     last_step: tuple[int, int] | None
+    stopped: bool

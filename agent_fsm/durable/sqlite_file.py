@@ -36,12 +36,12 @@ from agent_fsm.errors import CheckpointError
 
 __all__ = ["LAYOUT_VERSION", "SQLiteFile", "Transaction"]
 
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 """The table layout, as stored in ``PRAGMA user_version``: 2 added the ``leases`` table, 3
 the queue's ``priority`` and ``cancel`` columns of ``runs`` and its index, 4 the
 ``stop_reason`` and ``cost`` columns and the ``runs_by_stop`` index, 5 the ``revisions``
-table (an older file is upgraded when opened; an older agent_fsm then refuses it as
-newer)."""
+table, 6 made the queue's index read ``stop_reason`` rather than ``state`` (an older file is
+upgraded when opened; an older agent_fsm then refuses it as newer)."""
 
 _QUEUE = (
     "ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0",
@@ -84,6 +84,19 @@ by every save: a save only reads it, in the statement that reads the highest rev
 anyway. An older file starts it at 0: revisions its runs deleted before held are unknown,
 and no store of this layout can remember them (each opened the file, upgrading it, first)."""
 
+_TAKE_BY_STOP = (
+    "DROP INDEX runs_to_take",
+    "CREATE INDEX runs_to_take ON runs (priority DESC, created_at, run_id)"
+    " WHERE stop_reason IS NULL",
+)
+"""Layout 6: the queue's index (layout 3's, ``_QUEUE``) of the runs that have not stopped
+told by ``stop_reason``, NULL exactly while a run has not stopped (layout 4 filled it so, and
+every save writes it so: ``encoding.stop_value``), rather than by ``state``. SQLite rewrites
+a partial index's entry for every UPDATE that names a column the index's WHERE reads, changed
+or not: every save names ``state``, which changes on every save, and so wrote the index's
+page too (one page more to the write-ahead log per save, ~10k instructions); the save of a run
+going on (``sqlite_rows.QUICK_UPDATE``) does not name ``stop_reason``, which stays NULL."""
+
 _LAYOUT = """
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
@@ -125,6 +138,22 @@ CREATE TABLE journal (
 );
 """
 
+_SETTLE = (
+    "UPDATE journal SET status = 'finished', result = ?1 WHERE run_id = ?2 AND key = ?3"
+    " AND (?4 IS NULL OR ?4 = (SELECT revision FROM runs WHERE run_id = ?2))"
+)
+"""A finished record held back (``SQLiteFile.hold``) written, while the run is at the revision
+then known (?4), if one was."""
+
+_UPGRADES: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (2, (sqlite_leases.LEASES_TABLE,)),
+    (3, _QUEUE),
+    (4, _STOPS),
+    (5, _REVISIONS),
+    (6, _TAKE_BY_STOP),
+)
+"""Each layout after the first and the statements that bring the one before it there."""
+
 
 class SQLiteFile:
     """One connection to a store's file, shared by the store and its journals.
@@ -149,9 +178,11 @@ class SQLiteFile:
         password."""
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._held: dict[str, dict[str, str]] = {}
-        """run_id -> stored key -> result JSON: finished records a journal holds back until
-        the run's next write (``hold``)."""
+        self._held: dict[str, dict[str, tuple[str, int | None]]] = {}
+        """run_id -> stored key -> (result JSON, the run's revision then known): finished
+        records a journal holds back until the run's next write (``hold``)."""
+        self._known: dict[str, int] = {}
+        """run_id -> the revision this process last wrote or read of the run (``knows``)."""
         if self.path.lower().startswith(("postgres://", "postgresql://")):
             raise CheckpointError(
                 f"{self.name} is a PostgreSQL URL, not a SQLite file: open it with"
@@ -209,18 +240,11 @@ class SQLiteFile:
             for statement in _LAYOUT.split(";"):
                 if statement.strip():
                     conn.execute(statement)
-        if version in (0, 1):
-            conn.execute(sqlite_leases.LEASES_TABLE)
-        if version in (0, 1, 2):
-            for statement in _QUEUE:
-                conn.execute(statement)
-        if version in (0, 1, 2, 3):
-            for statement in _STOPS:
-                conn.execute(statement)
-        if version in (0, 1, 2, 3, 4):
-            for statement in _REVISIONS:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
+        for layout, statements in _UPGRADES:
+            if version < layout:
+                for statement in statements:
+                    conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {LAYOUT_VERSION}")
 
     def _check_writable(self, conn: sqlite3.Connection) -> None:
         """Refuse a store that cannot be written (a read-only file, directory or file system)
@@ -246,23 +270,34 @@ class SQLiteFile:
         readers in this process; a crash loses it, and the call then reads as started (its
         outcome unknown), as when a crash came just before its record. ``durable.journal``'s
         ``SQLiteJournal`` holds back a record only when no other call of the run is in
-        flight, so the next write follows without waiting on anything from outside."""
+        flight, so the next write follows without waiting on anything from outside.
+
+        The record is written only while the run is at the revision this process knew it at
+        when it held the record back (``knows``), if it knew one: a run another process
+        deleted and made again meanwhile, whose call of the same key may have started since,
+        is not given this one's end (the record is then lost, as in a crash)."""
         with self._lock:
-            self._held.setdefault(run_id, {})[key] = result
+            self._held.setdefault(run_id, {})[key] = (result, self._known.get(run_id))
+
+    def knows(self, run_id: str, revision: int) -> None:
+        """This process wrote or read the run at ``revision`` (``SQLiteStore``)."""
+        self._known[run_id] = revision
 
     def held(self, run_id: str, key: str) -> str | None:
         """The result JSON held back for the call (``hold``), if any; read inside a
         transaction, which holds the lock."""
-        records = self._held.get(run_id)
-        return None if records is None else records.get(key)
+        held = self._held.get(run_id, {}).get(key)
+        return None if held is None else held[0]
 
     def holds(self, run_id: str) -> bool:
         """Records are held back for the run."""
         return run_id in self._held
 
     def forget(self, run_id: str) -> None:
-        """Drop what is held back for a deleted run; inside its delete's transaction."""
+        """Drop what is held back for a deleted run, and its revision; inside its delete's
+        transaction."""
         self._held.pop(run_id, None)
+        self._known.pop(run_id, None)
 
     def transaction(self, what: str, *, write: bool, settling: str | None = None) -> Transaction:
         """One transaction on the file, under the lock: committed when the block ends,
@@ -306,7 +341,7 @@ class Transaction:
         self._what = what
         self._write = write
         self._settling = settling
-        self._settled: dict[str, str] | None = None
+        self._settled: dict[str, tuple[str, int | None]] | None = None
         self._conn: sqlite3.Connection | None = None
 
     def __enter__(self) -> sqlite3.Connection:
@@ -329,8 +364,7 @@ class Transaction:
         """Write the finished records held back for ``run_id`` (``SQLiteFile.hold``)."""
         self._settled = records = self._file._held.pop(run_id)
         conn.executemany(
-            "UPDATE journal SET status = 'finished', result = ? WHERE run_id = ? AND key = ?",
-            [(result, run_id, key) for key, result in records.items()],
+            _SETTLE, [(result, run_id, key, known) for key, (result, known) in records.items()]
         )
 
     def __exit__(

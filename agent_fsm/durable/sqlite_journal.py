@@ -35,6 +35,17 @@ _START_UNLEASED = (
 )
 """``_START`` unless a lease on the run is live (``sqlite_leases.fence`` without a lease)."""
 
+_FIRST_START = (
+    "INSERT INTO journal SELECT ?1, ?2, ?3, 'started', NULL WHERE NOT EXISTS"
+    " (SELECT 1 FROM leases WHERE run_id = ?1 AND expires_at > ?4 AND token != ?5)"
+    " ON CONFLICT (run_id, key) DO NOTHING"
+)
+"""A call's first start (``lookup_or_start``): recorded unless its key has an entry, which
+it leaves as it is, or a lease on the run other than the journal's own is live (?5: its
+token, or 0 without one, which no lease has, tokens starting at 1: ``sqlite_leases.claim``;
+not NULL, which the sqlite3 module binds the slow way, ``sqlite_rows``). One statement for
+the usual call, which has no entry; what refused it otherwise is read after."""
+
 
 class SQLiteJournal:
     """The journal of ``run_id`` in ``file``, whose ``record_started`` is fenced by
@@ -62,15 +73,25 @@ class SQLiteJournal:
         return None if row is None else self._entry(key, row)
 
     def lookup_or_start(self, key: str, call: ToolCall) -> JournalEntry | None:
-        # One write transaction (BEGIN IMMEDIATE): no other writer between the read and the
-        # record. Fenced by the run's lease only when it writes, as record_started is.
+        # One write transaction (BEGIN IMMEDIATE): no other writer between the record and
+        # the read of what refused it. Fenced by the run's lease only when it writes, as
+        # record_started is: an entry found is answered whoever holds the run.
         stored, row, absent = stored_key(key), None, False
         try:
             with self._transaction(key) as conn:
-                row = conn.execute(_LOOKUP, (self._run_id, stored)).fetchone()
-                if row is None:
-                    absent = True
-                    self._start(conn, stored, call)
+                run_id, now, lease = self._run_id, self._clock(), self._lease
+                token = 0 if lease is None else lease.token  # not None: see _FIRST_START
+                values = (run_id, stored, encode_model(call), now, token)
+                absent = conn.execute(_FIRST_START, values).rowcount == 1
+                if not absent:  # the key's entry, or another's live lease, refused it
+                    row = conn.execute(_LOOKUP, (run_id, stored)).fetchone()
+                    absent = row is None
+                    if absent:
+                        self._refuse(conn, now)
+                elif lease is not None:
+                    sqlite_leases.renew(conn, lease, now)  # raises when taken over meanwhile
+                if absent:
+                    self._open.add(stored)
         except Exception as exc:
             if row is not None:  # read; nothing was to be written
                 return self._entry(key, row)
@@ -114,10 +135,14 @@ class SQLiteJournal:
             sqlite_leases.renew(conn, self._lease, now)  # raises when taken over
             conn.execute(_START, (run_id, stored, recorded))
         elif not conn.execute(_START_UNLEASED, (run_id, stored, recorded, now)).rowcount:
-            holder = sqlite_leases.live(conn, run_id, now)
-            assert holder is not None  # found live by the statement, in this transaction
-            raise leased_error(run_id, holder.owner, holder.expires_at, now)
+            self._refuse(conn, now)
         self._open.add(stored)
+
+    def _refuse(self, conn: sqlite3.Connection, now: float) -> None:
+        """Raise ``RunLeased`` naming the live lease a record found on the run."""
+        holder = sqlite_leases.live(conn, self._run_id, now)
+        assert holder is not None  # found live by the statement, in this transaction
+        raise leased_error(self._run_id, holder.owner, holder.expires_at, now)
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         """Written at once, or held back (``SQLiteFile.hold``) when the call is the last of
