@@ -28,10 +28,13 @@ by then. A tool call reads it with the record of its start: one made without a s
 only when no request is pending, and one that finds it is made as a step, which reads it
 again and records it. A tool step reads it with its own journal entry before its call, and
 again with the record of its end (one statement each, ``PairedLookup`` and
-``FinishingLookup``); a model step reads it on its own only when no such read followed the
+``FinishingLookup``); a tool call made without a step reads it with the record of its end
+(``FirstFinishingLookup``), and the model step after it records what that read found
+(``RunTime.hear``). A model step reads it on its own only when no such read followed the
 latest call (``RunTime.request_seen``: the run's first model step, one after a model call,
-after a tool call made without a step, after a tool step whose end-read failed), since a
-read at the end of the turn's last tool step is the read before the next model call. A step
+after a tool step whose end-read failed, after a call made without a step answered from its
+entry by a replay), since a read at the end of the turn's last tool call is the read before
+the next model call. A step
 that finds it before its call makes no call (a tool call is answered "not run"); the steps
 after one that found it, before or after its call, in that activation are not run at all;
 the run is aborted once that state's work ends (``ReplayedKeeper``): ERROR ``aborted``, with

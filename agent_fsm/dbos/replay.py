@@ -55,6 +55,7 @@ from agent_fsm.dbos.liveness import Admission
 from agent_fsm.durable.journal import (
     FinishingLookup,
     FirstFinish,
+    FirstFinishingLookup,
     JournalEntry,
     PairedLookup,
     StartingLookup,
@@ -134,6 +135,7 @@ class RunTime:
 
     __slots__ = (
         "_calls",
+        "_finish_and_read",
         "_first",
         "_pending",
         "_recorded",
@@ -142,6 +144,7 @@ class RunTime:
         "cancelled",
         "first_finish",
         "fresh",
+        "heard",
         "journal",
         "key_prefix",
         "looked",
@@ -184,6 +187,9 @@ class RunTime:
         self.first_finish = journal if isinstance(journal, FirstFinish) else None
         """The journal, when it keeps a first end: tool calls may then be made without a
         step (checked once: a Protocol's ``isinstance`` is slow)."""
+        self._finish_and_read = journal if isinstance(journal, FirstFinishingLookup) else None
+        """The journal, when it reads the cancel request with a first end
+        (``finish_unstepped``)."""
         self.key_prefix = key_prefix
         """Put before a tool step's journal key: a resume's steps are numbered from 1
         again, in the same run's journal (``agent_fsm.dbos.pausing``)."""
@@ -197,9 +203,13 @@ class RunTime:
         self.looked = False
         """Whether a tool step read the cancel request after its call since the latest
         model step (``saw_request``), and ``missed`` whether one did not: both from
-        recorded outcomes, and each only ever set within a turn, so parallel tool steps
-        ending in any order leave the same answer."""
+        recorded outcomes (or a read made live, ``hear``), and each only ever set within a
+        turn, so parallel tool steps ending in any order leave the same answer."""
         self.missed = False
+        self.heard: str | None = None
+        """The reason of a cancel request that a tool call made without a step read with its
+        end, in this execution, since the latest model step (``finish_unstepped``): not
+        recorded anywhere, so the model step after it records it as its own read."""
         self._calls = 0
         """The tool calls made so far (``next_call``)."""
         self._turns: dict[int, asyncio.Future[None]] = {}
@@ -268,10 +278,40 @@ class RunTime:
         entry = start_fresh(self.journal, key, call)
         return entry, None, entry is None
 
+    def finish_unstepped(
+        self, key: str, result: ToolMessage
+    ) -> tuple[JournalEntry | None, bool, str | None]:
+        """A tool call made without a step records its end (``journal.FirstFinish``) and,
+        in the same round trip where the journal offers it (``FirstFinishingLookup``), reads
+        this activation's pending cancel request: (the entry after, whether the request was
+        read, its reason). Called in the workflow, on the execution that made the call; the
+        journal must keep a first end (``first_finish``).
+
+        Raises:
+            as ``FirstFinish.finish_first``.
+        """
+        reading = self._finish_and_read
+        if reading is not None:
+            entry, request = reading.finish_first_and_lookup(
+                key, result, self.key_prefix + CANCEL_KEY
+            )
+            return entry, True, _reason(request)
+        finishing = self.first_finish
+        assert finishing is not None  # checked by the caller
+        return finishing.finish_first(key, result), False, None
+
+    def hear(self, reason: str | None) -> None:
+        """A call made without a step read the cancel request with its end, live (not from a
+        record): a request found is the model step's to record (``heard``); the read counts
+        as one after the call (its answer says ``looked``)."""
+        if reason is not None and self.heard is None:
+            self.heard = reason
+
     def request_seen(self) -> bool:
         """Whether the cancel request was read after every call made so far (a tool step
-        of the latest turn read it after its own call, and none failed to), as recorded:
-        a model step then takes ``cancelled`` as that read, and reads nothing itself."""
+        of the latest turn read it after its own call, and none failed to), as recorded or,
+        for a call made without a step, live (``hear``): a model step then takes
+        ``cancelled``, or else ``heard``, as that read, and reads nothing itself."""
         return self.looked and not self.missed
 
     def saw_request(self, looked: bool) -> None:
@@ -284,6 +324,7 @@ class RunTime:
     def called_model(self) -> None:
         """A model step made (or recorded) its call: the request must be read again."""
         self.looked = self.missed = False
+        self.heard = None
 
     def clock(self) -> float:
         return self.now

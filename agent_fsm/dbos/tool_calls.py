@@ -49,8 +49,12 @@ journal fails (its start or its read), the activation has no recorded start yet
 and when its end cannot be recorded (twice), the call's answer is recorded by a step instead
 ("outcome unknown" for a tool that is not idempotent: its effect happened, the journal says
 "started"). Calls take their steps in the order of their numbers (``RunTime.wait_turn``),
-so that DBOS numbers them the same way on every execution. A call made without a step does
-not read the cancel request after its call: the model step after it reads it itself.
+so that DBOS numbers them the same way on every execution. A call made without a step reads
+the cancel request in the statement recording its end, where the journal offers it
+(``journal.FirstFinishingLookup``): that read is recorded nowhere, so the model step after
+it records what it found as its own read (``RunTime.hear``), and reads nothing itself; a
+replay that answers the call from its entry made no such read, and its model step (when
+DBOS holds no record of it) reads the request itself.
 
 The journal's end is committed without waiting for the disk, as a step's record is after
 it: on one PostgreSQL cluster (the journal and DBOS's tables in one database, as the
@@ -254,16 +258,17 @@ async def _without_step(
     else:
         cut = False
     ending = _with_end(result, run.fleet_now(), cut)
-    finishing = run.first_finish
-    assert finishing is not None  # checked by the caller
-    try:
-        entry = _twice(finishing.finish_first, key, ending)
+    try:  # one round trip: the end recorded, and a cancel request made meanwhile read
+        entry, looked, reason = _twice(run.finish_unstepped, key, ending)
     except Exception as exc:
         return _Ran(result, cut, exc)
     answered = None if entry is None else _recorded(entry)
     if answered is None:  # ended first by a step of another execution (it found it started)
         return _Ran(result, cut, RuntimeError("another execution recorded its end first"))
-    return answered
+    if not looked:  # the model step after it reads the request itself
+        return answered
+    run.hear(reason)  # read live, after the call: the model step after it records it
+    return dataclasses.replace(answered, looked=True)
 
 
 async def _read_in_replay(run: RunTime, journal: ToolJournal, key: str) -> JournalEntry | None:
