@@ -167,9 +167,10 @@ class PostgresJournal:
         answer is read after the commit (it wrote nothing when the fence failed)."""
         run_id, lease = self._run_id, self._lease
         params = self._start_params(key, call)
-        with self._db.transaction(f"record journal entry {key!r}") as conn:
-            started = conn.execute(leases.fenced_insert(_START, lease), params)
-        if started.fetchone() is None:
+        started = self._db.durable_statement(
+            f"record journal entry {key!r}", leases.fenced_insert(_START, lease), params
+        )
+        if not started:
             with self._db.connected(f"record journal entry {key!r}") as conn:
                 raise leases.refusal(conn, run_id, lease)
 
@@ -190,8 +191,7 @@ class PostgresJournal:
         params = self._start_params(key, call)
         sql = _FIRST_START if lease is None else _FIRST_START_LEASED
         try:
-            with self._db.transaction(f"record journal entry {key!r}") as conn:
-                row = conn.execute(sql, params).fetchone()
+            row = self._db.durable_statement(f"record journal entry {key!r}", sql, params)[0]
         except CheckpointError as exc:  # nothing was committed: not started, maybe unread
             entry = self.lookup(key)  # raises when it cannot be read either
             if entry is not None:
@@ -235,8 +235,9 @@ class PostgresJournal:
             "keys": list(keys),
             "call": encode_model(call),
         }
-        with self._db.transaction(f"record journal entry {key!r}") as conn:
-            rows = conn.execute(_START_UNLESS_KNOWN, params).fetchall()
+        rows = self._db.durable_statement(
+            f"record journal entry {key!r}", _START_UNLESS_KNOWN, params
+        )
         started = bool(rows[0][0])
         found = {row[1]: row[2:] for row in rows if row[1] is not None}
         first, second = found.get(keys[0]), found.get(keys[1])
