@@ -5,10 +5,10 @@ one takes it from the queue.
 **Where the request waits.** A DBOS run keeps no checkpoint while it runs (DBOS records its
 steps), so there is no run row for a request to travel on, as a leased run's does
 (``durable.queue``). It is kept in the run's tool journal instead, in the journal store
-every worker shares, under the key of the *activation* it stops (``replay.CANCEL_KEY``
+every worker shares, under the key of the *activation* it stops (``requests.CANCEL_KEY``
 after the activation's key prefix: ``cancel`` for the run's first workflow,
 ``resume-n/cancel`` for its resume number n), as a started entry of a call named
-``replay.CANCEL_CALL`` whose arguments hold the reason. Every journal store keeps it, and
+``requests.CANCEL_CALL`` whose arguments hold the reason. Every journal store keeps it, and
 deleting the run deletes it. Keyed by activation, a request recorded for a workflow that
 ended by itself meanwhile is never read by a later resume of the run: a resumed run runs on,
 as a leased run whose stop cleared its request does.
@@ -57,7 +57,7 @@ from collections.abc import Awaitable, Callable
 from dbos import DBOS, DBOSClient
 
 from agent_fsm.dbos.pausing import key_prefix, resume_id
-from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY
+from agent_fsm.dbos.requests import CANCEL_CALL, CANCEL_KEY
 from agent_fsm.durable.checkpoint import CheckpointStore, redacted
 from agent_fsm.durable.encoding import unknown_run
 from agent_fsm.durable.leases import check_id
