@@ -42,6 +42,7 @@ class RunJournal:
 
     __slots__ = (
         "_finish_and_read",
+        "_starting",
         "cancelled",
         "first_finish",
         "heard",
@@ -57,6 +58,9 @@ class RunJournal:
         self.first_finish = journal if isinstance(journal, FirstFinish) else None
         """The journal, when it keeps a first end: tool calls may then be made without a
         step (checked once: a Protocol's ``isinstance`` is slow)."""
+        self._starting = journal if isinstance(journal, StartingLookup) else None
+        """The journal, when it starts a call in its read (``start_and_request``: every tool
+        call's)."""
         self._finish_and_read = journal if isinstance(journal, FirstFinishingLookup) else None
         """The journal, when it reads the cancel request with a first end
         (``finish_unstepped``)."""
@@ -91,7 +95,7 @@ class RunJournal:
         Raises:
             as ``start_and_request``, or ``journal.NotStarted``.
         """
-        if isinstance(self.journal, StartingLookup):
+        if self._starting is not None:
             return self.start_and_request(key, call)
         entry, reason = self.entry_and_request(key)
         if entry is not None or reason is not None:
@@ -183,8 +187,8 @@ class RunJournal:
         Raises:
             as ``entry_and_request``, or ``ToolJournal.record_started``.
         """
-        journal = self.journal
-        if isinstance(journal, StartingLookup):
+        journal = self._starting
+        if journal is not None:
             entry, request, started = journal.start_unless_known(
                 key, call, self.key_prefix + CANCEL_KEY
             )
