@@ -193,6 +193,8 @@ class _TimedJournal:
             self.lookup_or_start = self._lookup_or_start
         if hasattr(journal, "finish_first"):  # a DBOS tool call's end without a step
             self.finish_first = self._finish_first
+        if hasattr(journal, "finish_first_and_lookup"):  # and with its cancel request's read
+            self.finish_first_and_lookup = self._finish_first_and_lookup
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()
@@ -213,6 +215,9 @@ class _TimedJournal:
 
     def _finish_first(self, key: str, result: Any) -> Any:
         return self._timed("finish_first", key, result)
+
+    def _finish_first_and_lookup(self, key: str, result: Any, other: str) -> Any:
+        return self._timed("finish_first_and_lookup", key, result, other)
 
     def _lookup_or_start(self, key: str, call: Any) -> Any:
         found = self._timed("lookup_or_start", key, call)

@@ -434,3 +434,20 @@ async def test_the_steps_work_only_inside_a_run(journal: PostgresStore) -> None:
         )
     with pytest.raises(ConfigError, match="the input must be a str"):
         await agent.run(42)  # type: ignore[arg-type]
+
+
+def test_a_tool_steps_outcome_is_recorded_under_the_module_it_was_first_defined_in() -> None:
+    """DBOS pickles a tool step's outcome (``Answered``) into its record by module and name:
+    the class lives in ``dbos.answers`` now, but is pickled as ``dbos.tool_calls``'s (which
+    still imports it), so records written by one release read in another of its replay
+    format, whichever wrote them."""
+    import pickle
+
+    from agent_fsm.dbos.tool_calls import Answered
+    from agent_fsm.messages import ToolMessage
+
+    answered = Answered(1.5, ToolMessage(tool_call_id="c", name="send", content="sent"))
+    recorded = pickle.dumps(answered)
+    assert b"agent_fsm.dbos.tool_calls" in recorded
+    assert b"agent_fsm.dbos.answers" not in recorded
+    assert pickle.loads(recorded) == answered

@@ -154,3 +154,44 @@ def test_a_worker_commits_without_waiting_for_the_disk_only_when_asked(
                 liveness=WorkerLiveness(store),
                 synchronous_commit="off",  # type: ignore[arg-type]
             )
+
+
+def test_a_worker_pings_no_connection_and_outlives_the_loss_of_them_all(
+    limited_url: str, postgres_url: str
+) -> None:
+    """A ``DBOSWorker``'s pool does not ping a connection before each use (two round trips
+    per step saved): a run makes no ping, and once the server has closed every connection
+    DBOS holds, the next run still ends (DBOS runs the failed statement again on a fresh
+    connection)."""
+    with PostgresStore(limited_url, schema="agent_fsm") as store:
+        agent = agent_on(store)
+        worker = DBOSWorker(
+            "pools", limited_url, liveness=WorkerLiveness(store, ttl_s=5.0), pool_size=LIMIT - 2
+        )
+        with worker:
+            assert worker._engine is not None  # the engine DBOS was given
+            dialect = worker._engine.dialect
+            pings: list[object] = []
+            ping = dialect.do_ping
+
+            def counted(connection: object) -> bool:
+                pings.append(connection)
+                return ping(connection)
+
+            dialect.do_ping = counted  # type: ignore[method-assign]
+            assert asyncio.run(agent.run("Hello.", run_id="unpinged-1")).output == (
+                "hello from unpinged-1"
+            )
+            assert pings == []
+            with psycopg.connect(postgres_url, autocommit=True) as admin:
+                closed = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE usename = %s AND application_name = 'dbos_transact'",
+                    (conninfo_to_dict(limited_url)["user"],),
+                ).fetchone()
+            assert closed is not None
+            assert closed[0] >= LIMIT - 2
+            assert asyncio.run(agent.run("Hello.", run_id="unpinged-2")).output == (
+                "hello from unpinged-2"
+            )
+            assert pings == []

@@ -28,6 +28,7 @@ from agent_fsm.dbos.liveness import Admission
 from agent_fsm.dbos.pausing import SAVE_STEP
 from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY, MODEL_STEP, TOOL_STEP
 from agent_fsm.durable.postgres import PostgresStore
+from agent_fsm.durable.postgres_journal import PostgresJournal
 from agent_fsm.failures import describe
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage, ToolStatus
 from agent_fsm.state import RunResult
@@ -590,3 +591,60 @@ async def test_parallel_calls_that_make_dbos_steps_each_run_them_as_in_a_step(
     assert sorted(delivered) == ["step 1", "step 2"]
     assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP]
     assert entries(journal, run_id) == {"call:0": "finished", "call:1": "finished"}
+
+
+async def test_a_call_without_a_step_reads_the_cancel_request_with_its_end(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call made without a step reads the cancel request in the statement recording its
+    end, so the model step after it reads nothing itself (a round trip fewer per turn): only
+    the run's first model step reads it on its own. A request made during a call is found
+    there and recorded by the next model step, which makes no model call: the run stops
+    before its next model call. A replay with the request gone takes the same path (the
+    step's record says so); one from that model step on (its record lost) answers the call
+    from its entry, which read nothing, so the model step reads the request itself."""
+    run_id = f"heard-{uuid.uuid4().hex[:8]}"
+    request = ToolCall(id=CANCEL_KEY, name=CANCEL_CALL, arguments='{"reason": "enough"}')
+    sent: list[int] = []
+    reads: list[str] = []
+    lookup = PostgresJournal.lookup
+
+    def counted(self: PostgresJournal, key: str) -> Any:
+        reads.append(key)
+        return lookup(self, key)
+
+    monkeypatch.setattr(PostgresJournal, "lookup", counted)
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        sent.append(step)
+        if step == 2:  # as cancel_run records it, while the call runs
+            journal.store.journal(run_id).record_started(CANCEL_KEY, request)
+        return f"sent {step}"
+
+    def one_send(request: ModelRequest) -> ModelResponse:
+        return reply("", call("send", step=request.turn)) if request.turn <= 4 else reply("done")
+
+    model = FunctionModel(one_send)
+    agent = sequential(journal.store, model, [send])
+    result = await agent.run("Send four.", run_id=run_id)
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert result.stop_reason is StopReason.ABORTED
+    assert "enough" in (result.error or "")
+    assert [m.content for m in answers(result)] == ["sent 1", "sent 2"]
+    assert (sent, len(model.requests)) == ([1, 2], 2)
+    assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP, MODEL_STEP, SAVE_STEP]
+    assert reads.count(CANCEL_KEY) == 1  # the first model step's: none after a call
+
+    reads.clear()
+    same_run(await fork(run_id, 3), result)  # the third model step's record lost
+    assert (sent, len(model.requests)) == ([1, 2], 2)
+    assert reads.count(CANCEL_KEY) == 1  # that step read it itself: the call read nothing
+
+    journal.admin.execute(
+        sql.SQL("DELETE FROM {} WHERE run_id = %s AND key = %s").format(journal.table),
+        (run_id, CANCEL_KEY),
+    )
+    same_run(await replay(run_id), result)
+    assert (sent, len(model.requests)) == ([1, 2], 2)

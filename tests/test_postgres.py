@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -634,3 +635,45 @@ def test_a_finishing_lookup_records_the_end_and_reads_the_other_entry(pg: Postgr
     with pytest.raises(KeyError, match="without having started"):
         journal.finish_and_lookup("never", answer, "a")
     assert journal.lookup("never") is None
+
+
+def test_a_journal_start_is_one_round_trip_and_a_failed_one_leaves_no_transaction(
+    pg: PostgresStore, admin: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """A call's start (``record_started``, ``lookup_or_start``, ``start_unless_known``) is
+    committed with a flush to disk in *one* round trip (``PostgresDatabase.durable_statement``:
+    one Sync sent to the server, per libpq's trace), the tool call's one fsync-bearing round
+    trip. A start that fails is rolled back: the connection is left in no transaction, and
+    the next start works."""
+    from agent_fsm.durable.journal import CallStatus
+    from agent_fsm.messages import ToolCall
+
+    send = ToolCall(id="c", name="send", arguments="{}")
+    journal = pg.journal("one-trip")
+    assert journal.lookup("none") is None  # connected
+    conn = pg._db._connection()
+    starts = {
+        "a": lambda: journal.record_started("a", send),
+        "b": lambda: journal.lookup_or_start("b", send),
+        "c": lambda: journal.start_unless_known("c", send, "cancel"),
+    }
+    for key, start in starts.items():
+        trace = tmp_path / f"{key}.trace"
+        with trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            try:
+                start()
+            finally:
+                conn.pgconn.untrace()
+        sent = [line.split("\t") for line in trace.read_text().splitlines()]
+        assert [m[3] for m in sent if m[1] == "F" and m[3] == "Sync"] == ["Sync"], key
+        entry = journal.lookup(key)
+        assert entry is not None
+        assert entry.status is CallStatus.STARTED
+    admin.execute("ALTER TABLE journal ADD CONSTRAINT short_keys CHECK (length(key) < 2)")
+    with pytest.raises(CheckpointError):
+        journal.record_started("too long", send)
+    assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    admin.execute("ALTER TABLE journal DROP CONSTRAINT short_keys")
+    journal.record_started("too long", send)
+    assert journal.lookup("too long") is not None

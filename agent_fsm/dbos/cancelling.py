@@ -5,10 +5,10 @@ one takes it from the queue.
 **Where the request waits.** A DBOS run keeps no checkpoint while it runs (DBOS records its
 steps), so there is no run row for a request to travel on, as a leased run's does
 (``durable.queue``). It is kept in the run's tool journal instead, in the journal store
-every worker shares, under the key of the *activation* it stops (``replay.CANCEL_KEY``
+every worker shares, under the key of the *activation* it stops (``requests.CANCEL_KEY``
 after the activation's key prefix: ``cancel`` for the run's first workflow,
 ``resume-n/cancel`` for its resume number n), as a started entry of a call named
-``replay.CANCEL_CALL`` whose arguments hold the reason. Every journal store keeps it, and
+``requests.CANCEL_CALL`` whose arguments hold the reason. Every journal store keeps it, and
 deleting the run deletes it. Keyed by activation, a request recorded for a workflow that
 ended by itself meanwhile is never read by a later resume of the run: a resumed run runs on,
 as a leased run whose stop cleared its request does.
@@ -28,10 +28,13 @@ by then. A tool call reads it with the record of its start: one made without a s
 only when no request is pending, and one that finds it is made as a step, which reads it
 again and records it. A tool step reads it with its own journal entry before its call, and
 again with the record of its end (one statement each, ``PairedLookup`` and
-``FinishingLookup``); a model step reads it on its own only when no such read followed the
+``FinishingLookup``); a tool call made without a step reads it with the record of its end
+(``FirstFinishingLookup``), and the model step after it records what that read found
+(``RunTime.hear``). A model step reads it on its own only when no such read followed the
 latest call (``RunTime.request_seen``: the run's first model step, one after a model call,
-after a tool call made without a step, after a tool step whose end-read failed), since a
-read at the end of the turn's last tool step is the read before the next model call. A step
+after a tool step whose end-read failed, after a call made without a step answered from its
+entry by a replay), since a read at the end of the turn's last tool call is the read before
+the next model call. A step
 that finds it before its call makes no call (a tool call is answered "not run"); the steps
 after one that found it, before or after its call, in that activation are not run at all;
 the run is aborted once that state's work ends (``ReplayedKeeper``): ERROR ``aborted``, with
@@ -54,7 +57,7 @@ from collections.abc import Awaitable, Callable
 from dbos import DBOS, DBOSClient
 
 from agent_fsm.dbos.pausing import key_prefix, resume_id
-from agent_fsm.dbos.replay import CANCEL_CALL, CANCEL_KEY
+from agent_fsm.dbos.requests import CANCEL_CALL, CANCEL_KEY
 from agent_fsm.durable.checkpoint import CheckpointStore, redacted
 from agent_fsm.durable.encoding import unknown_run
 from agent_fsm.durable.leases import check_id

@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -52,17 +51,9 @@ from typing import Any, Protocol, TypeVar, cast
 from dbos import DBOS, StepInfo, StepOptions
 
 from agent_fsm.dbos.liveness import Admission
-from agent_fsm.durable.journal import (
-    FinishingLookup,
-    FirstFinish,
-    JournalEntry,
-    PairedLookup,
-    StartingLookup,
-    ToolJournal,
-    start_fresh,
-)
+from agent_fsm.dbos.requests import CANCEL_CALL, CANCEL_KEY, RunJournal
+from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.errors import ConfigError
-from agent_fsm.messages import ToolCall, ToolMessage
 from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunState
 
@@ -100,13 +91,6 @@ TOOL_STEP = "agent_fsm.tool:"
 the step it recorded at each position, so a run that diverges fails loudly."""
 
 
-CANCEL_KEY = "cancel"
-"""The journal key, after an activation's key prefix (``RunTime.key_prefix``), of a request
-to cancel that activation (``agent_fsm.dbos.cancelling``); no tool step's key is one."""
-CANCEL_CALL = "agent_fsm.cancel"
-"""The name of the call a cancel request is recorded as, its arguments ``{"reason": ...}``."""
-
-
 def options(name: str) -> StepOptions:
     """A step that DBOS never retries: the engine's own retry rows decide what is retried,
     and a retried step would be a second model or tool call the run never asked for."""
@@ -123,13 +107,15 @@ class _Outcome(Protocol):
 _O = TypeVar("_O", bound=_Outcome)
 
 
-class RunTime:
+class RunTime(RunJournal):
     """One activation's recorded time, deadline and random numbers (see the module
     docstring): the run's first workflow, or one of its resumes.
 
     Created in the workflow before its first step; read by the agent's clock, sleep,
     random source, model and tools through ``active()``. Its timed steps (model, tool,
-    sleep) are made with ``step``, the first of which records the activation's start.
+    sleep) are made with ``step``, the first of which records the activation's start. Its
+    tool journal and the reads of the cancel request are its base class's
+    (``agent_fsm.dbos.requests.RunJournal``).
     """
 
     __slots__ = (
@@ -139,13 +125,7 @@ class RunTime:
         "_recorded",
         "_turns",
         "admission",
-        "cancelled",
-        "first_finish",
         "fresh",
-        "journal",
-        "key_prefix",
-        "looked",
-        "missed",
         "now",
         "pause",
         "random",
@@ -165,6 +145,7 @@ class RunTime:
         key_prefix: str = "",
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        super().__init__(journal, key_prefix)
         self.started_at: float | None = None
         """The activation's start on the fleet's clock, as its first step recorded it (None
         before: nothing reads it until a step has ended)."""
@@ -179,27 +160,10 @@ class RunTime:
         self.now = 0.0
         """Seconds since ``started_at`` at the latest recorded step end (the clock)."""
         self.random = random.Random(workflow_id)
-        self.journal = journal
-        """Where tool calls are recorded (``agent_fsm.dbos.tool_calls``)."""
-        self.first_finish = journal if isinstance(journal, FirstFinish) else None
-        """The journal, when it keeps a first end: tool calls may then be made without a
-        step (checked once: a Protocol's ``isinstance`` is slow)."""
-        self.key_prefix = key_prefix
-        """Put before a tool step's journal key: a resume's steps are numbered from 1
-        again, in the same run's journal (``agent_fsm.dbos.pausing``)."""
         self.pause = pause
         """What the sleep step waits with: the agent's own ``sleep``."""
         self.state = state
         """The run's state (read only: which state is making a model call)."""
-        self.cancelled: str | None = None
-        """Why the activation was cancelled from outside, once a step's recorded outcome
-        said so (the same on every execution): the steps after it make no call."""
-        self.looked = False
-        """Whether a tool step read the cancel request after its call since the latest
-        model step (``saw_request``), and ``missed`` whether one did not: both from
-        recorded outcomes, and each only ever set within a turn, so parallel tool steps
-        ending in any order leave the same answer."""
-        self.missed = False
         self._calls = 0
         """The tool calls made so far (``next_call``)."""
         self._turns: dict[int, asyncio.Future[None]] = {}
@@ -217,10 +181,6 @@ class RunTime:
         self._calls = number + 1
         self._turns[number] = asyncio.get_running_loop().create_future()
         return number
-
-    def call_key(self, number: int) -> str:
-        """The journal key of tool call ``number`` of the activation."""
-        return f"{self.key_prefix}call:{number}"
 
     async def wait_turn(self, number: int) -> None:
         """Return once every earlier call has taken its step or will take none
@@ -250,103 +210,8 @@ class RunTime:
             self._recorded = frozenset(step["function_name"] for step in steps)
         return self._recorded
 
-    def start_unstepped(
-        self, key: str, call: ToolCall
-    ) -> tuple[JournalEntry | None, str | None, bool]:
-        """A tool call's start made without a step: ``start_and_request`` on a journal that
-        starts in its read, else the request read and the call's first start
-        (``journal.start_fresh``) when the key has no entry.
-
-        Raises:
-            as ``start_and_request``, or ``journal.NotStarted``.
-        """
-        if isinstance(self.journal, StartingLookup):
-            return self.start_and_request(key, call)
-        entry, reason = self.entry_and_request(key)
-        if entry is not None or reason is not None:
-            return entry, reason, False
-        entry = start_fresh(self.journal, key, call)
-        return entry, None, entry is None
-
-    def request_seen(self) -> bool:
-        """Whether the cancel request was read after every call made so far (a tool step
-        of the latest turn read it after its own call, and none failed to), as recorded:
-        a model step then takes ``cancelled`` as that read, and reads nothing itself."""
-        return self.looked and not self.missed
-
-    def saw_request(self, looked: bool) -> None:
-        """A tool step's recorded outcome says whether it read the request after its call."""
-        if looked:
-            self.looked = True
-        else:
-            self.missed = True
-
-    def called_model(self) -> None:
-        """A model step made (or recorded) its call: the request must be read again."""
-        self.looked = self.missed = False
-
     def clock(self) -> float:
         return self.now
-
-    def cancel_requested(self) -> str | None:
-        """The reason of a request to cancel this activation, if one is pending in the
-        run's journal (``agent_fsm.dbos.cancelling``). Read inside steps only, which record
-        the answer. A look-up that fails counts as no request: a store that blinks must not
-        abort every run it holds (the next step reads it again)."""
-        try:
-            return _reason(self.journal.lookup(self.key_prefix + CANCEL_KEY))
-        except Exception:
-            return None
-
-    def entry_and_request(self, key: str) -> tuple[JournalEntry | None, str | None]:
-        """The journal entry of ``key`` and this activation's pending cancel request
-        (``cancel_requested``), in one read of a journal that offers it (``PairedLookup``:
-        a tool step's one round trip before its call). Read inside steps only.
-
-        Raises:
-            as ``ToolJournal.lookup``, when the entry cannot be read (a request that
-            cannot be read is None).
-        """
-        journal = self.journal
-        if isinstance(journal, PairedLookup):
-            entry, request = journal.lookup_pair(key, self.key_prefix + CANCEL_KEY)
-            return entry, _reason(request)
-        return journal.lookup(key), self.cancel_requested()
-
-    def start_and_request(
-        self, key: str, call: ToolCall
-    ) -> tuple[JournalEntry | None, str | None, bool]:
-        """``entry_and_request(key)`` and, when the entry is None and no request is pending,
-        the call recorded as started in the same round trip where the journal offers it
-        (``StartingLookup``): (the entry, the request's reason, whether ``call`` was
-        recorded). Read inside steps only.
-
-        Raises:
-            as ``entry_and_request``, or ``ToolJournal.record_started``.
-        """
-        journal = self.journal
-        if isinstance(journal, StartingLookup):
-            entry, request, started = journal.start_unless_known(
-                key, call, self.key_prefix + CANCEL_KEY
-            )
-            return entry, _reason(request), started
-        entry, reason = self.entry_and_request(key)
-        return entry, reason, False
-
-    def finish_and_request(self, key: str, result: ToolMessage) -> tuple[bool, str | None]:
-        """Record the call of ``key`` finished with ``result`` and, in the same round trip
-        where the journal offers it (``FinishingLookup``), read this activation's pending
-        cancel request: (whether it was read, its reason). Read inside steps only.
-
-        Raises:
-            as ``ToolJournal.record_finished``.
-        """
-        journal = self.journal
-        if isinstance(journal, FinishingLookup):
-            request = journal.finish_and_lookup(key, result, self.key_prefix + CANCEL_KEY)
-            return True, _reason(request)
-        journal.record_finished(key, result)
-        return False, None
 
     async def step(self, name: str, body: Callable[[], Coroutine[Any, Any, _O]]) -> _O:
         """The DBOS step ``name`` (``options``) running ``body``, whose outcome (a dataclass
@@ -409,17 +274,6 @@ async def _recorded_steps(workflow_id: str) -> list[StepInfo]:
     copies none)."""
     read = functools.partial(DBOS.list_workflow_steps, workflow_id, load_output=False)
     return await asyncio.get_running_loop().run_in_executor(None, read)
-
-
-def _reason(entry: JournalEntry | None) -> str | None:
-    """The reason a cancel request's journal entry gives; None for no request."""
-    if entry is None or entry.call.name != CANCEL_CALL:
-        return None
-    try:
-        reason = json.loads(entry.call.arguments).get("reason")
-    except (ValueError, AttributeError):
-        reason = None
-    return reason if isinstance(reason, str) else "cancelled"
 
 
 _ACTIVE: ContextVar[RunTime] = ContextVar("agent_fsm_dbos_run")

@@ -101,10 +101,11 @@ class StepModel:
         if run.cancelled is not None:  # an earlier step found the request: no step now
             raise _not_made(run.cancelled)
         last = run.state.state == LAST_CALL_STATE
-        look = not run.request_seen()  # a tool step read it after the latest call: not again
+        look = not run.request_seen()  # a tool call read it after the latest call: not again
+        heard = run.heard  # what a call made without a step read so (recorded by this step)
 
         async def call() -> Replied:
-            return await _call(self.model, request, run, last, look)
+            return await _call(self.model, request, run, last, look, heard)
 
         replied = await run.step(MODEL_STEP, call)
         run.called_model()
@@ -139,12 +140,14 @@ def _not_made(reason: str) -> ModelCallError:
 
 
 async def _call(
-    model: Model, request: ModelRequest, run: RunTime, last: bool, look: bool
+    model: Model, request: ModelRequest, run: RunTime, last: bool, look: bool, heard: str | None
 ) -> Replied:
     """The body of a model step: ``look`` says whether to read the cancel request first (it
-    was not read since the latest call). Must not raise for anything the model does."""
+    was not read since the latest call), ``heard`` is the request a call made without a step
+    read after its call (``RunTime.hear``), recorded here as this step's own read. Must not
+    raise for anything the model does."""
     await run.admission.check()
-    reason = run.cancel_requested() if look else None
+    reason = heard if heard is not None else run.cancel_requested() if look else None
     if reason is not None:
         return Replied(run.fleet_now(), cancelled=reason)
     # The last answer's own limit is the engine's (see StepModel.request); others have the

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_KEY_BYTES",
     "CallStatus",
     "FirstFinish",
+    "FirstFinishingLookup",
     "GuardedJournal",
     "JournalEntry",
     "FinishingLookup",
@@ -213,6 +214,25 @@ class FirstFinish(Protocol):
         ...
 
 
+@runtime_checkable
+class FirstFinishingLookup(Protocol):
+    """A journal that keeps a first end (``FirstFinish``) and reads another entry in the
+    same round trip (``PostgresJournal``, ``MemoryJournal``): a DBOS tool call made without a
+    step records its end and reads its activation's cancel request at once, so the model
+    step after it need not read it again (``agent_fsm.dbos.cancelling``)."""
+
+    def finish_first_and_lookup(
+        self, key: str, result: ToolMessage, other: str
+    ) -> tuple[JournalEntry | None, JournalEntry | None]:
+        """``(finish_first(key, result), lookup(other))``, together (``other`` another key
+        than ``key``).
+
+        Raises:
+            as ``finish_first``.
+        """
+        ...
+
+
 def start_fresh(journal: ToolJournal, key: str, call: ToolCall) -> JournalEntry | None:
     """The first start of a call: ``lookup_or_start`` on a journal that has it (every
     journal of agent_fsm: atomic), else ``lookup`` then ``record_started`` (a journal of
@@ -271,6 +291,11 @@ class MemoryJournal:
         finished = JournalEntry(key, entry.call, CallStatus.FINISHED, result)
         self._entries[key] = finished
         return finished
+
+    def finish_first_and_lookup(
+        self, key: str, result: ToolMessage, other: str
+    ) -> tuple[JournalEntry | None, JournalEntry | None]:
+        return self.finish_first(key, result), self._entries.get(other)
 
     def __len__(self) -> int:
         return len(self._entries)

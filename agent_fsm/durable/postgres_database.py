@@ -16,15 +16,16 @@ The session commits with ``synchronous_commit = off`` unless ``synchronous_saves
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
 
 import agent_fsm.durable.postgres_rows as rows
@@ -244,6 +245,32 @@ class PostgresDatabase:
             elif durable and not self._synchronous_saves:
                 conn.execute("SET LOCAL synchronous_commit = on")
             yield conn
+
+    def durable_statement(self, what: str, statement: str, params: Mapping[str, Any]) -> list[Any]:
+        """One write statement in a transaction of its own, committed with a flush to disk,
+        in *one* round trip: BEGIN, the setting, the statement and COMMIT are sent together
+        (pipelined) and its rows read after the commit. (``transaction`` waits for BEGIN, and
+        for the rows before COMMIT: three or four round trips.) Rolled back when it fails
+        (``connected``'s errors).
+
+        Raises:
+            CheckpointError: the store is closed, or the database failed (the statement
+                may or may not have been committed when the connection was lost).
+        """
+        with self.connected(what) as conn:
+            try:
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    if not self._synchronous_saves:
+                        conn.execute("SET LOCAL synchronous_commit = on")
+                    cursor = conn.execute(statement, params)
+                    conn.execute("COMMIT")
+            except BaseException:
+                if not conn.broken and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+            return cursor.fetchall()
 
     @property
     def closed(self) -> bool:

@@ -6,6 +6,8 @@ error)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import agent_fsm.durable.postgres_leases as leases
 from agent_fsm.durable.encoding import encode_model
 from agent_fsm.durable.journal import CallStatus, JournalEntry, NotStarted, stored_key
@@ -83,6 +85,17 @@ _FINISH_FIRST = (
 """Record a started call as finished, unless it is finished already; read the entry (as it
 was before the statement)."""
 
+_FINISH_FIRST_AND_LOOK_UP = (
+    f"WITH done AS (UPDATE journal SET status = '{_FINISHED}', result = %(result)s"
+    f" WHERE run_id = %(run_id)s AND key = %(key)s AND status = '{_STARTED}' RETURNING 1)"
+    " SELECT other.call::text, other.status, other.result::text,"
+    " EXISTS (SELECT FROM done), seen.call::text, seen.status, seen.result::text"
+    " FROM (SELECT) AS one LEFT JOIN journal AS seen"
+    " ON seen.run_id = %(run_id)s AND seen.key = %(key)s"
+    " LEFT JOIN journal AS other ON other.run_id = %(run_id)s AND other.key = %(other)s"
+)
+"""``_FINISH_FIRST``, and another entry of the run read (as it was before the statement)."""
+
 
 class PostgresJournal:
     """The journal of ``run_id`` in ``database``, whose ``record_started`` is fenced by
@@ -154,9 +167,10 @@ class PostgresJournal:
         answer is read after the commit (it wrote nothing when the fence failed)."""
         run_id, lease = self._run_id, self._lease
         params = self._start_params(key, call)
-        with self._db.transaction(f"record journal entry {key!r}") as conn:
-            started = conn.execute(leases.fenced_insert(_START, lease), params)
-        if started.fetchone() is None:
+        started = self._db.durable_statement(
+            f"record journal entry {key!r}", leases.fenced_insert(_START, lease), params
+        )
+        if not started:
             with self._db.connected(f"record journal entry {key!r}") as conn:
                 raise leases.refusal(conn, run_id, lease)
 
@@ -177,8 +191,7 @@ class PostgresJournal:
         params = self._start_params(key, call)
         sql = _FIRST_START if lease is None else _FIRST_START_LEASED
         try:
-            with self._db.transaction(f"record journal entry {key!r}") as conn:
-                row = conn.execute(sql, params).fetchone()
+            row = self._db.durable_statement(f"record journal entry {key!r}", sql, params)[0]
         except CheckpointError as exc:  # nothing was committed: not started, maybe unread
             entry = self.lookup(key)  # raises when it cannot be read either
             if entry is not None:
@@ -222,8 +235,9 @@ class PostgresJournal:
             "keys": list(keys),
             "call": encode_model(call),
         }
-        with self._db.transaction(f"record journal entry {key!r}") as conn:
-            rows = conn.execute(_START_UNLESS_KNOWN, params).fetchall()
+        rows = self._db.durable_statement(
+            f"record journal entry {key!r}", _START_UNLESS_KNOWN, params
+        )
         started = bool(rows[0][0])
         found = {row[1]: row[2:] for row in rows if row[1] is not None}
         first, second = found.get(keys[0]), found.get(keys[1])
@@ -285,6 +299,31 @@ class PostgresJournal:
         with self._db.connected(f"record journal entry {key!r}") as conn:
             row = conn.execute(_FINISH_FIRST, params).fetchone()
         assert row is not None  # one row, whatever the journal holds
+        return self._first_end(key, result, row)
+
+    def finish_first_and_lookup(
+        self, key: str, result: ToolMessage, other: str
+    ) -> tuple[JournalEntry | None, JournalEntry | None]:
+        """``finish_first`` and ``lookup(other)`` in one statement
+        (``journal.FirstFinishingLookup``), committed as ``record_finished`` is. ``other`` is
+        read as it was when the statement began (another key than ``key``)."""
+        params = {
+            "run_id": self._run_id,
+            "key": stored_key(key),
+            "result": encode_model(result),
+            "other": stored_key(other),
+        }
+        with self._db.connected(f"record journal entry {key!r}") as conn:
+            row = conn.execute(_FINISH_FIRST_AND_LOOK_UP, params).fetchone()
+        assert row is not None  # one row, whatever the journal holds
+        found = None if row[0] is None else self._entry(other, row[:3])
+        return self._first_end(key, result, row[3:]), found
+
+    def _first_end(
+        self, key: str, result: ToolMessage, row: tuple[Any, ...]
+    ) -> JournalEntry | None:
+        """The entry after ``_FINISH_FIRST`` (its row: whether it recorded ``result``, and
+        the entry as it was before): ``result``'s end, or the end recorded before."""
         done, call, status, recorded = row
         if call is None:
             return None

@@ -11,6 +11,7 @@ import pytest
 from agent_fsm.durable.journal import (
     CallStatus,
     FirstFinish,
+    FirstFinishingLookup,
     JournalEntry,
     journal_key,
     start_fresh,
@@ -95,6 +96,31 @@ class JournalContract(StoreContractBase):
         again = store.journal("run-1")
         assert isinstance(again, FirstFinish)
         assert again.finish_first("call:0", second) == finished
+        assert store.journal("run-1").lookup("call:0") == finished
+
+    def test_a_first_end_and_another_entry_in_one_call(self) -> None:
+        """A journal that keeps a first end and reads another entry with it
+        (``journal.FirstFinishingLookup``: a DBOS tool call made without a step reads its
+        cancel request so): ``finish_first``'s answer, and the other entry (None when it has
+        none). Skipped for a journal without it."""
+        store = self.open_store()
+        journal = store.journal("run-1")
+        if not isinstance(journal, FirstFinishingLookup):
+            pytest.skip("this journal reads no other entry with a first end")
+        call = ToolCall(id="call:0", name="send", arguments='{"n": 1}')
+        request = ToolCall(id="cancel", name="stop", arguments='{"reason": "enough"}')
+        first = ToolMessage(tool_call_id="call:0", name="send", content="sent")
+        second = ToolMessage(tool_call_id="call:0", name="send", content="unknown")
+        assert journal.finish_first_and_lookup("call:0", first, "cancel") == (None, None)
+        assert journal.lookup("call:0") is None
+        journal.record_started("call:0", call)
+        finished = JournalEntry("call:0", call, CallStatus.FINISHED, first)
+        assert journal.finish_first_and_lookup("call:0", first, "cancel") == (finished, None)
+        journal.record_started("cancel", request)
+        asked = JournalEntry("cancel", request, CallStatus.STARTED)
+        again = store.journal("run-1")
+        assert isinstance(again, FirstFinishingLookup)
+        assert again.finish_first_and_lookup("call:0", second, "cancel") == (finished, asked)
         assert store.journal("run-1").lookup("call:0") == finished
 
     def test_finishing_a_call_that_never_started_is_a_key_error(self) -> None:

@@ -21,7 +21,9 @@ from agent_fsm.content import ContentPart, FilePart, ImagePart, PartSupport, Tex
 from agent_fsm.messages import ToolCall, ToolMessage, ToolStatus, clean_message
 
 __all__ = [
+    "NOT_RERUN",
     "outcome_unknown",
+    "outcome_unknown_answer",
     "ToolResult",
     "error_result",
     "merge_runtime_details",
@@ -184,9 +186,19 @@ def outcome_unknown(call: ToolCall, why: str | None = None) -> ToolMessage:
     because = (
         f"the journal that records it could not be read ({why})"
         if why is not None
-        else "it started before an interruption and is not re-run because the tool is not "
-        "idempotent"
+        else f"it started before an interruption and {NOT_RERUN}"
     )
+    return outcome_unknown_answer(call, because)
+
+
+NOT_RERUN = "is not re-run because the tool is not idempotent"
+"""Why a call whose outcome is unknown is not made again (``outcome_unknown``)."""
+
+
+def outcome_unknown_answer(call: ToolCall, because: str) -> ToolMessage:
+    """The "outcome unknown" answer, ``because`` saying what is known: the one wording of
+    the engine's journal (``outcome_unknown``) and of a DBOS run's
+    (``agent_fsm.dbos.answers``), flagged ``runtime.outcome_unknown``."""
     return error_result(
         call,
         f"The outcome of this call to '{call.name}' is unknown: {because}. Check its effect "
