@@ -277,15 +277,7 @@ class PostgresJournal:
         """``record_finished`` and ``lookup(other)`` in one statement
         (``journal.FinishingLookup``), committed as ``record_finished`` is. ``other`` is read
         as it was before the statement (another key than ``key``)."""
-        params = {
-            "run_id": self._run_id,
-            "key": stored_key(key),
-            "result": encode_model(result),
-            "other": stored_key(other),
-        }
-        with self._db.connected(f"record journal entry {key!r}") as conn:
-            row = conn.execute(_FINISH_AND_LOOK_UP, params).fetchone()
-        assert row is not None  # one row, whatever the journal holds
+        row = self._finishing(_FINISH_AND_LOOK_UP, key, result, other)
         if not row[0]:
             raise KeyError(f"journal entry {key!r} finished without having started")
         return None if row[1] is None else self._entry(other, row[1:])
@@ -295,11 +287,7 @@ class PostgresJournal:
         end another execution records at that moment makes the update find the row finished
         (it waits for that writer, then checks again): the entry is read again and its end
         answered."""
-        params = {"run_id": self._run_id, "key": stored_key(key), "result": encode_model(result)}
-        with self._db.connected(f"record journal entry {key!r}") as conn:
-            row = conn.execute(_FINISH_FIRST, params).fetchone()
-        assert row is not None  # one row, whatever the journal holds
-        return self._first_end(key, result, row)
+        return self._first_end(key, result, self._finishing(_FINISH_FIRST, key, result))
 
     def finish_first_and_lookup(
         self, key: str, result: ToolMessage, other: str
@@ -307,17 +295,22 @@ class PostgresJournal:
         """``finish_first`` and ``lookup(other)`` in one statement
         (``journal.FirstFinishingLookup``), committed as ``record_finished`` is. ``other`` is
         read as it was when the statement began (another key than ``key``)."""
-        params = {
-            "run_id": self._run_id,
-            "key": stored_key(key),
-            "result": encode_model(result),
-            "other": stored_key(other),
-        }
-        with self._db.connected(f"record journal entry {key!r}") as conn:
-            row = conn.execute(_FINISH_FIRST_AND_LOOK_UP, params).fetchone()
-        assert row is not None  # one row, whatever the journal holds
+        row = self._finishing(_FINISH_FIRST_AND_LOOK_UP, key, result, other)
         found = None if row[0] is None else self._entry(other, row[:3])
         return self._first_end(key, result, row[3:]), found
+
+    def _finishing(
+        self, statement: str, key: str, result: ToolMessage, other: str | None = None
+    ) -> tuple[Any, ...]:
+        """The one row of a statement that records the end of ``key`` (and reads ``other``,
+        if given), committed as ``record_finished`` is."""
+        params = {"run_id": self._run_id, "key": stored_key(key), "result": encode_model(result)}
+        if other is not None:
+            params["other"] = stored_key(other)
+        with self._db.connected(f"record journal entry {key!r}") as conn:
+            row: tuple[Any, ...] | None = conn.execute(statement, params).fetchone()
+        assert row is not None  # one row, whatever the journal holds
+        return row
 
     def _first_end(
         self, key: str, result: ToolMessage, row: tuple[Any, ...]
