@@ -10,6 +10,7 @@ the worker had died there), while the journal keeps what the first execution wro
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -79,6 +80,23 @@ def sequential(store: PostgresStore, model: Any, tools: list[Any], **limits: Any
 
 def answers(result: RunResult) -> list[ToolMessage]:
     return [m for m in result.messages if isinstance(m, ToolMessage)]
+
+
+def cancelling_send(journal: Journal, run_id: str, at: int, reason: str) -> tuple[Any, list[int]]:
+    """A ``send`` tool, and the steps it sent: its call of step ``at`` records a cancel
+    request of the run (as ``cancel_run`` does) while it runs."""
+    request = ToolCall(id=CANCEL_KEY, name=CANCEL_CALL, arguments=json.dumps({"reason": reason}))
+    sent: list[int] = []
+
+    @tool
+    async def send(step: int) -> str:
+        """Send the message of one step."""
+        sent.append(step)
+        if step == at:
+            journal.store.journal(run_id).record_started(CANCEL_KEY, request)
+        return f"sent {step}"
+
+    return send, sent
 
 
 async def fork(run_id: str, step: int) -> RunResult:
@@ -191,16 +209,7 @@ async def test_a_cancel_made_during_a_call_without_a_step_stops_the_next_call(
     "not run", and the run is aborted before any other model call; a replay takes the same
     path although the request is gone."""
     run_id = f"cancel-{uuid.uuid4().hex[:8]}"
-    request = ToolCall(id=CANCEL_KEY, name=CANCEL_CALL, arguments='{"reason": "stop now"}')
-    sent: list[int] = []
-
-    @tool
-    async def send(step: int) -> str:
-        """Send the message of one step."""
-        sent.append(step)
-        if step == 1:  # as cancel_run records it, while the call runs
-            journal.store.journal(run_id).record_started(CANCEL_KEY, request)
-        return f"sent {step}"
+    send, sent = cancelling_send(journal, run_id, at=1, reason="stop now")
 
     def two_sends(request: ModelRequest) -> ModelResponse:
         if any(isinstance(m, ToolMessage) for m in request.messages):
@@ -604,8 +613,7 @@ async def test_a_call_without_a_step_reads_the_cancel_request_with_its_end(
     step's record says so); one from that model step on (its record lost) answers the call
     from its entry, which read nothing, so the model step reads the request itself."""
     run_id = f"heard-{uuid.uuid4().hex[:8]}"
-    request = ToolCall(id=CANCEL_KEY, name=CANCEL_CALL, arguments='{"reason": "enough"}')
-    sent: list[int] = []
+    send, sent = cancelling_send(journal, run_id, at=2, reason="enough")
     reads: list[str] = []
     lookup = PostgresJournal.lookup
 
@@ -614,14 +622,6 @@ async def test_a_call_without_a_step_reads_the_cancel_request_with_its_end(
         return lookup(self, key)
 
     monkeypatch.setattr(PostgresJournal, "lookup", counted)
-
-    @tool
-    async def send(step: int) -> str:
-        """Send the message of one step."""
-        sent.append(step)
-        if step == 2:  # as cancel_run records it, while the call runs
-            journal.store.journal(run_id).record_started(CANCEL_KEY, request)
-        return f"sent {step}"
 
     def one_send(request: ModelRequest) -> ModelResponse:
         return reply("", call("send", step=request.turn)) if request.turn <= 4 else reply("done")
