@@ -99,6 +99,15 @@ def cancelling_send(journal: Journal, run_id: str, at: int, reason: str) -> tupl
     return send, sent
 
 
+async def aborted(agent: DBOSAgent, prompt: str, run_id: str, reason: str) -> RunResult:
+    """The run of ``prompt``, checked valid and aborted for ``reason``."""
+    result = await agent.run(prompt, run_id=run_id)
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert result.stop_reason is StopReason.ABORTED
+    assert reason in (result.error or "")
+    return result
+
+
 async def fork(run_id: str, step: int) -> RunResult:
     """The run's workflow again from ``step`` on (the records of it and of the later steps
     lost), as after a crash there."""
@@ -218,10 +227,7 @@ async def test_a_cancel_made_during_a_call_without_a_step_stops_the_next_call(
 
     model = FunctionModel(two_sends)
     agent = sequential(journal.store, model, [send])
-    result = await agent.run("Send two.", run_id=run_id)
-    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
-    assert result.stop_reason is StopReason.ABORTED
-    assert "stop now" in (result.error or "")
+    result = await aborted(agent, "Send two.", run_id, "stop now")
     first, second = answers(result)
     assert (first.content, first.status) == ("sent 1", ToolStatus.OK)
     assert "was not run: the run was cancelled" in second.content
@@ -628,10 +634,7 @@ async def test_a_call_without_a_step_reads_the_cancel_request_with_its_end(
 
     model = FunctionModel(one_send)
     agent = sequential(journal.store, model, [send])
-    result = await agent.run("Send four.", run_id=run_id)
-    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
-    assert result.stop_reason is StopReason.ABORTED
-    assert "enough" in (result.error or "")
+    result = await aborted(agent, "Send four.", run_id, "enough")
     assert [m.content for m in answers(result)] == ["sent 1", "sent 2"]
     assert (sent, len(model.requests)) == ([1, 2], 2)
     assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP, MODEL_STEP, SAVE_STEP]
