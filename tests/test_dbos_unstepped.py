@@ -37,11 +37,9 @@ from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
 from tests.dbos_worker import launched
 from tests.test_dbos import FAST, Tools, durable, replay, same_run, step_names, two_turns
-from tests.test_dbos_journal import Journal
+from tests.test_dbos_journal import UNKNOWN, Journal
 
 pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
-
-UNKNOWN = "The outcome of this call to 'send' is unknown"
 
 
 @pytest.fixture(scope="module")
@@ -514,6 +512,19 @@ def send_once(request: ModelRequest) -> ModelResponse:
     return reply("", call("send", step=1))
 
 
+async def replayed_use_of_dbos(journal: Journal, how: str) -> tuple[str, RunResult]:
+    """A run whose one call, made without a step, uses DBOS ``how`` (``uses_dbos``), checked
+    valid, finished, and given again by a replay of every recorded step: its id and result."""
+    delivered.clear()
+    run_id = f"dbos-tool-{how.replace(' ', '-')}-{uuid.uuid4().hex[:6]}"
+    agent = sequential(journal.store, send_once, [uses_dbos(how)])
+    first = await agent.run("Send it.", run_id=run_id)
+    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+    same_run(await replay(run_id), first)
+    assert first.output == "done"
+    return run_id, first
+
+
 @pytest.mark.parametrize("how", ["step", "sync step", "run_step", "set_event"])
 async def test_a_tool_that_makes_dbos_steps_runs_them_as_in_its_step_and_a_replay_agrees(
     journal: Journal, how: str
@@ -525,13 +536,7 @@ async def test_a_tool_that_makes_dbos_steps_runs_them_as_in_its_step_and_a_repla
     step of the tool's. A replay of every recorded step answers the call from the journal:
     it meets the model step where the first execution took it (no DBOS error), gives the
     same run, and the effect happened once."""
-    delivered.clear()
-    run_id = f"dbos-tool-{how.replace(' ', '-')}-{uuid.uuid4().hex[:6]}"
-    agent = sequential(journal.store, send_once, [uses_dbos(how)])
-    first = await agent.run("Send it.", run_id=run_id)
-    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
-    same_run(await replay(run_id), first)
-    assert first.output == "done"
+    run_id, first = await replayed_use_of_dbos(journal, how)
     answer = answers(first)[0]
     assert answer.status is ToolStatus.OK, answer.content
     effect = how.removesuffix(" step") if how == "sync step" else how
@@ -555,13 +560,7 @@ async def test_a_tool_that_does_what_dbos_refuses_in_a_step_is_refused_and_a_rep
     tool fails as it did when the call was a step, and nothing takes a place in the
     workflow (no sleep step, no child workflow). A replay of every recorded step gives the
     same run, with no DBOS error."""
-    delivered.clear()
-    run_id = f"dbos-tool-{how}-{uuid.uuid4().hex[:6]}"
-    agent = sequential(journal.store, send_once, [uses_dbos(how)])
-    first = await agent.run("Send it.", run_id=run_id)
-    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
-    same_run(await replay(run_id), first)
-    assert first.output == "done"
+    run_id, first = await replayed_use_of_dbos(journal, how)
     answer = answers(first)[0]
     assert answer.status is ToolStatus.ERROR
     refusal = await (await DBOS.start_workflow_async(in_a_real_step, how)).get_result()
