@@ -10,9 +10,10 @@ shared between processes: with several workers each has its own.
 
 ``dbos``: the same runs as DBOS workflows (``DBOSAgent.run``), each worker a ``DBOSWorker`` on
 the PostgreSQL database (DBOS's tables in a schema of their own, the tool journal and the
-liveness lease in a ``PostgresStore``): no checkpoints and no run leases (DBOS records every
-model call as a step instead, which is in "rest", and each tool call is kept in the journal,
-made as a step only when the journal cannot stand for one), so the save columns are empty.
+liveness lease in a ``PostgresStore``): no checkpoints and no run leases (each model call's
+outcome is kept in the journal, which is in "rest" as the step that recorded it was, and each
+tool call is kept in the journal too, either made as a step only when the journal cannot
+stand for one), so the save columns are empty.
 ``dbos-async``: the same, with DBOS's commits not waiting for the disk
 (``DBOSWorker(synchronous_commit=False)``; the journal's starts still do).
 
@@ -195,6 +196,9 @@ class _TimedJournal:
             self.finish_first = self._finish_first
         if hasattr(journal, "finish_first_and_lookup"):  # and with its cancel request's read
             self.finish_first_and_lookup = self._finish_first_and_lookup
+        if hasattr(journal, "keep_outcome"):  # a DBOS model call's outcome (OutcomeJournal):
+            self.keep_outcome = journal.keep_outcome  # a step's record before, in "rest"
+            self.outcome_and_lookup = journal.outcome_and_lookup
 
     def _timed(self, method: str, *args: Any) -> Any:
         started = time.perf_counter()

@@ -28,8 +28,9 @@ from agent_fsm import Agent, AgentState, ConfigError, Limits, MemoryStore, StopR
 from agent_fsm.dbos import DBOSAgent, RateLimit, RunQueue, StepModel
 from agent_fsm.dbos.agent import RESUME_PREFIX, WORKFLOW_PREFIX
 from agent_fsm.dbos.pausing import SAVE_STEP
-from agent_fsm.dbos.replay import MODEL_STEP, REPLAY_FORMAT, SLEEP_STEP
-from agent_fsm.durable.journal import CallStatus
+from agent_fsm.dbos.replay import REPLAY_FORMAT, SLEEP_STEP
+from agent_fsm.dbos.replies import Replied, from_json
+from agent_fsm.durable.journal import CallStatus, OutcomeJournal
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse, ToolMessage
 from agent_fsm.models.base import ModelCallError
@@ -130,11 +131,13 @@ def same_run(a: RunResult, b: RunResult) -> None:
     ]
 
 
-async def test_a_run_is_a_workflow_whose_model_calls_are_steps_and_tool_calls_journalled(
+async def test_a_run_is_a_workflow_whose_model_and_tool_calls_are_journalled(
     journal: PostgresStore,
 ) -> None:
-    """A tool call is no step of its own: its journal entry, finished with the time it ended,
-    stands for the step's record (``agent_fsm.dbos.tool_calls``)."""
+    """A model call is no step of its own: its outcome, kept in the journal with the time it
+    ended, stands for the step's record (``agent_fsm.dbos.model_calls``); nor is a tool call:
+    its journal entry, finished with the time it ended, stands for it
+    (``agent_fsm.dbos.tool_calls``)."""
     tools = Tools()
     agent = durable(journal, two_turns, tools)
     result = await agent.run("Do it.", run_id="steps-1")
@@ -144,7 +147,14 @@ async def test_a_run_is_a_workflow_whose_model_calls_are_steps_and_tool_calls_jo
         "steps-1",
     )
     check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
-    assert await step_names("steps-1") == [MODEL_STEP] * 3
+    assert await step_names("steps-1") == []
+    kept = [outcome("steps-1", journal, n) for n in range(3)]
+    assert [replied.response.message.content for replied in kept if replied.response] == [
+        "",
+        "",
+        "done",
+    ]
+    assert kept[0].began_at is not None  # the activation's start, in its first call's outcome
     entries = [journal.journal("steps-1").lookup(f"call:{n}") for n in range(4)]
     assert [(e.call.name, e.status) for e in entries if e is not None] == [
         ("send", CallStatus.FINISHED),
@@ -154,6 +164,15 @@ async def test_a_run_is_a_workflow_whose_model_calls_are_steps_and_tool_calls_jo
     again = await agent.run("Do it.", run_id="steps-1")
     same_run(again, result)
     assert (tools.sent, tools.looked_up) == ([1, 2], [1, 2])
+
+
+def outcome(run_id: str, store: PostgresStore, number: int) -> Replied:
+    """The outcome model call ``number`` of the run's first activation kept in its journal."""
+    journal = store.journal(run_id)
+    assert isinstance(journal, OutcomeJournal)
+    kept = journal.outcome_and_lookup(f"model:{number}", "cancel")[0]
+    assert kept is not None
+    return from_json(kept)
 
 
 def test_the_workflows_dbos_versions_name_the_replay_format(journal: PostgresStore) -> None:
@@ -195,8 +214,8 @@ async def test_a_finished_tool_step_run_again_is_answered_from_the_journal(
     tools = Tools()
     agent = durable(journal, two_turns, tools)
     first = await agent.run("Do it.", run_id="journal-1")
-    assert (await step_names("journal-1"))[0] == MODEL_STEP  # the first send comes after it
-    replayed = await (await DBOS.fork_workflow_async("journal-1", 2)).get_result()
+    assert await step_names("journal-1") == []  # every call kept in the journal
+    replayed = await (await DBOS.fork_workflow_async("journal-1", 1)).get_result()
     same_run(replayed, first)
     assert tools.sent == [1, 2]
 
@@ -237,8 +256,8 @@ async def test_a_tool_step_cut_short_by_a_crash_is_re_run_only_if_idempotent(
 async def test_the_first_step_records_the_start_and_a_later_replay_keeps_it(
     journal: PostgresStore,
 ) -> None:
-    """The activation's start has no step of its own: its first model step records it with
-    its outcome (``RunTime.step``). The run's clock reads the same on a replay made later:
+    """The activation's start has no step of its own: its first model call keeps it with
+    its outcome (``RunTime.begin``). The run's clock reads the same on a replay made later:
     the stop it saves again has the same elapsed time (a start read afresh would shorten it)."""
 
     async def slow_then_ask(request: ModelRequest) -> ModelResponse:
@@ -250,12 +269,17 @@ async def test_the_first_step_records_the_start_and_a_later_replay_keeps_it(
     agent = durable(journal, FunctionModel(slow_then_ask), [])
     paused = await agent.run("Where?", run_id="start-1")
     steps = await DBOS.list_workflow_steps_async("start-1")
-    assert [step["function_name"] for step in steps] == [MODEL_STEP, SAVE_STEP]
-    assert steps[0]["output"].began_at is not None
+    assert [step["function_name"] for step in steps] == [SAVE_STEP]
+    assert outcome("start-1", journal, 0).began_at is not None
     elapsed = journal.load("start-1").elapsed_s
     assert elapsed >= 0.2
     await asyncio.sleep(0.3)
-    journal.delete("start-1")  # the replay's save writes it again
+    model_call = journal.journal("start-1")
+    assert isinstance(model_call, OutcomeJournal)
+    kept = model_call.outcome_and_lookup("model:0", "cancel")[0]
+    assert kept is not None
+    journal.delete("start-1")  # the replay's save writes it again; the journal goes with it
+    model_call.keep_outcome("model:0", kept)  # but the model call's outcome is kept
     replayed = await (await DBOS.fork_workflow_async("start-1", len(steps))).get_result()
     same_run(replayed, paused)
     assert journal.load("start-1").elapsed_s == elapsed
@@ -273,7 +297,7 @@ async def test_backoff_jitter_and_sleep_replay_as_recorded(journal: PostgresStor
     agent = durable(journal, flaky, tools, retry_backoff_s=0.01, retry_backoff_max_s=0.05)
     first = await agent.run("Do it.", run_id="backoff-1")
     steps = await step_names("backoff-1")
-    assert steps[:5] == [MODEL_STEP, SLEEP_STEP, MODEL_STEP, SLEEP_STEP, MODEL_STEP]
+    assert steps == [SLEEP_STEP, SLEEP_STEP]  # the model calls are kept in the journal
     assert first.stop_reason is StopReason.FINAL_ANSWER
     started = time.monotonic()
     replayed = await (await DBOS.fork_workflow_async("backoff-1", len(steps) + 1)).get_result()
@@ -290,7 +314,7 @@ async def replay(run_id: str) -> RunResult:
 async def test_a_model_call_that_outlasts_the_time_limit_ends_the_run_on_timeout(
     journal: PostgresStore,
 ) -> None:
-    """The deadline is kept inside the model step (no timer): the call is cut at
+    """The deadline is kept inside the model call (no timer): the call is cut at
     ``timeout_s``, the run ends ERROR ``timeout`` with a valid transcript, and a replay takes
     the same transitions from the recorded cut, calling nothing."""
     tools = Tools()
@@ -308,7 +332,8 @@ async def test_a_model_call_that_outlasts_the_time_limit_ends_the_run_on_timeout
     assert first.error == "timed out after 0.3 s (limit 0.3 s)"
     check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
     # A timeout can be resumed, so the stop is saved (agent_fsm.dbos.pausing).
-    assert await step_names("deadline-1") == [MODEL_STEP, SAVE_STEP]
+    assert await step_names("deadline-1") == [SAVE_STEP]
+    assert outcome("deadline-1", journal, 0).cut  # the cut is kept, and replayed
     calls = len(model.requests)  # 1, unless the machine reached the step after the deadline
     same_run(await replay("deadline-1"), first)
     assert (len(model.requests), tools.sent) == (calls, [])
@@ -336,7 +361,7 @@ async def test_a_backoff_sleep_cut_by_the_time_limit_ends_the_run_on_timeout(
     first = await agent.run("Do it.", run_id="deadline-2")
     assert (first.final_state, first.stop_reason) == (AgentState.ERROR, StopReason.TIMEOUT)
     check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
-    assert await step_names("deadline-2") == [MODEL_STEP, SLEEP_STEP, SAVE_STEP]
+    assert await step_names("deadline-2") == [SLEEP_STEP, SAVE_STEP]
     assert len(waits) == 1
     assert 0 < waits[0] <= agent.agent.limits.timeout_s
     same_run(await replay("deadline-2"), first)

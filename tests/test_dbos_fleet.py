@@ -35,7 +35,8 @@ from agent_fsm import RunResult, StopReason
 from agent_fsm.dbos import WorkerLiveness
 from agent_fsm.dbos.agent import WORKFLOW_PREFIX
 from agent_fsm.dbos.recovery import LEASE_PREFIX
-from agent_fsm.dbos.replay import MODEL_STEP
+from agent_fsm.dbos.replies import from_json
+from agent_fsm.durable.journal import OutcomeJournal
 from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import ToolMessage
 from tests.dbos_fleet_worker import APP, DBOS_SETTINGS, GATE, QUEUE, TABLES, TIMEOUT_S
@@ -267,10 +268,14 @@ def test_a_run_recovered_from_a_worker_an_hour_behind_keeps_its_deadline(fleet: 
     assert (result.output, result.stop_reason) == ("done", StopReason.FINAL_ANSWER)
     assert fleet.entered("skew-1", "w-ok") == 1  # its call ran again there (idempotent)
     assert fleet.effects("skew-1") == ["w-ok"]
-    # The start w-slow recorded (with its first step, the first model call) is the fleet's
-    # time (the store's clock), not its own.
-    started = DBOS.list_workflow_steps("skew-1")[0]
-    assert started["function_name"] == MODEL_STEP
+    # The start w-slow recorded (with its first model call's outcome, in the journal) is the
+    # fleet's time (the store's clock), not its own.
+    journal = fleet.store.journal("skew-1")
+    assert isinstance(journal, OutcomeJournal)
+    kept = journal.outcome_and_lookup("model:0", "cancel")[0]
+    assert kept is not None
+    began_at = from_json(kept).began_at
+    assert began_at is not None
     now = fleet.admin.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
     assert now is not None
-    assert 0 < now[0] - started["output"].began_at < TIMEOUT_S
+    assert 0 < now[0] - began_at < TIMEOUT_S

@@ -85,7 +85,10 @@ class Journal:
 
     def statuses(self, run_id: str) -> list[str]:
         rows = self.admin.execute(
-            sql.SQL("SELECT status FROM {} WHERE run_id = %s").format(self.table), (run_id,)
+            sql.SQL("SELECT status FROM {} WHERE run_id = %s AND key LIKE 'call:%%'").format(
+                self.table
+            ),
+            (run_id,),
         )
         return [status for (status,) in rows]
 

@@ -112,22 +112,24 @@ async def fork(run_id: str, step: int) -> RunResult:
     return await (await DBOS.fork_workflow_async(run_id, step)).get_result()
 
 
-async def test_a_run_makes_one_step_per_model_call_and_a_replay_meets_the_same_keys(
-    journal: Journal,
-) -> None:
-    """Each tool call is one journal entry, keyed by its number in the activation; a replay
-    from the first call on (a crash after its end) reaches the same keys, answers every call
-    from them and writes no other."""
+async def test_a_run_makes_no_step_and_a_replay_meets_the_same_keys(journal: Journal) -> None:
+    """Each model and tool call is one journal entry, keyed by its number in the activation,
+    and no step; a replay of the whole run (a crash after its end) reaches the same keys,
+    answers every call from them, calls neither the model nor a tool, and writes nothing."""
     tools = Tools()
-    agent = durable(journal.store, two_turns, tools)
+    model = FunctionModel(two_turns)
+    agent = durable(journal.store, model, tools)
     first = await agent.run("Do it.", run_id="keys-1")
-    assert await step_names("keys-1") == [MODEL_STEP] * 3
+    assert await step_names("keys-1") == []
     written = entries(journal, "keys-1")
-    assert written == {f"call:{n}": "finished" for n in range(4)}
-    replayed = await fork("keys-1", 2)
+    assert written == {f"call:{n}": "finished" for n in range(4)} | {
+        f"model:{n}": "outcome" for n in range(3)
+    }
+    calls = len(model.requests)
+    replayed = await fork("keys-1", 1)
     same_run(replayed, first)
     assert entries(journal, "keys-1") == written
-    assert (tools.sent, tools.looked_up) == ([1, 2], [1, 2])
+    assert (tools.sent, tools.looked_up, len(model.requests)) == ([1, 2], [1, 2], calls)
 
 
 async def test_a_replay_after_the_end_reads_the_recorded_clock(
@@ -153,7 +155,7 @@ async def test_a_replay_after_the_end_reads_the_recorded_clock(
     agent = sequential(journal.store, send_then_ask, [send], timeout_s=60.0)
     paused = await agent.run("Send it.", run_id="clock-1")
     assert paused.stop_reason is StopReason.ASK_USER
-    assert await step_names("clock-1") == [MODEL_STEP, MODEL_STEP, SAVE_STEP]
+    assert await step_names("clock-1") == [SAVE_STEP]
     fleet_now = Admission.now
     monkeypatch.setattr(Admission, "now", lambda self: fleet_now(self) + 120.0)  # limit passed
     same_run(await replay("clock-1"), paused)
@@ -180,13 +182,13 @@ async def test_a_crash_between_the_start_and_the_end_is_answered_by_a_step(
     agent = durable(journal.store, model, tools)
     crashed = asyncio.create_task(agent.run("Do it.", run_id=run_id))
     await tools.entered.wait()
-    assert entries(journal, run_id) == {"call:0": "started"}
-    assert await step_names(run_id) == [MODEL_STEP]  # the call in flight is no step
+    assert entries(journal, run_id) == {"model:0": "outcome", "call:0": "started"}
+    assert await step_names(run_id) == []  # the call in flight is no step
     hold, tools.hold = tools.hold, None  # the replay's call, if any, returns at once
-    forked = await DBOS.fork_workflow_async(run_id, 2)
+    forked = await DBOS.fork_workflow_async(run_id, 1)
     result = await forked.get_result()
     made_as = TOOL_STEP + held + "#0"
-    assert await step_names(forked.get_workflow_id()) == [MODEL_STEP, made_as, MODEL_STEP]
+    assert await step_names(forked.get_workflow_id()) == [made_as]
     answer = answers(result)[0]
     executions = tools.sent if held == "send" else tools.looked_up
     if runs_again:
@@ -205,7 +207,11 @@ async def test_a_crash_between_the_start_and_the_end_is_answered_by_a_step(
     if not runs_again:
         assert UNKNOWN in own.content
         assert tools.sent == [1]
-    assert entries(journal, run_id) == {"call:0": "finished"}
+    assert entries(journal, run_id) == {
+        "model:0": "outcome",
+        "call:0": "finished",
+        "model:1": "outcome",
+    }
 
 
 async def test_a_cancel_made_during_a_call_without_a_step_stops_the_next_call(
@@ -231,7 +237,7 @@ async def test_a_cancel_made_during_a_call_without_a_step_stops_the_next_call(
     assert "was not run: the run was cancelled" in second.content
     assert (sent, len(model.requests)) == ([1], 1)
     steps = await step_names(run_id)
-    assert steps[:2] == [MODEL_STEP, TOOL_STEP + "send#1"]
+    assert steps[:1] == [TOOL_STEP + "send#1"]
 
     journal.admin.execute(
         sql.SQL("DELETE FROM {} WHERE run_id = %s AND key = %s").format(journal.table),
@@ -271,9 +277,9 @@ async def test_a_call_the_deadline_cuts_records_the_cut_and_the_next_is_a_step(
     assert "cancelled because the run was stopped" in first.content
     assert "cancelled because the run was stopped" in second.content
     assert sent == [1]
-    assert (await step_names(run_id))[:2] == [MODEL_STEP, TOOL_STEP + "send#1"]
-    assert entries(journal, run_id) == {"call:0": "finished"}
-    same_run(await fork(run_id, 2), result)
+    assert (await step_names(run_id))[:1] == [TOOL_STEP + "send#1"]
+    assert entries(journal, run_id) == {"model:0": "outcome", "call:0": "finished"}
+    same_run(await fork(run_id, 1), result)
     assert sent == [1]
 
 
@@ -321,7 +327,10 @@ async def test_a_journal_failure_makes_the_call_a_step_that_a_replay_takes_too(
         assert UNKNOWN in answer.content
         assert sent == ([] if failure == "unread" else [1])
     made = list(sent)
-    assert await step_names(run_id) == [MODEL_STEP, TOOL_STEP + "send#0", MODEL_STEP]
+    # The journal broken during the first model call (in the model): its outcome is
+    # recorded by a step, numbered as the call is; the second is kept in the journal.
+    model_step = [] if failure == "unrecorded end" else [MODEL_STEP + "#0"]
+    assert await step_names(run_id) == [*model_step, TOOL_STEP + "send#0"]
     same_run(await replay(run_id), result)
     assert sent == made
 
@@ -358,12 +367,7 @@ async def test_parallel_calls_take_their_steps_in_the_order_of_their_numbers(
     check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
     assert [UNKNOWN in m.content for m in answers(result)] == [True, True]
     assert sorted(sent) == [1, 2]
-    assert await step_names(run_id) == [
-        MODEL_STEP,
-        TOOL_STEP + "send#0",
-        TOOL_STEP + "send#1",
-        MODEL_STEP,
-    ]
+    assert await step_names(run_id) == [TOOL_STEP + "send#0", TOOL_STEP + "send#1"]
     same_run(await replay(run_id), result)
     assert sorted(sent) == [1, 2]
 
@@ -400,6 +404,15 @@ class Blinking:
         self._check("finish_first")
         return self._inner.finish_first(key, result)
 
+    def keep_outcome(self, key: str, outcome: str) -> str:
+        self._check("keep_outcome")
+        kept: str = self._inner.keep_outcome(key, outcome)
+        return kept
+
+    def outcome_and_lookup(self, key: str, other: str) -> Any:
+        self._check("outcome_and_lookup")
+        return self._inner.outcome_and_lookup(key, other)
+
 
 class BlinkingStore(PostgresStore):
     broken: asyncio.Event | None = None
@@ -412,19 +425,19 @@ class BlinkingStore(PostgresStore):
 async def test_a_replay_that_cannot_read_the_journal_waits_for_it(
     journal: Journal, postgres_url: str, postgres_schema: str
 ) -> None:
-    """A replay from the first call on, the journal away: the calls were made without a
-    step and the steps after them are recorded, so a step made for want of the entry would
-    meet the next model step's record. The replay reads the entry again until the journal
-    is back, and gives the same run, sending nothing twice."""
+    """A replay of the whole run, the journal away: the calls were made without a step, and
+    a step made for want of an entry could meet a later step's record. The replay reads the
+    first model call's outcome again until the journal is back, and gives the same run,
+    calling nothing twice."""
     with BlinkingStore(postgres_url, schema=postgres_schema) as store:
         store.refused = []
         tools = Tools()
         agent = durable(store, two_turns, tools)
         first = await agent.run("Do it.", run_id="away-1")
-        assert await step_names("away-1") == [MODEL_STEP] * 3
+        assert await step_names("away-1") == []
         store.broken = asyncio.Event()
         store.broken.set()
-        forked = asyncio.create_task(fork("away-1", 2))
+        forked = asyncio.create_task(fork("away-1", 1))
         async with asyncio.timeout(60):
             while len(store.refused) < 4:  # the start and then reads, refused
                 await asyncio.sleep(0.05)
@@ -533,19 +546,22 @@ async def test_a_tool_that_makes_dbos_steps_runs_them_as_in_its_step_and_a_repla
     a sync tool on its worker thread), ``DBOS.run_step_async`` or ``DBOS.set_event``: DBOS
     sees the call's step context, so it runs the step as a plain function (and files the
     event as a step's), as it did when the call was a step, and the workflow records no
-    step of the tool's. A replay of every recorded step answers the call from the journal:
-    it meets the model step where the first execution took it (no DBOS error), gives the
-    same run, and the effect happened once."""
+    step of the tool's. A replay of every recorded step answers the call from the journal
+    (no DBOS error), gives the same run, and the effect happened once."""
     run_id, first = await replayed_use_of_dbos(journal, how)
     answer = answers(first)[0]
     assert answer.status is ToolStatus.OK, answer.content
     effect = how.removesuffix(" step") if how == "sync step" else how
     assert delivered == [f"{effect} 1"]
-    assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP]
-    assert entries(journal, run_id) == {"call:0": "finished"}
-    if how == "set_event":  # filed under the model step before the call, which a fork
+    assert await step_names(run_id) == []
+    assert entries(journal, run_id) == {
+        "model:0": "outcome",
+        "call:0": "finished",
+        "model:1": "outcome",
+    }
+    if how == "set_event":  # filed under the workflow's next step, which a fork from the
         assert await DBOS.get_event_async(run_id, "sent", timeout_seconds=0) == 1
-        forked = await DBOS.fork_workflow_async(run_id, 2)  # from the one after it keeps
+        forked = await DBOS.fork_workflow_async(run_id, 2)  # one after it keeps
         same_run(await forked.get_result(), first)
         assert await DBOS.get_event_async(forked.get_workflow_id(), "sent", timeout_seconds=0) == 1
         assert delivered == ["set_event 1"]
@@ -567,7 +583,7 @@ async def test_a_tool_that_does_what_dbos_refuses_in_a_step_is_refused_and_a_rep
     assert refusal.startswith("AssertionError")  # DBOS's refusal inside a step
     assert answer.content == f"Tool 'send' failed: {refusal}"
     assert delivered == []
-    assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP]
+    assert await step_names(run_id) == []
     assert await DBOS.list_workflows_async(parent_workflow_id=run_id) == []
 
 
@@ -603,20 +619,26 @@ async def test_parallel_calls_that_make_dbos_steps_each_run_them_as_in_a_step(
     same_run(await replay(run_id), first)
     assert [m.content for m in answers(first)] == ["delivered step 1", "delivered step 2"]
     assert sorted(delivered) == ["step 1", "step 2"]
-    assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP]
-    assert entries(journal, run_id) == {"call:0": "finished", "call:1": "finished"}
+    assert await step_names(run_id) == []
+    assert entries(journal, run_id) == {
+        "model:0": "outcome",
+        "call:0": "finished",
+        "call:1": "finished",
+        "model:1": "outcome",
+    }
 
 
 async def test_a_call_without_a_step_reads_the_cancel_request_with_its_end(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A call made without a step reads the cancel request in the statement recording its
-    end, so the model step after it reads nothing itself (a round trip fewer per turn): only
-    the run's first model step reads it on its own. A request made during a call is found
-    there and recorded by the next model step, which makes no model call: the run stops
-    before its next model call. A replay with the request gone takes the same path (the
-    step's record says so); one from that model step on (its record lost) answers the call
-    from its entry, which read nothing, so the model step reads the request itself."""
+    end, so the model call after it reads nothing itself (a round trip fewer per turn); the
+    run's first model call reads it with its look-up of its own outcome. A request made
+    during a call is found there and kept by the next model call's outcome, which makes no
+    model call: the run stops before its next model call. A replay with the request gone
+    takes the same path (the outcome says so); one with that outcome lost answers the call
+    from its entry, which read nothing, so the model call reads the request itself, in its
+    look-up."""
     run_id = f"heard-{uuid.uuid4().hex[:8]}"
     send, sent = cancelling_send(journal, run_id, at=2, reason="enough")
     reads: list[str] = []
@@ -636,13 +658,19 @@ async def test_a_call_without_a_step_reads_the_cancel_request_with_its_end(
     result = await aborted(agent, "Send four.", run_id, "enough")
     assert [m.content for m in answers(result)] == ["sent 1", "sent 2"]
     assert (sent, len(model.requests)) == ([1, 2], 2)
-    assert await step_names(run_id) == [MODEL_STEP, MODEL_STEP, MODEL_STEP, SAVE_STEP]
-    assert reads.count(CANCEL_KEY) == 1  # the first model step's: none after a call
+    assert await step_names(run_id) == [SAVE_STEP]
+    assert entries(journal, run_id)["model:2"] == "outcome"  # it says: cancelled
+    assert reads.count(CANCEL_KEY) == 0  # read with the first outcome's look-up, then ends
 
     reads.clear()
-    same_run(await fork(run_id, 3), result)  # the third model step's record lost
+    journal.admin.execute(
+        sql.SQL("DELETE FROM {} WHERE run_id = %s AND key = %s").format(journal.table),
+        (run_id, "model:2"),
+    )
+    same_run(await fork(run_id, 1), result)  # the third model call's outcome lost
     assert (sent, len(model.requests)) == ([1, 2], 2)
-    assert reads.count(CANCEL_KEY) == 1  # that step read it itself: the call read nothing
+    assert reads.count(CANCEL_KEY) == 0  # that call read it in its look-up
+    assert entries(journal, run_id)["model:2"] == "outcome"  # kept again
 
     journal.admin.execute(
         sql.SQL("DELETE FROM {} WHERE run_id = %s AND key = %s").format(journal.table),

@@ -1,15 +1,16 @@
 """Durable agent runs on DBOS (``pip install -e '.[dbos]'``): each run a workflow, each
-model call a step and each tool call journalled (a step when the journal cannot stand for
-one), runs started from a queue with concurrency and rate limits,
+model and tool call journalled (a step when the journal cannot stand for one), runs started
+from a queue with concurrency and rate limits,
 and a dead worker's runs carried on by a live one.
 
 The only package of agent_fsm that imports ``dbos``; the core never imports it.
 
 - ``DBOSAgent`` (``agent_fsm.dbos.agent``): the runs and their resumes, and the contract
   user code must keep;
-- ``StepModel`` (``agent_fsm.dbos.steps``): the model steps; the tool stand-ins
-  (``agent_fsm.dbos.tool_calls``): tool calls made without a step or as one, and the tool
-  journal kept around them;
+- ``StepModel`` (``agent_fsm.dbos.steps``): the model calls, their outcomes kept in the
+  journal (``agent_fsm.dbos.model_calls``, ``agent_fsm.dbos.replies``) or by steps; the tool
+  stand-ins (``agent_fsm.dbos.tool_calls``): tool calls made without a step or as one, and
+  the tool journal kept around them;
 - ``agent_fsm.dbos.replay``: what makes the engine's clock, deadline and random numbers the
   same on every replay;
 - ``agent_fsm.dbos.pausing``: where a paused run is kept, and how ``DBOSAgent.resume``

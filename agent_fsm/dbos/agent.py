@@ -228,7 +228,7 @@ class DBOSAgent:
         self._queue_registered: asyncio.Future[None] | None = None
 
         async def workflow(user_input: str, run_id: str) -> RunResult:
-            """Replay format 3 (``replay.REPLAY_FORMAT``: DBOS's application version hashes
+            """Replay format 4 (``replay.REPLAY_FORMAT``: DBOS's application version hashes
             this text)."""
             return await self._drive(user_input, run_id)
 
@@ -239,7 +239,7 @@ class DBOSAgent:
             approvals: Decisions | None,
             pause: str | None = None,  # a default: a workflow recorded before it replays
         ) -> RunResult:
-            """Replay format 3 (``replay.REPLAY_FORMAT``: DBOS's application version hashes
+            """Replay format 4 (``replay.REPLAY_FORMAT``: DBOS's application version hashes
             this text)."""
             return await self._drive_resume(run_id, resumes, reply, approvals, pause)
 

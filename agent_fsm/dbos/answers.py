@@ -27,8 +27,6 @@ class Answered:
     first defined in (``agent_fsm.dbos.tool_calls``, which imports it), so that records
     written by releases of one replay format read the same in any of them."""
 
-    __module__ = "agent_fsm.dbos.tool_calls"
-
     ended_at: float
     result: ToolMessage
     cut: bool = False
@@ -41,6 +39,9 @@ class Answered:
     An outcome recorded by an earlier version has no such field: read with ``getattr``."""
     began_at: float | None = None
     """The activation's start, when this was its first step (``RunTime.step``)."""
+
+
+Answered.__module__ = "agent_fsm.dbos.tool_calls"  # set after: the decorator reads its own
 
 
 def call_of(tool: Tool, key: str, values: dict[str, Any]) -> ToolCall:

@@ -5,7 +5,8 @@ DBOS recovers a workflow by calling its function again from the start: each step
 returns the outcome recorded the first time (checked by the step's position and name), and
 the first step with no record runs for real. So the engine must reach the same steps, in the
 same order, with the same arguments, every time it is replayed. Its model and tool calls are
-steps (``agent_fsm.dbos.steps``); what else it reads that could differ between two
+steps, or recorded in the run's journal where it can stand for a step
+(``agent_fsm.dbos.steps``); what else it reads that could differ between two
 executions is made a function of the recorded outcomes here:
 
 - **the clock** (``RunConfig.clock``): seconds since the activation's recorded start, which
@@ -73,11 +74,14 @@ __all__ = [
     "sleep",
 ]
 
-REPLAY_FORMAT = 3
+REPLAY_FORMAT = 4
 """What a replay of this release expects to meet, bumped whenever a release records other
 steps or journal keys: 2 kept an activation's start in its first step (earlier releases
 recorded an ``agent_fsm.start`` step), 3 makes a tool call without a step when the journal
-can stand for one (journal keys ``call:N``; earlier, every call was a step keyed ``step:N``).
+can stand for one (journal keys ``call:N``; earlier, every call was a step keyed ``step:N``),
+4 makes a model call without a step when the journal keeps outcomes (journal keys
+``model:N``, the activation's start in the first; a model call made as a step is named
+``agent_fsm.model#N``; earlier, every model call was a step named ``agent_fsm.model``).
 A replay of a run begun under another format could meet steps it does not expect, or miss
 a call's journal entry and make the call again. DBOS's default application version is a hash
 of the source of the registered workflows, so ``DBOSAgent``'s two workflows name this number
@@ -121,6 +125,7 @@ class RunTime(RunJournal):
     __slots__ = (
         "_calls",
         "_first",
+        "_models",
         "_pending",
         "_recorded",
         "_turns",
@@ -166,6 +171,8 @@ class RunTime(RunJournal):
         """The run's state (read only: which state is making a model call)."""
         self._calls = 0
         """The tool calls made so far (``next_call``)."""
+        self._models = 0
+        """The model calls made so far (``next_model``)."""
         self._turns: dict[int, asyncio.Future[None]] = {}
         """The calls that may still take a step, by number (``wait_turn``)."""
         self.fresh = False
@@ -181,6 +188,30 @@ class RunTime(RunJournal):
         self._calls = number + 1
         self._turns[number] = asyncio.get_running_loop().create_future()
         return number
+
+    def next_model(self) -> int:
+        """Number the activation's next model call (0, 1, ...): called in the workflow, in
+        the order the engine makes them (one at a time), so a replay gives each call the
+        same number (its journal key, ``model_key``, and its step's name)."""
+        number = self._models
+        self._models = number + 1
+        return number
+
+    def begin(self) -> float | None:
+        """For a model call made without a step (``agent_fsm.dbos.model_calls``): when no
+        step or call has recorded the activation's start yet, the fleet's time now, which
+        the call records with its outcome (``began_at``) and ``remaining_s`` counts from
+        meanwhile; None when the start is recorded. Never called while a step runs (model
+        calls are made one at a time, none alongside a tool call)."""
+        if self.started_at is not None:
+            return None
+        began = self._pending = self.admission.now()
+        return began
+
+    def begun(self, began_at: float | None) -> None:
+        """A recorded outcome said when the activation began (its first one does)."""
+        if self.started_at is None and began_at is not None:
+            self.started_at = began_at
 
     async def wait_turn(self, number: int) -> None:
         """Return once every earlier call has taken its step or will take none
@@ -241,6 +272,19 @@ class RunTime(RunJournal):
             outcome = await DBOS.run_step_async(options(name), first)
             self.started_at = outcome.began_at
             return outcome
+
+    async def record_step(self, name: str, outcome: _O) -> _O:
+        """The DBOS step ``name`` recording ``outcome``, that of a call made already whose
+        outcome the journal could not keep (``agent_fsm.dbos.model_calls``); a replay gets
+        the recorded one back. Its ``began_at``, if any, is the activation's start."""
+
+        async def made() -> _O:
+            self.fresh = True
+            return outcome
+
+        recorded = await DBOS.run_step_async(options(name), made)
+        self.begun(recorded.began_at)
+        return recorded
 
     def advance(self, ended_at: float) -> None:
         """A step recorded that it ended at unix time ``ended_at``. The clock never goes back

@@ -5,8 +5,9 @@ it, and whether the request was read after every call made since the latest mode
 ``RunJournal`` is the journal half of ``replay.RunTime`` (its base class): where the
 activation's calls are keyed (``call_key``), how a tool call's start and end are recorded
 together with a read of the request (``agent_fsm.dbos.tool_calls``,
-``agent_fsm.dbos.unstepped``), and what the model step after them reads itself
-(``request_seen``). Who makes the request, and where it waits, is
+``agent_fsm.dbos.unstepped``), where a model call made without a step keeps its outcome
+(``model_key``, ``keep_outcome``; ``agent_fsm.dbos.model_calls``), and what the model call
+after them reads itself (``request_seen``). Who makes the request, and where it waits, is
 ``agent_fsm.dbos.cancelling``'s.
 """
 
@@ -19,6 +20,7 @@ from agent_fsm.durable.journal import (
     FirstFinish,
     FirstFinishingLookup,
     JournalEntry,
+    OutcomeJournal,
     PairedLookup,
     StartingLookup,
     ToolJournal,
@@ -50,6 +52,7 @@ class RunJournal:
         "key_prefix",
         "looked",
         "missed",
+        "outcomes",
     )
 
     def __init__(self, journal: ToolJournal, key_prefix: str) -> None:
@@ -62,6 +65,9 @@ class RunJournal:
         """The journal, when it starts a call in its read (``start_and_request``: every tool
         call's)."""
         self._finish_and_read = journal if isinstance(journal, FirstFinishingLookup) else None
+        self.outcomes = journal if isinstance(journal, OutcomeJournal) else None
+        """The journal, when it keeps outcomes: model calls may then be made without a
+        step (``agent_fsm.dbos.model_calls``)."""
         """The journal, when it reads the cancel request with a first end
         (``finish_unstepped``)."""
         self.key_prefix = key_prefix
@@ -84,6 +90,35 @@ class RunJournal:
     def call_key(self, number: int) -> str:
         """The journal key of tool call ``number`` of the activation."""
         return f"{self.key_prefix}call:{number}"
+
+    def model_key(self, number: int) -> str:
+        """The journal key of model call ``number`` of the activation (its outcome's)."""
+        return f"{self.key_prefix}model:{number}"
+
+    def keep_outcome(self, key: str, outcome: str) -> str:
+        """A model call made without a step keeps its outcome (``OutcomeJournal``): the
+        outcome kept after, this one or the one another execution kept first. Called in the
+        workflow; the journal must keep outcomes (``outcomes``).
+
+        Raises:
+            as ``OutcomeJournal.keep_outcome``.
+        """
+        outcomes = self.outcomes
+        assert outcomes is not None  # checked by the caller
+        return outcomes.keep_outcome(key, outcome)
+
+    def outcome_and_request(self, key: str) -> tuple[str | None, str | None]:
+        """The outcome kept under ``key`` (None: none) and this activation's pending cancel
+        request, in one read (``OutcomeJournal.outcome_and_lookup``). Called in the workflow
+        by an execution that may be a replay; the journal must keep outcomes.
+
+        Raises:
+            as ``OutcomeJournal.outcome_and_lookup``.
+        """
+        outcomes = self.outcomes
+        assert outcomes is not None  # checked by the caller
+        outcome, request = outcomes.outcome_and_lookup(key, self.key_prefix + CANCEL_KEY)
+        return outcome, _reason(request)
 
     def start_unstepped(
         self, key: str, call: ToolCall

@@ -1,9 +1,13 @@
-"""Model calls and tool calls as DBOS steps.
+"""Model calls and tool calls of a DBOS run, replay-safe: each made without a step when the
+run's journal can stand for one, else as a DBOS step.
 
 **A model call** goes through ``StepModel``, a model wrapping the agent's: each ``request``
-is one step whose recorded outcome is the reply, or the failure (as the engine classifies it:
-``run.thinking.failure_from``), or the deadline's cut. A replay gets the recorded outcome back
-and raises or returns exactly as the first execution did.
+has one recorded outcome (``replies.Replied``): the reply, or the failure (as the engine
+classifies it: ``run.thinking.failure_from``), or the deadline's cut, or the cancel request
+that stopped it. It is kept in the run's journal when the journal keeps outcomes
+(``journal.OutcomeJournal``: ``agent_fsm.dbos.model_calls``), else recorded by a step. A
+replay gets the recorded outcome back and raises or returns exactly as the first execution
+did.
 
 **A tool call** goes through a stand-in (``agent_fsm.dbos.tool_calls.stepped``), made
 without a step when the tool journal can stand for one, else as a step around the whole
@@ -13,23 +17,22 @@ call.
 ``ReplayedKeeper`` is where such a run lives: the clock, sleep, random numbers and deadline of
 ``agent_fsm.dbos.replay``, and nothing saved by the engine (DBOS records the steps).
 
-Model steps and tool calls enforce the run's deadline (``replay.RunTime.remaining_s``) and
+Model calls and tool calls enforce the run's deadline (``replay.RunTime.remaining_s``) and
 record when they ended, which is what the run's clock reads (``agent_fsm.dbos.replay``); the
-activation's first step records when it began too, the activation's start
-(``replay.RunTime.step``). Before a call, both pass the execution's fence
+activation's first one records when it began too, the activation's start
+(``replay.RunTime.step``, ``replay.RunTime.begin``). Before a call, both pass the execution's fence
 (``liveness.Admission.check``): a call starts only while this process's liveness lease, the
 one the execution was admitted under, is fresh.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agent_fsm.compaction import ContextPolicy
+from agent_fsm.dbos.model_calls import Unkept, call_model, without_step
 from agent_fsm.dbos.replay import (
     MODEL_STEP,
     RunTime,
@@ -37,16 +40,15 @@ from agent_fsm.dbos.replay import (
     interrupted,
     sleep,
 )
+from agent_fsm.dbos.replies import Replied
 from agent_fsm.dbos.tool_calls import Answered, outcome_unknown, stepped
 from agent_fsm.durable.journal import ToolJournal
 from agent_fsm.errors import ConfigError
-from agent_fsm.failures import is_own_failure
 from agent_fsm.messages import ModelRequest, ModelResponse
 from agent_fsm.models.base import Model, ModelCallError
 from agent_fsm.run.context import RunConfig
 from agent_fsm.run.residence import Timekeeping
-from agent_fsm.run.thinking import failure_from
-from agent_fsm.state import ModelFailure, RunState
+from agent_fsm.state import RunState
 from agent_fsm.table import LAST_CALL_STATE, StopReason
 from agent_fsm.tools.tool import ToolRegistry
 
@@ -62,22 +64,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Replied:
-    """A model step's outcome: the reply, or the failure, or the deadline's cut."""
-
-    ended_at: float
-    response: ModelResponse | None = None
-    failure: ModelFailure | None = None
-    cut: bool = False
-    cancelled: str | None = None
-    """Why no call was made: the run was cancelled from outside (the request's reason)."""
-    began_at: float | None = None
-    """The activation's start, when this was its first step (``RunTime.step``)."""
-
-
 class StepModel:
-    """The agent's model, each of whose calls is a DBOS step (see the module docstring).
+    """The agent's model, each of whose calls has a recorded outcome (see the module
+    docstring).
 
     Everything else (``name``, ``context_window``, ``count_tokens``, ...) is the wrapped
     model's. A call made outside a run of a ``DBOSAgent`` raises ``ConfigError``.
@@ -98,16 +87,12 @@ class StepModel:
         and records it as a cut, which is raised as ``TimeoutError`` on every execution.
         """
         run = active()
-        if run.cancelled is not None:  # an earlier step found the request: no step now
+        if run.cancelled is not None:  # an earlier step found the request: no call now
             raise _not_made(run.cancelled)
         last = run.state.state == LAST_CALL_STATE
         look = not run.request_seen()  # a tool call read it after the latest call: not again
-        heard = run.heard  # what a call made without a step read so (recorded by this step)
-
-        async def call() -> Replied:
-            return await _call(self.model, request, run, last, look, heard)
-
-        replied = await run.step(MODEL_STEP, call)
+        heard = run.heard  # what a call made without a step read so (recorded by this call)
+        replied = await _replied(self.model, request, run, last=last, look=look, heard=heard)
         run.called_model()
         if replied.cancelled is not None:
             run.advance(replied.ended_at)
@@ -130,6 +115,31 @@ class StepModel:
         return replied.response
 
 
+async def _replied(
+    model: Model, request: ModelRequest, run: RunTime, *, last: bool, look: bool, heard: str | None
+) -> Replied:
+    """The outcome of the activation's next model call: made without a step when the
+    journal keeps outcomes and DBOS holds no step of it (an earlier execution's, whose
+    journal failed), else as a step (named ``MODEL_STEP#N``, its number: a replay tells
+    them apart); an outcome made without a step that the journal could not keep is
+    recorded by that step."""
+    number = run.next_model()
+    name = f"{MODEL_STEP}#{number}"
+    if run.outcomes is not None and name not in await run.recorded_steps():
+        made = await without_step(
+            model, request, run, run.model_key(number), last=last, look=look, heard=heard
+        )
+        if isinstance(made, Unkept):
+            return await run.record_step(name, made.replied)
+        run.begun(made.began_at)
+        return made
+
+    async def call() -> Replied:
+        return await call_model(model, request, run, last=last, look=look, heard=heard)
+
+    return await run.step(name, call)
+
+
 def _not_made(reason: str) -> ModelCallError:
     """The failure of a model call a cancel request stopped before it was made: permanent,
     and the run is aborted once the state's work ends (``ReplayedKeeper.during``), so the
@@ -137,38 +147,6 @@ def _not_made(reason: str) -> ModelCallError:
     return ModelCallError(
         f"the model call was not made: the run was cancelled ({reason})", transient=False
     )
-
-
-async def _call(
-    model: Model, request: ModelRequest, run: RunTime, last: bool, look: bool, heard: str | None
-) -> Replied:
-    """The body of a model step: ``look`` says whether to read the cancel request first (it
-    was not read since the latest call), ``heard`` is the request a call made without a step
-    read after its call (``RunTime.hear``), recorded here as this step's own read. Must not
-    raise for anything the model does."""
-    await run.admission.check()
-    reason = heard if heard is not None else run.cancel_requested() if look else None
-    if reason is not None:
-        return Replied(run.fleet_now(), cancelled=reason)
-    # The last answer's own limit is the engine's (see StepModel.request); others have the
-    # run's deadline.
-    left = 10.0**9 if last else run.remaining_s()
-    if left <= 0:
-        return Replied(run.fleet_now(), cut=True)
-    limit = asyncio.timeout(left)
-    try:
-        async with limit:
-            response: object = await model.request(request)
-    except BaseException as exc:
-        if limit.expired() or (last and isinstance(exc, asyncio.CancelledError)):
-            return Replied(run.fleet_now(), cut=True)
-        if not is_own_failure(exc):
-            raise
-        return Replied(run.fleet_now(), failure=failure_from(exc))
-    if not isinstance(response, ModelResponse):  # recorded as the engine would word it
-        message = f"the model returned {type(response).__name__}, not a ModelResponse"
-        return Replied(run.fleet_now(), failure=ModelFailure(message=message, permanent=False))
-    return Replied(run.fleet_now(), response=response)
 
 
 def durable_config(config: RunConfig) -> RunConfig:

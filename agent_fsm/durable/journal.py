@@ -42,6 +42,7 @@ __all__ = [
     "FinishingLookup",
     "MemoryJournal",
     "NotStarted",
+    "OutcomeJournal",
     "PairedLookup",
     "StartingJournal",
     "StartingLookup",
@@ -233,6 +234,32 @@ class FirstFinishingLookup(Protocol):
         ...
 
 
+@runtime_checkable
+class OutcomeJournal(Protocol):
+    """A journal that also keeps the outcomes of what a run does that is no tool call (a DBOS
+    run's model call: ``agent_fsm.dbos.model_calls``), each a JSON text its writer encodes
+    and decodes, under a key of its own (never a tool call's, nor the cancel request's). The
+    first outcome kept under a key is the only one: a second execution of the same thing (a
+    worker taken for dead that goes on, a replay) reads it instead of keeping its own, so an
+    outcome never changes once read (``PostgresJournal``, ``MemoryJournal``)."""
+
+    def keep_outcome(self, key: str, outcome: str) -> str:
+        """Keep ``outcome`` (a JSON text) under ``key`` unless an outcome is kept there
+        already; the outcome kept after (``outcome``, or the earlier one, unchanged).
+        Committed as ``record_finished`` is (a store may not wait for the disk).
+
+        Raises:
+            Exception: the journal failed (the outcome may or may not have been kept: a
+                second call answers which).
+        """
+        ...
+
+    def outcome_and_lookup(self, key: str, other: str) -> tuple[str | None, JournalEntry | None]:
+        """The outcome kept under ``key`` (None: none), and ``lookup(other)``, read together
+        (``other`` a tool call's key or the cancel request's)."""
+        ...
+
+
 def start_fresh(journal: ToolJournal, key: str, call: ToolCall) -> JournalEntry | None:
     """The first start of a call: ``lookup_or_start`` on a journal that has it (every
     journal of agent_fsm: atomic), else ``lookup`` then ``record_started`` (a journal of
@@ -262,10 +289,11 @@ def start_fresh(journal: ToolJournal, key: str, call: ToolCall) -> JournalEntry 
 class MemoryJournal:
     """A journal kept in a dict: survives a resumed ``Run`` object, not a process."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_outcomes")
 
     def __init__(self) -> None:
         self._entries: dict[str, JournalEntry] = {}
+        self._outcomes: dict[str, str] = {}
 
     def lookup(self, key: str) -> JournalEntry | None:
         return self._entries.get(key)
@@ -296,6 +324,12 @@ class MemoryJournal:
         self, key: str, result: ToolMessage, other: str
     ) -> tuple[JournalEntry | None, JournalEntry | None]:
         return self.finish_first(key, result), self._entries.get(other)
+
+    def keep_outcome(self, key: str, outcome: str) -> str:
+        return self._outcomes.setdefault(key, outcome)  # atomic: the first one stays
+
+    def outcome_and_lookup(self, key: str, other: str) -> tuple[str | None, JournalEntry | None]:
+        return self._outcomes.get(key), self._entries.get(other)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -2,7 +2,9 @@
 contract): every call is its own transaction, on the store's connection
 (``PostgresDatabase``). Keys are stored as ``journal.stored_key`` gives them, calls and
 results as ``encoding.encode_model`` (a lone surrogate becomes U+FFFD, never an encoding
-error)."""
+error). An outcome (``journal.OutcomeJournal``) is a row of its own, ``status`` ``outcome``, its
+JSON in ``result`` (``call`` is JSON ``null``): no tool call's look-up ever meets one, since
+outcomes have keys of their own."""
 
 from __future__ import annotations
 
@@ -95,6 +97,19 @@ _FINISH_FIRST_AND_LOOK_UP = (
     " LEFT JOIN journal AS other ON other.run_id = %(run_id)s AND other.key = %(other)s"
 )
 """``_FINISH_FIRST``, and another entry of the run read (as it was before the statement)."""
+
+_OUTCOME = "outcome"
+"""The ``status`` of a row that keeps an outcome (``keep_outcome``), not a tool call."""
+
+_KEEP_OUTCOME = (
+    "WITH kept AS (INSERT INTO journal SELECT %(run_id)s, %(key)s, 'null'::json,"
+    f" '{_OUTCOME}', %(outcome)s::json ON CONFLICT (run_id, key) DO NOTHING RETURNING 1)"
+    " SELECT EXISTS (SELECT FROM kept), seen.result::text"
+    " FROM (SELECT) AS one LEFT JOIN journal AS seen"
+    " ON seen.run_id = %(run_id)s AND seen.key = %(key)s"
+)
+"""Keep an outcome unless one is kept under its key; read the one kept before (as it was
+before the statement)."""
 
 
 class PostgresJournal:
@@ -326,6 +341,43 @@ class PostgresJournal:
         if status == _FINISHED:
             return self._entry(key, (call, status, recorded))
         return self.lookup(key)  # finished by another after this statement's snapshot
+
+    def keep_outcome(self, key: str, outcome: str) -> str:
+        """``journal.OutcomeJournal``: one statement, committed as ``record_finished`` is.
+        An outcome another execution keeps at that moment makes the insert wait for it and
+        do nothing: the row is read again and its outcome answered (a ``json`` value reads
+        back as the text that was written)."""
+        params = {"run_id": self._run_id, "key": stored_key(key), "outcome": outcome}
+        with self._db.connected(f"keep outcome {key!r}") as conn:
+            row = conn.execute(_KEEP_OUTCOME, params).fetchone()
+        assert row is not None  # one row, whatever the journal holds
+        kept, before = row
+        if kept:
+            return outcome
+        if before is None:  # kept by another after this statement's snapshot
+            with self._db.connected(f"read outcome {key!r}") as conn:
+                again = conn.execute(
+                    "SELECT result::text FROM journal WHERE run_id = %s AND key = %s",
+                    (self._run_id, params["key"]),
+                ).fetchone()
+            if again is None:  # the other rolled back: keep this one now
+                return self.keep_outcome(key, outcome)
+            before = again[0]
+        return str(before)
+
+    def outcome_and_lookup(self, key: str, other: str) -> tuple[str | None, JournalEntry | None]:
+        """Both rows in one statement (``journal.OutcomeJournal``)."""
+        keys = stored_key(key), stored_key(other)
+        with self._db.connected(f"read outcome {key!r} and journal entry {other!r}") as conn:
+            rows = conn.execute(
+                "SELECT key, call::text, status, result::text FROM journal"
+                " WHERE run_id = %s AND key = ANY(%s)",
+                (self._run_id, list(keys)),
+            ).fetchall()
+        found = {row[0]: row[1:] for row in rows}
+        kept, entry = found.get(keys[0]), found.get(keys[1])
+        outcome = None if kept is None or kept[1] != _OUTCOME else kept[2]
+        return outcome, None if entry is None else self._entry(other, entry)
 
     def record_finished(self, key: str, result: ToolMessage) -> None:
         """Not fenced: it records what really happened to a call started under a valid

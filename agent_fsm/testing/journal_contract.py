@@ -13,6 +13,7 @@ from agent_fsm.durable.journal import (
     FirstFinish,
     FirstFinishingLookup,
     JournalEntry,
+    OutcomeJournal,
     journal_key,
     start_fresh,
 )
@@ -122,6 +123,32 @@ class JournalContract(StoreContractBase):
         assert isinstance(again, FirstFinishingLookup)
         assert again.finish_first_and_lookup("call:0", second, "cancel") == (finished, asked)
         assert store.journal("run-1").lookup("call:0") == finished
+
+    def test_a_first_outcome_is_kept_and_read_with_another_entry(self) -> None:
+        """A journal that keeps outcomes (``journal.OutcomeJournal``: a DBOS model call made
+        without a step keeps its outcome so): the first outcome kept under a key wins, a
+        second one is answered it, read back with another entry (None where there is
+        none), as written; and no tool call's entry is touched. Skipped for a journal
+        without it."""
+        store = self.open_store()
+        journal = store.journal("run-1")
+        if not isinstance(journal, OutcomeJournal):
+            pytest.skip("this journal keeps no outcomes (journal.OutcomeJournal)")
+        request = ToolCall(id="cancel", name="stop", arguments='{"reason": "enough"}')
+        first, second = '{"reply": "yes", "at": 1.25}', '{"reply": "no", "at": 2.5}'
+        assert journal.outcome_and_lookup("model:0", "cancel") == (None, None)
+        assert journal.keep_outcome("model:0", first) == first
+        again = store.journal("run-1")
+        assert isinstance(again, OutcomeJournal)
+        assert again.keep_outcome("model:0", second) == first
+        journal.record_started("cancel", request)
+        asked = JournalEntry("cancel", request, CallStatus.STARTED)
+        assert again.outcome_and_lookup("model:0", "cancel") == (first, asked)
+        assert again.outcome_and_lookup("model:1", "cancel") == (None, asked)
+        assert journal.keep_outcome("model:1", second) == second
+        other = store.journal("run-2")
+        assert isinstance(other, OutcomeJournal)
+        assert other.outcome_and_lookup("model:0", "cancel") == (None, None)
 
     def test_finishing_a_call_that_never_started_is_a_key_error(self) -> None:
         store = self.open_store()

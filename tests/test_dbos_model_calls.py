@@ -1,0 +1,250 @@
+"""DBOS model calls made without a step (``agent_fsm.dbos.model_calls``): each call's outcome
+is kept in the run's journal (``model:N``), first one kept wins, and a replay answers the
+call from it without calling the model.
+
+Crashes are made as the other DBOS tests make them (``DBOS.fork_workflow_async``: the run's
+workflow again from a step, the records from that step on left out), with the journal rows
+a crash would not have written deleted by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("psycopg")
+pytest.importorskip("dbos")
+
+from dbos import DBOS
+from psycopg import sql
+
+from agent_fsm import StopReason
+from agent_fsm.dbos.replies import Replied, from_json, to_json
+from agent_fsm.durable.journal import CallStatus, JournalEntry, MemoryJournal, OutcomeJournal
+from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage
+from agent_fsm.state import ModelFailure
+from agent_fsm.testing import FunctionModel, call, reply
+from agent_fsm.testing.invariants import check_invariants
+from tests.dbos_worker import launched
+from tests.test_dbos import Tools, durable, same_run, step_names
+from tests.test_dbos_journal import Journal
+from tests.test_dbos_unstepped import entries, fork
+
+pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
+
+
+@pytest.fixture(scope="module")
+def dbos_schema(postgres_url: str) -> Iterator[str]:
+    with launched(postgres_url, "agent_fsm_model_calls") as schema:
+        yield schema
+
+
+@pytest.fixture
+def journal(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[Journal]:
+    found = Journal(postgres_url, postgres_schema)
+    try:
+        yield found
+    finally:
+        found.close()
+
+
+def kept(journal: Journal, run_id: str, number: int) -> Replied:
+    """The outcome of model call ``number`` kept in the run's journal."""
+    outcomes = journal.store.journal(run_id)
+    assert isinstance(outcomes, OutcomeJournal)
+    text = outcomes.outcome_and_lookup(f"model:{number}", "cancel")[0]
+    assert text is not None
+    return from_json(text)
+
+
+def forget(journal: Journal, run_id: str, *keys: str) -> None:
+    """Delete the journal rows of ``keys``: what a crash before they were written leaves."""
+    journal.admin.execute(
+        sql.SQL("DELETE FROM {} WHERE run_id = %s AND key = ANY(%s)").format(journal.table),
+        (run_id, list(keys)),
+    )
+
+
+def lookup_then_answer(request: ModelRequest) -> ModelResponse:
+    """One ``lookup`` (idempotent), then the answer: a function of the transcript."""
+    if any(isinstance(m, ToolMessage) for m in request.messages):
+        return reply("done")
+    return reply("", call("lookup", key=1))
+
+
+async def test_a_model_call_makes_no_step_and_keeps_its_outcome_in_the_journal(
+    journal: Journal,
+) -> None:
+    """Each model call keeps its outcome under ``model:N`` (the reply, when it ended, and on
+    the first the activation's start) and takes no DBOS step: a DBOS step costs two
+    transactions and most of a DBOS run's CPU. Made as a step, the run had one per call."""
+    model = FunctionModel(lookup_then_answer)
+    agent = durable(journal.store, model, Tools())
+    result = await agent.run("Look it up.", run_id=f"kept-{uuid.uuid4().hex[:8]}")
+    check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert result.output == "done"
+    assert await step_names(result.run_id) == []
+    assert entries(journal, result.run_id) == {
+        "model:0": "outcome",
+        "call:0": "finished",
+        "model:1": "outcome",
+    }
+    first, second = kept(journal, result.run_id, 0), kept(journal, result.run_id, 1)
+    assert first.response is not None
+    assert [c.name for c in first.response.message.tool_calls] == ["lookup"]
+    assert first.began_at is not None
+    assert second.began_at is None
+    assert first.began_at <= first.ended_at <= second.ended_at
+    assert second.response is not None
+    assert second.response.message.content == "done"
+
+
+async def test_a_replay_answers_each_model_call_from_its_outcome_without_calling_the_model(
+    journal: Journal,
+) -> None:
+    """A replay of the whole run (every DBOS record lost but the journal's) calls neither
+    the model nor a tool: a model replying otherwise the second time changes nothing."""
+    replies = itertools.count()
+
+    def otherwise_each_time(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            return reply(f"done {next(replies)}")
+        return reply("", call("lookup", key=1))
+
+    tools = Tools()
+    model = FunctionModel(otherwise_each_time)
+    agent = durable(journal.store, model, tools)
+    run_id = f"replayed-{uuid.uuid4().hex[:8]}"
+    first = await agent.run("Look it up.", run_id=run_id)
+    assert first.output == "done 0"
+    calls = len(model.requests)
+    same_run(await fork(run_id, 1), first)
+    assert (len(model.requests), tools.looked_up) == (calls, [1])
+
+
+@pytest.mark.parametrize("same_reply", [True, False])
+async def test_a_crash_between_the_reply_and_its_outcome_calls_the_model_again(
+    journal: Journal, same_reply: bool
+) -> None:
+    """The worker dies after the model replied, before its outcome was kept: the replay
+    finds no outcome and calls the model again (as a step would be called again), and the
+    run it makes is valid, whatever the model answers this time."""
+    replies = itertools.count()
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            return reply("done" if same_reply else f"done {next(replies)}")
+        return reply("", call("lookup", key=1))
+
+    tools = Tools()
+    model = FunctionModel(answer)
+    agent = durable(journal.store, model, tools)
+    run_id = f"lost-{uuid.uuid4().hex[:8]}"
+    first = await agent.run("Look it up.", run_id=run_id)
+    calls = len(model.requests)
+    forget(journal, run_id, "model:1")  # the crash came before it was written
+    replayed = await fork(run_id, 1)
+    check_invariants(replayed, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert len(model.requests) == calls + 1  # the second call only: the first was kept
+    assert tools.looked_up == [1]  # answered from the journal
+    if same_reply:
+        same_run(replayed, first)
+    else:
+        assert (first.output, replayed.output) == ("done 0", "done 1")
+    reply_kept = kept(journal, run_id, 1).response  # kept by the replay, this time
+    assert reply_kept is not None
+    assert reply_kept.message.content == replayed.output
+
+
+async def test_a_second_execution_racing_the_first_adopts_the_outcome_kept_first(
+    journal: Journal,
+) -> None:
+    """Two executions of one run at once (a worker taken for dead that goes on): the
+    second one's model call replies first and keeps its outcome; the first one's reply,
+    coming later, is not kept, and the first execution goes on with the kept one, so both
+    end the same (the first end wins)."""
+    held = asyncio.Event()
+    released = asyncio.Event()
+    answers = iter(["the first's", "the second's"])
+
+    async def racing(request: ModelRequest) -> ModelResponse:
+        mine = next(answers, "again")
+        if mine == "the first's":
+            held.set()
+            await released.wait()
+        return reply(mine)
+
+    model = FunctionModel(racing)
+    agent = durable(journal.store, model, [])
+    run_id = f"race-{uuid.uuid4().hex[:8]}"
+    first = asyncio.create_task(agent.run("Answer.", run_id=run_id))
+    await held.wait()  # the first execution is inside its model call
+    second = await fork(run_id, 1)
+    assert second.output == "the second's"
+    released.set()
+    ended = await first
+    check_invariants(ended, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert ended.output == "the second's"
+    same_run(ended, second)
+    assert len(model.requests) == 2
+    reply_kept = kept(journal, run_id, 0).response
+    assert reply_kept is not None
+    assert reply_kept.message.content == "the second's"
+
+
+async def test_a_model_call_the_deadline_cuts_keeps_the_cut_and_a_replay_reads_it(
+    journal: Journal,
+) -> None:
+    """Each model call made without a step still keeps the run's deadline: the call is
+    cut at ``timeout_s``, the cut is kept as its outcome, and a replay made long after (the
+    fleet's clock well past the limit) reads the cut and ends the same, calling nothing."""
+    never = asyncio.Event()
+
+    async def hangs(request: ModelRequest) -> ModelResponse:
+        await never.wait()
+        return reply("too late")
+
+    model = FunctionModel(hangs)
+    agent = durable(journal.store, model, [], timeout_s=0.3)
+    run_id = f"cut-{uuid.uuid4().hex[:8]}"
+    first = await agent.run("Answer.", run_id=run_id)
+    assert first.stop_reason is StopReason.TIMEOUT
+    assert first.error == "timed out after 0.3 s (limit 0.3 s)"
+    check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+    assert kept(journal, run_id, 0).cut
+    calls = len(model.requests)
+    steps = len(await step_names(run_id))
+    replayed = await (await DBOS.fork_workflow_async(run_id, steps + 1)).get_result()
+    same_run(replayed, first)
+    assert len(model.requests) == calls
+
+
+def test_an_outcome_reads_back_as_it_was_kept() -> None:
+    """The record's JSON: every field, the reply and the failure as their models dump, and
+    times that read back equal."""
+    outcomes = [
+        Replied(1764180000.123456789, response=reply("", call("lookup", key=1)), began_at=1.5),
+        Replied(2.0, failure=ModelFailure(message="busy", permanent=False, retry_after_s=0.25)),
+        Replied(3.0, cut=True),
+        Replied(4.0, cancelled="enough"),
+    ]
+    for outcome in outcomes:
+        assert from_json(to_json(outcome)) == outcome
+
+
+def test_a_memory_journal_keeps_the_first_outcome() -> None:
+    journal = MemoryJournal()
+    assert isinstance(journal, OutcomeJournal)
+    request = ToolCall(id="cancel", name="stop", arguments="{}")
+    journal.record_started("cancel", request)
+    assert journal.keep_outcome("model:0", "1") == "1"
+    assert journal.keep_outcome("model:0", "2") == "1"
+    assert journal.outcome_and_lookup("model:0", "cancel") == (
+        "1",
+        JournalEntry("cancel", request, CallStatus.STARTED),
+    )
+    assert journal.lookup("model:0") is None  # no tool call's entry
