@@ -35,7 +35,7 @@ class Answered:
     made) or after it (its answer is the call's): the steps after it make no call."""
     looked: bool = False
     """Whether the step's latest read of the cancel request came after its call (or it made
-    none): the model step after it then reads nothing itself (``RunTime.request_seen``).
+    none): the model call after it then reads nothing itself (``RunTime.request_seen``).
     An outcome recorded by an earlier version has no such field: read with ``getattr``."""
     began_at: float | None = None
     """The activation's start, when this was its first step (``RunTime.step``)."""

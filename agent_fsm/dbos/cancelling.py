@@ -29,9 +29,9 @@ only when no request is pending, and one that finds it is made as a step, which 
 again and records it. A tool step reads it with its own journal entry before its call, and
 again with the record of its end (one statement each, ``PairedLookup`` and
 ``FinishingLookup``); a tool call made without a step reads it with the record of its end
-(``FirstFinishingLookup``), and the model step after it records what that read found
-(``RunTime.hear``). A model step reads it on its own only when no such read followed the
-latest call (``RunTime.request_seen``: the run's first model step, one after a model call,
+(``FirstFinishingLookup``), and the model call after it records what that read found
+(``RunTime.hear``). A model call reads it on its own only when no such read followed the
+latest call (``RunTime.request_seen``: the run's first model call, one after a model call,
 after a tool step whose end-read failed, after a call made without a step answered from its
 entry by a replay), since a read at the end of the turn's last tool call is the read before
 the next model call. A step

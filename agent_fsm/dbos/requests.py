@@ -1,6 +1,6 @@
 """A DBOS activation's tool journal, and the request to cancel it: the journal calls its tool
 calls make, each of which reads the request in the same round trip where the journal offers
-it, and whether the request was read after every call made since the latest model step.
+it, and whether the request was read after every call made since the latest model call.
 
 ``RunJournal`` is the journal half of ``replay.RunTime`` (its base class): where the
 activation's calls are keyed (``call_key``), how a tool call's start and end are recorded
@@ -78,14 +78,14 @@ class RunJournal:
         said so (the same on every execution): the steps after it make no call."""
         self.looked = False
         """Whether a tool step read the cancel request after its call since the latest
-        model step (``saw_request``), and ``missed`` whether one did not: both from
+        model call (``saw_request``), and ``missed`` whether one did not: both from
         recorded outcomes (or a read made live, ``hear``), and each only ever set within a
         turn, so parallel tool steps ending in any order leave the same answer."""
         self.missed = False
         self.heard: str | None = None
         """The reason of a cancel request that a tool call made without a step read with its
-        end, in this execution, since the latest model step (``finish_unstepped``): not
-        recorded anywhere, so the model step after it records it as its own read."""
+        end, in this execution, since the latest model call (``finish_unstepped``): not
+        recorded anywhere, so the model call after it records it as its own read."""
 
     def call_key(self, number: int) -> str:
         """The journal key of tool call ``number`` of the activation."""
@@ -162,7 +162,7 @@ class RunJournal:
 
     def hear(self, reason: str | None) -> None:
         """A call made without a step read the cancel request with its end, live (not from a
-        record): a request found is the model step's to record (``heard``); the read counts
+        record): a request found is the model call's to record (``heard``); the read counts
         as one after the call (its answer says ``looked``)."""
         if reason is not None and self.heard is None:
             self.heard = reason
@@ -170,7 +170,7 @@ class RunJournal:
     def request_seen(self) -> bool:
         """Whether the cancel request was read after every call made so far (a tool step
         of the latest turn read it after its own call, and none failed to), as recorded or,
-        for a call made without a step, live (``hear``): a model step then takes
+        for a call made without a step, live (``hear``): a model call then takes
         ``cancelled``, or else ``heard``, as that read, and reads nothing itself."""
         return self.looked and not self.missed
 
@@ -182,7 +182,7 @@ class RunJournal:
             self.missed = True
 
     def called_model(self) -> None:
-        """A model step made (or recorded) its call: the request must be read again."""
+        """A model call was made (or its outcome recorded): the request must be read again."""
         self.looked = self.missed = False
         self.heard = None
 

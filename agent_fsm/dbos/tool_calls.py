@@ -13,7 +13,7 @@ with their backoff, and the tool journal (``durable.journal``), kept *inside* th
    and records the answer.
 
 The run's cancel request (``agent_fsm.dbos.cancelling``) is read in the statements of 1 and
-of the answer's record; a model step reads it itself only when the latest call was not
+of the answer's record; a model call reads it itself only when the latest call was not
 followed by such a read (``replay.RunTime.request_seen``). DBOS records the step's outcome
 after that; a step with a record is never run again. So a non-idempotent call runs at most
 once, whichever worker replays the run.
@@ -227,7 +227,7 @@ async def _run_call(
     try:  # one round trip: the end recorded, and a cancel request made meanwhile read
         looked, reason = twice(run.finish_and_request, key, result)
     except Exception as exc:
-        looked, reason = False, None  # the model step after it reads the request itself
+        looked, reason = False, None  # the model call after it reads the request itself
         if not tool.idempotent:  # the journal says "started": any later execution says this
             why = f"it ran, but the journal could not record its end ({describe(exc)})"
             result = outcome_unknown(call, why)

@@ -23,14 +23,16 @@ is treated as inside a step (a ``@DBOS.step`` function it calls runs as a plain 
 the workflow's steps, which a replay answering the call from its entry would not take.
 
 It reads the cancel request in the statement recording its end, where the journal offers
-it (``journal.FirstFinishingLookup``): that read is recorded nowhere, so the model step after
-it records what it found as its own read (``RunTime.hear``), and reads nothing itself; a
-replay that answers the call from its entry made no such read, and its model step (when
-DBOS holds no record of it) reads the request itself.
+it (``journal.FirstFinishingLookup``): that read is recorded nowhere, so the model call
+after it records what it found as its own read (``RunTime.hear``), and reads nothing
+itself; a replay that answers the call from its entry made no such read, and its model call
+(when nothing recorded its outcome) reads the request itself.
 
-The journal's end is committed without waiting for the disk, as a step's record is after
-it: on one PostgreSQL cluster (the journal and DBOS's tables in one database, as the
-README's fleet has them) a later step's record, flushed to disk, flushes the end before it.
+The journal's end is committed without waiting for the disk, as the outcome of the model
+call after it is (``agent_fsm.dbos.model_calls``): on one PostgreSQL cluster (the journal
+and DBOS's tables in one database, as the README's fleet has them) the next commit made with
+a flush to disk (the next tool call's start, a step's record, the workflow's end) flushes
+both before it, so no side effect follows an end that a crash of the server could lose.
 """
 
 from __future__ import annotations
@@ -116,9 +118,9 @@ async def without_step(
     answered = None if entry is None else _recorded(entry)
     if answered is None:  # ended first by a step of another execution (it found it started)
         return Ran(result, cut, RuntimeError("another execution recorded its end first"))
-    if not looked:  # the model step after it reads the request itself
+    if not looked:  # the model call after it reads the request itself
         return answered
-    run.hear(reason)  # read live, after the call: the model step after it records it
+    run.hear(reason)  # read live, after the call: the model call after it records it
     return dataclasses.replace(answered, looked=True)
 
 

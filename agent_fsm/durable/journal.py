@@ -164,7 +164,7 @@ class PairedLookup(Protocol):
 class FinishingLookup(Protocol):
     """A journal that records a call finished and reads another entry in the same round
     trip (``PostgresJournal``): a DBOS tool step records its answer and reads its
-    activation's cancel request at once, so the model step after it need not read it
+    activation's cancel request at once, so the model call after it need not read it
     again (``agent_fsm.dbos.cancelling``)."""
 
     def finish_and_lookup(self, key: str, result: ToolMessage, other: str) -> JournalEntry | None:
