@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -23,14 +24,16 @@ from dbos import DBOS
 from psycopg import sql
 
 from agent_fsm import StopReason
+from agent_fsm.dbos.replay import MODEL_STEP
 from agent_fsm.dbos.replies import Replied, from_json, to_json
 from agent_fsm.durable.journal import CallStatus, JournalEntry, MemoryJournal, OutcomeJournal
+from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage
 from agent_fsm.state import ModelFailure
 from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
 from tests.dbos_worker import launched
-from tests.test_dbos import Tools, durable, same_run, step_names
+from tests.test_dbos import Tools, durable, replay, same_run, step_names
 from tests.test_dbos_journal import Journal
 from tests.test_dbos_unstepped import entries, fork
 
@@ -221,6 +224,52 @@ async def test_a_model_call_the_deadline_cuts_keeps_the_cut_and_a_replay_reads_i
     replayed = await (await DBOS.fork_workflow_async(run_id, steps + 1)).get_result()
     same_run(replayed, first)
     assert len(model.requests) == calls
+
+
+class ToolCallsOnly:
+    """A run's journal that keeps tool calls (a first end too) but no outcomes."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def lookup(self, key: str) -> Any:
+        return self._inner.lookup(key)
+
+    def lookup_or_start(self, key: str, call: ToolCall) -> Any:
+        return self._inner.lookup_or_start(key, call)
+
+    def record_started(self, key: str, call: ToolCall) -> None:
+        self._inner.record_started(key, call)
+
+    def record_finished(self, key: str, result: ToolMessage) -> None:
+        self._inner.record_finished(key, result)
+
+    def finish_first(self, key: str, result: ToolMessage) -> Any:
+        return self._inner.finish_first(key, result)
+
+
+class ToolCallsOnlyStore(PostgresStore):
+    def journal(self, run_id: str, *, lease: Any = None) -> Any:
+        return ToolCallsOnly(super().journal(run_id, lease=lease))
+
+
+async def test_a_journal_that_keeps_no_outcomes_makes_each_model_call_a_step(
+    journal: Journal, postgres_url: str, postgres_schema: str
+) -> None:
+    """Without ``OutcomeJournal`` the model calls are steps, numbered (tool calls are still
+    made without one), and a replay of every step answers them from DBOS's records."""
+    with ToolCallsOnlyStore(postgres_url, schema=postgres_schema) as store:
+        tools = Tools()
+        model = FunctionModel(lookup_then_answer)
+        agent = durable(store, model, tools)
+        run_id = f"stepped-{uuid.uuid4().hex[:8]}"
+        first = await agent.run("Look it up.", run_id=run_id)
+        check_invariants(first, limits=agent.agent.limits, bound=agent.agent.bound)
+        assert await step_names(run_id) == [MODEL_STEP + "#0", MODEL_STEP + "#1"]
+        assert entries(journal, run_id) == {"call:0": "finished"}
+        calls = len(model.requests)
+        same_run(await replay(run_id), first)
+        assert (len(model.requests), tools.looked_up) == (calls, [1])
 
 
 def test_an_outcome_reads_back_as_it_was_kept() -> None:

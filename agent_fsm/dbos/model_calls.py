@@ -15,7 +15,11 @@ outcome kept being the only one (``journal.OutcomeJournal``):
    execution went past this call (it would have kept it, or made a step in its place, which
    the caller checked for first): the execution is fresh from here on, and reads nothing
    before its later calls. A read that fails is made again until the journal answers (as
-   ``unstepped._read_in_replay`` does: a step made in its place could meet a later record);
+   ``unstepped._read_in_replay`` does: a step made in its place could meet a later record,
+   and a call made again could get another reply than the calls journalled after it
+   answered). So the run's first model call waits for a journal that cannot be read, on
+   its first execution too (it cannot tell itself from a replay): keep the journal on
+   DBOS's own database, which DBOS waits for as well;
 2. the call is made as its step would make it (``call_model``: the execution's fence, the
    cancel request, the run's deadline), and its outcome kept: a second execution racing
    this one (a worker taken for dead that goes on), having kept its own first, is answered
