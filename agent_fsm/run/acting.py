@@ -71,7 +71,6 @@ from agent_fsm.tools.scheduling import (
     TurnCalls,
     run_until_stopped,
     tool_started,
-    waves,
 )
 from agent_fsm.tools.tool import PreparedCall, ToolRegistry
 
@@ -161,8 +160,7 @@ async def answer_calls(
     ):
         runnable, pending = _gate(turn.prepared, approved, turn.results, machine.approval_first)
         if runnable:
-            groups = waves(turn.prepared, runnable, config.parallel_tool_calls)
-            await run_until_stopped(turn, groups)
+            await run_until_stopped(turn, runnable, config.parallel_tool_calls)
         if pending:
             state.requests.append(approval_request(pending))
     final = _answers(turn)
@@ -382,7 +380,7 @@ def _gate(
 ) -> tuple[tuple[int, ...], tuple[PreparedCall, ...]]:
     """Answer the calls that cannot run (their error) and those that wait for approval;
     return the indices of the calls that run, and the calls that wait (tuples, held while
-    the calls run: see ``scheduling.waves``). With
+    the calls run: see ``scheduling.wave_end``). With
     ``approval_first`` (the table ranks a pending approval above a terminal tool), terminal
     calls do not run while calls wait: the run pauses before anything could end it."""
     runnable: list[int] = []

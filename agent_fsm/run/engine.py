@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from functools import partial
 from typing import Any
 
 from agent_fsm.cancellation import StopEvent
@@ -28,7 +27,6 @@ from agent_fsm.constructors import builder
 from agent_fsm.errors import ConfigError, RunError, RunLeased
 from agent_fsm.events import (
     AbortRequested,
-    Event,
     EventBus,
     EventHandler,
     FollowUpQueued,
@@ -144,7 +142,7 @@ class Run:
             state=state,
             config=config,
             # not a method of this Run: a bus holding one would make every Run a cycle
-            bus=EventBus(config.handlers, on_handler_error=partial(_handler_failed, log)),
+            bus=EventBus(config.handlers, on_handler_error=log.handler_failed),
             stop=StopEvent(),
             journal=keeper.journal,
             log=log,
@@ -476,11 +474,6 @@ class Run:
         if emit is not None:
             for event in ending_events(state, row, result):
                 emit(event)
-
-
-def _handler_failed(log: Any, event: Event) -> None:
-    """An event handler raised: log it with its traceback; the run goes on."""
-    log.exception("event_handler_failed", kind=event.kind)
 
 
 def new_run_state(

@@ -285,8 +285,8 @@ async def execute(
     retries = 0
     if tool.idempotent:
         retries = limits.tool_max_retries if tool.max_retries is None else tool.max_retries
-    runtime: dict[str, JsonValue] = {}
     history: tuple[JsonValue, ...] = ()  # a tuple: the usual call, never retried, makes no list
+    abandoned = False  # an attempt's worker thread was abandoned (its answer says so)
     attempt = 0
     fn = tool.fn
     assert fn is not None
@@ -305,7 +305,8 @@ async def execute(
             expired = deadline.finish()
             if not expired and not is_own_failure(exc):
                 raise  # the run's own cancellation (abort, its deadline), or a KeyboardInterrupt
-            outcome = _failure(call, tool, exc, expired, timeout_s, runtime)
+            outcome = _failure(call, tool, exc, expired, timeout_s)
+            abandoned = abandoned or outcome.abandoned
         else:
             deadline.finish()
             break
@@ -316,10 +317,22 @@ async def execute(
                 on_retry(call, attempt, outcome.message, delay)
             await sleep(delay)
             continue
+        runtime = _runtime(abandoned, attempt, history)
         return Executed(_failed(call, outcome, attempt, history, runtime, timeout_s), attempt)
-    if history:
-        runtime.update(attempts=attempt, retries=list(history))
+    runtime = _runtime(abandoned, attempt, history)
     return Executed(_answer(call, tool, value, limits, runtime), attempt)
+
+
+def _runtime(
+    abandoned: bool, attempts: int, history: tuple[JsonValue, ...]
+) -> dict[str, JsonValue]:
+    """The facts of the attempts for the answer's details (``runtime``), the answer adding
+    its own: made once the attempts are over, so that no dict is held while the tool runs,
+    in every live run (issue 39)."""
+    runtime: dict[str, JsonValue] = {"abandoned": True} if abandoned else {}
+    if history:
+        runtime.update(attempts=attempts, retries=list(history))
+    return runtime
 
 
 @dataclass(slots=True)
@@ -332,6 +345,8 @@ class _Outcome:
     """The attempt ran past its timeout."""
     traceback: str | None = None
     """Where the tool raised, for the people who run it (never shown to the model)."""
+    abandoned: bool = False
+    """The attempt of a sync tool ran past its timeout: its worker thread was abandoned."""
 
 
 def _failure(
@@ -340,27 +355,26 @@ def _failure(
     exc: BaseException,
     expired: bool,
     timeout_s: float,
-    runtime: dict[str, JsonValue],
 ) -> _Outcome:
     """How an attempt that raised ``exc`` (the tool's own failure) failed; a failure after
     the deadline expired (``expired``) counts as a timeout (the tool may have turned our
     cancellation into an error of its own)."""
     if expired:
-        return _timed_out(call, tool, timeout_s, runtime)
+        return _timed_out(call, tool, timeout_s)
     failure = exc.original if isinstance(exc, _CarriedOut) else exc
     message = f"Tool '{call.name}' failed: {describe(failure)}"
     where = failure_traceback(failure)[-TRACEBACK_CHARS:]
     return _Outcome(failure=failure, message=message, traceback=where)
 
 
-def _timed_out(
-    call: ToolCall, tool: Tool, timeout_s: float, runtime: dict[str, JsonValue]
-) -> _Outcome:
+def _timed_out(call: ToolCall, tool: Tool, timeout_s: float) -> _Outcome:
     message = f"Tool '{call.name}' timed out after {timeout_s:g} s."
-    if not tool.is_async:
+    abandoned = not tool.is_async
+    if abandoned:
         message += ABANDONED_NOTE
-        runtime["abandoned"] = True
-    return _Outcome(failure=TimeoutError(message), message=message, expired=True)
+    return _Outcome(
+        failure=TimeoutError(message), message=message, expired=True, abandoned=abandoned
+    )
 
 
 def _failed(
@@ -371,11 +385,11 @@ def _failed(
     runtime: dict[str, JsonValue],
     timeout_s: float,
 ) -> ToolMessage:
-    """The error answer of a call that failed for good, with its retries in the details."""
+    """The error answer of a call that failed for good, with its retries in the details
+    (``runtime``: ``_runtime``'s facts)."""
     message = outcome.message
     if history:
         message += f" (gave up after {attempts} attempts)"
-        runtime.update(attempts=attempts, retries=list(history))
     if outcome.expired:
         runtime["timed_out_after_s"] = timeout_s
     if outcome.traceback is not None:
