@@ -17,7 +17,6 @@ the keeper's next save raises ``RunLeased`` and this driver stops without writin
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -57,7 +56,7 @@ from agent_fsm.run.observing import observe, observe_guarded
 from agent_fsm.run.outcome import ending_events, record_stop
 from agent_fsm.run.parenting import act_as_parent, act_screened, settle_orphans
 from agent_fsm.run.reflecting import reflect
-from agent_fsm.run.residence import RunKeeper
+from agent_fsm.run.residence import Cancellable, RunKeeper
 from agent_fsm.run.summarising import summarise
 from agent_fsm.run.thinking import think
 from agent_fsm.state import (
@@ -165,7 +164,7 @@ class Run:
         step takes it."""
         self._repaired = repaired
         """What was repaired in the history the run started from, announced with its start."""
-        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline: Cancellable | None = None
         self._work = _work_for(config)
 
     # -- public surface ---------------------------------------------------------------
