@@ -314,6 +314,24 @@ def test_a_failing_event_handler_is_logged_with_the_run_id_and_the_run_goes_on()
     assert failed[0]["exc_info"] is True
 
 
+def test_a_subscriber_of_one_run_hears_that_run_only() -> None:
+    """Runs nobody listens to share one empty bus until their first subscriber."""
+    agent, _ = make_agent([])
+    scripts = [ScriptedModel([reply("", call("echo", text=t)), t]) for t in ("a", "b")]
+    first, second = (agent.replace(model=script).start("go") for script in scripts)
+    heard: list[tuple[str, str]] = []
+    first.subscribe(lambda event: heard.append(("one", event.run_id)))
+    first.subscribe(lambda event: heard.append(("two", event.run_id)))
+
+    async def both() -> list[str | None]:
+        return [(await run.run()).output for run in (first, second)]
+
+    assert asyncio.run(both()) == ["a", "b"]
+    assert heard
+    assert {run_id for _, run_id in heard} == {first.run_id}
+    assert [who for who, _ in heard[:2]] == ["one", "two"]  # in subscription order
+
+
 def test_filtered_debug_lines_are_not_built_and_info_lines_still_are() -> None:
     _log_at(logging.INFO)
     agent, _ = make_agent(["done"])

@@ -82,8 +82,14 @@ __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 _TRIGGER_NAMES: dict[Trigger | str, str] = {trigger: trigger.value for trigger in Trigger}
 _state_changed = builder(StateChanged)
 
+_NOBODY_LISTENS = EventBus()
+"""The bus of every run nobody listens to (an agent without handlers), until its first
+subscriber (``Run.subscribe`` gives the run a bus of its own then): one shared bus, as it
+holds no handler. A bus each, with its error handler, was two more objects every live run
+held for the cyclic collector to look at (issue 39). Never subscribed to."""
 
-_WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[None] | None]] = {
+
+_WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[object] | None]] = {
     AgentState.OBSERVE: observe,
     AgentState.COMPACT: compact,
     AgentState.SUMMARISE: summarise,
@@ -140,8 +146,7 @@ class Run:
         self._ctx = RunContext(
             state=state,
             config=config,
-            # not a method of this Run: a bus holding one would make every Run a cycle
-            bus=EventBus(config.handlers, on_handler_error=log.handler_failed),
+            bus=_bus(config.handlers, log) if config.handlers else _NOBODY_LISTENS,
             stop=StopEvent(),
             journal=keeper.journal,
             log=log,
@@ -199,7 +204,11 @@ class Run:
 
     def subscribe(self, handler: EventHandler) -> None:
         """Deliver this run's events to ``handler`` from now on."""
-        self._ctx.bus.subscribe(handler)
+        ctx = self._ctx
+        if ctx.bus is _NOBODY_LISTENS:
+            ctx.bus = _bus((handler,), ctx.log)
+        else:
+            ctx.bus.subscribe(handler)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop the run promptly: a model or tool call in flight is cancelled (its tool call
@@ -473,6 +482,12 @@ class Run:
         if emit is not None:
             for event in ending_events(state, row, result):
                 emit(event)
+
+
+def _bus(handlers: Sequence[EventHandler], log: RunLogger) -> EventBus:
+    """A run's own bus; a handler that raises is logged (not a method of the ``Run``: a bus
+    holding one would make every Run a cycle)."""
+    return EventBus(handlers, on_handler_error=log.handler_failed)
 
 
 def new_run_state(
