@@ -33,13 +33,21 @@ class StopEvent:
 
     Callbacks run synchronously inside ``set``, in registration order; one that raises does
     not prevent the others (the error is re-raised after all ran).
+
+    The first callback is kept in a slot of its own and the others in a list made for them,
+    as ``asyncio.Future`` keeps its first callback: a run registers one at a time (the scope
+    of its model or tool call), so a live run holds no list here for the cyclic collector
+    to look at (issue 39).
     """
 
-    __slots__ = ("_callbacks", "_set")
+    __slots__ = ("_first", "_more", "_set")
 
     def __init__(self) -> None:
         self._set = False
-        self._callbacks: list[Callable[[], None]] = []
+        self._first: Callable[[], None] | None = None
+        """The earliest callback registered and not removed; None when there is none."""
+        self._more: list[Callable[[], None]] | None = None
+        """The later ones, in registration order (None until there is a second)."""
 
     def is_set(self) -> bool:
         return self._set
@@ -48,9 +56,12 @@ class StopEvent:
         if self._set:
             return
         self._set = True
-        callbacks, self._callbacks = self._callbacks, []
+        first, more = self._first, self._more
+        self._first = self._more = None
+        if first is None:
+            return
         errors: list[Exception] = []
-        for callback in callbacks:
+        for callback in (first, *more) if more else (first,):
             try:
                 callback()
             except Exception as exc:  # the other callbacks must still run
@@ -62,17 +73,28 @@ class StopEvent:
         """Call ``callback`` when the event is set (now, if it already is)."""
         if self._set:
             callback()
+        elif self._first is None:
+            self._first = callback
+        elif self._more is None:
+            self._more = [callback]
         else:
-            self._callbacks.append(callback)
+            self._more.append(callback)
 
     def remove_callback(self, callback: Callable[[], None]) -> None:
         """Forget ``callback``; unknown callbacks are ignored."""
-        callbacks = self._callbacks
-        if callbacks and callbacks[-1] is callback:  # the usual case: the latest one, by identity
-            callbacks.pop()
+        first, more = self._first, self._more
+        if first is None:
             return
-        with contextlib.suppress(ValueError):
-            callbacks.remove(callback)
+        if first is callback or first == callback:
+            self._first = more.pop(0) if more else None  # the next one keeps its turn
+        elif more:
+            if more[-1] is callback:  # the usual case: the latest one, by identity
+                more.pop()
+            else:
+                with contextlib.suppress(ValueError):
+                    more.remove(callback)
+        if not more:
+            self._more = None
 
 
 class StopScope:
@@ -108,7 +130,7 @@ class StopScope:
         self._task: asyncio.Task[Any] | None = None
         self._registered = False
 
-    # Entering and leaving run twice per turn, so they touch the event's callback list
+    # Entering and leaving run twice per turn, so they touch the event's callback slot
     # directly (same module) and ask the task for its loop only when a stop arrives.
 
     def __enter__(self) -> StopScope:
@@ -122,7 +144,10 @@ class StopScope:
         if stop._set:
             self()
         else:  # the scope is its own callback: no bound method made, removed by identity
-            stop._callbacks.append(self)
+            if stop._first is None:  # the usual case: the run's only one
+                stop._first = self
+            else:
+                stop.add_callback(self)
             self._registered = True
         return self
 
@@ -150,11 +175,11 @@ class StopScope:
         self._inside = False
         if self._registered:  # the event held the scope, which holds the event: let go now
             self._registered = False
-            callbacks = self._stop._callbacks
-            if callbacks and callbacks[-1] is self:  # the usual case: still the latest
-                callbacks.pop()
+            stop = self._stop
+            if stop._first is self and stop._more is None:  # the usual case: the only one
+                stop._first = None
             else:
-                self._stop.remove_callback(self)
+                stop.remove_callback(self)
         # The task held the scope in its frame: let it go now (no cycle for the collector).
         task, self._task = self._task, None
         if not self._cancels:  # the usual case: the stop never reached the work

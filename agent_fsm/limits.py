@@ -17,6 +17,10 @@ from agent_fsm.pricing import Pricing
 __all__ = ["Limits"]
 
 
+_MONEY_SLACK = 1.0 - 1e-9
+"""What share of a money budget counts as all of it (``Limits.money_spent``)."""
+
+
 class Limits(BaseModel):
     """The budgets of one run. Frozen; share one instance between agents freely."""
 
@@ -174,6 +178,16 @@ class Limits(BaseModel):
             if name == model:
                 return pricing
         return None
+
+    def money_spent(self, spent: float) -> bool:
+        """Whether ``spent`` reaches ``cost_budget`` (False without one). Amounts within a
+        billionth of the budget reach it: sums of prices in floating point round differently
+        with the order they are added in, and a parent counts its children's costs one way
+        while a child counts against what was carved for it (0.2 - 0.04 - 0.12 is
+        0.04000000000000001), so without the slack a child could see money left that its
+        parent sees spent, and make a call the tree cannot pay for."""
+        budget = self.cost_budget
+        return budget is not None and spent >= budget * _MONEY_SLACK
 
     @property
     def most_per_input_token(self) -> float:

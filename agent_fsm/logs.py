@@ -23,6 +23,8 @@ from typing import Any
 
 import structlog
 
+from agent_fsm.events import Event
+
 __all__ = ["RunLogger", "get_logger", "is_enabled_for"]
 
 _LOGFMT = structlog.processors.LogfmtRenderer(bool_as_flag=False)
@@ -82,6 +84,12 @@ class RunLogger:
         self._name = name
         self._run_id = run_id
         self._bound: Any = None
+
+    def handler_failed(self, event: Event) -> None:
+        """An event handler of the run raised (``EventBus``'s ``on_handler_error``): log it,
+        with its traceback; the run goes on. A method: the bus holds one bound method per
+        run, where a ``partial`` held its arguments and two dicts too (issue 39)."""
+        self.exception("event_handler_failed", kind=event.kind)
 
     def __getattr__(self, attribute: str) -> Any:
         bound = self._bound

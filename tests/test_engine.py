@@ -10,7 +10,7 @@ import structlog
 import structlog.testing
 
 from agent_fsm import Agent, AgentState, ConfigError, Limits, RunError, StopReason, tool
-from agent_fsm.events import EVENT_ADAPTER, RunFinished, StateChanged, ToolFinished
+from agent_fsm.events import EVENT_ADAPTER, Event, RunFinished, StateChanged, ToolFinished
 from agent_fsm.messages import ToolCall, ToolMessage, TranscriptView, UserMessage
 from agent_fsm.testing import ScriptedModel, call, raw_call, reply
 from agent_fsm.testing.invariants import check_invariants
@@ -294,6 +294,42 @@ def test_every_transition_is_logged_at_debug_with_the_run_id() -> None:
     ]
     assert {line["run_id"] for line in lines} == {result.run_id}
     assert all(line["log_level"] == "debug" for line in lines)
+
+
+def test_a_failing_event_handler_is_logged_with_the_run_id_and_the_run_goes_on() -> None:
+    _log_at(logging.INFO)
+    agent, _ = make_agent([reply("", call("echo", text="x")), "done"])
+
+    def broken(event: Event) -> None:
+        if event.kind == "tool_started":
+            raise RuntimeError("observer bug")
+
+    with structlog.testing.capture_logs() as logs:
+        result = agent.subscribe(broken).run_sync("go")
+    assert result.output == "done"
+    failed = [line for line in logs if line["event"] == "event_handler_failed"]
+    assert [(line["kind"], line["run_id"], line["log_level"]) for line in failed] == [
+        ("tool_started", result.run_id, "error")
+    ]
+    assert failed[0]["exc_info"] is True
+
+
+def test_a_subscriber_of_one_run_hears_that_run_only() -> None:
+    """Runs nobody listens to share one empty bus until their first subscriber."""
+    agent, _ = make_agent([])
+    scripts = [ScriptedModel([reply("", call("echo", text=t)), t]) for t in ("a", "b")]
+    first, second = (agent.replace(model=script).start("go") for script in scripts)
+    heard: list[tuple[str, str]] = []
+    first.subscribe(lambda event: heard.append(("one", event.run_id)))
+    first.subscribe(lambda event: heard.append(("two", event.run_id)))
+
+    async def both() -> list[str | None]:
+        return [(await run.run()).output for run in (first, second)]
+
+    assert asyncio.run(both()) == ["a", "b"]
+    assert heard
+    assert {run_id for _, run_id in heard} == {first.run_id}
+    assert [who for who, _ in heard[:2]] == ["one", "two"]  # in subscription order
 
 
 def test_filtered_debug_lines_are_not_built_and_info_lines_still_are() -> None:

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-import agent_fsm.run.acting
 from agent_fsm import Agent, Limits, tool
 from agent_fsm.evals import (
     Called,
@@ -28,6 +27,7 @@ from agent_fsm.evals import (
 )
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolMessage, UserMessage
 from agent_fsm.testing import FunctionModel, call, reply
+from tests.conftest import drop_the_last_tool_result
 
 
 @tool
@@ -186,16 +186,6 @@ def test_an_evaluator_that_raises_fails_its_verdict_not_the_eval() -> None:
     assert (verdict.passed, verdict.reason) == (False, "raised KeyError: 'oops'")
 
 
-def _drop_the_last_tool_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The seeded bug of the harness's own test: the engine forgets one result per turn."""
-    real = agent_fsm.run.acting.answer_calls
-
-    async def dropping(*args: Any, **kwargs: Any) -> list[ToolMessage]:
-        return (await real(*args, **kwargs))[:-1]
-
-    monkeypatch.setattr(agent_fsm.run.acting, "answer_calls", dropping)
-
-
 def _looks_up_then_answers(request: ModelRequest) -> ModelResponse:
     if any(isinstance(m, ToolMessage) for m in request.messages) or request.turn > 1:
         return reply("Paris")
@@ -213,7 +203,7 @@ def test_the_invariants_catch_a_seeded_broken_run_whatever_its_score(
     assert sound.overall.passed == 2
     assert sound.broken == 0
 
-    _drop_the_last_tool_result(monkeypatch)
+    drop_the_last_tool_result(monkeypatch)
     broken = evaluate_sync(agent, dataset, repeats=2)
     for trial in broken.trials:
         assert [v.passed for v in trial.verdicts] == [True]  # the answer is right...

@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-import agent_fsm.run.acting
 from agent_fsm import Agent, ConfigError, Limits, tool
 from agent_fsm.messages import FinishReason, ModelResponse, ToolCall, ToolMessage, ToolStatus
 from agent_fsm.models.base import ModelCallError
@@ -48,6 +47,7 @@ from agent_fsm.testing.behaviour import (
 from agent_fsm.testing.harness import Stage, frozen_heap
 from agent_fsm.testing.reproducer import item_source
 from agent_fsm.testing.strategies import arguments_for, invalid_arguments_for, replies_for
+from tests.conftest import drop_the_last_tool_result
 
 
 @tool
@@ -114,13 +114,7 @@ def test_the_seeded_priority_bug_is_found_with_a_pasteable_reproducer() -> None:
 
 
 def test_a_runtime_that_drops_a_tool_result_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_answer_calls = agent_fsm.run.acting.answer_calls
-
-    async def dropping(*args: Any, **kwargs: Any) -> list[ToolMessage]:
-        results = await real_answer_calls(*args, **kwargs)
-        return results[:-1]  # the seeded bug: the last call of every turn goes unanswered
-
-    monkeypatch.setattr(agent_fsm.run.acting, "answer_calls", dropping)
+    drop_the_last_tool_result(monkeypatch)
     with pytest.raises(HarnessFailure) as caught:
         assert_terminates(AGENT, max_examples=500)
     assert "left unanswered" in str(caught.value)

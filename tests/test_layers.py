@@ -32,6 +32,7 @@ LAYERS = [
     "views",
     "events",
     "cancellation",
+    "watchdog",
     "logs",
     # loop/: table-driven deciding, no I/O
     "loop.detection",

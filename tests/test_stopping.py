@@ -36,6 +36,51 @@ def test_a_stop_event_calls_back_once_in_order_even_if_one_callback_raises() -> 
     assert woken[-1] == "late"
 
 
+def test_removed_callbacks_are_not_called_and_the_others_keep_their_order() -> None:
+    woken: list[str] = []
+    stop = StopEvent()
+    callbacks = {name: (lambda name=name: woken.append(name)) for name in "abcde"}
+    for name in "abcd":
+        stop.add_callback(callbacks[name])
+    stop.remove_callback(callbacks["a"])  # the first: the next one keeps its turn
+    stop.remove_callback(callbacks["c"])  # one in the middle
+    stop.remove_callback(callbacks["a"])  # gone already: ignored
+    stop.add_callback(callbacks["e"])
+    stop.set()
+    assert woken == ["b", "d", "e"]
+
+
+def test_a_callback_removed_alone_leaves_nothing_to_call() -> None:
+    woken: list[str] = []
+    stop = StopEvent()
+    first = lambda: woken.append("first")  # noqa: E731
+    stop.add_callback(first)
+    stop.remove_callback(first)
+    stop.add_callback(lambda: woken.append("second"))
+    stop.set()
+    assert woken == ["second"]
+
+
+async def test_scopes_inside_scopes_of_other_tasks_each_stop() -> None:
+    """Scopes of several tasks on one event (a run's parallel sub-agent calls) are all
+    reached, whichever left first."""
+    stop = StopEvent()
+    stopped: list[int] = []
+
+    async def scoped(number: int, leaves_at_once: bool) -> None:
+        with StopScope(stop) as scope:
+            if not leaves_at_once:
+                await asyncio.sleep(3600)
+        if scope.stopped:
+            stopped.append(number)
+
+    tasks = [asyncio.ensure_future(scoped(n, n == 1)) for n in range(3)]
+    await asyncio.sleep(0)
+    stop.set()
+    await asyncio.gather(*tasks)
+    assert sorted(stopped) == [0, 2]
+
+
 async def test_a_scope_cancels_the_await_inside_it_and_absorbs_that_cancellation() -> None:
     stop = StopEvent()
     unwound: list[str] = []

@@ -1377,3 +1377,48 @@ def test_edited_arguments_for_a_grandchilds_call_are_checked_against_its_own_too
     check_invariants(done, limits=boss.limits, bound=boss.bound, rows=boss.machine.rows)
     assert (done.status, done.output) == (RunStatus.COMPLETED, "All set.")
     assert booked == ["Rome"]
+
+
+def test_a_child_makes_no_last_answer_once_the_trees_money_is_spent_to_the_last_rounding() -> None:
+    """Found by the harness (``_supervisor``): 0.2 less 0.04 less 0.12 leaves 0.04000000000000001
+    in floating point, so a child carved that much and spending 0.04 thought it had money left
+    and wrote a last answer, a call begun with the tree's whole budget of 0.2 spent. Amounts
+    within rounding of a budget reach it (``Limits.money_spent``), for parent and child alike."""
+    prices = {"m": Pricing(input_per_million=0.0, output_per_million=400.0)}  # 0.04 a reply
+    alpha = Agent(
+        model=ScriptedModel(
+            [
+                reply("", call("echo", text="a"), usage=(0, 100)),
+                reply("", call("echo", text="b"), usage=(0, 100)),
+                reply("found", usage=(0, 100)),
+            ],
+            name="m",
+        ),
+        tools=[echo],
+        limits=Limits(max_turns=4),
+    )
+    beta = Agent(
+        model=ScriptedModel(
+            [reply("", call("add", a=1, b=2), usage=(0, 100)), reply("last", usage=(0, 100))],
+            name="m",
+        ),
+        tools=[add],
+        limits=Limits(max_turns=5, last_answer=True),
+    )
+    parent = Agent(
+        model=ScriptedModel(
+            [reply("", call("alpha", task="x"), call("beta"), usage=(0, 100))], name="m"
+        ),
+        tools=[
+            alpha.as_tool(name="alpha", description="Researches."),
+            beta.as_handoff(name="beta", description="Takes over the conversation."),
+        ],
+        limits=Limits(max_turns=6, cost_budget=0.2, prices=prices),
+    )
+    events: list[Any] = []
+    result = parent.subscribe(events.append).run_sync("Do the task.")
+
+    costs = [e.cost for e in events if isinstance(e, ModelResponded)]
+    assert costs == [0.04] * 5  # the parent's, alpha's three, beta's one: no last answer
+    assert result.cost == pytest.approx(0.2)
+    check_invariants(result, limits=parent.limits, bound=parent.bound, events=events)

@@ -35,17 +35,15 @@ def prompt_exceeds_budget(state: RunState, limits: Limits) -> bool:
 def prompt_exceeds_cost_budget(state: RunState, limits: Limits) -> bool:
     """The next prompt (by the calibrated estimate), priced at the highest input price
     known, does not fit in the money left: do not start the call."""
-    budget = limits.cost_budget
-    if budget is None:
+    if limits.cost_budget is None:
         return False
     spent = state.cost or 0.0
-    return spent + calibrated_prompt_tokens(state) * limits.most_per_input_token >= budget
+    return limits.money_spent(spent + calibrated_prompt_tokens(state) * limits.most_per_input_token)
 
 
 def cost_budget_spent(state: RunState, limits: Limits) -> bool:
     """Reported usage, priced, has reached the money budget."""
-    budget = limits.cost_budget
-    return budget is not None and (state.cost or 0.0) >= budget
+    return limits.money_spent(state.cost or 0.0)
 
 
 def prompt_exceeds_window(state: RunState, limits: Limits) -> bool:

@@ -37,7 +37,7 @@ request of the row that fires becomes ``RunState.control`` and the run's output,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 
 from pydantic import JsonValue
 
@@ -71,7 +71,6 @@ from agent_fsm.tools.scheduling import (
     TurnCalls,
     run_until_stopped,
     tool_started,
-    waves,
 )
 from agent_fsm.tools.tool import PreparedCall, ToolRegistry
 
@@ -89,16 +88,16 @@ _CONTROL_ANSWER = {
 }
 
 
-async def act(ctx: RunContext) -> None:
-    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls."""
+def act(ctx: RunContext) -> Awaitable[object]:
+    """ACT's work: carry out a resume's approval decisions, or answer the last reply's calls
+    into the transcript. A function that returns the work to await, not a coroutine of its
+    own: one object fewer held by every run while its tools run (issue 39)."""
     state = ctx.state
     if state.decisions:
-        await carry_out(ctx)
-        return
+        return carry_out(ctx)
     last = state.messages[-1]
     calls = last.tool_calls if isinstance(last, AssistantMessage) else ()
-    for result in await answer_calls(ctx, calls):
-        ctx.append(result)
+    return answer_calls(ctx, calls, transcribed=True)
 
 
 async def carry_out(ctx: RunContext) -> None:
@@ -133,11 +132,16 @@ async def answer_calls(
     calls: Sequence[ToolCall],
     approved: Collection[str] = (),
     unscreened: Collection[str] = (),
+    *,
+    transcribed: bool = False,
 ) -> list[ToolMessage]:
-    """Answer ``calls``, one result each in call order (the caller appends them); record a
-    control request, the error count and loop signals in the run state.
+    """Answer ``calls``, one result each in call order; record a control request, the error
+    count and loop signals in the run state.
 
     Args:
+        transcribed: append the answers to the transcript (a reply's calls, answered in
+            ACT); otherwise the caller uses them (calls a person approved, whose answers
+            went into the transcript when the run paused).
         approved: ids of calls a person already approved: they run without asking again
             (and without the ``before_tool`` hook, which saw them before they were asked).
         unscreened: ids among ``approved`` whose arguments the person changed: the hook
@@ -161,8 +165,7 @@ async def answer_calls(
     ):
         runnable, pending = _gate(turn.prepared, approved, turn.results, machine.approval_first)
         if runnable:
-            groups = waves(turn.prepared, runnable, config.parallel_tool_calls)
-            await run_until_stopped(turn, groups)
+            await run_until_stopped(turn, runnable, config.parallel_tool_calls)
         if pending:
             state.requests.append(approval_request(pending))
     final = _answers(turn)
@@ -174,6 +177,9 @@ async def answer_calls(
         readable_parts(final, config.part_support)
     _report(ctx, turn, turn.prepared, final)
     _count(ctx, bool(asked), prepared, final)  # the loop detector sees the model's calls
+    if transcribed:
+        for result in final:
+            ctx.append(result)
     return final
 
 
@@ -382,7 +388,7 @@ def _gate(
 ) -> tuple[tuple[int, ...], tuple[PreparedCall, ...]]:
     """Answer the calls that cannot run (their error) and those that wait for approval;
     return the indices of the calls that run, and the calls that wait (tuples, held while
-    the calls run: see ``scheduling.waves``). With
+    the calls run: see ``scheduling.wave_end``). With
     ``approval_first`` (the table ranks a pending approval above a terminal tool), terminal
     calls do not run while calls wait: the run pauses before anything could end it."""
     runnable: list[int] = []

@@ -54,12 +54,14 @@ def carve(
     elapsed = parent.clock() - parent.started_at
     seconds = limits.timeout_s - elapsed
     money: float | None = None
+    spent_money = 0.0
     if limits.cost_budget is not None:
-        money = limits.cost_budget - (state.cost or 0.0) - sum(c.cost or 0.0 for c in earlier)
+        spent_money = (state.cost or 0.0) + sum(c.cost or 0.0 for c in earlier)
+        money = limits.cost_budget - spent_money
     for spent, why in (
         (turns < 1, "no turns"),
         (tokens < 1, "no tokens"),
-        (money is not None and money <= 0, "no money"),
+        (money is not None and limits.money_spent(spent_money), "no money"),
         (seconds <= 0, "no time"),
     ):
         if spent:

@@ -13,7 +13,7 @@ import contextlib
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agent_fsm.cancellation import StopEvent
@@ -131,9 +131,10 @@ class RunContext:
     """Where the run lives (its agent's ``run.residence.Residence``), for its sub-agents:
     a child of a run kept in a store is kept in the same store (``run.delegation``). None
     where the driver does not say (a child then lives where its own agent keeps runs)."""
-    counted_children: dict[str, Any] = field(default_factory=dict)
+    counted_children: dict[str, Any] | None = None
     """By child run id: what this run counted of a child when it paused, so that only
-    what the child spends after it goes on is added (``run.parenting.fold``)."""
+    what the child spends after it goes on is added (``run.parenting.fold``). None until
+    a paused child goes on: a run without one makes no dict (issue 39)."""
     chosen_pricing: Pricing | None = None
     """The price of the model a ``before_model`` hook chose for the call in flight, when it
     is not the agent's own (``run.thinking``): its reply is priced at it, then it is

@@ -287,6 +287,8 @@ async def carry_out_child(
     had (``_answer``): its result, why it stopped, or that it waits again. Only what it
     spends from now is added to the parent's (``RunContext.counted_children``)."""
     approvals = {d.call.id: d.approval for d in decisions} if decisions else None
+    if parent.counted_children is None:
+        parent.counted_children = {}
     parent.counted_children[pause.run_id] = pause.counted
     try:
         outcome = await go_on(

@@ -17,10 +17,8 @@ the keeper's next save raises ``RunLeased`` and this driver stops without writin
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from functools import partial
 from typing import Any
 
 from agent_fsm.cancellation import StopEvent
@@ -28,7 +26,6 @@ from agent_fsm.constructors import builder
 from agent_fsm.errors import ConfigError, RunError, RunLeased
 from agent_fsm.events import (
     AbortRequested,
-    Event,
     EventBus,
     EventHandler,
     FollowUpQueued,
@@ -59,7 +56,7 @@ from agent_fsm.run.observing import observe, observe_guarded
 from agent_fsm.run.outcome import ending_events, record_stop
 from agent_fsm.run.parenting import act_as_parent, act_screened, settle_orphans
 from agent_fsm.run.reflecting import reflect
-from agent_fsm.run.residence import RunKeeper
+from agent_fsm.run.residence import Cancellable, RunKeeper
 from agent_fsm.run.summarising import summarise
 from agent_fsm.run.thinking import think
 from agent_fsm.state import (
@@ -85,8 +82,14 @@ __all__ = ["Reflector", "Run", "RunConfig", "new_run_state"]
 _TRIGGER_NAMES: dict[Trigger | str, str] = {trigger: trigger.value for trigger in Trigger}
 _state_changed = builder(StateChanged)
 
+_NOBODY_LISTENS = EventBus()
+"""The bus of every run nobody listens to (an agent without handlers), until its first
+subscriber (``Run.subscribe`` gives the run a bus of its own then): one shared bus, as it
+holds no handler. A bus each, with its error handler, was two more objects every live run
+held for the cyclic collector to look at (issue 39). Never subscribed to."""
 
-_WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[None] | None]] = {
+
+_WORK: dict[AgentState | str, Callable[[RunContext], Awaitable[object] | None]] = {
     AgentState.OBSERVE: observe,
     AgentState.COMPACT: compact,
     AgentState.SUMMARISE: summarise,
@@ -143,8 +146,7 @@ class Run:
         self._ctx = RunContext(
             state=state,
             config=config,
-            # not a method of this Run: a bus holding one would make every Run a cycle
-            bus=EventBus(config.handlers, on_handler_error=partial(_handler_failed, log)),
+            bus=_bus(config.handlers, log) if config.handlers else _NOBODY_LISTENS,
             stop=StopEvent(),
             journal=keeper.journal,
             log=log,
@@ -167,7 +169,7 @@ class Run:
         step takes it."""
         self._repaired = repaired
         """What was repaired in the history the run started from, announced with its start."""
-        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline: Cancellable | None = None
         self._work = _work_for(config)
 
     # -- public surface ---------------------------------------------------------------
@@ -202,7 +204,11 @@ class Run:
 
     def subscribe(self, handler: EventHandler) -> None:
         """Deliver this run's events to ``handler`` from now on."""
-        self._ctx.bus.subscribe(handler)
+        ctx = self._ctx
+        if ctx.bus is _NOBODY_LISTENS:
+            ctx.bus = _bus((handler,), ctx.log)
+        else:
+            ctx.bus.subscribe(handler)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop the run promptly: a model or tool call in flight is cancelled (its tool call
@@ -478,9 +484,10 @@ class Run:
                 emit(event)
 
 
-def _handler_failed(log: Any, event: Event) -> None:
-    """An event handler raised: log it with its traceback; the run goes on."""
-    log.exception("event_handler_failed", kind=event.kind)
+def _bus(handlers: Sequence[EventHandler], log: RunLogger) -> EventBus:
+    """A run's own bus; a handler that raises is logged (not a method of the ``Run``: a bus
+    holding one would make every Run a cycle)."""
+    return EventBus(handlers, on_handler_error=log.handler_failed)
 
 
 def new_run_state(

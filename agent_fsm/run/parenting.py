@@ -71,8 +71,9 @@ async def act_as_parent(ctx: RunContext) -> None:
                 await act(ctx)
     finally:  # the step's calls are answered (or abandoned): its children's spend counts
         children, ctx.finished_children = ctx.finished_children, ()
+        counted = ctx.counted_children
         for child in children:
-            fold(ctx, child, ctx.counted_children.pop(child.run_id, None))
+            fold(ctx, child, None if counted is None else counted.pop(child.run_id, None))
     for message in state.messages[before:]:
         if isinstance(message, ToolMessage):
             fold_replayed(ctx, message)

@@ -40,6 +40,7 @@ from agent_fsm.errors import CheckpointError, ConfigError, ResumeError
 from agent_fsm.run.live import LiveRuns, RunStop
 from agent_fsm.state import RunState
 from agent_fsm.table import TERMINAL_STATES, StopReason
+from agent_fsm.watchdog import watchdog_for
 
 __all__ = [
     "ArmDeadline",
@@ -47,19 +48,51 @@ __all__ = [
     "InProcessRuns",
     "Residence",
     "RunKeeper",
+    "Cancellable",
     "Timekeeping",
-    "call_later",
     "finished",
+    "loop_deadline",
     "taken",
 ]
 
-ArmDeadline = Callable[[float, Callable[[], None]], asyncio.TimerHandle | None]
+
+class Cancellable(Protocol):
+    """A deadline timer as ``Timekeeping.arm_deadline`` returns it (an ``asyncio.TimerHandle``
+    is one)."""
+
+    def cancel(self) -> object: ...
+
+
+ArmDeadline = Callable[[float, Callable[[], None]], Cancellable | None]
 """Starts a run's deadline timer: ``arm(seconds, time_up)`` (``Timekeeping.arm_deadline``)."""
 
 
-def call_later(seconds: float, time_up: Callable[[], None]) -> asyncio.TimerHandle:
-    """The default deadline timer: the running event loop's ``call_later``."""
-    return asyncio.get_running_loop().call_later(seconds, time_up)
+class _LoopDeadline:
+    """A run's deadline on its event loop's watchdog (``agent_fsm.watchdog``)."""
+
+    __slots__ = ("_time_up", "_watchdog", "when")
+
+    def __init__(self, seconds: float, time_up: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self.when = loop.time() + seconds
+        self._time_up = time_up
+        self._watchdog = watchdog = watchdog_for(loop)
+        watchdog.watch(self, loop)
+
+    def expire(self) -> None:
+        self._time_up()
+
+    def cancel(self) -> None:
+        self._watchdog.forget(self)
+
+
+def loop_deadline(seconds: float, time_up: Callable[[], None]) -> Cancellable:
+    """The default deadline timer: ``time_up`` is called from the running event loop once
+    ``seconds`` have passed, unless cancelled first. One timer per loop serves every run's
+    deadline and every tool call's (``agent_fsm.watchdog``): a run holds no timer handle and
+    no copied context while it runs, and leaves no cancelled timer in the loop's heap when
+    it ends before its deadline."""
+    return _LoopDeadline(seconds, time_up)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,7 +107,7 @@ class Timekeeping:
     """The jitter of the model-retry backoff (``run.thinking.backoff_s``): one number in
     [0, 1) per retry, drawn in the run's task. A run that is replayed needs the same numbers
     again (``agent_fsm.dbos`` seeds one generator per run)."""
-    arm_deadline: ArmDeadline = call_later
+    arm_deadline: ArmDeadline = loop_deadline
     """Starts the run's deadline timer, once per activation: ``arm_deadline(seconds,
     time_up)`` must call ``time_up`` from the run's event loop once ``seconds`` have passed,
     and return a handle whose ``cancel()`` stops it, or None when there is nothing to stop.

@@ -15,12 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import math
 import queue
 import random
 import threading
-import time
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +39,7 @@ from agent_fsm.tools.results import (
     truncate,
 )
 from agent_fsm.tools.tool import PreparedCall, Tool
+from agent_fsm.watchdog import watchdog_for
 
 __all__ = ["ABANDONED_NOTE", "Executed", "RetryHandler", "execute", "retry_delay", "run_in_thread"]
 
@@ -159,76 +157,9 @@ def retry_delay(attempt: int, limits: Limits, jitter: Callable[[], float] = rand
     return delay * (0.5 + jitter() / 2)
 
 
-class _Watchdog:
-    """The single timer behind every tool deadline on one event loop.
-
-    Almost every call finishes long before its deadline, and a timer per call (``call_later``
-    then ``cancel``) leaves each cancelled timer in the loop's heap until its deadline would
-    have come: a run of quick tool calls grows that heap by one entry per call. So a deadline
-    only registers itself here, and the one timer is armed for the earliest deadline it has
-    seen:
-    a call whose deadline falls after the armed time costs no timer operation at all. When
-    the timer fires it expires what is due and re-arms itself for the earliest deadline still
-    watched, if any.
-
-    It refers to its loop and to its timer (which refers to the loop) only weakly: it is the
-    value of a registry keyed weakly by the loop, and a strong path back to the key would keep
-    every event loop that ever ran a tool alive.
-    """
-
-    __slots__ = ("_active", "_armed_for", "_loop", "_timer")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = weakref.ref(loop)
-        self._active: set[_Deadline] = set()
-        self._timer: weakref.ref[asyncio.TimerHandle] | None = None
-        self._armed_for = math.inf
-
-    def watch(self, deadline: _Deadline, loop: asyncio.AbstractEventLoop) -> None:
-        self._active.add(deadline)
-        if deadline.when < self._armed_for:
-            self._arm(deadline.when, loop)
-
-    def forget(self, deadline: _Deadline) -> None:
-        self._active.discard(deadline)
-
-    def _arm(self, when: float, loop: asyncio.AbstractEventLoop) -> None:
-        timer = self._timer() if self._timer is not None else None
-        if timer is not None:
-            timer.cancel()
-        self._armed_for = when
-        self._timer = weakref.ref(loop.call_at(when, self._fire))
-
-    def _fire(self) -> None:
-        self._timer = None
-        self._armed_for = math.inf
-        loop = self._loop()
-        assert loop is not None, "the loop is running this callback"
-        now = loop.time() + _CLOCK_RESOLUTION
-        for deadline in [d for d in self._active if d.when <= now]:
-            self._active.discard(deadline)
-            deadline.expire()
-        if self._active:
-            self._arm(min(d.when for d in self._active), loop)
-
-
-_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
-"""asyncio runs a timer up to this early (its loop clock is ``time.monotonic``)."""
-_WATCHDOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _watchdog_for(loop: asyncio.AbstractEventLoop) -> _Watchdog:
-    watchdog = _WATCHDOGS.get(loop)
-    if watchdog is None:
-        watchdog = _WATCHDOGS[loop] = _Watchdog(loop)
-    return watchdog
-
-
 class _Deadline:
     """A timeout for one await in the current task, as ``asyncio.timeout`` gives, at a
-    fraction of its cost (it is on every tool call; see ``_Watchdog``).
+    fraction of its cost (it is on every tool call; see ``agent_fsm.watchdog``).
 
     When it expires it cancels the task; ``finish`` stops watching and, if it expired,
     withdraws that cancellation, telling whether it was the only one (a caller's own
@@ -245,7 +176,7 @@ class _Deadline:
         self._base = task.cancelling()
         self.expired = False
         self.when = loop.time() + seconds
-        self._watchdog = watchdog = _watchdog_for(loop)
+        self._watchdog = watchdog = watchdog_for(loop)
         watchdog.watch(self, loop)
 
     def expire(self) -> None:
@@ -285,8 +216,8 @@ async def execute(
     retries = 0
     if tool.idempotent:
         retries = limits.tool_max_retries if tool.max_retries is None else tool.max_retries
-    runtime: dict[str, JsonValue] = {}
     history: tuple[JsonValue, ...] = ()  # a tuple: the usual call, never retried, makes no list
+    abandoned = False  # an attempt's worker thread was abandoned (its answer says so)
     attempt = 0
     fn = tool.fn
     assert fn is not None
@@ -305,7 +236,8 @@ async def execute(
             expired = deadline.finish()
             if not expired and not is_own_failure(exc):
                 raise  # the run's own cancellation (abort, its deadline), or a KeyboardInterrupt
-            outcome = _failure(call, tool, exc, expired, timeout_s, runtime)
+            outcome = _failure(call, tool, exc, expired, timeout_s)
+            abandoned = abandoned or outcome.abandoned
         else:
             deadline.finish()
             break
@@ -316,10 +248,22 @@ async def execute(
                 on_retry(call, attempt, outcome.message, delay)
             await sleep(delay)
             continue
+        runtime = _runtime(abandoned, attempt, history)
         return Executed(_failed(call, outcome, attempt, history, runtime, timeout_s), attempt)
-    if history:
-        runtime.update(attempts=attempt, retries=list(history))
+    runtime = _runtime(abandoned, attempt, history)
     return Executed(_answer(call, tool, value, limits, runtime), attempt)
+
+
+def _runtime(
+    abandoned: bool, attempts: int, history: tuple[JsonValue, ...]
+) -> dict[str, JsonValue]:
+    """The facts of the attempts for the answer's details (``runtime``), the answer adding
+    its own: made once the attempts are over, so that no dict is held while the tool runs,
+    in every live run (issue 39)."""
+    runtime: dict[str, JsonValue] = {"abandoned": True} if abandoned else {}
+    if history:
+        runtime.update(attempts=attempts, retries=list(history))
+    return runtime
 
 
 @dataclass(slots=True)
@@ -332,6 +276,8 @@ class _Outcome:
     """The attempt ran past its timeout."""
     traceback: str | None = None
     """Where the tool raised, for the people who run it (never shown to the model)."""
+    abandoned: bool = False
+    """The attempt of a sync tool ran past its timeout: its worker thread was abandoned."""
 
 
 def _failure(
@@ -340,27 +286,26 @@ def _failure(
     exc: BaseException,
     expired: bool,
     timeout_s: float,
-    runtime: dict[str, JsonValue],
 ) -> _Outcome:
     """How an attempt that raised ``exc`` (the tool's own failure) failed; a failure after
     the deadline expired (``expired``) counts as a timeout (the tool may have turned our
     cancellation into an error of its own)."""
     if expired:
-        return _timed_out(call, tool, timeout_s, runtime)
+        return _timed_out(call, tool, timeout_s)
     failure = exc.original if isinstance(exc, _CarriedOut) else exc
     message = f"Tool '{call.name}' failed: {describe(failure)}"
     where = failure_traceback(failure)[-TRACEBACK_CHARS:]
     return _Outcome(failure=failure, message=message, traceback=where)
 
 
-def _timed_out(
-    call: ToolCall, tool: Tool, timeout_s: float, runtime: dict[str, JsonValue]
-) -> _Outcome:
+def _timed_out(call: ToolCall, tool: Tool, timeout_s: float) -> _Outcome:
     message = f"Tool '{call.name}' timed out after {timeout_s:g} s."
-    if not tool.is_async:
+    abandoned = not tool.is_async
+    if abandoned:
         message += ABANDONED_NOTE
-        runtime["abandoned"] = True
-    return _Outcome(failure=TimeoutError(message), message=message, expired=True)
+    return _Outcome(
+        failure=TimeoutError(message), message=message, expired=True, abandoned=abandoned
+    )
 
 
 def _failed(
@@ -371,11 +316,11 @@ def _failed(
     runtime: dict[str, JsonValue],
     timeout_s: float,
 ) -> ToolMessage:
-    """The error answer of a call that failed for good, with its retries in the details."""
+    """The error answer of a call that failed for good, with its retries in the details
+    (``runtime``: ``_runtime``'s facts)."""
     message = outcome.message
     if history:
         message += f" (gave up after {attempts} attempts)"
-        runtime.update(attempts=attempts, retries=list(history))
     if outcome.expired:
         runtime["timed_out_after_s"] = timeout_s
     if outcome.traceback is not None:

@@ -44,7 +44,7 @@ __all__ = [
     "TurnCalls",
     "run_until_stopped",
     "tool_started",
-    "waves",
+    "wave_end",
 ]
 
 tool_started = builder(ToolStarted)
@@ -120,8 +120,9 @@ class TurnCalls:
         only when anyone listens (``emit``); a turn nobody watches makes no list of them."""
         if self.emit is not None:
             self.durations, self.attempts = [0.0] * count, [0] * count
-        self.open_keys: dict[int, str] = {}
-        """Journal keys recorded as started and not yet finished, by call index."""
+        self.open_keys: dict[int, str] | None = {} if site.journal is not None else None
+        """Journal keys recorded as started and not yet finished, by call index; None
+        without a journal (no dict held while the calls run)."""
         self.halted: str | None = None
         """Why calls not yet started are skipped (steering or a stop); None to go on."""
         self.on_retry: RetryHandler | None = self._report_retry if self.emit is not None else None
@@ -241,8 +242,10 @@ class TurnCalls:
             return Executed(_not_recorded(call, exc.__cause__ or exc), 0)
         except Exception as exc:  # unread is not unrun: it may have run before a crash
             return Executed(outcome_unknown(call, f"{type(exc).__name__}: {exc}"), 0)
+        open_keys = self.open_keys
+        assert open_keys is not None  # made with the journal
         if entry is None:  # recorded as started: it runs now
-            self.open_keys[index] = key
+            open_keys[index] = key
             return None
         if entry is not None and entry.status is CallStatus.FINISHED and entry.result:
             recorded = entry.result
@@ -257,12 +260,12 @@ class TurnCalls:
             journal.record_started(key, call)
         except Exception as exc:  # the store failed: never run a call the journal cannot see
             return Executed(_not_recorded(call, exc), 0)
-        self.open_keys[index] = key
+        open_keys[index] = key
         return None
 
     def _record_finished(self, index: int, result: ToolMessage) -> None:
-        key = self.open_keys.pop(index, None)
-        journal = self.site.journal
+        journal, open_keys = self.site.journal, self.open_keys
+        key = open_keys.pop(index, None) if open_keys is not None else None
         if key is None or journal is None:
             return
         # If the store fails the answer stands; a resume will call the outcome unknown.
@@ -279,41 +282,43 @@ def _not_recorded(call: ToolCall, why: BaseException) -> ToolMessage:
     )
 
 
-def waves(
-    prepared: Sequence[PreparedCall], runnable: Sequence[int], parallel: bool
-) -> tuple[tuple[int, ...], ...]:
-    """Runnable call indices in waves: each wave runs concurrently, waves one after another.
-    A sequential tool (or every call, when not ``parallel``) is a wave of its own.
+def wave_end(
+    prepared: Sequence[PreparedCall], runnable: Sequence[int], start: int, parallel: bool
+) -> int:
+    """Where the wave of runnable calls that begins at ``runnable[start]`` ends (exclusive):
+    the calls of one wave run concurrently, waves one after another. A sequential tool's
+    call (or every call, when not ``parallel``) is a wave of its own; other calls run
+    together up to the next sequential one.
 
-    Tuples: they are held while the calls run, and tuples of numbers are let go by the
-    cyclic collector at its first pass, where lists are looked at in every pass (issue 39).
-    """
-    groups: list[tuple[int, ...]] = []
-    current: list[int] = []
-    for index in runnable:
-        found = prepared[index].tool
-        if not parallel or (found is not None and found.sequential):
-            if current:
-                groups.append(tuple(current))
-                current = []
-            groups.append((index,))
-        else:
-            current.append(index)
-    if current:
-        groups.append(tuple(current))
-    return tuple(groups)
+    Positions, not a list of waves: nothing of the kind is held while the calls run, in
+    every live run, for the cyclic collector to look at (issue 39)."""
+    end = start + 1
+    if parallel and not _sequential(prepared[runnable[start]]):
+        while end < len(runnable) and not _sequential(prepared[runnable[end]]):
+            end += 1
+    return end
 
 
-async def run_until_stopped(turn: TurnCalls, groups: Sequence[Sequence[int]]) -> None:
-    """Run the groups in this task; when the run's stop is set first, cancel what runs
-    (answered "cancelled") and skip the rest."""
+def _sequential(item: PreparedCall) -> bool:
+    return item.tool is not None and item.tool.sequential
+
+
+async def run_until_stopped(turn: TurnCalls, runnable: Sequence[int], parallel: bool) -> None:
+    """Run the ``runnable`` calls in this task, wave by wave (``wave_end``); when the run's
+    stop is set first, cancel what runs (answered "cancelled") and skip the rest."""
     stop = turn.site.stop
     if stop.is_set():
         turn.halted = STOPPED
         return
     with StopScope(stop) as scope:
-        for group in groups:  # a wave of one call, the usual, is awaited without a coroutine
-            await (turn.run_call(group[0]) if len(group) == 1 else turn.run_wave(group))
+        start = 0
+        while start < len(runnable):
+            end = wave_end(turn.prepared, runnable, start, parallel)
+            if end == start + 1:  # a wave of one call, the usual, is awaited without a coroutine
+                await turn.run_call(runnable[start])
+            else:
+                await turn.run_wave(runnable[start:end])
+            start = end
     if scope.stopped:
         turn.halted = STOPPED
         for index, started in enumerate(turn.started):
