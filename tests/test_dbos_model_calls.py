@@ -24,6 +24,7 @@ from dbos import DBOS
 from psycopg import sql
 
 from agent_fsm import StopReason
+from agent_fsm.dbos import model_calls
 from agent_fsm.dbos.replay import MODEL_STEP
 from agent_fsm.dbos.replies import Replied, from_json, to_json
 from agent_fsm.durable.journal import CallStatus, JournalEntry, MemoryJournal, OutcomeJournal
@@ -270,6 +271,46 @@ async def test_a_journal_that_keeps_no_outcomes_makes_each_model_call_a_step(
         calls = len(model.requests)
         same_run(await replay(run_id), first)
         assert (len(model.requests), tools.looked_up) == (calls, [1])
+
+
+class UnreadableOutcomes:
+    """A run's journal whose outcomes cannot be read (its server is away); all else works."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def outcome_and_lookup(self, key: str, other: str) -> Any:
+        raise OSError("the journal's server is away")
+
+
+class UnreadableOutcomesStore(PostgresStore):
+    def journal(self, run_id: str, *, lease: Any = None) -> Any:
+        return UnreadableOutcomes(super().journal(run_id, lease=lease))
+
+
+async def test_a_first_model_call_waits_for_an_unreadable_journal_until_the_deadline_only(
+    journal: Journal, postgres_url: str, postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first model call cannot tell a first execution from a replay, so it reads the
+    journal before calling; a journal that never answers holds it until the run's time
+    limit, not for ever: the deadline cuts the call (no model call is made), a step records
+    the cut, and the run ends with ``timeout`` within its limit."""
+    monkeypatch.setattr(model_calls, "REPLAY_READ_RETRY_S", 0.05)
+    with UnreadableOutcomesStore(postgres_url, schema=postgres_schema) as store:
+        model = FunctionModel(lookup_then_answer)
+        agent = durable(store, model, Tools(), timeout_s=0.3)
+        run_id = f"unreadable-{uuid.uuid4().hex[:8]}"
+        result = await agent.run("Look it up.", run_id=run_id)
+        assert result.stop_reason is StopReason.TIMEOUT
+        assert result.error == "timed out after 0.3 s (limit 0.3 s)"
+        check_invariants(result, limits=agent.agent.limits, bound=agent.agent.bound)
+        assert model.requests == []
+        assert await step_names(run_id) == [MODEL_STEP + "#0", "agent_fsm.save"]
+        same_run(await replay(run_id), result)
+        assert model.requests == []
 
 
 def test_an_outcome_reads_back_as_it_was_kept() -> None:

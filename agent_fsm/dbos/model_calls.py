@@ -18,8 +18,11 @@ outcome kept being the only one (``journal.OutcomeJournal``):
    ``unstepped._read_in_replay`` does: a step made in its place could meet a later record,
    and a call made again could get another reply than the calls journalled after it
    answered). So the run's first model call waits for a journal that cannot be read, on
-   its first execution too (it cannot tell itself from a replay): keep the journal on
-   DBOS's own database, which DBOS waits for as well;
+   its first execution too (it cannot tell itself from a replay), but never past the run's
+   time limit counted from its first try (later than the activation's true start, so never
+   before the deadline): the call is then cut by the deadline, and a step records the cut
+   (the journal cannot). Keep the journal on DBOS's own database, which DBOS waits for as
+   well;
 2. the call is made as its step would make it (``call_model``: the execution's fence, the
    cancel request, the run's deadline), and its outcome kept: a second execution racing
    this one (a worker taken for dead that goes on), having kept its own first, is answered
@@ -85,7 +88,11 @@ async def without_step(
     """
     if not run.fresh:
         await run.admission.check()  # first: it may wait, and the read is after it
-        kept, reason = await _kept(run, key)
+        read = await _kept(run, key)
+        if read is None:  # unreadable for the whole time limit: the deadline cuts the call
+            cut = Replied(run.fleet_now(), cut=True, began_at=run.begin())
+            return Unkept(cut, CheckpointError(f"the journal could not be read ({key!r})"))
+        kept, reason = read
         if kept is not None:
             return _decoded(kept, key)
         run.fresh = True  # no earlier execution went past this call: none kept anything later
@@ -103,13 +110,17 @@ async def without_step(
     return _decoded(kept, key)  # as a replay reads it, even when it is this execution's
 
 
-async def _kept(run: RunTime, key: str) -> tuple[str | None, str | None]:
+async def _kept(run: RunTime, key: str) -> tuple[str | None, str | None] | None:
     """``run.outcome_and_request(key)``, read again until the journal answers, the
-    execution's fence passed before each try."""
+    execution's fence passed before each try; None once the run's time limit has passed
+    since the first try (on the fleet's clock) with no answer."""
+    since = run.fleet_now()
     while True:
         try:
             return twice(run.outcome_and_request, key)
         except Exception:
+            if run.fleet_now() - since >= run.timeout_s:
+                return None
             await asyncio.sleep(REPLAY_READ_RETRY_S)
             await run.admission.check()
 
