@@ -96,14 +96,17 @@ class Journal:
         self.admin.close()
         self.store.close()
 
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 @pytest.fixture
 def journal(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[Journal]:
-    found = Journal(postgres_url, postgres_schema)
-    try:
+    with Journal(postgres_url, postgres_schema) as found:
         yield found
-    finally:
-        found.close()
 
 
 def one_send(before: Callable[[], None] = lambda: None) -> Callable[[ModelRequest], ModelResponse]:

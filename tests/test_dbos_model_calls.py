@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -49,11 +49,8 @@ def dbos_schema(postgres_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def journal(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[Journal]:
-    found = Journal(postgres_url, postgres_schema)
-    try:
+    with Journal(postgres_url, postgres_schema) as found:
         yield found
-    finally:
-        found.close()
 
 
 def kept(journal: Journal, run_id: str, number: int) -> Replied:
@@ -73,11 +70,19 @@ def forget(journal: Journal, run_id: str, *keys: str) -> None:
     )
 
 
-def lookup_then_answer(request: ModelRequest) -> ModelResponse:
-    """One ``lookup`` (idempotent), then the answer: a function of the transcript."""
-    if any(isinstance(m, ToolMessage) for m in request.messages):
-        return reply("done")
-    return reply("", call("lookup", key=1))
+def looks_up_then(answer: Callable[[], str]) -> Callable[[ModelRequest], ModelResponse]:
+    """A model that asks for one ``lookup`` (idempotent), then replies ``answer()``."""
+
+    def decide(request: ModelRequest) -> ModelResponse:
+        if any(isinstance(m, ToolMessage) for m in request.messages):
+            return reply(answer())
+        return reply("", call("lookup", key=1))
+
+    return decide
+
+
+lookup_then_answer = looks_up_then(lambda: "done")
+"""One ``lookup``, then "done": a function of the transcript."""
 
 
 async def test_a_model_call_makes_no_step_and_keeps_its_outcome_in_the_journal(
@@ -113,14 +118,8 @@ async def test_a_replay_answers_each_model_call_from_its_outcome_without_calling
     """A replay of the whole run (every DBOS record lost but the journal's) calls neither
     the model nor a tool: a model replying otherwise the second time changes nothing."""
     replies = itertools.count()
-
-    def otherwise_each_time(request: ModelRequest) -> ModelResponse:
-        if any(isinstance(m, ToolMessage) for m in request.messages):
-            return reply(f"done {next(replies)}")
-        return reply("", call("lookup", key=1))
-
     tools = Tools()
-    model = FunctionModel(otherwise_each_time)
+    model = FunctionModel(looks_up_then(lambda: f"done {next(replies)}"))
     agent = durable(journal.store, model, tools)
     run_id = f"replayed-{uuid.uuid4().hex[:8]}"
     first = await agent.run("Look it up.", run_id=run_id)
@@ -138,14 +137,8 @@ async def test_a_crash_between_the_reply_and_its_outcome_calls_the_model_again(
     finds no outcome and calls the model again (as a step would be called again), and the
     run it makes is valid, whatever the model answers this time."""
     replies = itertools.count()
-
-    def answer(request: ModelRequest) -> ModelResponse:
-        if any(isinstance(m, ToolMessage) for m in request.messages):
-            return reply("done" if same_reply else f"done {next(replies)}")
-        return reply("", call("lookup", key=1))
-
     tools = Tools()
-    model = FunctionModel(answer)
+    model = FunctionModel(looks_up_then(lambda: "done" if same_reply else f"done {next(replies)}"))
     agent = durable(journal.store, model, tools)
     run_id = f"lost-{uuid.uuid4().hex[:8]}"
     first = await agent.run("Look it up.", run_id=run_id)

@@ -50,11 +50,8 @@ def dbos_schema(postgres_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def journal(dbos_schema: str, postgres_url: str, postgres_schema: str) -> Iterator[Journal]:
-    found = Journal(postgres_url, postgres_schema)
-    try:
+    with Journal(postgres_url, postgres_schema) as found:
         yield found
-    finally:
-        found.close()
 
 
 def entries(journal: Journal, run_id: str) -> dict[str, str]:

@@ -134,19 +134,24 @@ class PostgresJournal:
 
     def lookup_pair(self, key: str, other: str) -> tuple[JournalEntry | None, JournalEntry | None]:
         """Both entries in one statement (``journal.PairedLookup``)."""
+        first, second = self._two_rows(key, other, f"read journal entries {key!r} and {other!r}")
+        return (
+            None if first is None else self._entry(key, first),
+            None if second is None else self._entry(other, second),
+        )
+
+    def _two_rows(self, key: str, other: str, doing: str) -> tuple[Any, Any]:
+        """The rows (call, status, result) of ``key`` and ``other``, None for a row not
+        there, read in one statement; ``doing`` names the read in a failure's message."""
         keys = stored_key(key), stored_key(other)
-        with self._db.connected(f"read journal entries {key!r} and {other!r}") as conn:
+        with self._db.connected(doing) as conn:
             rows = conn.execute(
                 "SELECT key, call::text, status, result::text FROM journal"
                 " WHERE run_id = %s AND key = ANY(%s)",
                 (self._run_id, list(keys)),
             ).fetchall()
         found = {row[0]: row[1:] for row in rows}
-        first, second = found.get(keys[0]), found.get(keys[1])
-        return (
-            None if first is None else self._entry(key, first),
-            None if second is None else self._entry(other, second),
-        )
+        return found.get(keys[0]), found.get(keys[1])
 
     def _entry(self, key: str, row: tuple[str, str, str | None]) -> JournalEntry:
         """The entry of a row read back: a damaged one is a ``CheckpointError``."""
@@ -367,15 +372,8 @@ class PostgresJournal:
 
     def outcome_and_lookup(self, key: str, other: str) -> tuple[str | None, JournalEntry | None]:
         """Both rows in one statement (``journal.OutcomeJournal``)."""
-        keys = stored_key(key), stored_key(other)
-        with self._db.connected(f"read outcome {key!r} and journal entry {other!r}") as conn:
-            rows = conn.execute(
-                "SELECT key, call::text, status, result::text FROM journal"
-                " WHERE run_id = %s AND key = ANY(%s)",
-                (self._run_id, list(keys)),
-            ).fetchall()
-        found = {row[0]: row[1:] for row in rows}
-        kept, entry = found.get(keys[0]), found.get(keys[1])
+        doing = f"read outcome {key!r} and journal entry {other!r}"
+        kept, entry = self._two_rows(key, other, doing)
         outcome = None if kept is None or kept[1] != _OUTCOME else kept[2]
         return outcome, None if entry is None else self._entry(other, entry)
 
