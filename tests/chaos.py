@@ -111,6 +111,13 @@ def _where(summary: RunSummary) -> tuple[Any, ...]:
     return (summary.state, summary.messages, summary.turns, row, stop)
 
 
+def _ended(summary: RunSummary) -> bool:
+    """Whether a stored run has ended: at a terminal state, not waiting for an approval."""
+    return (
+        summary.state in TERMINAL_STATES and _where(summary)[-1] is not StopReason.APPROVAL_REQUIRED
+    )
+
+
 def _schedule(profile: Profile) -> list[tuple[float, str]]:
     """When each fault comes: a share of the runs finished, drawn from the seed."""
     rng = random.Random(profile.seed)
@@ -429,8 +436,14 @@ class Chaos:
     # -- progress --
 
     def _finished(self) -> int:
-        rows = self.ledger.execute("SELECT count(DISTINCT run_id) FROM finishes")
-        return int(rows[0][0])
+        """The runs finished: written down by the worker that finished them, or, leases-only,
+        ended in the store (a worker killed in the save of a run's last checkpoint writes
+        nothing down, and no worker drives that run again: counted from the ledger alone,
+        the held-back runs would wait for it for ever)."""
+        done = {run_id for (run_id,) in self.ledger.execute("SELECT run_id FROM finishes")}
+        if self.mode == "leases":
+            done.update(summary.run_id for summary in self.store.list_runs() if _ended(summary))
+        return len(done)
 
     def _all_done(self) -> bool:
         if self.frozen is not None or self.fed < len(self.run_ids):
@@ -441,10 +454,7 @@ class Chaos:
             return False
         if self.mode == "leases":
             runs = self.store.list_runs()
-            return len(runs) == len(self.run_ids) and all(
-                r.state in TERMINAL_STATES and _where(r)[-1] is not StopReason.APPROVAL_REQUIRED
-                for r in runs
-            )
+            return len(runs) == len(self.run_ids) and all(_ended(r) for r in runs)
         if self.client.list_workflows(
             status=["ENQUEUED", "PENDING"], load_input=False, load_output=False
         ):
