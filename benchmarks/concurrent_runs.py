@@ -10,7 +10,13 @@ middle, full: steadier than the times, and what fewer objects held by a run lowe
 many objects they freed.
 
     python benchmarks/concurrent_runs.py [--runs 1000] [--turns 5] [--repeat 3]
-        [--freeze] [--threshold N]
+        [--model instant|openai] [--freeze] [--threshold N]
+
+``--model openai`` puts a provider SDK in the loop, as a server has it: each model call goes
+through ``OpenAIChatModel`` and the ``openai`` SDK's own client to a mock transport that
+answers at once, with the same replies in the Chat Completions wire format (the tests' kit
+writes them). The SDK makes most of the objects then, and most of the CPU: what the
+collector takes of a real process is this figure, not the instant model's.
 
 ``--freeze`` and ``--threshold`` measure the collector settings the README suggests for a
 process that drives many runs at once (its "Many runs in one process" section): the objects
@@ -26,15 +32,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import logging
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from agent_fsm import Agent, Limits, tool
 from agent_fsm.messages import ModelRequest, ModelResponse, ToolCall, ToolMessage
+from agent_fsm.models.base import Model
 from agent_fsm.testing import reply
 
 
@@ -43,6 +53,14 @@ async def step(n: int) -> int:
     """Return n + 1."""
     await asyncio.sleep(0)  # a real tool awaits something: the runs interleave
     return n + 1
+
+
+def _reply(done: int, turns: int) -> ModelResponse:
+    """The reply once ``done`` tool results are in: the next call of ``step``, or the end."""
+    if done < turns:
+        call = ToolCall(id=f"call_{done}", name="step", arguments=f'{{"n": {done}}}')
+        return reply("", call, usage=(10, 2))
+    return reply("done", usage=(10, 2))
 
 
 class _Stepper:
@@ -55,10 +73,31 @@ class _Stepper:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         done = sum(isinstance(m, ToolMessage) for m in request.messages)
-        if done < self._turns:
-            call = ToolCall(id=f"call_{done}", name="step", arguments=f'{{"n": {done}}}')
-            return reply("", call, usage=(10, 2))
-        return reply("done", usage=(10, 2))
+        return _reply(done, self._turns)
+
+
+def _over_openai(turns: int) -> Model:
+    """The same replies through ``OpenAIChatModel`` and the ``openai`` SDK's client, from a
+    mock transport that answers each request at once (``--model openai``)."""
+    import openai
+
+    from agent_fsm.models.openai_chat import OpenAIChatModel
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' kits
+    from tests.provider_kits.base import as_http, http
+    from tests.provider_kits.openai_chat import OpenAIChatKit
+
+    kit = OpenAIChatKit()
+
+    async def serve(request: Any) -> Any:
+        body = json.loads(request.content)
+        done = sum(message["role"] == "tool" for message in body["messages"])
+        await asyncio.sleep(0)  # a server answers later: the runs' calls interleave
+        return as_http(kit.reply(_reply(done, turns)))
+
+    client = http.AsyncClient(transport=http.MockTransport(serve))
+    sdk = openai.AsyncOpenAI(api_key="sk-bench", base_url="https://api.test/v1", http_client=client)
+    return OpenAIChatModel("gpt-4o-mini", client=sdk)
 
 
 class _Collector:
@@ -89,10 +128,13 @@ async def _run_all(agent: Agent, runs: int) -> int:
     return sum(await asyncio.gather(*(one() for _ in range(runs))))
 
 
-def _batch(runs: int, turns: int, collector_on: bool) -> tuple[float, float, int, list[int]]:
+def _batch(
+    runs: int, turns: int, collector_on: bool, model: str = "instant"
+) -> tuple[float, float, int, list[int]]:
     """CPU seconds of one batch, of the collector's passes in it, objects they freed, and
     the passes of each generation."""
-    agent = Agent(model=_Stepper(turns), tools=[step], limits=Limits(max_turns=turns + 1))
+    answers = _Stepper(turns) if model == "instant" else _over_openai(turns)
+    agent = Agent(model=answers, tools=[step], limits=Limits(max_turns=turns + 1))
     gc.collect()
     timer = _Collector()
     gc.callbacks.append(timer)
@@ -118,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=5, help="tool turns per run")
     parser.add_argument("--repeat", type=int, default=3, help="batches per setting (median)")
     parser.add_argument(
+        "--model",
+        choices=("instant", "openai"),
+        default="instant",
+        help="an instant model, or the openai SDK's client on a mock transport",
+    )
+    parser.add_argument(
         "--freeze",
         action="store_true",
         help="gc.freeze() once imports and caches are made, before the batches",
@@ -130,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    _batch(10, args.turns, True)  # imports and caches before timing
+    _batch(10, args.turns, True, args.model)  # imports and caches before timing
     if args.threshold is not None:
         gc.set_threshold(args.threshold, *gc.get_threshold()[1:])
     if args.freeze:
@@ -139,14 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[bool, list[tuple[float, float, int, list[int]]]] = {True: [], False: []}
     for _ in range(args.repeat):
         for collector_on in (True, False):
-            figures[collector_on].append(_batch(args.runs, args.turns, collector_on))
+            figures[collector_on].append(_batch(args.runs, args.turns, collector_on, args.model))
     on = statistics.median(f[0] for f in figures[True])
     off = statistics.median(f[0] for f in figures[False])
     passes = statistics.median(f[1] for f in figures[True])
     freed = statistics.median(f[2] for f in figures[True])
     young, middle, full = (statistics.median(f[3][g] for f in figures[True]) for g in range(3))
     settings = f"threshold {gc.get_threshold()[0]}" + (", frozen" if args.freeze else "")
-    print(f"{args.runs} runs of {args.turns} turns at once (median of {args.repeat}; {settings}):")
+    print(
+        f"{args.runs} runs of {args.turns} turns at once, {args.model} model "
+        f"(median of {args.repeat}; {settings}):"
+    )
     print(f"  CPU with the collector:    {on:.3f} s (its passes {passes:.3f} s, {passes / on:.0%})")
     print(f"  CPU without the collector: {off:.3f} s")
     print(f"  collector passes per batch: {young:.0f} young, {middle:.0f} middle, {full:.0f} full")

@@ -31,6 +31,20 @@ SMALLEST = [
     (["machine_fire.py"], "triggers"),
     (["concurrent_runs.py", "--runs", "10", "--turns", "2", "--repeat", "1"], "collector"),
     (
+        [
+            "concurrent_runs.py",
+            "--runs",
+            "10",
+            "--turns",
+            "2",
+            "--repeat",
+            "1",
+            "--model",
+            "openai",
+        ],
+        "openai model",
+    ),
+    (
         ["stores.py", "--runs", "4", "--turns", "2", "--workers", "1", "--stores", "memory"],
         "memory",
     ),
