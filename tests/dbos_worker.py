@@ -46,13 +46,31 @@ FAST_DBOS: DBOSConfig = {"notification_listener_polling_interval_sec": 0.05, "lo
 """DBOS settings of the tests' processes: quick to notice notifications, quiet."""
 
 
+APP_VERSION = "agent_fsm-tests"
+"""The DBOS application version of every process launched with ``dbos_config``: a test's
+own process and its helpers (tests/dbos_canceller.py) run one version on the test's system
+database, whatever workflows each registered before its launch.
+
+DBOS hands a workflow that names no version (a fork: how the tests replay a run) only to a
+process of the latest version registered on its system database. By default a version
+hashes the workflows registered at launch, which differ between processes: the pytest
+process's first launch counts every ``@DBOS.workflow`` its test modules made at import
+(tests/test_dbos_unstepped.py's, when collected), a helper's counts none. A helper launched
+after the test's process then registered the latest version, the test's process took no
+fork any more, and every replay it made afterwards waited for ever (seen as a hang of
+test_a_request_made_during_a_tool_call_is_read_with_its_end_and_no_model_step_reads_again,
+after test_a_run_is_cancelled_from_another_process on the same xdist worker)."""
+
+
 def dbos_config(url: str, dbos_schema: str, executor_id: str, name: str) -> DBOSConfig:
-    """DBOS on the test cluster, its system tables in a schema of the test's own."""
+    """DBOS on the test cluster, its system tables in a schema of the test's own, at the
+    tests' one application version (``APP_VERSION``)."""
     return {
         "name": name,
         "system_database_url": url,
         "dbos_system_schema": dbos_schema,
         "executor_id": executor_id,
+        "application_version": APP_VERSION,
         **FAST_DBOS,
     }
 

@@ -41,9 +41,13 @@ from tests.test_dbos import replay, same_run
 pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
 
 
+APP = "agent_fsm_cancel"
+"""The DBOS application name of this module's processes."""
+
+
 @pytest.fixture(scope="module")
 def dbos_schema(postgres_url: str) -> Iterator[str]:
-    with launched(postgres_url, "agent_fsm_cancel") as schema:
+    with launched(postgres_url, APP) as schema:
         yield schema
 
 
@@ -322,6 +326,52 @@ async def test_a_run_is_cancelled_from_another_process(
         agent, tools, run, step=1, cancel=from_another_process, reason="from afar"
     )
     assert (tools.made, len(model.requests)) == ([1], 1)
+
+
+HELPER = """
+import sys
+
+from dbos import DBOS
+
+from tests.dbos_worker import dbos_config
+
+
+@DBOS.workflow()
+async def registered_in_the_helper_only() -> None:
+    '''By default, a version of this process's own: DBOS hashes what it registered.'''
+
+
+DBOS(config=dbos_config(sys.argv[1], sys.argv[2], "helper", sys.argv[3]))
+DBOS.launch()
+print(DBOS.application_version, flush=True)
+DBOS.destroy()
+"""
+"""A process that launches DBOS on a test's system database as tests/dbos_canceller.py does,
+having registered a workflow this process did not."""
+
+
+async def test_a_replay_runs_here_after_another_process_launched_dbos_on_its_database(
+    journal: PostgresStore, dbos_schema: str, postgres_url: str
+) -> None:
+    """DBOS hands a workflow that names no application version (a fork: ``replay``) only to
+    a process of the latest version registered on its system database. A helper process
+    launched there (tests/dbos_canceller.py) runs this process's version whatever it
+    registered (``dbos_worker.APP_VERSION``): one of another version would take the latest
+    from this process, and every replay made here afterwards would wait for ever."""
+    tools = Sends()
+    model = FunctionModel(sends(1))
+    agent = agent_of(journal, model, tools)
+    run_id = f"version-{uuid.uuid4().hex[:8]}"
+    result = await agent.run("Send one.", run_id=run_id)
+    helper = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HELPER, postgres_url, dbos_schema, APP, stdout=subprocess.PIPE
+    )
+    said, _ = await helper.communicate()
+    assert (helper.returncode, said.decode().strip()) == (0, DBOS.application_version)
+    latest = await DBOS.get_latest_application_version_async()
+    assert latest["version_name"] == DBOS.application_version
+    same_run(await replay(run_id), result)  # run here: it waited for ever
+    assert (tools.made, len(model.requests)) == ([1], 2)
 
 
 async def test_cancel_says_when_there_is_no_such_run(outside: PostgresStore) -> None:
