@@ -46,6 +46,12 @@ FAST_DBOS: DBOSConfig = {"notification_listener_polling_interval_sec": 0.05, "lo
 """DBOS settings of the tests' processes: quick to notice notifications, quiet."""
 
 
+HANG_GUARD_S = 300.0
+"""How long a DBOS test waits for something that must come (a held call entered, a replay's
+result) before it fails saying what did not come: far beyond what a working run takes on a
+loaded machine (seconds), and a failure with a reason instead of a CI job that never ends."""
+
+
 APP_VERSION = "agent_fsm-tests"
 """The DBOS application version of every process launched with ``dbos_config``: a test's
 own process and its helpers (tests/dbos_canceller.py) run one version on the test's system

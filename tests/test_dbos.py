@@ -37,7 +37,7 @@ from agent_fsm.models.base import ModelCallError
 from agent_fsm.state import RunResult
 from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
-from tests.dbos_worker import launched
+from tests.dbos_worker import HANG_GUARD_S, launched
 
 pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
 
@@ -308,7 +308,17 @@ async def test_backoff_jitter_and_sleep_replay_as_recorded(journal: PostgresStor
 async def replay(run_id: str) -> RunResult:
     """The run's workflow again, every recorded step replayed (as after a crash at its end)."""
     steps = len(await step_names(run_id))
-    return await (await DBOS.fork_workflow_async(run_id, steps + 1)).get_result()
+    fork = await DBOS.fork_workflow_async(run_id, steps + 1)
+    try:
+        return await asyncio.wait_for(fork.get_result(), HANG_GUARD_S)
+    except TimeoutError:
+        status = await fork.get_status()
+        version = getattr(status, "app_version", None)
+        raise AssertionError(
+            f"the replay of {run_id} did not end in {HANG_GUARD_S:.0f} s (status "
+            f"{status.status}, application version {version}): DBOS gives a fork only to a "
+            "process of the latest version on its system database"
+        ) from None
 
 
 async def test_a_model_call_that_outlasts_the_time_limit_ends_the_run_on_timeout(

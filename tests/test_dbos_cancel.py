@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
@@ -35,7 +36,7 @@ from agent_fsm.messages import AssistantMessage, ModelRequest, ModelResponse, Us
 from agent_fsm.state import RunResult
 from agent_fsm.testing import FunctionModel, call, reply
 from agent_fsm.testing.invariants import check_invariants
-from tests.dbos_worker import launched
+from tests.dbos_worker import HANG_GUARD_S, launched
 from tests.test_dbos import replay, same_run
 
 pytestmark = pytest.mark.slow  # real processes or servers: make check leaves it out
@@ -89,8 +90,15 @@ class Sends:
 
         self.tools = [send]
 
-    async def wait_entered(self, step: int) -> None:
+    async def wait_entered(self, step: int, running: asyncio.Future[Any] | None = None) -> None:
+        """Until the call to ``step`` is held; fails when ``running`` (the run) ends first,
+        or nothing comes for ``HANG_GUARD_S``."""
+        gives_up = time.monotonic() + HANG_GUARD_S
         while step not in self._entered_at:
+            if running is not None and running.done():
+                raise AssertionError(f"the run ended before its call to send {step}: {running!r}")
+            if time.monotonic() > gives_up:
+                raise AssertionError(f"no call to send {step} in {HANG_GUARD_S:.0f} s")
             await asyncio.sleep(0.01)
 
     def release(self) -> None:
@@ -158,7 +166,7 @@ async def cancelled_while_held(
     release the call: the run's result, checked aborted for ``reason``."""
     tools.hold_again(frozenset({step}))
     running = asyncio.ensure_future(run)
-    await tools.wait_entered(step)
+    await tools.wait_entered(step, running)
     try:
         await cancel(reason)
     finally:
