@@ -20,12 +20,13 @@ import contextlib
 import math
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import pq, sql
+from psycopg.abc import Params
 from psycopg.conninfo import conninfo_to_dict
 
 import agent_fsm.durable.postgres_rows as rows
@@ -246,15 +247,29 @@ class PostgresDatabase:
                 conn.execute("SET LOCAL synchronous_commit = on")
             yield conn
 
-    def durable_statement(self, what: str, statement: str, params: Mapping[str, Any]) -> list[Any]:
+    def durable_statement(self, what: str, statement: str, params: Params) -> list[Any]:
         """One write statement in a transaction of its own, committed with a flush to disk,
-        in *one* round trip: BEGIN, the setting, the statement and COMMIT are sent together
-        (pipelined) and its rows read after the commit. (``transaction`` waits for BEGIN, and
-        for the rows before COMMIT: three or four round trips.) Rolled back when it fails
-        (``connected``'s errors).
+        in *one* round trip; its rows (none for a statement returning none).
+        ``durable_statements`` of one statement.
 
         Raises:
             CheckpointError: the store is closed, or the database failed (the statement
+                may or may not have been committed when the connection was lost).
+        """
+        return self.durable_statements(what, (statement, params))[0]
+
+    def durable_statements(self, what: str, *statements: tuple[str, Params]) -> list[list[Any]]:
+        """Statements in one transaction of their own, committed with a flush to disk, in
+        *one* round trip: BEGIN, the setting, the statements and COMMIT are sent together
+        (pipelined) and their rows read after the commit, a list per statement (empty for
+        a statement returning none). (``transaction`` waits for BEGIN, and for the rows
+        before COMMIT: three to five round trips.) No statement can depend on another's
+        answer, only on what it wrote: each runs after the previous one, in the same
+        transaction, holding the locks the previous ones took. Rolled back when one fails
+        (``connected``'s errors): none of them is committed then.
+
+        Raises:
+            CheckpointError: the store is closed, or the database failed (the statements
                 may or may not have been committed when the connection was lost).
         """
         with self.connected(what) as conn:
@@ -263,14 +278,14 @@ class PostgresDatabase:
                     conn.execute("BEGIN")
                     if not self._synchronous_saves:
                         conn.execute("SET LOCAL synchronous_commit = on")
-                    cursor = conn.execute(statement, params)
+                    cursors = [conn.execute(statement, params) for statement, params in statements]
                     conn.execute("COMMIT")
             except BaseException:
                 if not conn.broken and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
                 raise
-            return cursor.fetchall()
+            return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
 
     @property
     def closed(self) -> bool:
