@@ -29,7 +29,9 @@ transaction sent whole, and committed, in one round trip (``PostgresDatabase
 .durable_statements``: the statements, BEGIN and COMMIT pipelined, the rows read after the
 commit); a refused claim reads who holds the lease in the same transaction, a refused
 renewal in a second round trip. A run's creation and a save's long way are transactions
-whose statements wait for each other's answers (``PostgresDatabase.transaction``).
+whose statements wait for earlier ones' answers (``PostgresDatabase.transaction``), and for
+nothing else: BEGIN goes out with the first statements, COMMIT with the last (a creation is
+two round trips).
 
 Lease times are the server's clock (``clock_timestamp()``), so the workers' clocks may
 disagree; ``clock`` only stamps ``created_at``/``updated_at``.

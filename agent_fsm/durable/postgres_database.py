@@ -236,16 +236,35 @@ class PostgresDatabase:
         self, what: str, *, write: bool = True, durable: bool = True
     ) -> Iterator[psycopg.Connection[Any]]:
         """One transaction, pipelined, under the lock (``connected``'s errors): committed
-        when the block ends, rolled back when it raises. A read (``write=False``) sees one
-        snapshot (repeatable read), so its statements agree with each other while other
-        workers write. A ``durable`` write commits with a flush to disk even when the
-        session's commits do not."""
-        with self.connected(what) as conn, conn.pipeline(), conn.transaction():
-            if not write:
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            elif durable and not self._synchronous_saves:
-                conn.execute("SET LOCAL synchronous_commit = on")
-            yield conn
+        when the block ends, rolled back when it raises (or a statement fails). A read
+        (``write=False``) sees one snapshot (repeatable read), so its statements agree with
+        each other while other workers write. A ``durable`` write commits with a flush to
+        disk even when the session's commits do not.
+
+        Round trips: BEGIN (and the setting) go out with the block's first statements and
+        are not waited for; COMMIT goes out with its last ones and the Sync ending the
+        pipeline. A block reading no rows is one round trip, and each read of rows not yet
+        received adds one (rows read after the block are there: they cost nothing). A
+        failure costs one more, for the ROLLBACK.
+
+        Raises:
+            CheckpointError: the store is closed, or the database failed (the transaction
+                may or may not have been committed when the connection was lost).
+        """
+        begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        with self.connected(what) as conn:
+            try:
+                with conn.pipeline():
+                    conn.execute(begin)
+                    if write and durable and not self._synchronous_saves:
+                        conn.execute("SET LOCAL synchronous_commit = on")
+                    yield conn
+                    conn.execute("COMMIT")
+            except BaseException:
+                if not conn.broken and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
 
     def durable_statement(self, what: str, statement: str, params: Params) -> list[Any]:
         """One write statement in a transaction of its own, committed with a flush to disk,
@@ -259,33 +278,19 @@ class PostgresDatabase:
         return self.durable_statements(what, (statement, params))[0]
 
     def durable_statements(self, what: str, *statements: tuple[str, Params]) -> list[list[Any]]:
-        """Statements in one transaction of their own, committed with a flush to disk, in
-        *one* round trip: BEGIN, the setting, the statements and COMMIT are sent together
-        (pipelined) and their rows read after the commit, a list per statement (empty for
-        a statement returning none). (``transaction`` waits for BEGIN, and for the rows
-        before COMMIT: three to five round trips.) No statement can depend on another's
-        answer, only on what it wrote: each runs after the previous one, in the same
-        transaction, holding the locks the previous ones took. Rolled back when one fails
-        (``connected``'s errors): none of them is committed then.
+        """Statements in one ``durable`` transaction of their own, in *one* round trip:
+        BEGIN, the setting, the statements and COMMIT are sent together and their rows read
+        after the commit, a list per statement (empty for a statement returning none). No
+        statement can depend on another's answer, only on what it wrote: each runs after
+        the previous one, in the same transaction, holding the locks the previous ones took.
+        Rolled back when one fails: none of them is committed then.
 
         Raises:
-            CheckpointError: the store is closed, or the database failed (the statements
-                may or may not have been committed when the connection was lost).
+            CheckpointError: as ``transaction``'s.
         """
-        with self.connected(what) as conn:
-            try:
-                with conn.pipeline():
-                    conn.execute("BEGIN")
-                    if not self._synchronous_saves:
-                        conn.execute("SET LOCAL synchronous_commit = on")
-                    cursors = [conn.execute(statement, params) for statement, params in statements]
-                    conn.execute("COMMIT")
-            except BaseException:
-                if not conn.broken and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
-                raise
-            return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+        with self.transaction(what) as conn:
+            cursors = [conn.execute(statement, params) for statement, params in statements]
+        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
 
     @property
     def closed(self) -> bool:
