@@ -73,6 +73,7 @@ its new expiry and the run's cancel request; no row when it was taken over."""
 RELEASE = "UPDATE leases SET expires_at = 0 WHERE run_id = %(run_id)s AND token = %(token)s"
 """Let the lease of token ``%(token)s`` on ``%(run_id)s`` expire now, unless it was taken
 over meanwhile (then nothing changes)."""
+
 _LIVE = (
     "SELECT owner, expires_at, token, " + NOW + " FROM leases WHERE run_id = %s"
     " AND expires_at > " + NOW
