@@ -224,3 +224,12 @@ def test_a_creation_is_two_round_trips_and_a_failed_one_is_rolled_back_whole(
         pg.create(sample_state("three"))
     assert conn.pgconn.transaction_status == IDLE
     assert not pg.exists("three")
+
+
+def test_a_load_is_one_round_trip(pg: PostgresStore, tmp_path: Path) -> None:
+    """A load's three reads (the run's row, its messages, its trace) go out with BEGIN and
+    COMMIT, and are read after the commit, from one snapshot."""
+    pg.save(sample_state())
+    loaded: list[Any] = []
+    assert _round_trips(_traced(pg, tmp_path, lambda: loaded.append(pg.load("run-1")))) == 1
+    assert loaded == [sample_state()]

@@ -264,7 +264,8 @@ class PostgresStore(ClosingStore):
             steps = conn.execute(
                 "SELECT row_index, turn FROM trace WHERE run_id = %s ORDER BY idx", (run_id,)
             )
-            row, messages, trace = head.fetchone(), texts.fetchall(), steps.fetchall()
+        # read after the commit, all three answers at once: one round trip
+        row, messages, trace = head.fetchone(), texts.fetchall(), steps.fetchall()
         if row is None:
             raise unknown_run(run_id)
         version, header, message_count, trace_count, revision = row
