@@ -31,7 +31,7 @@ commit); a refused claim reads who holds the lease in the same transaction, a re
 renewal in a second round trip. A run's creation and a save's long way are transactions
 whose statements wait for earlier ones' answers (``PostgresDatabase.transaction``), and for
 nothing else: BEGIN goes out with the first statements, COMMIT with the last (a creation is
-two round trips).
+two round trips; a load, whose answers are read after the commit, one).
 
 Lease times are the server's clock (``clock_timestamp()``), so the workers' clocks may
 disagree; ``clock`` only stamps ``created_at``/``updated_at``.
