@@ -55,8 +55,8 @@ SMALLEST = [
 ]
 
 
-def _run(arguments: list[str]) -> str:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _run(arguments: list[str], **extra: str) -> str:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / arguments[0]), *arguments[1:]],
         cwd=ROOT,
@@ -83,6 +83,15 @@ def test_every_benchmark_explains_itself(script: str) -> None:
     shown = " ".join(_run([script, "--help"]).split())
     assert first_paragraph
     assert first_paragraph in shown
+
+
+def test_the_round_trip_count_runs(postgres_url: str) -> None:
+    """``round_trips.py`` on the tests' PostgreSQL (its own schema, dropped after)."""
+    shown = _run(
+        ["round_trips.py", "--runs", "2", "--turns", "2"], AGENT_FSM_POSTGRES_URL=postgres_url
+    )
+    assert "store.claim" in shown
+    assert "total" in shown
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="callgrind needs valgrind")

@@ -24,6 +24,15 @@ ones: the runs concerned resume from an earlier checkpoint, their calls answered
 journal or reported "outcome unknown", never run twice. That is SQLiteStore's contract
 (WAL, ``synchronous=NORMAL``), without a disk flush per transition.
 
+Round trips: a lease's claim, renewal and release, ``claim_next`` and ``cancel`` are each one
+transaction sent whole, and committed, in one round trip (``PostgresDatabase
+.durable_statements``: the statements, BEGIN and COMMIT pipelined, the rows read after the
+commit); a refused claim reads who holds the lease in the same transaction, a refused
+renewal in a second round trip. A run's creation and a save's long way are transactions
+whose statements wait for earlier ones' answers (``PostgresDatabase.transaction``), and for
+nothing else: BEGIN goes out with the first statements, COMMIT with the last (a creation is
+two round trips; a load, whose answers are read after the commit, one).
+
 Lease times are the server's clock (``clock_timestamp()``), so the workers' clocks may
 disagree; ``clock`` only stamps ``created_at``/``updated_at``.
 
@@ -255,7 +264,8 @@ class PostgresStore(ClosingStore):
             steps = conn.execute(
                 "SELECT row_index, turn FROM trace WHERE run_id = %s ORDER BY idx", (run_id,)
             )
-            row, messages, trace = head.fetchone(), texts.fetchall(), steps.fetchall()
+        # read after the commit, all three answers at once: one round trip
+        row, messages, trace = head.fetchone(), texts.fetchall(), steps.fetchall()
         if row is None:
             raise unknown_run(run_id)
         version, header, message_count, trace_count, revision = row
@@ -332,18 +342,25 @@ class PostgresStore(ClosingStore):
         check_id(run_id)
         check_id(owner, "worker id")
         ttl_s = check_ttl(ttl_s)
-        with self._db.transaction(f"claim run {run_id!r}") as conn:
-            return leases.claim(conn, run_id, owner, ttl_s)
+        params = {"run_id": run_id, "owner": owner, "ttl": ttl_s}
+        claim, holder = self._db.durable_statements(
+            f"claim run {run_id!r}", (leases.CLAIM, params), (leases.HOLDER, params)
+        )
+        return leases.claimed(run_id, owner, ttl_s, claim, holder)
 
     def renew(self, lease: Lease) -> Lease:
-        check_id(lease.run_id)
-        with self._db.transaction(f"renew the lease of run {lease.run_id!r}") as conn:
-            return leases.renew(conn, lease)
+        what = f"renew the lease of run {check_id(lease.run_id)!r}"
+        params = {"run_id": lease.run_id, "ttl": lease.ttl_s, "token": lease.token}
+        renewed = leases.renewed(lease, self._db.durable_statement(what, leases.RENEW, params))
+        if renewed is not None:
+            return renewed
+        with self._db.connected(what) as conn:  # taken over: by whom (nothing is held now)
+            raise leases.refusal(conn, lease.run_id, lease)
 
     def release(self, lease: Lease) -> None:
-        check_id(lease.run_id)
-        with self._db.transaction(f"release the lease of run {lease.run_id!r}") as conn:
-            leases.release(conn, lease)
+        what = f"release the lease of run {check_id(lease.run_id)!r}"
+        params = {"run_id": lease.run_id, "token": lease.token}
+        self._db.durable_statement(what, leases.RELEASE, params)
 
     def lease(self, run_id: str) -> Lease | None:
         check_id(run_id)
@@ -357,11 +374,10 @@ class PostgresStore(ClosingStore):
         ttl_s = check_ttl(ttl_s)
         params = {"owner": owner, "ttl": ttl_s}
         while True:  # again only when another worker claimed the run chosen: it goes on
-            with self._db.transaction("claim the next run") as conn:
-                found = conn.execute(queue.NEXT_RUN, params).fetchone()
-            if found is None:
+            found = self._db.durable_statement("claim the next run", queue.NEXT_RUN, params)
+            if not found:
                 return None
-            run_id, request, token, expires_at = found
+            run_id, request, token, expires_at = found[0]
             if token is not None:
                 return Lease(
                     run_id=run_id,
@@ -375,8 +391,8 @@ class PostgresStore(ClosingStore):
     def cancel(self, run_id: str, reason: str) -> bool:
         check_id(run_id)
         reason = check_reason(reason)
-        with self._db.transaction(f"cancel run {run_id!r}") as conn:
-            found = conn.execute(queue.CANCEL, {"run_id": run_id, "reason": reason}).fetchone()
-        if found is None:
+        params = {"run_id": run_id, "reason": reason}
+        found = self._db.durable_statement(f"cancel run {run_id!r}", queue.CANCEL, params)
+        if not found:
             raise unknown_run(run_id)
-        return bool(found[0])
+        return bool(found[0][0])

@@ -20,12 +20,13 @@ import contextlib
 import math
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import pq, sql
+from psycopg.abc import Params
 from psycopg.conninfo import conninfo_to_dict
 
 import agent_fsm.durable.postgres_rows as rows
@@ -235,42 +236,61 @@ class PostgresDatabase:
         self, what: str, *, write: bool = True, durable: bool = True
     ) -> Iterator[psycopg.Connection[Any]]:
         """One transaction, pipelined, under the lock (``connected``'s errors): committed
-        when the block ends, rolled back when it raises. A read (``write=False``) sees one
-        snapshot (repeatable read), so its statements agree with each other while other
-        workers write. A ``durable`` write commits with a flush to disk even when the
-        session's commits do not."""
-        with self.connected(what) as conn, conn.pipeline(), conn.transaction():
-            if not write:
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            elif durable and not self._synchronous_saves:
-                conn.execute("SET LOCAL synchronous_commit = on")
-            yield conn
+        when the block ends, rolled back when it raises (or a statement fails). A read
+        (``write=False``) sees one snapshot (repeatable read), so its statements agree with
+        each other while other workers write. A ``durable`` write commits with a flush to
+        disk even when the session's commits do not.
 
-    def durable_statement(self, what: str, statement: str, params: Mapping[str, Any]) -> list[Any]:
-        """One write statement in a transaction of its own, committed with a flush to disk,
-        in *one* round trip: BEGIN, the setting, the statement and COMMIT are sent together
-        (pipelined) and its rows read after the commit. (``transaction`` waits for BEGIN, and
-        for the rows before COMMIT: three or four round trips.) Rolled back when it fails
-        (``connected``'s errors).
+        Round trips: BEGIN (and the setting) go out with the block's first statements and
+        are not waited for; COMMIT goes out with its last ones and the Sync ending the
+        pipeline. A block reading no rows is one round trip, and each read of rows not yet
+        received adds one (rows read after the block are there: they cost nothing). A
+        failure costs one more, for the ROLLBACK.
 
         Raises:
-            CheckpointError: the store is closed, or the database failed (the statement
+            CheckpointError: the store is closed, or the database failed (the transaction
                 may or may not have been committed when the connection was lost).
         """
+        begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
         with self.connected(what) as conn:
             try:
                 with conn.pipeline():
-                    conn.execute("BEGIN")
-                    if not self._synchronous_saves:
+                    conn.execute(begin)
+                    if write and durable and not self._synchronous_saves:
                         conn.execute("SET LOCAL synchronous_commit = on")
-                    cursor = conn.execute(statement, params)
+                    yield conn
                     conn.execute("COMMIT")
             except BaseException:
                 if not conn.broken and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
                 raise
-            return cursor.fetchall()
+
+    def durable_statement(self, what: str, statement: str, params: Params) -> list[Any]:
+        """One write statement in a transaction of its own, committed with a flush to disk,
+        in *one* round trip; its rows (none for a statement returning none).
+        ``durable_statements`` of one statement.
+
+        Raises:
+            CheckpointError: the store is closed, or the database failed (the statement
+                may or may not have been committed when the connection was lost).
+        """
+        return self.durable_statements(what, (statement, params))[0]
+
+    def durable_statements(self, what: str, *statements: tuple[str, Params]) -> list[list[Any]]:
+        """Statements in one ``durable`` transaction of their own, in *one* round trip:
+        BEGIN, the setting, the statements and COMMIT are sent together and their rows read
+        after the commit, a list per statement (empty for a statement returning none). No
+        statement can depend on another's answer, only on what it wrote: each runs after
+        the previous one, in the same transaction, holding the locks the previous ones took.
+        Rolled back when one fails: none of them is committed then.
+
+        Raises:
+            CheckpointError: as ``transaction``'s.
+        """
+        with self.transaction(what) as conn:
+            cursors = [conn.execute(statement, params) for statement, params in statements]
+        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
 
     @property
     def closed(self) -> bool:

@@ -1,6 +1,10 @@
 """Run leases in a PostgresStore's ``leases`` table (the contract is ``durable.leases``'s).
 
-Every function runs inside the caller's transaction. Times are read on the server
+A claim, a renewal and a release are each one transaction of their own, which the store
+sends in one round trip (``PostgresDatabase.durable_statements``): their statements here
+(``CLAIM`` and ``HOLDER``, ``RENEW``, ``RELEASE``), and what their rows say (``claimed``,
+``renewed``). The functions taking a connection run inside the caller's transaction (a
+fenced write's). Times are read on the server
 (``NOW``), so the workers' clocks never matter. A claim is one ``INSERT ... ON CONFLICT DO
 UPDATE ... WHERE expired``: the row lock it takes makes a concurrent claim wait and then find
 the lease live, so exactly one of them wins. A fenced write first updates the lease row by
@@ -28,28 +32,48 @@ if TYPE_CHECKING:
     Cursor = psycopg.Cursor[Any]
 
 __all__ = [
+    "CLAIM",
+    "HOLDER",
+    "RELEASE",
+    "RENEW",
     "check_fence",
     "check_locked_fence",
-    "claim",
+    "claimed",
     "fence",
     "fenced_insert",
     "live",
     "refusal",
-    "release",
-    "renew",
+    "renewed",
 ]
 
-_CLAIM = (
-    "INSERT INTO leases AS l VALUES (%s, %s, 1, " + NOW + " + %s)"
+CLAIM = (
+    "INSERT INTO leases AS l VALUES (%(run_id)s, %(owner)s, 1, " + NOW + " + %(ttl)s)"
     " ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = l.token + 1,"
     " expires_at = excluded.expires_at WHERE l.expires_at <= "
     + NOW
     + " RETURNING token, expires_at, (SELECT cancel FROM runs r WHERE r.run_id = l.run_id)"
 )
-_RENEW = (
-    "UPDATE leases SET expires_at = " + NOW + " + %s WHERE run_id = %s AND token = %s"
+"""Take the run ``%(run_id)s``'s lease for ``%(owner)s`` for ``%(ttl)s`` seconds unless a
+live one exists: the new token, expiry and the run's cancel request; no row when refused.
+The conflicting row stays locked until the transaction ends, claimed or not (PostgreSQL's
+``ON CONFLICT DO UPDATE`` locks it before its ``WHERE``), so ``HOLDER`` sent after it in
+the same transaction reads the lease that refused it."""
+
+HOLDER = "SELECT owner, expires_at, " + NOW + " FROM leases WHERE run_id = %(run_id)s"
+"""Who holds the run ``%(run_id)s``'s lease, until when, and the server's time now."""
+
+RENEW = (
+    "UPDATE leases SET expires_at = " + NOW + " + %(ttl)s"
+    " WHERE run_id = %(run_id)s AND token = %(token)s"
     " RETURNING expires_at, (SELECT cancel FROM runs r WHERE r.run_id = leases.run_id)"
 )
+"""Extend the lease of token ``%(token)s`` on ``%(run_id)s`` by ``%(ttl)s`` seconds from now:
+its new expiry and the run's cancel request; no row when it was taken over."""
+
+RELEASE = "UPDATE leases SET expires_at = 0 WHERE run_id = %(run_id)s AND token = %(token)s"
+"""Let the lease of token ``%(token)s`` on ``%(run_id)s`` expire now, unless it was taken
+over meanwhile (then nothing changes)."""
+
 _LIVE = (
     "SELECT owner, expires_at, token, " + NOW + " FROM leases WHERE run_id = %s"
     " AND expires_at > " + NOW
@@ -84,17 +108,17 @@ def refusal(conn: Connection, run_id: str, lease: Lease | None) -> RunLeased:
     return lost_error(lease, holder, expires_at)
 
 
-def claim(conn: Connection, run_id: str, owner: str, ttl_s: float) -> Lease:
-    """Take the run's lease unless a live one exists.
+def claimed(run_id: str, owner: str, ttl_s: float, claim: list[Any], holder: list[Any]) -> Lease:
+    """The lease a claim took: ``CLAIM``'s rows, and those of ``HOLDER`` sent after it in
+    the same transaction.
 
     Raises:
-        RunLeased: another lease is live.
+        RunLeased: another lease is live (``holder`` names it).
     """
-    claimed = conn.execute(_CLAIM, (run_id, owner, ttl_s)).fetchone()
-    if claimed is None:
-        holder, expires_at, now = _holder(conn, run_id)
-        raise leased_error(run_id, holder, expires_at, now)
-    token, expires_at, request = claimed
+    if not claim:
+        owned_by, expires_at, now = holder[0] if holder else ("nobody", 0.0, 0.0)
+        raise leased_error(run_id, owned_by, expires_at, now)
+    token, expires_at, request = claim[0]
     return Lease(
         run_id=run_id,
         owner=owner,
@@ -110,7 +134,7 @@ def fence(conn: Connection, run_id: str, lease: Lease | None) -> Cursor:
     given) the look-up of a live lease. Its result is read after the write's own statement
     was sent too, in one round trip (``check_fence``)."""
     if lease is not None:
-        return conn.execute(_RENEW, (lease.ttl_s, run_id, lease.token))
+        return conn.execute(RENEW, {"ttl": lease.ttl_s, "run_id": run_id, "token": lease.token})
     return conn.execute(_LIVE, (run_id,))
 
 
@@ -147,26 +171,13 @@ def check_locked_fence(
         raise lost_error(lease, holder, expires_at)
 
 
-def renew(conn: Connection, lease: Lease) -> Lease:
-    """Extend ``lease`` by its ``ttl_s`` from now; return it renewed, with the run's pending
-    cancel request.
-
-    Raises:
-        RunLeased: the lease was taken over.
-    """
-    row = fence(conn, lease.run_id, lease).fetchone()
-    if row is None:
-        holder, expires_at, _ = _holder(conn, lease.run_id)
-        raise lost_error(lease, holder, expires_at)
-    return replace(lease, expires_at=float(row[0]), cancel_requested=row[1])
-
-
-def release(conn: Connection, lease: Lease) -> None:
-    """Let the lease expire now, unless it was taken over meanwhile."""
-    conn.execute(
-        "UPDATE leases SET expires_at = 0 WHERE run_id = %s AND token = %s",
-        (lease.run_id, lease.token),
-    )
+def renewed(lease: Lease, renewal: list[Any]) -> Lease | None:
+    """``lease`` renewed, with the run's pending cancel request, from ``RENEW``'s rows; None
+    when it was taken over (``refusal`` says by whom)."""
+    if not renewal:
+        return None
+    expires_at, request = renewal[0]
+    return replace(lease, expires_at=float(expires_at), cancel_requested=request)
 
 
 def live(conn: Connection, run_id: str) -> Lease | None:
@@ -179,8 +190,6 @@ def live(conn: Connection, run_id: str) -> Lease | None:
 
 
 def _holder(conn: Connection, run_id: str) -> tuple[str, float, float]:
-    """Who holds the run's lease, until when, and the server's time now."""
-    row = conn.execute(
-        "SELECT owner, expires_at, " + NOW + " FROM leases WHERE run_id = %s", (run_id,)
-    ).fetchone()
+    """Who holds the run's lease, until when, and the server's time now (``HOLDER``)."""
+    row = conn.execute(HOLDER, {"run_id": run_id}).fetchone()
     return (row[0], row[1], row[2]) if row is not None else ("nobody", 0.0, 0.0)
