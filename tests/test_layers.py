@@ -129,6 +129,7 @@ LAYERS = [
     "composition",
     "otel_metrics",
     "otel",
+    "configuring",
     "agent",
     "dbos.private",
     "dbos.recovery",
