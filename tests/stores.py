@@ -33,10 +33,14 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from agent_fsm import CheckpointStore, MemoryStore, SQLiteStore
+
+if TYPE_CHECKING:
+    from agent_fsm.durable.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "postgres.sh"
@@ -108,6 +112,26 @@ def postgres_schema(postgres_url: str) -> Iterator[str]:
     yield name
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def admin(postgres_url: str, postgres_schema: str) -> Iterator[Any]:
+    """A connection of its own to the test's schema, as a database administrator has
+    (autocommit: each statement it sends is committed at once)."""
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (postgres_schema,))
+        yield conn
+
+
+@pytest.fixture
+def pg(postgres_url: str, postgres_schema: str) -> Iterator[PostgresStore]:
+    """A ``PostgresStore`` on the test's schema, closed afterwards."""
+    from agent_fsm.durable.postgres import PostgresStore
+
+    with PostgresStore(postgres_url, schema=postgres_schema) as store:
+        yield store
 
 
 def open_location(kind: str, *location: str, clock: Clock | None = None) -> CheckpointStore:

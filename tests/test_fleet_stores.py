@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,15 +94,6 @@ def test_sqlite_claims_the_next_run_along_its_partial_index(tmp_path: Path) -> N
     with sqlite3.connect(path) as conn:
         plan = conn.execute("EXPLAIN QUERY PLAN " + sqlite_store._NEXT_RUN, (0.0,)).fetchall()
     assert "USING INDEX runs_to_take" in " ".join(str(step) for step in plan)
-
-
-@pytest.fixture
-def admin(postgres_url: str, postgres_schema: str) -> Iterator[Any]:
-    import psycopg
-
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (postgres_schema,))
-        yield conn
 
 
 def test_a_postgres_schema_of_the_layout_before_the_queue_is_upgraded(

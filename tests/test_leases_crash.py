@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +45,6 @@ pytestmark = [
     pytest.mark.slow,  # real processes: make check leaves it out
     pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL"),
 ]
-
-
-@pytest.fixture
-def admin(postgres_url: str, postgres_schema: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (postgres_schema,))
-        yield conn
 
 
 def _queue(store: PostgresStore) -> None:

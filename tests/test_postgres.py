@@ -33,20 +33,6 @@ from agent_fsm.table import AgentState
 from agent_fsm.testing.store_kit import add_turn, sample_state
 
 
-@pytest.fixture
-def admin(postgres_url: str, postgres_schema: str) -> Iterator[psycopg.Connection[Any]]:
-    """A connection of its own to the test's schema, as a database administrator has."""
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (postgres_schema,))
-        yield conn
-
-
-@pytest.fixture
-def pg(postgres_url: str, postgres_schema: str) -> Iterator[PostgresStore]:
-    with PostgresStore(postgres_url, schema=postgres_schema) as store:
-        yield store
-
-
 def test_the_tables_live_in_a_versioned_schema_of_their_own(
     pg: PostgresStore, admin: psycopg.Connection[Any], postgres_url: str, postgres_schema: str
 ) -> None:

@@ -12,7 +12,7 @@ reading of an answer. (Before: a claim took five, a release four, a creation fiv
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +28,6 @@ from agent_fsm.durable.postgres import PostgresStore
 from agent_fsm.testing.store_kit import sample_state
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-@pytest.fixture
-def admin(postgres_url: str, postgres_schema: str) -> Iterator[psycopg.Connection[Any]]:
-    """A connection of its own to the test's schema, as a database administrator has."""
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (postgres_schema,))
-        yield conn
-
-
-@pytest.fixture
-def pg(postgres_url: str, postgres_schema: str) -> Iterator[PostgresStore]:
-    with PostgresStore(postgres_url, schema=postgres_schema) as store:
-        yield store
 
 
 def _connection(store: PostgresStore) -> psycopg.Connection[Any]:

@@ -7,11 +7,8 @@ stopped run that recorded no reason by its table's row."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from agent_fsm.durable import sqlite_file
 from agent_fsm.durable.checkpoint import MemoryStore
@@ -98,15 +95,6 @@ def test_sqlite_filters_by_stop_along_its_index(tmp_path: Path) -> None:
             "EXPLAIN QUERY PLAN " + sqlite_store._LIST_RUNS.format(where=where), (*params, 10)
         ).fetchall()
     assert "USING INDEX runs_by_stop" in " ".join(str(step) for step in plan)
-
-
-@pytest.fixture
-def admin(postgres_url: str, postgres_schema: str) -> Iterator[Any]:
-    import psycopg
-
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", (postgres_schema,))
-        yield conn
 
 
 def test_a_postgres_schema_of_the_layout_before_the_stop_column_is_upgraded(
