@@ -62,6 +62,9 @@ the same transaction reads the lease that refused it."""
 HOLDER = "SELECT owner, expires_at, " + NOW + " FROM leases WHERE run_id = %(run_id)s"
 """Who holds the run ``%(run_id)s``'s lease, until when, and the server's time now."""
 
+_NOBODY = ("nobody", 0.0, 0.0)
+"""What ``HOLDER`` tells of a run whose lease row is gone: no holder, expired."""
+
 RENEW = (
     "UPDATE leases SET expires_at = " + NOW + " + %(ttl)s"
     " WHERE run_id = %(run_id)s AND token = %(token)s"
@@ -116,7 +119,7 @@ def claimed(run_id: str, owner: str, ttl_s: float, claim: list[Any], holder: lis
         RunLeased: another lease is live (``holder`` names it).
     """
     if not claim:
-        owned_by, expires_at, now = holder[0] if holder else ("nobody", 0.0, 0.0)
+        owned_by, expires_at, now = holder[0] if holder else _NOBODY
         raise leased_error(run_id, owned_by, expires_at, now)
     token, expires_at, request = claim[0]
     return Lease(
@@ -192,4 +195,4 @@ def live(conn: Connection, run_id: str) -> Lease | None:
 def _holder(conn: Connection, run_id: str) -> tuple[str, float, float]:
     """Who holds the run's lease, until when, and the server's time now (``HOLDER``)."""
     row = conn.execute(HOLDER, {"run_id": run_id}).fetchone()
-    return (row[0], row[1], row[2]) if row is not None else ("nobody", 0.0, 0.0)
+    return (row[0], row[1], row[2]) if row is not None else _NOBODY
