@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stores import _agent_options, postgres_url, storage  # stores.py's run
+from stores import agent_options, postgres_url, storage  # stores.py's run
 
 STORE_CALLS = (
     "create",
@@ -135,7 +135,7 @@ def measure(location: str, runs: int, turns: int) -> dict[str, collections.Count
             setattr(store, name, decorate(f"store.{name}", getattr(store, name)))
         journal = store.journal
         store.journal = lambda run_id, **lease: _Counted(journal(run_id, **lease), decorate)
-        agent = Agent(**_agent_options(turns), store=store, lease_s=30)
+        agent = Agent(**agent_options(turns), store=store, lease_s=30)
 
         async def drive() -> None:
             for n in range(runs):

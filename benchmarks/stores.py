@@ -76,7 +76,7 @@ def _open(kind: str, location: str) -> Any:
     return PostgresStore(url, schema=schema)
 
 
-def _agent_options(turns: int) -> dict[str, Any]:
+def agent_options(turns: int) -> dict[str, Any]:
     """The benchmark's agent: an instant model, one async no-op tool, ``turns`` turns."""
     from agent_fsm import Limits, tool
     from agent_fsm.messages import ModelRequest, ModelResponse
@@ -136,7 +136,7 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
         from agent_fsm.dbos import DBOSAgent, DBOSWorker, WorkerLiveness
 
         url, schema = location.split(" ", 1)
-        runner = DBOSAgent(Agent(**_agent_options(turns)), journal=store, name="bench")
+        runner = DBOSAgent(Agent(**agent_options(turns)), journal=store, name="bench")
         worker = DBOSWorker(
             "agent_fsm_bench",
             url,
@@ -148,7 +148,7 @@ def _worker(kind: str, location: str, run_ids: list[str], turns: int) -> dict[st
         )
         worker.launch()
     else:
-        runner = Agent(**_agent_options(turns), store=store, lease_s=30)
+        runner = Agent(**agent_options(turns), store=store, lease_s=30)
     transitions = 0
 
     async def drive() -> None:
